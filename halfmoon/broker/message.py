@@ -1,0 +1,194 @@
+"""Messages as the broker sees them: what producers send, what consumers get.
+
+The store keeps one flat string map of properties per record. The broker
+splits it in two: *system* properties, whose names are reserved (tag, keys,
+message id, message group, delivery time, ...), and *user* properties, which
+are the producer's own. Producers may not set reserved names.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+from halfmoon.errors import InvalidArgument
+from halfmoon.store.message import (
+    KEY_SEPARATOR,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQUE_ID,
+    Message,
+    StoredMessage,
+)
+
+# Reserved property names (RocketMQ's MessageConst names where one exists).
+PROPERTY_MESSAGE_GROUP = "__SHARDINGKEY"
+PROPERTY_DELIVERY_TIME = "TIMER_DELIVER_MS"
+PROPERTY_MESSAGE_TYPE = "__HM_TYPE"
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QUEUE_ID = "REAL_QID"
+PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
+PROPERTY_PRODUCER_GROUP = "PGROUP"
+PROPERTY_TRANSACTION_ID = "__transactionId__"
+PROPERTY_CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+PROPERTY_TRANSACTION_GROUP = "__HM_TXN_GROUP"
+PROPERTY_DLQ_ORIGIN_GROUP = "__HM_DLQ_GROUP"
+PROPERTY_DELIVERY_ATTEMPT = "__HM_ATTEMPT"
+
+SYSTEM_PROPERTIES = frozenset(
+    {
+        PROPERTY_TAGS,
+        PROPERTY_KEYS,
+        PROPERTY_UNIQUE_ID,
+        PROPERTY_MESSAGE_GROUP,
+        PROPERTY_DELIVERY_TIME,
+        PROPERTY_MESSAGE_TYPE,
+        PROPERTY_REAL_TOPIC,
+        PROPERTY_REAL_QUEUE_ID,
+        PROPERTY_ORIGIN_MESSAGE_ID,
+        PROPERTY_TRANSACTION_PREPARED,
+        PROPERTY_PRODUCER_GROUP,
+        PROPERTY_TRANSACTION_ID,
+        PROPERTY_CHECK_IMMUNITY,
+        PROPERTY_TRANSACTION_GROUP,
+        PROPERTY_DLQ_ORIGIN_GROUP,
+        PROPERTY_DELIVERY_ATTEMPT,
+    }
+)
+
+
+class MessageType(enum.Enum):
+    NORMAL = "normal"
+    FIFO = "fifo"
+    DELAY = "delay"
+    TRANSACTION = "transaction"
+    MIXED = "mixed"  # a topic type only: accepts every message type
+
+
+class IllegalPropertyKey(InvalidArgument):
+    code = "ILLEGAL_MESSAGE_PROPERTY_KEY"
+
+
+@dataclass(slots=True)
+class OutgoingMessage:
+    """A message as a producer sends it, before the broker stores it."""
+
+    topic: str
+    body: bytes
+    message_id: str = ""  # client-assigned; the broker assigns one when empty
+    tag: str | None = None
+    keys: list[str] = field(default_factory=list)
+    properties: dict[str, str] = field(default_factory=dict)  # user properties only
+    message_type: MessageType = MessageType.NORMAL
+    message_group: str | None = None  # FIFO ordering key
+    delivery_timestamp: int | None = None  # ms since the epoch, delay messages
+    born_timestamp: int = 0
+    born_host: str = ""
+    queue_id: int | None = None  # None: the broker picks
+    producer_group: str | None = None
+    transaction_group: str | None = None
+    check_immunity_seconds: int | None = None
+
+    def to_store(self, topic: str | None = None, queue_id: int = 0) -> Message:
+        """The store record for this message (user and system properties merged)."""
+        for key in self.properties:
+            if key in SYSTEM_PROPERTIES:
+                raise IllegalPropertyKey(
+                    f"user property {key!r} is a reserved system property name; rename it"
+                )
+        props = dict(self.properties)
+        if self.tag:
+            props[PROPERTY_TAGS] = self.tag
+        if self.keys:
+            props[PROPERTY_KEYS] = KEY_SEPARATOR.join(self.keys)
+        props[PROPERTY_UNIQUE_ID] = self.message_id or new_message_id()
+        if self.message_group:
+            props[PROPERTY_MESSAGE_GROUP] = self.message_group
+        if self.delivery_timestamp is not None:
+            props[PROPERTY_DELIVERY_TIME] = str(self.delivery_timestamp)
+        if self.message_type is not MessageType.NORMAL:
+            props[PROPERTY_MESSAGE_TYPE] = self.message_type.value
+        if self.producer_group:
+            props[PROPERTY_PRODUCER_GROUP] = self.producer_group
+        if self.transaction_group:
+            props[PROPERTY_TRANSACTION_GROUP] = self.transaction_group
+        if self.check_immunity_seconds is not None:
+            props[PROPERTY_CHECK_IMMUNITY] = str(self.check_immunity_seconds)
+        return Message(
+            topic=topic or self.topic,
+            body=self.body,
+            queue_id=queue_id,
+            properties=props,
+            born_timestamp=self.born_timestamp,
+            born_host=self.born_host,
+        )
+
+
+@dataclass(slots=True)
+class MessageView:
+    """A stored message with its system properties decoded, ready for a consumer."""
+
+    topic: str  # the topic the consumer subscribed to (REAL_TOPIC for re-routed records)
+    queue_id: int
+    queue_offset: int
+    message_id: str
+    body: bytes
+    tag: str | None
+    keys: list[str]
+    properties: dict[str, str]  # user properties only
+    message_type: MessageType
+    message_group: str | None
+    delivery_timestamp: int | None
+    born_timestamp: int
+    born_host: str
+    store_timestamp: int
+    store_host: str
+    commit_log_offset: int
+    transaction_group: str | None = None
+    delivery_attempt: int = 1
+    receipt_handle: str | None = None
+    invisible_duration_ms: int | None = None
+
+    @classmethod
+    def of(cls, stored: StoredMessage) -> MessageView:
+        props = stored.properties
+        delivery = props.get(PROPERTY_DELIVERY_TIME)
+        type_name = props.get(PROPERTY_MESSAGE_TYPE)
+        return cls(
+            topic=props.get(PROPERTY_REAL_TOPIC, stored.topic),
+            queue_id=stored.queue_id,
+            queue_offset=stored.queue_offset,
+            message_id=props.get(PROPERTY_UNIQUE_ID, ""),
+            body=stored.body,
+            tag=props.get(PROPERTY_TAGS),
+            keys=stored.keys,
+            properties={k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES},
+            message_type=MessageType(type_name) if type_name else MessageType.NORMAL,
+            message_group=props.get(PROPERTY_MESSAGE_GROUP),
+            delivery_timestamp=int(delivery) if delivery else None,
+            born_timestamp=stored.born_timestamp,
+            born_host=stored.born_host,
+            store_timestamp=stored.store_timestamp,
+            store_host=stored.store_host,
+            commit_log_offset=stored.commit_log_offset,
+            transaction_group=props.get(PROPERTY_TRANSACTION_GROUP),
+        )
+
+
+_id_lock = threading.Lock()
+_id_counter = 0
+_id_prefix = os.urandom(6).hex().upper()
+
+
+def new_message_id() -> str:
+    """A unique message id in the shape of RocketMQ 5's (version 01, 34 hex digits)."""
+    global _id_counter
+    with _id_lock:
+        _id_counter = (_id_counter + 1) & 0xFFFFFFFF
+        counter = _id_counter
+    seconds = int(time.time()) & 0xFFFFFFFF
+    return f"01{_id_prefix}{os.getpid() & 0xFFFF:04X}{seconds:08X}{counter:08X}"
