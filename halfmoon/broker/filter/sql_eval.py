@@ -326,15 +326,17 @@ def make_in(value: Operand, items: Sequence[str], negated: bool) -> Condition:
     return in_
 
 
+_TEXT_TESTS: Final[dict[str, Callable[[str, str], bool]]] = {
+    "CONTAINS": str.__contains__,
+    "STARTSWITH": str.startswith,
+    "ENDSWITH": str.endswith,
+}
+
+
 def make_text_match(value: Operand, kind: str, needle: str, negated: bool) -> Condition:
     """``value [NOT] CONTAINS|STARTSWITH|ENDSWITH 'needle'``."""
     get = _getter(value)
-    if kind == "CONTAINS":
-        test: Callable[[str], bool] = lambda text: needle in text  # noqa: E731
-    elif kind == "STARTSWITH":
-        test = lambda text: text.startswith(needle)  # noqa: E731
-    else:
-        test = lambda text: text.endswith(needle)  # noqa: E731
+    test = _TEXT_TESTS[kind]
 
     def text_match(props: Properties) -> bool | None:
         raw = get(props)
@@ -342,7 +344,7 @@ def make_text_match(value: Operand, kind: str, needle: str, negated: bool) -> Co
             return None
         if not isinstance(raw, str):
             raw = _literal_text(raw)
-        return test(raw) != negated
+        return test(raw, needle) != negated
 
     return text_match
 

@@ -206,14 +206,13 @@ class Parser:
                 )
             self.advance()
             negated = True
-            token = self.peek()
-            word = token.value
+            word = self.peek().value
         if word == "BETWEEN":
             self.advance()
-            return self.between(token, left, negated)
+            return self.between(left, negated)
         if word == "IN":
             self.advance()
-            return self.in_list(token, left, negated)
+            return self.in_list(left, negated)
         if word in _TEXT_MATCHES:
             self.advance()
             value = self.operand_of(left, f"the left side of {word}")
@@ -265,7 +264,7 @@ class Parser:
                 literal.position,
             )
 
-    def between(self, token: Token, left_node: _Node, negated: bool) -> _Cond:
+    def between(self, left_node: _Node, negated: bool) -> _Cond:
         value = self.operand_of(left_node, "the left side of BETWEEN")
         low = self.operand_of(self.operand(), "the lower bound of BETWEEN")
         if not self.at_keyword("AND"):
@@ -285,7 +284,7 @@ class Parser:
                 )
         return self.cond(ev.make_between(value, low, high, negated), value)
 
-    def in_list(self, token: Token, left_node: _Node, negated: bool) -> _Cond:
+    def in_list(self, left_node: _Node, negated: bool) -> _Cond:
         value = self.operand_of(left_node, "the left side of IN")
         self.expect_op("(", "expected '(' after IN")
         items = [self.string_literal("expected a string in the IN list (IN takes 'strings')")]
