@@ -102,6 +102,6 @@ def tag_hash(tag: str | None) -> int:
     """
     if not tag:
         return 0
-    digest = hashlib.blake2b(tag.encode("utf-8"), digest_size=8).digest()
+    digest = hashlib.blake2b(tag.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     value = int.from_bytes(digest, "big", signed=True)
     return value or 1  # 0 is reserved for "no tag"

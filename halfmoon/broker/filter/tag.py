@@ -21,10 +21,10 @@ the real tag, since different tags may share a hash.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 
 from halfmoon.broker.filter.errors import FilterExpressionError
+from halfmoon.store.message import tag_hash as _store_tag_hash
 
 __all__ = ["TagFilter", "tag_hash", "MATCH_ALL"]
 
@@ -35,17 +35,10 @@ _SEPARATOR = "||"
 def tag_hash(tag: str) -> int:
     """The 8-byte tag hash stored in consume-queue entries.
 
-    Defined as the first 8 bytes of ``blake2b(tag.encode("utf-8"),
-    digest_size=8)`` read as a big-endian *signed* 64-bit integer, so it fits
-    the signed int64 field of a consume-queue entry and is the same in every
-    process and on every machine (unlike Python's ``hash``). Lone surrogates,
-    which cannot come off the wire, are encoded with ``surrogatepass`` so the
-    function is total. This is the single definition: the store and the
-    filters both call it.
+    The single definition lives in the store (``halfmoon.store.message.tag_hash``),
+    which writes it into consume queues; filters must compute the same value.
     """
-    data = tag.encode("utf-8", "surrogatepass")
-    digest = hashlib.blake2b(data, digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
+    return _store_tag_hash(tag)
 
 
 class TagFilter:
