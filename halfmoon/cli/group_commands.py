@@ -1,0 +1,96 @@
+"""``halfmoon group create|list|describe|delete``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from halfmoon.cli.admin_client import quote
+from halfmoon.cli.parser import add_command, client, emit, positive_int
+from halfmoon.cli.table import columns_for, render_record, render_table
+
+GROUP_COLUMNS = [
+    ("name", "NAME"),
+    ("fifo", "FIFO"),
+    ("max_delivery_attempts", "MAX ATTEMPTS"),
+    ("consume_from", "FROM"),
+    ("consume_enabled", "ENABLED"),
+    ("broadcast", "BROADCAST"),
+]
+PROGRESS_COLUMNS = [
+    ("topic", "TOPIC"),
+    ("queue_id", "QUEUE"),
+    ("committed_offset", "COMMITTED"),
+    ("max_offset", "MAX OFFSET"),
+    ("lag", "LAG"),
+    ("inflight", "IN FLIGHT"),
+]
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    group = commands.add_parser("group", help="create, list, describe and delete consumer groups")
+    sub = group.add_subparsers(dest="group_command", metavar="ACTION", required=True)
+
+    create = add_command(sub, "create", create_group, "create a consumer group")
+    create.add_argument("name", metavar="NAME")
+    create.add_argument("--fifo", action="store_true", help="deliver each message group in order")
+    create.add_argument("--max-attempts", type=positive_int, default=None, help="deliveries before the dead-letter topic (default 17)")
+    create.add_argument("--from", dest="consume_from", choices=("earliest", "latest"), default=None, help="where a new group starts (default latest)")
+
+    add_command(sub, "list", list_groups, "list consumer groups")
+
+    describe = add_command(sub, "describe", describe_group, "show a group and its progress (lag per queue)")
+    describe.add_argument("name", metavar="NAME")
+    describe.add_argument("--topic", default=None, help="only this topic's queues")
+
+    delete = add_command(sub, "delete", delete_group, "delete a consumer group")
+    delete.add_argument("name", metavar="NAME")
+
+
+def create_group(args: argparse.Namespace) -> None:
+    body: dict[str, Any] = {"name": args.name, "fifo": args.fifo}
+    if args.max_attempts is not None:
+        body["max_delivery_attempts"] = args.max_attempts
+    if args.consume_from is not None:
+        body["consume_from"] = args.consume_from
+    group = client(args).post("/v1/groups", body)
+    emit(
+        args,
+        group,
+        lambda: (
+            f"created group '{group['name']}' (fifo {'on' if group.get('fifo') else 'off'}, "
+            f"max attempts {group.get('max_delivery_attempts', '?')}, "
+            f"from {group.get('consume_from', '?')})"
+        ),
+    )
+
+
+def list_groups(args: argparse.Namespace) -> None:
+    groups = client(args).get("/v1/groups")["groups"]
+    emit(
+        args,
+        groups,
+        lambda: render_table(groups, columns_for(groups, GROUP_COLUMNS)) if groups else "no groups",
+    )
+
+
+def describe_group(args: argparse.Namespace) -> None:
+    api = client(args)
+    group = api.get(f"/v1/groups/{quote(args.name)}")
+    progress = api.get(f"/v1/groups/{quote(args.name)}/progress", topic=args.topic)["queues"]
+    data = {**group, "progress": progress}
+
+    def human() -> str:
+        head = render_record(group)
+        if not progress:
+            return head + "\n\nno progress yet (the group has consumed nothing)"
+        total = sum(int(q.get("lag") or 0) for q in progress)
+        table = render_table(progress, columns_for(progress, PROGRESS_COLUMNS))
+        return f"{head}\n\n{table}\n\ntotal lag: {total}"
+
+    emit(args, data, human)
+
+
+def delete_group(args: argparse.Namespace) -> None:
+    result = client(args).delete(f"/v1/groups/{quote(args.name)}")
+    emit(args, result, lambda: f"deleted group '{args.name}'")

@@ -1,0 +1,66 @@
+"""``halfmoon``: the command line. A thin shell: parse, call, print.
+
+Admin commands talk to a running broker's admin HTTP API (``--admin URL``,
+default ``$HALFMOON_ADMIN`` or http://127.0.0.1:8082) and print tables for
+people or JSON with ``--json``. Any error exits non-zero with one line on
+stderr: ``halfmoon: error: <what went wrong> (<CODE>)``. Exit codes: 0 ok,
+1 the operation failed, 2 the command line was wrong.
+
+Each command family lives in its own module with a ``register`` function, so
+the command line grows by adding modules; only ``serve`` imports the broker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from halfmoon.cli import group_commands, serve_command, status_command, topic_commands
+from halfmoon.cli.admin_client import CliError
+from halfmoon.cli.parser import UsageError, new_parser
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = new_parser(
+        "halfmoon",
+        description="halfmoon: a transactional message broker speaking the RocketMQ 5 protocol.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    serve_command.register(commands)
+    topic_commands.register(commands)
+    group_commands.register(commands)
+    status_command.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return int(args.handler(args) or EXIT_OK)
+    except UsageError as exc:
+        _fail(exc.line())
+        return EXIT_USAGE
+    except CliError as exc:
+        _fail(exc.line())
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        _fail("interrupted")
+        return 130
+    except BrokenPipeError:
+        # `halfmoon topic list | head`: the reader left; not an error worth a line.
+        return EXIT_OK
+
+
+def _fail(line: str) -> None:
+    # One line, always: collapse anything multi-line a message may carry.
+    print(f"halfmoon: error: {' '.join(line.split())}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""``halfmoon topic create|list|describe|update|delete``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from halfmoon.cli.admin_client import quote
+from halfmoon.cli.parser import UsageError, add_command, client, emit, positive_int
+from halfmoon.cli.table import columns_for, render_record, render_table
+
+TOPIC_TYPES = ("normal", "fifo", "delay", "transaction", "mixed")
+PERMS = ("rw", "r", "w")
+
+TOPIC_COLUMNS = [
+    ("name", "NAME"),
+    ("message_type", "TYPE"),
+    ("queue_count", "QUEUES"),
+    ("perm", "PERM"),
+]
+QUEUE_COLUMNS = [
+    ("queue_id", "QUEUE"),
+    ("min_offset", "MIN OFFSET"),
+    ("max_offset", "MAX OFFSET"),
+    ("messages", "MESSAGES"),
+    ("last_store_time", "LAST STORED"),
+]
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    topic = commands.add_parser("topic", help="create, list, describe, update and delete topics")
+    sub = topic.add_subparsers(dest="topic_command", metavar="ACTION", required=True)
+
+    create = add_command(sub, "create", create_topic, "create a topic")
+    create.add_argument("name", metavar="NAME")
+    create.add_argument("--type", choices=TOPIC_TYPES, default="normal", help="message type it accepts (default normal)")
+    create.add_argument("--queues", type=positive_int, default=None, help="number of queues (default: the broker's default_queue_count)")
+    create.add_argument("--perm", choices=PERMS, default="rw", help="permissions: rw, r (read only) or w (write only)")
+
+    add_command(sub, "list", list_topics, "list topics")
+
+    describe = add_command(sub, "describe", describe_topic, "show a topic and the offsets of its queues")
+    describe.add_argument("name", metavar="NAME")
+
+    update = add_command(sub, "update", update_topic, "change a topic's queues, permissions or type")
+    update.add_argument("name", metavar="NAME")
+    update.add_argument("--queues", type=positive_int, default=None)
+    update.add_argument("--perm", choices=PERMS, default=None)
+    update.add_argument("--type", choices=TOPIC_TYPES, default=None)
+
+    delete = add_command(sub, "delete", delete_topic, "delete a topic")
+    delete.add_argument("name", metavar="NAME")
+
+
+def summary(topic: dict[str, Any]) -> str:
+    return (
+        f"{topic.get('message_type', '?')}, {topic.get('queue_count', '?')} queues, "
+        f"perm {topic.get('perm', '?')}"
+    )
+
+
+def create_topic(args: argparse.Namespace) -> None:
+    body: dict[str, Any] = {"name": args.name, "message_type": args.type, "perm": args.perm}
+    if args.queues is not None:
+        body["queue_count"] = args.queues
+    topic = client(args).post("/v1/topics", body)
+    emit(args, topic, lambda: f"created topic '{topic['name']}' ({summary(topic)})")
+
+
+def list_topics(args: argparse.Namespace) -> None:
+    topics = client(args).get("/v1/topics")["topics"]
+    emit(
+        args,
+        topics,
+        lambda: render_table(topics, columns_for(topics, TOPIC_COLUMNS)) if topics else "no topics",
+    )
+
+
+def describe_topic(args: argparse.Namespace) -> None:
+    api = client(args)
+    topic = api.get(f"/v1/topics/{quote(args.name)}")
+    queues = api.get(f"/v1/topics/{quote(args.name)}/status")["queues"]
+    data = {**topic, "queues": queues}
+
+    def human() -> str:
+        head = render_record({k: v for k, v in topic.items() if not isinstance(v, dict | list)})
+        rows = [{**q, "messages": q.get("max_offset", 0) - q.get("min_offset", 0)} for q in queues]
+        return head + "\n\n" + render_table(rows, columns_for(rows, QUEUE_COLUMNS))
+
+    emit(args, data, human)
+
+
+def update_topic(args: argparse.Namespace) -> None:
+    body: dict[str, Any] = {}
+    if args.queues is not None:
+        body["queue_count"] = args.queues
+    if args.perm is not None:
+        body["perm"] = args.perm
+    if args.type is not None:
+        body["message_type"] = args.type
+    if not body:
+        raise UsageError("nothing to update: give --queues, --perm or --type", "USAGE")
+    topic = client(args).patch(f"/v1/topics/{quote(args.name)}", body)
+    emit(args, topic, lambda: f"updated topic '{topic['name']}' ({summary(topic)})")
+
+
+def delete_topic(args: argparse.Namespace) -> None:
+    result = client(args).delete(f"/v1/topics/{quote(args.name)}")
+    emit(args, result, lambda: f"deleted topic '{args.name}'")
