@@ -1,0 +1,242 @@
+"""``halfmoon serve``: one process with the store, the broker, gRPC and the admin API.
+
+Lifecycle (as uvicorn's): startup → serve → shutdown.
+
+- startup: open the store (crash recovery happens here), the broker on it,
+  the gRPC server, the admin API; start the tick thread (``broker.tick()``
+  every ``tick_interval``: due delay messages, offset and consumption
+  snapshots); log one ready line with the bound addresses.
+- shutdown (SIGTERM / SIGINT): stop accepting, wake every parked long poll
+  and end every telemetry stream so in-flight RPCs finish, wait up to
+  ``shutdown_grace`` for the rest, then close the broker (persists offsets
+  and consumption state) and the store (flush, checkpoint, clean-shutdown
+  mark). A second signal skips the wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import logging
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+from rocketmq.grpc_protocol import service_pb2_grpc
+
+from halfmoon.server.config import ServerConfig, parse_host_port
+from halfmoon.server.grpc_service import MessagingServicer
+from halfmoon.server.longpoll import ArrivalNotifier
+from halfmoon.server.telemetry import ClientRegistry
+
+log = logging.getLogger("halfmoon.server")
+
+METADATA_DIR_NAME = "metadata"
+
+
+class TickThread(threading.Thread):
+    """Calls ``broker.tick()`` every ``interval`` seconds; a failing tick is logged, not fatal."""
+
+    def __init__(self, broker: Any, interval: float) -> None:
+        super().__init__(name="halfmoon-tick", daemon=True)
+        self._broker = broker
+        self._interval = interval
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        failures = 0
+        while not self._stop.wait(self._interval):
+            try:
+                self._broker.tick()
+                failures = 0
+            except Exception:  # noqa: BLE001 - keep ticking; say so once per streak
+                failures += 1
+                if failures == 1 or failures % 100 == 0:
+                    log.exception("event=tick_failed failures=%d", failures)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join(timeout=10)
+
+
+def _format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def _start_admin(broker: Any, store: Any, config: Any) -> tuple[Any, str | None]:
+    """Start the admin API when ``halfmoon.server.admin`` exists; its handle and bound address."""
+    try:
+        admin = importlib.import_module("halfmoon.server.admin")
+    except ModuleNotFoundError as exc:
+        if exc.name != "halfmoon.server.admin":
+            raise
+        log.warning("event=admin_unavailable reason=module_missing")
+        return None, None
+    handle = admin.create_admin_app(broker, store, config)
+    start = getattr(handle, "start", None)
+    if start is not None:
+        started = start()
+        if inspect.isawaitable(started):
+            await started
+    address = getattr(handle, "address", None)
+    if callable(address):
+        address = address()
+    return handle, (address if isinstance(address, str) else config.server.admin_listen)
+
+
+async def _stop_admin(handle: Any) -> None:
+    if handle is None:
+        return
+    for name in ("stop", "close", "shutdown"):
+        method = getattr(handle, name, None)
+        if method is not None:
+            result = method()
+            if inspect.isawaitable(result):
+                await result
+            return
+
+
+def _open_store_and_broker(config: Any) -> tuple[Any, Any]:
+    from halfmoon.broker.broker import Broker
+    from halfmoon.store.store import MessageStore
+
+    store = MessageStore(config.store)
+    try:
+        metadata_dir = Path(config.store.data_dir) / METADATA_DIR_NAME
+        broker = Broker(store, metadata_dir, config.broker)
+    except BaseException:
+        store.close()
+        raise
+    return store, broker
+
+
+async def serve(config: Any, *, stop: asyncio.Event | None = None) -> None:
+    """Run until ``stop`` is set or SIGTERM/SIGINT arrives; then shut down cleanly."""
+    server_config: ServerConfig = config.server
+    loop = asyncio.get_running_loop()
+    stop = stop or asyncio.Event()
+    force = asyncio.Event()
+    host, port = parse_host_port(server_config.listen, what="listen address")
+
+    started = time.monotonic()
+    store, broker = await loop.run_in_executor(None, _open_store_and_broker, config)
+    registry = ClientRegistry()
+    registry.bind_loop(loop)
+    notifier = ArrivalNotifier(loop)
+    broker.add_arrival_listener(notifier.on_arrival)
+    executor = ThreadPoolExecutor(server_config.worker_threads, thread_name_prefix="halfmoon-rpc")
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", server_config.max_request_bytes),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 0),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+        ]
+    )
+    tick = TickThread(broker, server_config.tick_interval)
+    admin = None
+    try:
+        bound = server.add_insecure_port(_format_address(host, port))
+        if bound == 0:
+            raise OSError(f"cannot listen on {server_config.listen} (address in use or not available)")
+        advertised_host = server_config.advertise_host or (host if host not in ("0.0.0.0", "::", "") else "127.0.0.1")
+        servicer = MessagingServicer(
+            broker, store, server_config, registry, notifier, advertised=(advertised_host, bound), executor=executor
+        )
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)
+        await server.start()
+        admin, admin_address = await _start_admin(broker, store, config)
+        tick.start()
+        _install_signal_handlers(loop, stop, force)
+        log.info(
+            "halfmoon ready grpc=%s admin=%s data=%s startup_ms=%d",
+            _format_address(host, bound),
+            admin_address or "-",
+            config.store.data_dir,
+            (time.monotonic() - started) * 1000,
+        )
+        janitor = asyncio.create_task(_expire_idle_clients(registry, stop))
+        await stop.wait()
+        janitor.cancel()
+        log.info("event=shutdown_begin grace_s=%s", server_config.shutdown_grace)
+    finally:
+        await _shutdown(server, server_config, notifier, registry, force, admin)
+        if tick.is_alive():
+            tick.stop()
+        executor.shutdown(wait=True, cancel_futures=False)
+        try:
+            broker.close()
+        finally:
+            store.close()
+        _remove_signal_handlers(loop)
+        log.info("event=stopped")
+
+
+async def _shutdown(server: grpc.aio.Server, config: ServerConfig, notifier: ArrivalNotifier, registry: ClientRegistry, force: asyncio.Event, admin: Any) -> None:
+    notifier.wake_all()
+    registry.close_all()
+    stopping = asyncio.ensure_future(server.stop(config.shutdown_grace))
+    forced = asyncio.ensure_future(force.wait())
+    done, _ = await asyncio.wait({stopping, forced}, return_when=asyncio.FIRST_COMPLETED)
+    if forced in done and not stopping.done():
+        log.warning("event=shutdown_forced")
+        await server.stop(0)
+        with contextlib.suppress(Exception):
+            await stopping
+    forced.cancel()
+    try:
+        await _stop_admin(admin)
+    except Exception:  # noqa: BLE001 - the store still gets closed
+        log.exception("event=admin_stop_failed")
+
+
+async def _expire_idle_clients(registry: ClientRegistry, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        await asyncio.sleep(30)
+        registry.expire_idle()
+
+
+def _install_signal_handlers(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, force: asyncio.Event) -> None:
+    def on_signal(signum: int) -> None:
+        if stop.is_set():
+            log.warning("event=signal_again signal=%s action=force", signal.Signals(signum).name)
+            force.set()
+        else:
+            log.info("event=signal signal=%s action=shutdown", signal.Signals(signum).name)
+            stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signum, on_signal, signum)
+
+
+def _remove_signal_handlers(loop: asyncio.AbstractEventLoop) -> None:
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.remove_signal_handler(signum)
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """One event per line on stderr, unless the host program configured logging already."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
+def run(config: Any) -> int:
+    """Serve until signalled; the process exit status."""
+    configure_logging()
+    asyncio.run(serve(config))
+    return 0

@@ -1,0 +1,192 @@
+"""Protobuf ⇄ broker objects. Pure functions; no broker calls, no I/O.
+
+Inbound checks here are about the *protocol* (a digest that does not match
+the body, an unknown encoding, a message type the wire enum has but halfmoon
+does not support); everything about topics, groups and limits is the
+broker's business.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable
+
+from google.protobuf import duration_pb2, timestamp_pb2
+from rocketmq.grpc_protocol import definition_pb2
+
+from halfmoon.broker.filter_spec import FilterSpec
+from halfmoon.broker.message import MessageType, MessageView, OutgoingMessage
+from halfmoon.broker.produce import verify_body_digest
+from halfmoon.server.errors import RequestError, Unsupported
+
+pb = definition_pb2
+WireType = definition_pb2.MessageType
+
+_TYPE_FROM_WIRE = {
+    WireType.NORMAL: MessageType.NORMAL,
+    WireType.FIFO: MessageType.FIFO,
+    WireType.DELAY: MessageType.DELAY,
+    WireType.TRANSACTION: MessageType.TRANSACTION,
+}
+_TYPE_TO_WIRE = {v: k for k, v in _TYPE_FROM_WIRE.items()}
+_TOPIC_TYPE_TO_WIRE: dict[MessageType, list[int]] = {
+    MessageType.NORMAL: [WireType.NORMAL],
+    MessageType.FIFO: [WireType.FIFO],
+    MessageType.DELAY: [WireType.DELAY],
+    MessageType.TRANSACTION: [WireType.TRANSACTION],
+    MessageType.MIXED: [WireType.NORMAL, WireType.FIFO, WireType.DELAY, WireType.TRANSACTION],
+}
+
+# A gzip body may not inflate beyond this (a "zip bomb" is a request error, not an OOM).
+MAX_INFLATED_BODY = 64 * 1024 * 1024
+
+
+# -- time ---------------------------------------------------------------------
+
+
+def timestamp_ms(ts: timestamp_pb2.Timestamp) -> int:
+    return ts.seconds * 1000 + ts.nanos // 1_000_000
+
+
+def to_timestamp(ms: int) -> timestamp_pb2.Timestamp:
+    return timestamp_pb2.Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def duration_ms(d: duration_pb2.Duration) -> int:
+    return d.seconds * 1000 + d.nanos // 1_000_000
+
+
+def to_duration(ms: int | float) -> duration_pb2.Duration:
+    ms = int(ms)
+    return duration_pb2.Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+# -- message types --------------------------------------------------------------
+
+
+def accepted_wire_types(topic_type: MessageType) -> list[int]:
+    """The wire MessageTypes a topic of ``topic_type`` accepts (for route answers)."""
+    return list(_TOPIC_TYPE_TO_WIRE.get(topic_type, [WireType.NORMAL]))
+
+
+def wire_type(message_type: MessageType) -> int:
+    return _TYPE_TO_WIRE.get(message_type, WireType.NORMAL)
+
+
+def _message_type(msg: pb.Message) -> MessageType:
+    sp = msg.system_properties
+    wire = sp.message_type
+    if wire == WireType.MESSAGE_TYPE_UNSPECIFIED:
+        # Older clients leave it unset: infer it as RocketMQ's proxy does.
+        if sp.HasField("message_group"):
+            return MessageType.FIFO
+        if sp.HasField("delivery_timestamp"):
+            return MessageType.DELAY
+        return MessageType.NORMAL
+    if wire in _TYPE_FROM_WIRE:
+        return _TYPE_FROM_WIRE[wire]
+    name = WireType.Name(wire) if wire in WireType.values() else str(wire)
+    raise Unsupported(f"message type {name} is not supported by halfmoon; send NORMAL, FIFO, DELAY or TRANSACTION messages")
+
+
+# -- inbound messages -------------------------------------------------------------
+
+
+def verify_digest(body: bytes, digest: pb.Digest) -> None:
+    """Raise BodyDigestMismatch when the client sent a digest that the body does not match."""
+    kind = digest.type
+    if kind == pb.DigestType.DIGEST_TYPE_UNSPECIFIED:
+        return
+    if kind not in (pb.DigestType.CRC32, pb.DigestType.MD5, pb.DigestType.SHA1):
+        raise RequestError(f"unknown body digest type {kind}; use CRC32, MD5 or SHA1")
+    verify_body_digest(body, pb.DigestType.Name(kind), digest.checksum)
+
+
+def _decode_body(msg: pb.Message) -> bytes:
+    encoding = msg.system_properties.body_encoding
+    if encoding in (pb.Encoding.IDENTITY, pb.Encoding.ENCODING_UNSPECIFIED):
+        return msg.body
+    if encoding == pb.Encoding.GZIP:
+        try:
+            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            body = inflater.decompress(msg.body, MAX_INFLATED_BODY + 1)
+        except (zlib.error, OSError, EOFError) as exc:
+            raise RequestError(f"message body is marked GZIP but does not inflate: {exc}") from None
+        if len(body) > MAX_INFLATED_BODY:
+            raise RequestError(f"GZIP message body inflates beyond {MAX_INFLATED_BODY} bytes")
+        return body
+    raise RequestError(f"unknown body encoding {encoding}; use IDENTITY or GZIP")
+
+
+def outgoing_message(msg: pb.Message, peer_host: str = "") -> OutgoingMessage:
+    """The broker's OutgoingMessage for one wire message (digest checked, body decoded)."""
+    if not msg.topic.name:
+        raise RequestError("message has no topic; set message.topic.name")
+    sp = msg.system_properties
+    verify_digest(msg.body, sp.body_digest)
+    body = _decode_body(msg)
+    return OutgoingMessage(
+        topic=msg.topic.name,
+        body=body,
+        message_id=sp.message_id,
+        tag=sp.tag if sp.HasField("tag") and sp.tag else None,
+        keys=[k for k in sp.keys],
+        properties=dict(msg.user_properties),
+        message_type=_message_type(msg),
+        message_group=sp.message_group if sp.HasField("message_group") and sp.message_group else None,
+        delivery_timestamp=timestamp_ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None,
+        born_timestamp=timestamp_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else 0,
+        born_host=sp.born_host or peer_host,
+        queue_id=None,
+    )
+
+
+def filter_spec(expression: pb.FilterExpression | None) -> FilterSpec:
+    """The broker FilterSpec for a wire FilterExpression (missing → TAG ``*``)."""
+    if expression is None:
+        return FilterSpec()
+    text = expression.expression.strip()
+    if expression.type == pb.FilterType.SQL:
+        return FilterSpec(kind="SQL92", expression=text)
+    return FilterSpec(kind="TAG", expression=text or "*")
+
+
+# -- outbound messages ------------------------------------------------------------
+
+
+def wire_message(view: MessageView, namespace: str = "", store_host: str = "") -> pb.Message:
+    """The wire Message for a delivered MessageView (receipt handle and attempt included)."""
+    sp = pb.SystemProperties(
+        keys=list(view.keys),
+        message_id=view.message_id,
+        body_digest=pb.Digest(type=pb.DigestType.CRC32, checksum=format(zlib.crc32(view.body) & 0xFFFFFFFF, "08X")),
+        body_encoding=pb.Encoding.IDENTITY,
+        message_type=wire_type(view.message_type),
+        born_host=view.born_host,
+        store_host=view.store_host or store_host,
+        queue_id=max(view.queue_id, 0),
+        queue_offset=view.queue_offset,
+    )
+    if view.tag:
+        sp.tag = view.tag
+    sp.born_timestamp.CopyFrom(to_timestamp(view.born_timestamp))
+    sp.store_timestamp.CopyFrom(to_timestamp(view.store_timestamp))
+    if view.delivery_timestamp is not None:
+        sp.delivery_timestamp.CopyFrom(to_timestamp(view.delivery_timestamp))
+    if view.receipt_handle is not None:
+        sp.receipt_handle = view.receipt_handle
+    if view.invisible_duration_ms is not None:
+        sp.invisible_duration.CopyFrom(to_duration(view.invisible_duration_ms))
+    sp.delivery_attempt = view.delivery_attempt
+    if view.message_group:
+        sp.message_group = view.message_group
+    return pb.Message(
+        topic=pb.Resource(name=view.topic, resource_namespace=namespace),
+        user_properties=dict(view.properties),
+        system_properties=sp,
+        body=view.body,
+    )
+
+
+def wire_messages(views: Iterable[MessageView], namespace: str = "", store_host: str = "") -> list[pb.Message]:
+    return [wire_message(v, namespace, store_host) for v in views]

@@ -1,0 +1,500 @@
+"""The ``apache.rocketmq.v2.MessagingService`` servicer (grpc.aio).
+
+Each RPC translates its request into one broker call and the result back;
+no business rule lives here. Broker calls are synchronous, so they run on a
+small thread pool (``_call``) and the event loop stays free for the
+thousands of parked long polls. Every failure becomes a protocol ``Status``
+(see :mod:`halfmoon.server.errors`); a handler never raises into grpc, so no
+request can take the server down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
+
+from halfmoon.server import client_settings, convert
+from halfmoon.server.config import ServerConfig
+from halfmoon.server.errors import Code, RequestError, Unsupported, ok, status, status_for
+from halfmoon.server.longpoll import ArrivalNotifier
+from halfmoon.server.telemetry import ClientRegistry
+
+log = logging.getLogger("halfmoon.server.grpc")
+
+pb = definition_pb2
+svc = service_pb2
+T = TypeVar("T")
+
+_PERMISSION = {
+    "rw": pb.Permission.READ_WRITE,
+    "r": pb.Permission.READ,
+    "w": pb.Permission.WRITE,
+    "-": pb.Permission.NONE,
+    "": pb.Permission.NONE,
+}
+# Answer a long poll this long before the client's deadline, so it gets an answer, not a timeout.
+_DEADLINE_MARGIN = 0.3
+# A redelivery wake-up already in the past (the broker held the message back, e.g. FIFO):
+# look again after this long rather than spinning.
+_MIN_REPOLL = 0.05
+
+
+def _metadata(context: grpc.aio.ServicerContext, key: str) -> str:
+    for k, v in context.invocation_metadata() or ():
+        if k == key:
+            return v if isinstance(v, str) else v.decode("utf-8", "replace")
+    return ""
+
+
+def _peer_host(context: grpc.aio.ServicerContext) -> str:
+    peer = context.peer() or ""
+    # "ipv4:127.0.0.1:5555" / "ipv6:[::1]:5555"
+    _, _, rest = peer.partition(":")
+    return rest
+
+
+def _unary(response_type: type) -> Callable:
+    """Wrap a unary handler: any exception becomes ``response_type(status=...)``."""
+
+    def decorate(handler: Callable) -> Callable:
+        rpc = handler.__name__
+
+        @functools.wraps(handler)
+        async def wrapper(self: MessagingServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                return await handler(self, request, context)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - every error becomes a Status
+                return response_type(status=status_for(exc, rpc))
+
+        return wrapper
+
+    return decorate
+
+
+def _name(resource: pb.Resource, what: str) -> str:
+    if not resource.name:
+        raise RequestError(f"{what} is missing; set {what}.name")
+    return resource.name
+
+
+class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
+    def __init__(
+        self,
+        broker: Any,
+        store: Any,
+        config: ServerConfig,
+        registry: ClientRegistry,
+        notifier: ArrivalNotifier,
+        *,
+        advertised: tuple[str, int],
+        executor: ThreadPoolExecutor | None = None,
+    ) -> None:
+        self.broker = broker
+        self.store = store
+        self.config = config
+        self.registry = registry
+        self.notifier = notifier
+        self.advertised = advertised
+        self._executor = executor or ThreadPoolExecutor(config.worker_threads, thread_name_prefix="halfmoon-rpc")
+        self.max_body_size = getattr(getattr(broker, "config", None), "max_body_size", 4 * 1024 * 1024)
+        self.default_invisible_ms = getattr(getattr(broker, "config", None), "default_invisible_ms", 30_000)
+        self.broker_name = getattr(getattr(broker, "config", None), "name", "halfmoon")
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    # -- routes ----------------------------------------------------------------
+
+    def _broker_pb(self, endpoints: pb.Endpoints | None) -> pb.Broker:
+        if endpoints is None or not endpoints.addresses or len(endpoints.addresses) > 1:
+            host, port = self.advertised
+            scheme = pb.AddressScheme.IPv6 if ":" in host else pb.AddressScheme.IPv4
+            if not host.replace(".", "").isdigit() and ":" not in host:
+                scheme = pb.AddressScheme.DOMAIN_NAME
+            endpoints = pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host, port=port)])
+        return pb.Broker(name=self.broker_name, id=0, endpoints=endpoints)
+
+    @_unary(svc.QueryRouteResponse)
+    async def QueryRoute(self, request: svc.QueryRouteRequest, context: grpc.aio.ServicerContext) -> svc.QueryRouteResponse:
+        topic = _name(request.topic, "topic")
+        routes = await self._call(self.broker.route, topic)
+        broker = self._broker_pb(request.endpoints if request.HasField("endpoints") else None)
+        queues = []
+        for route in routes:
+            queues.append(
+                pb.MessageQueue(
+                    topic=pb.Resource(name=topic, resource_namespace=request.topic.resource_namespace),
+                    id=route.queue_id,
+                    permission=_PERMISSION.get(route.perm, pb.Permission.NONE),
+                    broker=broker,
+                    accept_message_types=sorted({t for mt in route.message_types for t in convert.accepted_wire_types(mt)}),
+                )
+            )
+        return svc.QueryRouteResponse(status=ok(), message_queues=queues)
+
+    @_unary(svc.QueryAssignmentResponse)
+    async def QueryAssignment(self, request: svc.QueryAssignmentRequest, context: grpc.aio.ServicerContext) -> svc.QueryAssignmentResponse:
+        topic = _name(request.topic, "topic")
+        group = _name(request.group, "group")
+        routes = await self._call(self.broker.route, topic)
+        await self._call(self.broker.get_group, group)
+        if not any("r" in r.perm for r in routes):
+            return svc.QueryAssignmentResponse(status=status(Code.FORBIDDEN, f"topic {topic!r} has no readable queue"))
+        # One assignment per broker, queue id -1: the broker balances consumers across
+        # queues itself (pop), as RocketMQ's proxy does for non-FIFO groups. FIFO order is
+        # kept by the broker too, so FIFO groups get the same single assignment.
+        queue = pb.MessageQueue(
+            topic=pb.Resource(name=topic, resource_namespace=request.topic.resource_namespace),
+            id=-1,
+            permission=pb.Permission.READ_WRITE,
+            broker=self._broker_pb(request.endpoints if request.HasField("endpoints") else None),
+        )
+        return svc.QueryAssignmentResponse(status=ok(), assignments=[svc.Assignment(message_queue=queue)])
+
+    # -- clients -----------------------------------------------------------------
+
+    @_unary(svc.HeartbeatResponse)
+    async def Heartbeat(self, request: svc.HeartbeatRequest, context: grpc.aio.ServicerContext) -> svc.HeartbeatResponse:
+        client_id = _metadata(context, "x-mq-client-id")
+        group = request.group.name if request.HasField("group") else ""
+        if group and request.client_type != pb.ClientType.PRODUCER:
+            await self._call(self.broker.get_group, group)  # auto-creates, or says it does not exist
+        if client_id:
+            self.registry.touch(client_id, client_type=request.client_type, group=group or None, peer=_peer_host(context))
+        return svc.HeartbeatResponse(status=ok())
+
+    @_unary(svc.NotifyClientTerminationResponse)
+    async def NotifyClientTermination(self, request: svc.NotifyClientTerminationRequest, context: grpc.aio.ServicerContext) -> svc.NotifyClientTerminationResponse:
+        client_id = _metadata(context, "x-mq-client-id")
+        if client_id:
+            self.registry.remove(client_id)
+        return svc.NotifyClientTerminationResponse(status=ok())
+
+    async def Telemetry(self, request_iterator: AsyncIterator[svc.TelemetryCommand], context: grpc.aio.ServicerContext) -> AsyncIterator[svc.TelemetryCommand]:
+        client_id = _metadata(context, "x-mq-client-id")
+        if not client_id:
+            yield svc.TelemetryCommand(status=status(Code.CLIENT_ID_REQUIRED, "telemetry needs the x-mq-client-id header"))
+            return
+        session, outbox = self.registry.open_stream(client_id, _peer_host(context))
+        reader = asyncio.create_task(self._read_telemetry(request_iterator, session, outbox))
+        try:
+            while True:
+                command = await outbox.get()
+                if command is None:
+                    break
+                yield command
+        finally:
+            reader.cancel()
+            self.registry.close_stream(session, outbox)
+
+    async def _read_telemetry(self, commands: AsyncIterator[svc.TelemetryCommand], session: Any, outbox: asyncio.Queue) -> None:
+        try:
+            async for command in commands:
+                kind = command.WhichOneof("command")
+                if kind == "settings":
+                    outbox.put_nowait(await self._settings_answer(session, command.settings))
+                elif kind in ("thread_stack_trace", "verify_message_result"):
+                    log.info("event=telemetry_reply client_id=%s kind=%s", session.client_id, kind)
+                session.last_seen = time.monotonic()
+        except asyncio.CancelledError:
+            raise
+        except grpc.aio.AioRpcError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - a bad stream must not hurt the server
+            log.warning("event=telemetry_read_failed client_id=%s error=%r", session.client_id, exc)
+        # The client half-closed (or broke) its side: end ours too.
+        outbox.put_nowait(None)
+
+    async def _settings_answer(self, session: Any, settings: pb.Settings) -> svc.TelemetryCommand:
+        try:
+            self.registry.apply_settings(session, settings)
+            if settings.HasField("publishing"):
+                answer = client_settings.producer_settings(settings, self.config, self.max_body_size)
+            elif settings.HasField("subscription"):
+                group_name = _name(settings.subscription.group, "subscription.group")
+                group = await self._call(self.broker.get_group, group_name)
+                client_settings.validate_subscriptions(settings)
+                answer = client_settings.consumer_settings(settings, group, self.config)
+            else:
+                answer = pb.Settings()
+                answer.CopyFrom(settings)
+            return svc.TelemetryCommand(status=ok(), settings=answer)
+        except Exception as exc:  # noqa: BLE001
+            return svc.TelemetryCommand(status=status_for(exc, "Telemetry"))
+
+    # -- produce -------------------------------------------------------------------
+
+    @_unary(svc.SendMessageResponse)
+    async def SendMessage(self, request: svc.SendMessageRequest, context: grpc.aio.ServicerContext) -> svc.SendMessageResponse:
+        if not request.messages:
+            raise RequestError("SendMessage carries no message; add at least one to messages")
+        peer = _peer_host(context)
+        outgoing = [convert.outgoing_message(m, peer) for m in request.messages]
+        results = await self._call(self.broker.send, outgoing)
+        if results:
+            # The answer promises durability under the store's flush policy.
+            await asyncio.wrap_future(self.store.durable(max(r.end_offset for r in results)))
+        client_id = _metadata(context, "x-mq-client-id")
+        for topic in {m.topic for m in outgoing}:
+            self.registry.note_topic(client_id, topic)
+        entries = [
+            svc.SendResultEntry(
+                status=ok(),
+                message_id=r.message_id,
+                transaction_id=r.transaction_id or "",
+                offset=r.queue_offset,
+                recall_handle=getattr(r, "recall_handle", None) or "",
+            )
+            for r in results
+        ]
+        return svc.SendMessageResponse(status=ok(), entries=entries)
+
+    @_unary(svc.EndTransactionResponse)
+    async def EndTransaction(self, request: svc.EndTransactionRequest, context: grpc.aio.ServicerContext) -> svc.EndTransactionResponse:
+        end = getattr(self.broker, "end_transaction", None)
+        if end is None:
+            raise Unsupported("transactional messages are not supported by this halfmoon build yet")
+        result = await self._call(
+            end,
+            topic=_name(request.topic, "topic"),
+            message_id=request.message_id,
+            transaction_id=request.transaction_id,
+            commit=request.resolution == pb.TransactionResolution.COMMIT,
+            resolution=pb.TransactionResolution.Name(request.resolution) if request.resolution in pb.TransactionResolution.values() else "",
+            from_check=request.source == pb.TransactionSource.SOURCE_SERVER_CHECK,
+        )
+        end_offset = getattr(result, "end_offset", None)
+        if end_offset:
+            await asyncio.wrap_future(self.store.durable(end_offset))
+        return svc.EndTransactionResponse(status=ok())
+
+    @_unary(svc.RecallMessageResponse)
+    async def RecallMessage(self, request: svc.RecallMessageRequest, context: grpc.aio.ServicerContext) -> svc.RecallMessageResponse:
+        recall = getattr(self.broker, "recall", None)
+        if recall is None:
+            raise Unsupported("recalling delay messages is not supported by halfmoon yet")
+        message_id = await self._call(recall, _name(request.topic, "topic"), request.recall_handle)
+        return svc.RecallMessageResponse(status=ok(), message_id=message_id)
+
+    # -- consume by pop -------------------------------------------------------------
+
+    def _poll_budget(self, asked: Any | None, context: grpc.aio.ServicerContext) -> float:
+        seconds = self.config.long_polling_default
+        if asked is not None:
+            seconds = convert.duration_ms(asked) / 1000
+        seconds = min(max(seconds, 0.0), self.config.long_polling_max)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            seconds = min(seconds, remaining - _DEADLINE_MARGIN)
+        return max(seconds, 0.0)
+
+    def _receive_once(self, group: str, topic: str, spec: Any, batch: int, invisible_ms: int, client_id: str) -> tuple[list[Any], int | None]:
+        views = self.broker.receive(group, topic, spec, batch, invisible_ms, client_id)
+        if views:
+            return views, None
+        return views, self.broker.next_wakeup_ms(group, topic)
+
+    async def ReceiveMessage(self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[svc.ReceiveMessageResponse]:
+        try:
+            group = _name(request.group, "group")
+            topic = _name(request.message_queue.topic, "message_queue.topic")
+            if request.batch_size <= 0:
+                raise RequestError(f"batch_size must be positive, got {request.batch_size}")
+            batch = min(request.batch_size, self.config.max_receive_batch_size)
+            invisible_ms = (
+                convert.duration_ms(request.invisible_duration) if request.HasField("invisible_duration") else self.default_invisible_ms
+            )
+            spec = convert.filter_spec(request.filter_expression if request.HasField("filter_expression") else None)
+            budget = self._poll_budget(request.long_polling_timeout if request.HasField("long_polling_timeout") else None, context)
+            client_id = _metadata(context, "x-mq-client-id")
+            views = await self._long_poll(group, topic, spec, batch, invisible_ms, client_id, budget)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001
+            yield svc.ReceiveMessageResponse(status=status_for(exc, "ReceiveMessage"))
+            return
+        if not views:
+            yield svc.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
+            return
+        namespace = request.group.resource_namespace
+        yield svc.ReceiveMessageResponse(status=ok())
+        for view in views:
+            yield svc.ReceiveMessageResponse(message=convert.wire_message(view, namespace))
+        yield svc.ReceiveMessageResponse(delivery_timestamp=convert.to_timestamp(int(time.time() * 1000)))
+
+    async def _long_poll(self, group: str, topic: str, spec: Any, batch: int, invisible_ms: int, client_id: str, budget: float) -> list[Any]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget
+        while True:
+            with self.notifier.waiter(topic) as waiter:
+                views, wakeup_ms = await self._call(self._receive_once, group, topic, spec, batch, invisible_ms, client_id)
+                remaining = deadline - loop.time()
+                if views or remaining <= 0 or self.notifier.shutting_down:
+                    return views
+                if wakeup_ms is not None:
+                    until_redelivery = wakeup_ms / 1000 - time.time()
+                    remaining = min(remaining, max(until_redelivery, _MIN_REPOLL))
+                await waiter.wait(remaining)
+
+    @_unary(svc.AckMessageResponse)
+    async def AckMessage(self, request: svc.AckMessageRequest, context: grpc.aio.ServicerContext) -> svc.AckMessageResponse:
+        group = _name(request.group, "group")
+        topic = _name(request.topic, "topic")
+        if not request.entries:
+            raise RequestError("AckMessage carries no entry; add the receipt handles to acknowledge")
+
+        def ack_all() -> list[pb.Status]:
+            statuses = []
+            for entry in request.entries:
+                try:
+                    if not entry.receipt_handle:
+                        raise RequestError("ack entry has no receipt_handle")
+                    self.broker.ack(group, topic, entry.receipt_handle)
+                    statuses.append(ok())
+                except Exception as exc:  # noqa: BLE001 - one bad handle does not fail the others
+                    statuses.append(status_for(exc, "AckMessage"))
+            return statuses
+
+        statuses = await self._call(ack_all)
+        results = [
+            svc.AckMessageResultEntry(message_id=e.message_id, receipt_handle=e.receipt_handle, status=s)
+            for e, s in zip(request.entries, statuses, strict=True)
+        ]
+        codes = {s.code for s in statuses}
+        if codes == {Code.OK}:
+            overall = ok()
+        elif len(codes) == 1:
+            overall = statuses[0]
+        else:
+            overall = status(Code.MULTIPLE_RESULTS, "some entries failed; see each entry's status")
+        return svc.AckMessageResponse(status=overall, entries=results)
+
+    @_unary(svc.ChangeInvisibleDurationResponse)
+    async def ChangeInvisibleDuration(self, request: svc.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext) -> svc.ChangeInvisibleDurationResponse:
+        group = _name(request.group, "group")
+        topic = _name(request.topic, "topic")
+        if not request.receipt_handle:
+            raise RequestError("receipt_handle is missing")
+        handle = await self._call(
+            self.broker.change_invisible_duration, group, topic, request.receipt_handle, convert.duration_ms(request.invisible_duration)
+        )
+        return svc.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
+
+    @_unary(svc.ForwardMessageToDeadLetterQueueResponse)
+    async def ForwardMessageToDeadLetterQueue(self, request: svc.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext) -> svc.ForwardMessageToDeadLetterQueueResponse:
+        group = _name(request.group, "group")
+        topic = _name(request.topic, "topic")
+        if not request.receipt_handle:
+            raise RequestError("receipt_handle is missing")
+        await self._call(self.broker.forward_to_dead_letter, group, topic, request.receipt_handle)
+        return svc.ForwardMessageToDeadLetterQueueResponse(status=ok())
+
+    # -- consume by pull (offsets) ---------------------------------------------------
+
+    async def PullMessage(self, request: svc.PullMessageRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[svc.PullMessageResponse]:
+        try:
+            group = _name(request.group, "group")
+            topic = _name(request.message_queue.topic, "message_queue.topic")
+            if request.batch_size <= 0:
+                raise RequestError(f"batch_size must be positive, got {request.batch_size}")
+            if request.offset < 0:
+                raise RequestError(f"offset must be >= 0, got {request.offset}")
+            batch = min(request.batch_size, self.config.max_receive_batch_size)
+            spec = convert.filter_spec(request.filter_expression if request.HasField("filter_expression") else None)
+            budget = self._poll_budget(request.long_polling_timeout if request.HasField("long_polling_timeout") else None, context)
+            result = await self._pull_poll(group, topic, request.message_queue.id, request.offset, batch, spec, budget)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001
+            yield svc.PullMessageResponse(status=status_for(exc, "PullMessage"))
+            return
+        messages = list(result.messages)
+        if messages:
+            yield svc.PullMessageResponse(status=ok())
+            for view in messages:
+                yield svc.PullMessageResponse(message=convert.wire_message(view, request.group.resource_namespace))
+        else:
+            code, text = _pull_status(result)
+            yield svc.PullMessageResponse(status=status(code, text))
+        yield svc.PullMessageResponse(next_offset=result.next_offset)
+
+    async def _pull_poll(self, group: str, topic: str, queue_id: int, offset: int, batch: int, spec: Any, budget: float) -> Any:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget
+        while True:
+            with self.notifier.waiter(topic) as waiter:
+                result = await self._call(self.broker.pull, group, topic, queue_id, offset, batch, spec)
+                remaining = deadline - loop.time()
+                if result.messages or remaining <= 0 or self.notifier.shutting_down or _status_name(result) not in _WAITABLE:
+                    return result
+                await waiter.wait(remaining)
+
+    @_unary(svc.UpdateOffsetResponse)
+    async def UpdateOffset(self, request: svc.UpdateOffsetRequest, context: grpc.aio.ServicerContext) -> svc.UpdateOffsetResponse:
+        group = _name(request.group, "group")
+        topic = _name(request.message_queue.topic, "message_queue.topic")
+        await self._call(self.broker.update_offset, group, topic, request.message_queue.id, request.offset)
+        return svc.UpdateOffsetResponse(status=ok())
+
+    @_unary(svc.GetOffsetResponse)
+    async def GetOffset(self, request: svc.GetOffsetRequest, context: grpc.aio.ServicerContext) -> svc.GetOffsetResponse:
+        group = _name(request.group, "group")
+        topic = _name(request.message_queue.topic, "message_queue.topic")
+        offset = await self._call(self.broker.get_offset, group, topic, request.message_queue.id)
+        return svc.GetOffsetResponse(status=ok(), offset=offset)
+
+    @_unary(svc.QueryOffsetResponse)
+    async def QueryOffset(self, request: svc.QueryOffsetRequest, context: grpc.aio.ServicerContext) -> svc.QueryOffsetResponse:
+        topic = _name(request.message_queue.topic, "message_queue.topic")
+        policy = request.query_offset_policy
+        timestamp = None
+        if policy == pb.QueryOffsetPolicy.BEGINNING:
+            name = "beginning"
+        elif policy == pb.QueryOffsetPolicy.END:
+            name = "end"
+        elif policy == pb.QueryOffsetPolicy.TIMESTAMP:
+            if not request.HasField("timestamp"):
+                raise RequestError("query_offset_policy TIMESTAMP needs a timestamp")
+            name, timestamp = "timestamp", convert.timestamp_ms(request.timestamp)
+        else:
+            raise RequestError(f"unknown query_offset_policy {policy}; use BEGINNING, END or TIMESTAMP")
+        offset = await self._call(self.broker.query_offset, topic, request.message_queue.id, name, timestamp)
+        return svc.QueryOffsetResponse(status=ok(), offset=offset)
+
+    # -- not offered ------------------------------------------------------------------
+
+    @_unary(svc.SyncLiteSubscriptionResponse)
+    async def SyncLiteSubscription(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        raise Unsupported("lite topics are not supported by halfmoon")
+
+
+_WAITABLE = {"NO_MESSAGE", "NO_NEW_MESSAGE", "NO_MATCHED_MESSAGE", "OFFSET_OVERFLOW_ONE", "FOUND"}
+
+
+def _status_name(result: Any) -> str:
+    value = getattr(result, "status", "")
+    return str(getattr(value, "name", value)).upper()
+
+
+def _pull_status(result: Any) -> tuple[int, str]:
+    name = _status_name(result)
+    if name in ("OFFSET_TOO_SMALL", "OFFSET_OVERFLOW", "OFFSET_FOUND_NULL", "OFFSET_OVERFLOW_BADLY"):
+        return Code.ILLEGAL_OFFSET, (
+            f"offset is outside the queue's range [{getattr(result, 'min_offset', '?')}, "
+            f"{getattr(result, 'max_offset', '?')}]; continue from next_offset {result.next_offset}"
+        )
+    if name == "NO_SUCH_QUEUE":
+        return Code.NOT_FOUND, "no such queue"
+    return Code.MESSAGE_NOT_FOUND, "no new message"
+

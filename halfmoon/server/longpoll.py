@@ -1,0 +1,95 @@
+"""Waking long-polling consumers when a message arrives, without busy waiting.
+
+A ReceiveMessage / PullMessage that finds nothing parks on a :class:`Waiter`
+for its topic. The broker's arrival listener (called from store threads when
+a message becomes visible, and from the tick thread for due delay messages)
+hops onto the event loop with ``call_soon_threadsafe`` and resolves every
+waiter of that topic. Waiters register *before* the broker is asked, so a
+message that lands between "nothing there" and "wait" still wakes them: the
+listener either sees the waiter or the broker call sees the message.
+
+Listener calls for topics nobody waits on cost one dict lookup and never
+touch the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+
+log = logging.getLogger("halfmoon.server.longpoll")
+
+
+class Waiter:
+    __slots__ = ("_notifier", "future", "topics")
+
+    def __init__(self, notifier: ArrivalNotifier, topics: tuple[str, ...]) -> None:
+        self._notifier = notifier
+        self.topics = topics
+        self.future: asyncio.Future[None] = notifier.loop.create_future()
+
+    async def wait(self, timeout: float) -> bool:
+        """True when woken by an arrival (or shutdown), False on timeout."""
+        if self.future.done():
+            return True
+        try:
+            await asyncio.wait_for(asyncio.shield(self.future), timeout=max(0.0, timeout))
+            return True
+        except TimeoutError:
+            return False
+
+    def close(self) -> None:
+        self._notifier._discard(self)
+        if not self.future.done():
+            self.future.cancel()
+
+    def __enter__(self) -> Waiter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ArrivalNotifier:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._waiters: dict[str, set[Waiter]] = defaultdict(set)
+        self.shutting_down = False
+
+    def waiter(self, *topics: str) -> Waiter:
+        w = Waiter(self, topics)
+        if self.shutting_down:
+            w.future.set_result(None)
+            return w
+        for topic in topics:
+            self._waiters[topic].add(w)
+        return w
+
+    def _discard(self, w: Waiter) -> None:
+        for topic in w.topics:
+            waiting = self._waiters.get(topic)
+            if waiting is not None:
+                waiting.discard(w)
+                if not waiting:
+                    del self._waiters[topic]
+
+    def on_arrival(self, topic: str, queue_id: int = -1) -> None:
+        """Broker arrival listener: any thread, must be quick, must not raise."""
+        if topic not in self._waiters:
+            return
+        # A closed loop (shutdown) means nobody is waiting any more.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self._wake, topic)
+
+    def _wake(self, topic: str) -> None:
+        for w in self._waiters.pop(topic, ()):
+            if not w.future.done():
+                w.future.set_result(None)
+
+    def wake_all(self) -> None:
+        """Shutdown: every parked poll returns now with what it has (nothing)."""
+        self.shutting_down = True
+        for topic in list(self._waiters):
+            self._wake(topic)
