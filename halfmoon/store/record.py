@@ -33,6 +33,7 @@ on either.
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from dataclasses import dataclass
@@ -74,9 +75,10 @@ class RecordError(Exception):
 def encode_properties(properties: dict[str, str]) -> bytes:
     if not properties:
         return b""
-    return "".join(
-        f"{k}{PROPERTY_SEPARATOR}{v}{PAIR_SEPARATOR}" for k, v in properties.items()
-    ).encode("utf-8")
+    parts: list[str] = []
+    for key, value in properties.items():
+        parts += (key, PROPERTY_SEPARATOR, value, PAIR_SEPARATOR)
+    return "".join(parts).encode("utf-8")
 
 
 def decode_properties(raw: bytes) -> dict[str, str]:
@@ -105,19 +107,42 @@ class PreparedRecord:
         return len(self.buffer)
 
 
-def prepare(message: Message, store_host: str = "") -> PreparedRecord:
-    """Encode ``message`` into a record with zero offsets and no CRC yet."""
-    topic = message.topic.encode("ascii")
-    born_host = message.born_host.encode("utf-8")
-    store = store_host.encode("utf-8")
-    props = encode_properties(message.properties)
-    body = message.body
-    if len(topic) > MAX_TOPIC_BYTES or len(born_host) > MAX_HOST_BYTES:
+@functools.lru_cache(maxsize=4096)
+def _names(topic: str, born_host: str, store_host: str) -> bytes:
+    """The length-prefixed topic and hosts, which repeat from message to message."""
+    t = topic.encode("ascii")
+    b = born_host.encode("utf-8")
+    s = store_host.encode("utf-8")
+    if len(t) > MAX_TOPIC_BYTES or len(b) > MAX_HOST_BYTES or len(s) > MAX_HOST_BYTES:
         raise ValueError("topic or host too long for the record format")
-    if len(store) > MAX_HOST_BYTES or len(props) > MAX_PROPERTIES_BYTES:
-        raise ValueError("store host or properties too long for the record format")
-    total = HEADER_SIZE + len(body) + 1 + len(topic) + 1 + len(born_host) + 1 + len(store)
-    total += 2 + len(props)
+    return bytes((len(t),)) + t + bytes((len(b),)) + b + bytes((len(s),)) + s
+
+
+@functools.lru_cache(maxsize=4096)
+def _decode_names(raw: bytes) -> tuple[str, str, str]:
+    """Inverse of :func:`_names`; cached because the same few names repeat."""
+    a = raw[0]
+    b = raw[1 + a]
+    topic = raw[1 : 1 + a].decode("ascii")
+    born_host = raw[2 + a : 2 + a + b].decode("utf-8")
+    store_host = raw[3 + a + b :].decode("utf-8")
+    return topic, born_host, store_host
+
+
+def prepare(
+    message: Message, store_host: str = "", encoded_properties: bytes | None = None
+) -> PreparedRecord:
+    """Encode ``message`` into a record with zero offsets and no CRC yet.
+
+    ``encoded_properties`` may pass :func:`encode_properties` output computed
+    earlier (validation measures it) so it is not encoded twice.
+    """
+    props = encode_properties(message.properties) if encoded_properties is None else encoded_properties
+    if len(props) > MAX_PROPERTIES_BYTES:
+        raise ValueError("properties too long for the record format")
+    names = _names(message.topic, message.born_host, store_host)
+    body = message.body
+    total = HEADER_SIZE + len(body) + len(names) + 2 + len(props)
     head = _HEADER.pack(
         total,
         MESSAGE_MAGIC,
@@ -133,17 +158,7 @@ def prepare(message: Message, store_host: str = "") -> PreparedRecord:
         message.prepared_transaction_offset,
         len(body),
     )
-    buf = bytearray(head)
-    buf += body
-    buf += _U8.pack(len(topic))
-    buf += topic
-    buf += _U8.pack(len(born_host))
-    buf += born_host
-    buf += _U8.pack(len(store))
-    buf += store
-    buf += _U16.pack(len(props))
-    buf += props
-    return PreparedRecord(buf)
+    return PreparedRecord(bytearray().join((head, body, names, _U16.pack(len(props)), props)))
 
 
 def finalize(
@@ -212,68 +227,83 @@ def decode(
 
     ``base_offset`` is the commit-log offset of ``buf[0]``, only used in error
     messages. Raises :class:`RecordError` on a blank, torn or corrupt record.
+    This is the read path's hot spot: one header unpack, then slicing.
     """
     if limit is None:
         limit = len(buf)
+    try:
+        (
+            total,
+            magic,
+            crc,
+            queue_id,
+            flags,
+            queue_offset,
+            commit_log_offset,
+            sys_flag,
+            born_timestamp,
+            store_timestamp,
+            reconsume_times,
+            prepared_offset,
+            body_length,
+        ) = _HEADER.unpack_from(buf, position)
+    except struct.error:
+        total = magic = 0
+    end = position + total
+    if magic != MESSAGE_MAGIC or total < HEADER_SIZE + 7 or end > limit:
+        _raise_frame_error(buf, position, limit, base_offset)
+    if type(buf) is not bytes:
+        buf = bytes(buf[position:end])
+        position, end = 0, total
+    if verify and crc != zlib.crc32(memoryview(buf)[position + CRC_START : end]):
+        raise RecordError("checksum", base_offset + position, "CRC mismatch")
+    p = position + HEADER_SIZE + body_length
+    try:
+        body = buf[position + HEADER_SIZE : p]
+        a = buf[p]
+        b = buf[p + 1 + a]
+        c = buf[p + 2 + a + b]
+        q = p + 3 + a + b + c
+        topic, born_host, store_host = _decode_names(buf[p:q])
+        n = (buf[q] << 8) | buf[q + 1]
+        properties = decode_properties(buf[q + 2 : q + 2 + n]) if n else {}
+        p = q + 2 + n
+    except (IndexError, UnicodeDecodeError) as exc:
+        raise RecordError(
+            "bad_fields", base_offset + position, f"fields do not parse: {exc}"
+        ) from None
+    if p != end:
+        raise RecordError(
+            "bad_fields", base_offset + position, "field lengths disagree with the record size"
+        )
+    return StoredMessage(
+        topic,
+        body,
+        queue_id,
+        queue_offset,
+        commit_log_offset,
+        total,
+        properties,
+        flags,
+        sys_flag,
+        born_timestamp,
+        born_host,
+        store_timestamp,
+        store_host,
+        reconsume_times,
+        prepared_offset,
+    )
+
+
+def _raise_frame_error(
+    buf: bytes | bytearray | memoryview, position: int, limit: int, base_offset: int
+) -> None:
+    """Say precisely why no message record can be framed at ``position``."""
     where = base_offset + position
     try:
-        total, magic = frame_at(buf, position, limit)
+        _total, magic = frame_at(buf, position, limit)
     except RecordError as exc:
         raise RecordError(exc.reason, where, str(exc).split(": ", 1)[-1]) from None
     if magic == BLANK_MAGIC:
         raise RecordError("blank", where, "end-of-segment filler")
-    if verify and not check_crc(buf, position, total):
-        raise RecordError("checksum", where, "CRC mismatch")
-    (
-        _total,
-        _magic,
-        _crc,
-        queue_id,
-        flags,
-        queue_offset,
-        commit_log_offset,
-        sys_flag,
-        born_timestamp,
-        store_timestamp,
-        reconsume_times,
-        prepared_offset,
-        body_length,
-    ) = _HEADER.unpack_from(buf, position)
-    end = position + total
-    p = position + HEADER_SIZE
-    try:
-        body = bytes(buf[p : p + body_length])
-        p += body_length
-        n = buf[p]
-        topic = bytes(buf[p + 1 : p + 1 + n]).decode("ascii")
-        p += 1 + n
-        n = buf[p]
-        born_host = bytes(buf[p + 1 : p + 1 + n]).decode("utf-8")
-        p += 1 + n
-        n = buf[p]
-        store_host = bytes(buf[p + 1 : p + 1 + n]).decode("utf-8")
-        p += 1 + n
-        (n,) = _U16.unpack_from(buf, p)
-        properties = decode_properties(bytes(buf[p + 2 : p + 2 + n]))
-        p += 2 + n
-    except (IndexError, UnicodeDecodeError, struct.error) as exc:
-        raise RecordError("bad_fields", where, f"fields do not parse: {exc}") from None
-    if p != end or len(body) != body_length:
-        raise RecordError("bad_fields", where, "field lengths disagree with the record size")
-    return StoredMessage(
-        topic=topic,
-        body=body,
-        queue_id=queue_id,
-        queue_offset=queue_offset,
-        commit_log_offset=commit_log_offset,
-        size=total,
-        properties=properties,
-        flags=flags,
-        sys_flag=sys_flag,
-        born_timestamp=born_timestamp,
-        born_host=born_host,
-        store_timestamp=store_timestamp,
-        store_host=store_host,
-        reconsume_times=reconsume_times,
-        prepared_transaction_offset=prepared_offset,
-    )
+    raise RecordError("truncated", where, "record header runs past the readable data")

@@ -1,0 +1,484 @@
+"""MessageStore: the commit log, consume queues and key index behind the ``Store`` protocol.
+
+Open it with ``MessageStore(StoreConfig(data_dir=...))``; close it (or use it
+as a context manager) for a clean shutdown. Opening recovers (see
+``recovery``).
+
+Writes: messages are validated and encoded outside the append lock; under it
+each record gets its queue offset (from the per-queue offset table), its
+commit-log offset and store timestamp, is copied into the log and dispatched
+to its consume queue and the key index. Under ``sync`` the records become
+visible to reads and listeners only after the flusher's fsync covers them.
+
+Background threads: the flusher (``flush``) and one maintenance thread that
+writes a checkpoint every ``checkpoint_interval`` seconds (when something
+changed) and runs retention every ``retention_check_interval`` seconds.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+
+from halfmoon.errors import NotFound, StorageError
+from halfmoon.store import record
+from halfmoon.store.api import (
+    AppendResult,
+    GetResult,
+    GetStatus,
+    MessagePredicate,
+    StoreStats,
+    TagHashes,
+)
+from halfmoon.store.checkpoint import (
+    Checkpoint,
+    mark_clean_close,
+    mark_open,
+    read_checkpoint,
+    write_checkpoint,
+)
+from halfmoon.store.commitlog import CommitLog, OffsetGone
+from halfmoon.store.config import StoreConfig
+from halfmoon.store.consumequeue import ConsumeQueues
+from halfmoon.store.flush import GroupCommitFlusher, IntervalFlusher
+from halfmoon.store.keyindex import KeyIndex
+from halfmoon.store.message import PROPERTY_TAGS, Message, StoredMessage, tag_hash
+from halfmoon.store.recovery import RecoveryReport, Reporter, index_keys, log_reporter, recover
+from halfmoon.store.retention import disk_usage_ratio, next_expired
+from halfmoon.store.validate import (
+    IllegalMessageField,
+    MessageBodyTooLarge,
+    check_message,
+    check_ranges,
+)
+
+log = logging.getLogger("halfmoon.store")
+
+_cached_tag_hash = functools.lru_cache(maxsize=4096)(tag_hash)
+
+
+class MessageNotFound(NotFound):
+    code = "MESSAGE_NOT_FOUND"
+
+
+class StoreClosed(StorageError):
+    code = "STORE_CLOSED"
+
+
+class MessageStore:
+    """The file-backed store. Thread-safe; see the module docstring."""
+
+    def __init__(
+        self,
+        config: StoreConfig,
+        *,
+        reporter: Reporter | None = None,
+        clock: Callable[[], float] = time.time,
+        disk_usage: Callable[[], float] | None = None,
+    ) -> None:
+        self.config = config
+        self._clock = clock  # seconds since the epoch: store timestamps and retention
+        root = config.data_dir
+        root.mkdir(parents=True, exist_ok=True)
+        self._disk_usage = disk_usage or (lambda: disk_usage_ratio(root))
+        self._lock = threading.Lock()  # the append lock: offsets, writes, dispatch
+        self._checkpoint_lock = threading.Lock()
+        self._listeners: list[Callable[[AppendResult], None]] = []
+        self._closed = False
+        self._sync = config.flush == "sync"
+        self._appends = 0
+        self._retention_deleted = 0
+        checkpoint = read_checkpoint(root)
+        crashed = mark_open(root)
+        index_missing = not (root / "index").is_dir()
+        self._commitlog = CommitLog(root / "commitlog", config.segment_size)
+        self._queues = ConsumeQueues(root / "consumequeue", config.cq_entries_per_file)
+        self._index = KeyIndex(root / "index", config.index_slots, config.index_max_entries)
+        try:
+            self.recovery: RecoveryReport = recover(
+                self._commitlog, self._queues, self._index, checkpoint,
+                data_dir=root, crashed=crashed, index_missing=index_missing,
+                policy=config.recovery, reporter=reporter or log_reporter,
+            )  # fmt: skip
+        except BaseException:
+            self._close_files()
+            raise
+        # The topic-queue offset table: next queue offset to assign, per queue.
+        self._next_offsets: dict[tuple[str, int], int] = self._queues.max_offsets()
+        # Visible max offsets: a separate table under sync (advanced by the flusher).
+        self._visible = dict(self._next_offsets) if self._sync else self._next_offsets
+        self._visible_position = self._commitlog.write_position
+        self._pending: collections.deque[AppendResult] = collections.deque()
+        self._body_limit = config.max_body_size
+        self._record_limit = config.segment_size
+        self._flusher: GroupCommitFlusher | IntervalFlusher
+        if self._sync:
+            self._flusher = GroupCommitFlusher(self._commitlog, self._on_flushed)
+        else:
+            self._flusher = IntervalFlusher(self._commitlog, config.flush_interval, self._on_flushed)
+        self._last_checkpoint: tuple[int, int] = (-1, -1)
+        self.write_checkpoint()
+        self._stop = threading.Event()
+        self._maintenance = threading.Thread(
+            target=self._maintain, name="halfmoon-store-maintenance", daemon=True
+        )
+        self._maintenance.start()
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def __enter__(self) -> MessageStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        self._maintenance.join()
+        self._flusher.close()
+        self.write_checkpoint(force=True)
+        self._close_files()
+        mark_clean_close(self.config.data_dir)
+
+    def _close_files(self) -> None:
+        self._queues.close()
+        self._index.close()
+        self._commitlog.close()
+
+    def _maintain(self) -> None:
+        config = self.config
+        tick = min(config.checkpoint_interval, config.retention_check_interval)
+        next_retention = time.monotonic() + config.retention_check_interval
+        while not self._stop.wait(tick):
+            try:
+                self.write_checkpoint()
+                if time.monotonic() >= next_retention:
+                    next_retention = time.monotonic() + config.retention_check_interval
+                    self.run_retention()
+            except Exception:  # keep the store running; the next round retries
+                log.exception("event=maintenance_failed")
+
+    def write_checkpoint(self, force: bool = False) -> None:
+        """Flush log, queues and index up to the current end and record it in the checkpoint."""
+        with self._checkpoint_lock:
+            with self._lock:
+                dispatched = self._commitlog.write_position
+                queue_offsets = dict(self._next_offsets)
+            state = (dispatched, len(queue_offsets))
+            if state == self._last_checkpoint and not force:
+                return
+            if self._sync and not self._closed:
+                self._flusher.wait(dispatched)
+            else:
+                self._commitlog.sync(dispatched)
+            self._queues.flush()
+            self._index.flush()
+            flushed = max(self._commitlog.flushed_position, dispatched)
+            now = int(self._clock() * 1000)
+            write_checkpoint(
+                self.config.data_dir, Checkpoint(flushed, dispatched, now, queue_offsets)
+            )
+            self._last_checkpoint = state
+
+    # -- writes --------------------------------------------------------------
+
+    def _prepare(self, messages: Sequence[Message]) -> list[record.PreparedRecord]:
+        config = self.config
+        prepared = []
+        for message in messages:
+            properties = check_message(message, self._body_limit, config.max_properties_size)
+            try:
+                item = record.prepare(message, config.store_host, properties)
+            except (struct.error, ValueError, TypeError, OverflowError) as exc:
+                check_ranges(message)
+                raise IllegalMessageField(f"message cannot be encoded: {exc}") from None
+            if item.size > self._record_limit:
+                raise MessageBodyTooLarge(
+                    f"the record of {item.size} bytes does not fit in a commit-log segment of "
+                    f"{self._record_limit} bytes; send a smaller message or raise segment_size"
+                )
+            prepared.append(item)
+        return prepared
+
+    def append(self, messages: Sequence[Message]) -> list[AppendResult]:
+        if not messages:
+            return []
+        prepared = self._prepare(messages)
+        results: list[AppendResult] = []
+        commitlog, queues, index = self._commitlog, self._queues, self._index
+        offsets = self._next_offsets
+        with self._lock:
+            if self._closed:
+                raise StoreClosed("the store is closed; open a new MessageStore")
+            now = int(self._clock() * 1000)
+            for message, item in zip(messages, prepared, strict=True):
+                topic, queue_id = message.topic, message.queue_id
+                key = (topic, queue_id)
+                queue_offset = offsets.get(key, 0)
+                size = item.size
+                try:
+                    position = commitlog.append(item, queue_offset, now)
+                except OSError as exc:
+                    raise StorageError(f"the commit log refused a write: {exc}") from exc
+                offsets[key] = queue_offset + 1
+                properties = message.properties
+                queues.put(
+                    topic, queue_id, queue_offset, position, size,
+                    _cached_tag_hash(properties.get(PROPERTY_TAGS)),
+                )  # fmt: skip
+                if properties:
+                    for k in index_keys(properties):
+                        index.put(topic, k, position, now)
+                results.append(AppendResult(topic, queue_id, queue_offset, position, size, now))
+            self._appends += len(results)
+            if self._sync:
+                self._pending.extend(results)
+        if self._sync:
+            self._flusher.written()
+        else:
+            self._visible_position = commitlog.write_position
+            if self._listeners:
+                self._notify(results)
+        return results
+
+    def durable(self, end_offset: int) -> Future[None]:
+        return self._flusher.durable(end_offset)
+
+    def wait_durable(self, end_offset: int, timeout: float | None = None) -> bool:
+        return self._flusher.wait(end_offset, timeout)
+
+    def put(self, messages: Sequence[Message]) -> list[AppendResult]:
+        results = self.append(messages)
+        if results and self._sync:
+            self._flusher.wait(results[-1].end_offset)
+        return results
+
+    def _on_flushed(self, position: int) -> None:
+        if not self._sync:
+            return
+        pending, visible, known = self._pending, self._visible, self._next_offsets
+        ready = []
+        while pending and pending[0].end_offset <= position:
+            result = pending.popleft()
+            key = (result.topic, result.queue_id)
+            if key in known:  # not deleted meanwhile
+                visible[key] = result.queue_offset + 1
+            ready.append(result)
+        self._visible_position = position
+        if ready and self._listeners:
+            self._notify(ready)
+
+    def add_listener(self, listener: Callable[[AppendResult], None]) -> None:
+        self._listeners = [*self._listeners, listener]
+
+    def _notify(self, results: list[AppendResult]) -> None:
+        for listener in self._listeners:
+            for result in results:
+                try:
+                    listener(result)
+                except Exception:
+                    log.exception("event=listener_failed listener=%r", listener)
+
+    # -- reads ---------------------------------------------------------------
+
+    def get(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int = 32,
+        max_bytes: int = 4 * 1024 * 1024,
+        tag_hashes: TagHashes = None,
+        predicate: MessagePredicate | None = None,
+    ) -> GetResult:
+        key = (topic, queue_id)
+        max_offset = self._visible.get(key)
+        if max_offset is None:
+            return GetResult(GetStatus.NO_SUCH_QUEUE, [], 0, 0, 0)
+        min_offset = min(self._queues.min_offset(topic, queue_id), max_offset)
+        if offset < min_offset:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, [], min_offset, min_offset, max_offset)
+        if offset >= max_offset:
+            status = GetStatus.NO_MESSAGE if offset == max_offset else GetStatus.OFFSET_OVERFLOW
+            return GetResult(status, [], max_offset, min_offset, max_offset)
+        scan = min(max_offset - offset, max(max_messages, self.config.max_scan_entries))
+        entries = self._queues.entries(topic, queue_id, offset, scan)
+        if entries and entries[0].queue_offset > offset:  # trimmed since min_offset was read
+            first = entries[0].queue_offset
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, [], first, first, max_offset)
+        read = self._commitlog.read
+        decode = record.decode
+        verify = self.config.verify_crc_on_read
+        messages: list[StoredMessage] = []
+        total = 0
+        next_offset = offset
+        for entry in entries:
+            if tag_hashes is not None and entry.tag_hash not in tag_hashes:
+                next_offset = entry.queue_offset + 1
+                continue
+            if messages and total + entry.size > max_bytes:
+                break
+            next_offset = entry.queue_offset + 1
+            try:
+                message = decode(read(entry.commit_log_offset, entry.size), verify=verify)
+            except (OffsetGone, record.RecordError) as exc:
+                log.warning(
+                    "event=unreadable_entry topic=%s queue_id=%d queue_offset=%d error=%r",
+                    topic, queue_id, entry.queue_offset, str(exc),
+                )  # fmt: skip
+                continue
+            if message.queue_offset != entry.queue_offset or message.topic != topic:
+                log.warning(
+                    "event=entry_mismatch topic=%s queue_id=%d queue_offset=%d",
+                    topic, queue_id, entry.queue_offset,
+                )  # fmt: skip
+                continue
+            if predicate is not None and not predicate(message):
+                continue
+            messages.append(message)
+            total += entry.size
+            if len(messages) >= max_messages:
+                break
+        if messages:
+            status = GetStatus.FOUND
+        elif entries:
+            status = GetStatus.NO_MATCHED_MESSAGE
+        else:
+            status = GetStatus.NO_MESSAGE
+        return GetResult(status, messages, next_offset, min_offset, max_offset)
+
+    def read_at(self, commit_log_offset: int) -> StoredMessage:
+        try:
+            message = self._commitlog.read_message(commit_log_offset, verify=True)
+        except OffsetGone:
+            message = None
+        if message is None or commit_log_offset + message.size > self._visible_position:
+            raise MessageNotFound(
+                f"no message starts at commit-log offset {commit_log_offset} (it may have "
+                f"been deleted by retention; the log starts at {self._commitlog.min_offset})"
+            )
+        return message
+
+    def query_by_key(
+        self,
+        topic: str,
+        key: str,
+        begin_timestamp: int = 0,
+        end_timestamp: int = 2**63 - 1,
+        max_results: int = 64,
+    ) -> list[StoredMessage]:
+        if max_results <= 0:
+            return []
+        candidates = self._index.query(
+            topic, key, begin_timestamp, end_timestamp, max_results * 2 + 8
+        )
+        found: list[StoredMessage] = []
+        for offset in candidates:
+            try:
+                message = self.read_at(offset)
+            except MessageNotFound:
+                continue
+            if message.topic != topic or not begin_timestamp <= message.store_timestamp <= end_timestamp:
+                continue
+            if key in message.keys or message.unique_id == key:
+                found.append(message)
+                if len(found) >= max_results:
+                    break
+        return found
+
+    # -- queues --------------------------------------------------------------
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        if (topic, queue_id) not in self._visible:
+            return 0
+        return min(self._queues.min_offset(topic, queue_id), self._visible[(topic, queue_id)])
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        return self._visible.get((topic, queue_id), 0)
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp: int) -> int:
+        max_offset = self.max_offset(topic, queue_id)
+        if max_offset == 0:
+            return 0
+
+        def store_timestamp_of(commit_log_offset: int) -> int:
+            try:
+                return self._commitlog.store_timestamp_at(commit_log_offset)
+            except OffsetGone:
+                return -1  # deleted by retention: older than anything asked for
+
+        found = self._queues.lookup_by_time(topic, queue_id, timestamp, store_timestamp_of)
+        return min(found, max_offset)
+
+    def queues(self) -> Iterable[tuple[str, int]]:
+        return sorted(self._visible)
+
+    def delete_topic(self, topic: str) -> None:
+        with self._lock:
+            self._queues.delete_topic(topic)
+            for key in [k for k in self._next_offsets if k[0] == topic]:
+                del self._next_offsets[key]
+                self._visible.pop(key, None)
+        self.write_checkpoint(force=True)  # so recovery does not rebuild what was deleted
+
+    # -- retention -----------------------------------------------------------
+
+    def run_retention(self, now: float | None = None) -> int:
+        """Delete expired segments (``now``: seconds since the epoch); return how many."""
+        config = self.config
+        now_ms = int((self._clock() if now is None else now) * 1000)
+        deleted = 0
+        while True:
+            found = next_expired(
+                self._commitlog,
+                now_ms=now_ms,
+                retention_ms=int(config.retention_hours * 3600 * 1000),
+                max_disk_ratio=config.disk_usage_ratio,
+                usage=self._disk_usage,
+            )
+            if found is None:
+                break
+            segment, reason = found
+            following = self._commitlog.segments[1].start
+            self._queues.trim_below(following)
+            self._index.trim_below(following)
+            with self._lock:
+                if self._closed or self._commitlog.segments[0] is not segment:
+                    break
+                self._commitlog.delete_oldest()
+            deleted += 1
+            log.info(
+                "event=segment_deleted segment=%s reason=%s new_min_offset=%d",
+                segment.path.name, reason, following,
+            )  # fmt: skip
+        self._retention_deleted += deleted
+        return deleted
+
+    # -- stats ---------------------------------------------------------------
+
+    def stats(self) -> StoreStats:
+        commitlog = self._commitlog
+        return StoreStats(
+            commit_log_min_offset=commitlog.min_offset,
+            commit_log_max_offset=commitlog.write_position,
+            commit_log_flushed_offset=commitlog.flushed_position,
+            disk_bytes=commitlog.disk_bytes(),
+            segments=len(commitlog.segments),
+            queues=len(self._visible),
+            extra={
+                "fsyncs": self._flusher.fsyncs,
+                "appends": self._appends,
+                "visible_offset": self._visible_position,
+                "segments_deleted": self._retention_deleted,
+            },
+        )

@@ -1,0 +1,108 @@
+"""What the store refuses to write, each refusal a named error with a stable code.
+
+Every message of a batch is checked before any is written, so a bad message
+never leaves a partial batch (or a partial record) behind.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from halfmoon.errors import InvalidArgument
+from halfmoon.store.message import Message
+from halfmoon.store.record import PAIR_SEPARATOR, PROPERTY_SEPARATOR, encode_properties
+
+TOPIC_PATTERN = re.compile(r"[%a-zA-Z0-9_-]{1,127}")  # matched whole (fullmatch)
+_I32 = (-(2**31), 2**31 - 1)
+_I64 = (-(2**63), 2**63 - 1)
+
+
+class IllegalTopic(InvalidArgument):
+    code = "ILLEGAL_TOPIC"
+
+
+class IllegalQueueId(InvalidArgument):
+    code = "ILLEGAL_QUEUE_ID"
+
+
+class MessageBodyTooLarge(InvalidArgument):
+    code = "MESSAGE_BODY_TOO_LARGE"
+
+
+class IllegalPropertyKey(InvalidArgument):
+    code = "ILLEGAL_MESSAGE_PROPERTY_KEY"
+
+
+class IllegalPropertyValue(InvalidArgument):
+    code = "ILLEGAL_MESSAGE_PROPERTY_VALUE"
+
+
+class MessagePropertiesTooLarge(InvalidArgument):
+    code = "MESSAGE_PROPERTIES_TOO_LARGE"
+
+
+class IllegalMessageField(InvalidArgument):
+    """A numeric field out of its stored range, a host too long, a body that is not bytes."""
+
+    code = "ILLEGAL_MESSAGE_FIELD"
+
+
+@functools.lru_cache(maxsize=4096)
+def check_topic(topic: str) -> str:
+    """Return ``topic`` if it is a legal topic name, else raise IllegalTopic (cached: topics repeat)."""
+    if not isinstance(topic, str) or TOPIC_PATTERN.fullmatch(topic) is None:
+        raise IllegalTopic(
+            f"topic {topic!r} is not a legal name: use 1 to 127 characters from "
+            "letters, digits, '%', '_' and '-'"
+        )
+    return topic
+
+
+def check_message(message: Message, max_body_size: int, max_properties_size: int) -> bytes:
+    """Check one message; return its encoded properties (so they are encoded once)."""
+    check_topic(message.topic)
+    queue_id = message.queue_id
+    if type(queue_id) is not int or not 0 <= queue_id <= _I32[1]:
+        raise IllegalQueueId(f"queue id must be an integer in [0, 2**31), got {queue_id!r}")
+    body = message.body
+    if not isinstance(body, bytes | bytearray | memoryview):
+        raise IllegalMessageField(f"message body must be bytes, got {type(body).__name__}")
+    if len(body) > max_body_size:
+        raise MessageBodyTooLarge(
+            f"message body of {len(body)} bytes exceeds the limit of {max_body_size} bytes; "
+            "send a smaller body or raise max_body_size"
+        )
+    for key, value in message.properties.items():
+        if not isinstance(key, str) or not key or PROPERTY_SEPARATOR in key or PAIR_SEPARATOR in key:
+            raise IllegalPropertyKey(
+                f"property key {key!r} is illegal: keys must be non-empty strings without "
+                "the characters \\x01 and \\x02"
+            )
+        if not isinstance(value, str) or PROPERTY_SEPARATOR in value or PAIR_SEPARATOR in value:
+            raise IllegalPropertyValue(
+                f"value of property {key!r} is illegal: values must be strings without "
+                "the characters \\x01 and \\x02"
+            )
+    encoded = encode_properties(message.properties)
+    if len(encoded) > max_properties_size:
+        raise MessagePropertiesTooLarge(
+            f"properties take {len(encoded)} bytes encoded, more than the limit of "
+            f"{max_properties_size}; move large values into the body"
+        )
+    return encoded
+
+
+def check_ranges(message: Message) -> None:
+    """Check the numeric fields and the born host; the store calls it only when encoding failed."""
+    for name, value, (low, high) in (
+        ("flags", message.flags, _I32),
+        ("sys_flag", message.sys_flag, _I32),
+        ("reconsume_times", message.reconsume_times, _I32),
+        ("born_timestamp", message.born_timestamp, _I64),
+        ("prepared_transaction_offset", message.prepared_transaction_offset, _I64),
+    ):
+        if type(value) is not int or not low <= value <= high:
+            raise IllegalMessageField(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    if len(message.born_host.encode("utf-8")) > 255:
+        raise IllegalMessageField("born_host must be at most 255 bytes of UTF-8")
