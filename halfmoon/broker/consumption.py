@@ -1,0 +1,287 @@
+"""Where a consumer group stands in each queue it pops from.
+
+Per (group, topic, queue) the state is::
+
+    committed ──────────────── cursor ──────────► (never delivered)
+        │  in flight or done    │
+
+* ``cursor``: the next offset never delivered to the group.
+* ``inflight``: offsets delivered and not yet acked, each with when it becomes
+  visible again, its delivery attempt and the epoch of its current handle.
+* Everything in ``[committed, cursor)`` that is not in flight is *done*
+  (acked, skipped by the filter, dead-lettered). So the "acked above
+  committed" set is never stored: it is the complement of ``inflight``, and
+  ``committed`` is simply the lowest in-flight offset (or ``cursor``).
+  Memory is O(messages in flight), whatever the ack order.
+
+Two helper structures keep every operation amortized O(log n):
+
+* ``_order``: in-flight offsets in ascending order (new deliveries happen at
+  the cursor, so appending keeps it sorted); acked offsets leave it lazily.
+* ``_heap``: (visible_at, offset, epoch) for finding expired deliveries;
+  entries whose epoch no longer matches are stale and skipped.
+
+Both are rebuilt from ``inflight`` when stale entries outnumber live ones,
+which bounds them to about twice the in-flight count.
+
+This module holds no locks of its own: a :class:`TopicConsumption` carries
+the lock its owner takes around every call.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import threading
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from halfmoon.errors import CorruptionError
+
+SNAPSHOT_VERSION = 1
+# Rebuild the lazy structures once stale entries exceed live ones by this.
+_COMPACT_SLACK = 64
+
+
+@dataclass(slots=True)
+class InFlight:
+    visible_at: int
+    attempt: int  # deliveries so far (1 after the first)
+    epoch: int  # of the current receipt handle
+    commit_log_offset: int
+    ordered: bool  # FIFO group and the message has a message group
+
+
+class QueueConsumption:
+    """One group's position in one queue. Not thread-safe; see module doc."""
+
+    __slots__ = ("committed", "cursor", "inflight", "ordered", "_order", "_heap")
+
+    def __init__(self, start: int) -> None:
+        self.committed = start
+        self.cursor = start
+        self.inflight: dict[int, InFlight] = {}
+        self.ordered: set[int] = set()  # in-flight offsets that hold FIFO order
+        self._order: deque[int] = deque()
+        self._heap: list[tuple[int, int, int]] = []
+
+    # -- deliveries ----------------------------------------------------------
+
+    def deliver(
+        self, offset: int, commit_log_offset: int, visible_at: int, epoch: int, ordered: bool
+    ) -> None:
+        """Record the first delivery of ``offset`` (which must be >= every earlier one)."""
+        self.inflight[offset] = InFlight(visible_at, 1, epoch, commit_log_offset, ordered)
+        self._order.append(offset)
+        heapq.heappush(self._heap, (visible_at, offset, epoch))
+        if ordered:
+            self.ordered.add(offset)
+
+    def move_cursor(self, offset: int) -> None:
+        """Everything below ``offset`` not in flight is done (delivered or skipped)."""
+        if offset > self.cursor:
+            self.cursor = offset
+            self._advance_committed()
+
+    def redeliver(self, offset: int, visible_at: int, epoch: int) -> InFlight:
+        entry = self.inflight[offset]
+        entry.attempt += 1
+        self.hide(offset, visible_at, epoch)
+        return entry
+
+    def hide(self, offset: int, visible_at: int, epoch: int) -> None:
+        """Give the in-flight ``offset`` a new visibility time and handle epoch."""
+        entry = self.inflight[offset]
+        entry.visible_at = visible_at
+        entry.epoch = epoch
+        heapq.heappush(self._heap, (visible_at, offset, epoch))
+        self._maybe_compact()
+
+    def complete(self, offset: int) -> None:
+        """``offset`` is done (acked, dead-lettered or gone from the store)."""
+        del self.inflight[offset]
+        self.ordered.discard(offset)
+        if offset == self.committed:
+            self._advance_committed()
+        self._maybe_compact()
+
+    def reset(self, offset: int) -> None:
+        """Forget everything and start over at ``offset`` (in-flight handles die)."""
+        self.committed = self.cursor = offset
+        self.inflight.clear()
+        self.ordered.clear()
+        self._order.clear()
+        self._heap.clear()
+
+    # -- queries -------------------------------------------------------------
+
+    def take_expired(self, now: int, limit: int, by_offset: bool) -> list[tuple[int, InFlight]]:
+        """Up to ``limit`` in-flight entries visible again at ``now``, removed from the timer.
+
+        The caller must then :meth:`redeliver`, :meth:`hide` or :meth:`complete`
+        each one. ``by_offset`` picks the lowest offsets first (FIFO) instead of
+        the longest-expired.
+        """
+        heap = self._heap
+        found: list[tuple[int, InFlight]] = []
+        while heap and heap[0][0] <= now and (by_offset or len(found) < limit):
+            _, offset, epoch = heapq.heappop(heap)
+            entry = self.inflight.get(offset)
+            if entry is not None and entry.epoch == epoch:
+                found.append((offset, entry))
+        if by_offset and len(found) > limit:
+            found.sort(key=lambda item: item[0])
+            for offset, entry in found[limit:]:
+                heapq.heappush(heap, (entry.visible_at, offset, entry.epoch))
+            del found[limit:]
+        return found
+
+    def requeue(self, offset: int) -> None:
+        """Put an entry taken by :meth:`take_expired` back on the timer unchanged."""
+        entry = self.inflight[offset]
+        heapq.heappush(self._heap, (entry.visible_at, offset, entry.epoch))
+
+    def fifo_blocked(self, now: int) -> bool:
+        """Whether an ordered message of this queue is still being processed."""
+        inflight = self.inflight
+        return any(inflight[offset].visible_at > now for offset in self.ordered)
+
+    def next_visible_at(self) -> int | None:
+        heap = self._heap
+        inflight = self.inflight
+        while heap:
+            visible_at, offset, epoch = heap[0]
+            entry = inflight.get(offset)
+            if entry is not None and entry.epoch == epoch:
+                return visible_at
+            heapq.heappop(heap)
+        return None
+
+    # -- internals -----------------------------------------------------------
+
+    def _advance_committed(self) -> None:
+        order = self._order
+        inflight = self.inflight
+        while order and order[0] not in inflight:
+            order.popleft()
+        self.committed = order[0] if order else self.cursor
+
+    def _maybe_compact(self) -> None:
+        live = len(self.inflight)
+        limit = 2 * live + _COMPACT_SLACK
+        if len(self._heap) > limit:
+            self._heap = [(e.visible_at, o, e.epoch) for o, e in self.inflight.items()]
+            heapq.heapify(self._heap)
+        if len(self._order) > limit:
+            self._order = deque(sorted(self.inflight))
+
+    # -- persistence ---------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "committed": self.committed,
+            "cursor": self.cursor,
+            "inflight": [
+                [offset, e.attempt, e.epoch, e.commit_log_offset, int(e.ordered)]
+                for offset, e in sorted(self.inflight.items())
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> QueueConsumption:
+        """Restore; in-flight entries come back visible at once, attempts kept."""
+        queue = cls(int(data["cursor"]))
+        for offset, attempt, epoch, commit_log_offset, ordered in sorted(data["inflight"]):
+            queue.deliver(int(offset), int(commit_log_offset), 0, int(epoch), bool(ordered))
+            queue.inflight[int(offset)].attempt = int(attempt)
+        queue._advance_committed()
+        return queue
+
+
+class TopicConsumption:
+    """A group's state for one topic: its queues, and the lock guarding them."""
+
+    __slots__ = ("group", "topic", "lock", "queues", "rotation", "dirty", "saved")
+
+    def __init__(self, group: str, topic: str) -> None:
+        self.group = group
+        self.topic = topic
+        self.lock = threading.Lock()
+        self.queues: dict[int, QueueConsumption] = {}
+        self.rotation = 0  # where the next receive starts, spreading consumers over queues
+        self.dirty = True  # changed since the last snapshot
+        self.saved: dict[str, Any] | None = None  # the last snapshot's JSON of this state
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "topic": self.topic,
+            "queues": [
+                {"queue_id": queue_id, **queue.to_json()}
+                for queue_id, queue in sorted(self.queues.items())
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TopicConsumption:
+        state = cls(str(data["group"]), str(data["topic"]))
+        for queue in data["queues"]:
+            state.queues[int(queue["queue_id"])] = QueueConsumption.from_json(queue)
+        state.dirty = False
+        return state
+
+
+@dataclass(slots=True)
+class Snapshot:
+    receipt_key: bytes
+    next_epoch: int
+    topics: list[TopicConsumption]
+
+
+def write_snapshot(path: Path, receipt_key: bytes, next_epoch: int, topics: list[dict]) -> None:
+    """Atomically replace ``path``: write a temp file, fsync, rename, fsync the directory."""
+    document = {
+        "version": SNAPSHOT_VERSION,
+        "receipt_key": receipt_key.hex(),
+        "next_epoch": next_epoch,
+        "topics": topics,
+    }
+    data = json.dumps(document, separators=(",", ":")).encode("utf-8")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(path.name + ".tmp")
+    with open(temp, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def read_snapshot(path: Path) -> Snapshot | None:
+    """The snapshot at ``path``, or None if there is none yet."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        document = json.loads(raw)
+        if document.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"unknown version {document.get('version')!r}")
+        return Snapshot(
+            receipt_key=bytes.fromhex(document["receipt_key"]),
+            next_epoch=int(document["next_epoch"]),
+            topics=[TopicConsumption.from_json(t) for t in document["topics"]],
+        )
+    except (ValueError, KeyError, TypeError) as error:
+        raise CorruptionError(
+            f"consumption state {path} is unreadable ({error}); move it aside to start "
+            "over (groups then restart from their consume_from position and in-flight "
+            "messages are redelivered)"
+        ) from error

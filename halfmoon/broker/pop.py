@@ -1,0 +1,547 @@
+"""Pop consumption: receive, ack, change invisible duration, dead-letter.
+
+Consumers of a group share each queue; the broker decides who gets what.
+State per (group, topic, queue) lives in :mod:`halfmoon.broker.consumption`.
+
+receive(group, topic, filter, batch, invisible):
+  1. Walk the topic's readable queues, starting one further each call so
+     concurrent consumers spread over the queues.
+  2. In each queue, first take in-flight deliveries whose invisible time is
+     over: one at the group's max attempts goes to the dead-letter callback
+     (then counts as consumed); any other is read again from its queue and
+     delivered with attempt + 1 and a new handle (redelivery in place: no
+     retry topic).
+  3. Then new messages from the queue's cursor: the store skips tag
+     mismatches on the consume queue, the matcher decides the rest; skipped
+     messages count as consumed.
+  4. Stop at the batch size. Every delivery is hidden for ``invisible_ms``.
+
+FIFO groups order each *queue* (stricter than per message group, and
+simpler): while an ordered message of a queue is in flight and not yet
+visible again, nothing of that queue is delivered; when it comes back, it is
+redelivered before anything after it. One receive may return a run of
+consecutive messages of a queue, in order, to the same consumer (as
+RocketMQ's orderly pop does); the queue stays blocked until all are acked or
+dead-lettered.
+
+Locking: one lock per (group, topic), held across the store reads of a
+receive so two consumers never take the same offsets. Different groups and
+topics never contend. The dead-letter callback runs with that lock held: it
+must not call back into this service for the same group and topic.
+
+Invisible-time bounds are RocketMQ's proxy defaults: a receive hides a
+message for 10 s .. 12 h, a change of invisible duration 0 .. 12 h.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from halfmoon.broker.clock import Clock
+from halfmoon.broker.consumption import (
+    InFlight,
+    QueueConsumption,
+    TopicConsumption,
+    read_snapshot,
+    write_snapshot,
+)
+from halfmoon.broker.filter import MessageFilter
+from halfmoon.broker.message import MessageView
+from halfmoon.broker.receipt import (
+    MIN_CHANGE_INVISIBLE_MS,
+    MIN_RECEIVE_INVISIBLE_MS,
+    InvalidReceiptHandle,
+    ReceiptCodec,
+    ReceiptHandle,
+    check_invisible_ms,
+    new_receipt_key,
+)
+from halfmoon.errors import InvalidArgument
+from halfmoon.store.api import GetStatus, Store
+from halfmoon.store.message import StoredMessage
+
+log = logging.getLogger(__name__)
+
+# A message whose dead-lettering failed is tried again this much later.
+DEAD_LETTER_RETRY_MS = 1_000
+# Store reads per queue per receive while looking for matching new messages
+# (each read scans a bounded number of entries), so a filter that matches
+# nothing cannot make one receive walk a whole queue.
+MAX_READS_PER_QUEUE = 4
+
+DeadLetter = Callable[[str, StoredMessage, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class PopGroupSettings:
+    """What pop needs to know about a consumer group."""
+
+    fifo: bool = False
+    max_delivery_attempts: int = 17
+    consume_from: str = "latest"  # where a new group starts: "earliest" | "latest"
+
+
+class PopService:
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        *,
+        topic_queues: Callable[[str], list[int]],
+        group_settings: Callable[[str], PopGroupSettings],
+        dead_letter: DeadLetter,
+        state_path: Path | None,
+        min_receive_invisible_ms: int = MIN_RECEIVE_INVISIBLE_MS,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._topic_queues = topic_queues
+        self._group_settings = group_settings
+        self._dead_letter = dead_letter
+        self._state_path = state_path
+        self._min_receive_invisible_ms = min_receive_invisible_ms
+        self._states: dict[tuple[str, str], TopicConsumption] = {}
+        self._states_lock = threading.Lock()
+        self._snapshot_lock = threading.Lock()
+        self._membership_changed = False  # a state was dropped since the last snapshot
+        snapshot = read_snapshot(state_path) if state_path is not None else None
+        self._codec = ReceiptCodec(snapshot.receipt_key if snapshot else new_receipt_key())
+        # Epochs must never repeat, even across a crash that lost the last
+        # snapshot: start above both the saved counter and 1024 per elapsed ms.
+        first_epoch = max(snapshot.next_epoch if snapshot else 0, clock.now_ms() * 1024)
+        self._epochs = itertools.count(first_epoch)
+        if snapshot:
+            for state in snapshot.topics:
+                self._states[(state.group, state.topic)] = state
+
+    # -- receive -------------------------------------------------------------
+
+    def receive(
+        self,
+        group: str,
+        topic: str,
+        matcher: MessageFilter | None,
+        batch_size: int,
+        invisible_ms: int,
+    ) -> list[MessageView]:
+        """Up to ``batch_size`` messages, hidden from the group for ``invisible_ms``.
+
+        Non-blocking: [] when nothing is available (see :meth:`next_wakeup_ms`).
+        """
+        check_invisible_ms(invisible_ms, self._min_receive_invisible_ms)
+        if batch_size < 1:
+            raise InvalidArgument(f"batch size must be at least 1, got {batch_size}")
+        queue_ids = self._topic_queues(topic)
+        if not queue_ids:
+            return []
+        settings = self._group_settings(group)
+        state = self._state(group, topic)
+        out: list[MessageView] = []
+        with state.lock:
+            self._ensure_queues(state, queue_ids, settings)
+            now = self._clock.now_ms()
+            start = state.rotation
+            state.rotation = (start + 1) % len(queue_ids)
+            for step in range(len(queue_ids)):
+                queue_id = queue_ids[(start + step) % len(queue_ids)]
+                self._receive_queue(
+                    state, queue_id, settings, matcher, batch_size, now, invisible_ms, out
+                )
+                if len(out) >= batch_size:
+                    break
+        return out
+
+    def _receive_queue(
+        self,
+        state: TopicConsumption,
+        queue_id: int,
+        settings: PopGroupSettings,
+        matcher: MessageFilter | None,
+        batch_size: int,
+        now: int,
+        invisible_ms: int,
+        out: list[MessageView],
+    ) -> None:
+        queue = state.queues[queue_id]
+        if settings.fifo and queue.ordered and queue.fifo_blocked(now):
+            return
+        if queue.inflight and not self._redeliver_expired(
+            state, queue_id, queue, settings, batch_size, now, invisible_ms, out
+        ):
+            return
+        if len(out) < batch_size:
+            self._deliver_new(
+                state, queue_id, queue, settings, matcher, batch_size, now, invisible_ms, out
+            )
+
+    def _redeliver_expired(
+        self,
+        state: TopicConsumption,
+        queue_id: int,
+        queue: QueueConsumption,
+        settings: PopGroupSettings,
+        batch_size: int,
+        now: int,
+        invisible_ms: int,
+        out: list[MessageView],
+    ) -> bool:
+        """Redeliver or dead-letter expired deliveries; False if the queue must stop here."""
+        expired = queue.take_expired(now, batch_size - len(out), by_offset=settings.fifo)
+        if not expired:
+            return True
+        state.dirty = True
+        visible_at = now + invisible_ms
+        for index, (offset, entry) in enumerate(expired):
+            try:
+                stored = self._read(state.topic, queue_id, offset)
+                view = MessageView.of(stored) if stored is not None else None
+            except BaseException:
+                for pending, _ in expired[index:]:
+                    queue.requeue(pending)
+                raise
+            if stored is None or view is None:
+                log.warning(
+                    "group %s: %s/%d offset %d is gone from the store while in flight; "
+                    "counting it as consumed",
+                    state.group,
+                    state.topic,
+                    queue_id,
+                    offset,
+                )
+                queue.complete(offset)
+            elif entry.attempt >= settings.max_delivery_attempts:
+                if self._send_to_dead_letter(state.group, stored, entry.attempt):
+                    queue.complete(offset)
+                else:
+                    queue.hide(offset, now + DEAD_LETTER_RETRY_MS, next(self._epochs))
+                    if settings.fifo and entry.ordered:
+                        # Nothing after it may go out before it does.
+                        for pending, _ in expired[index + 1 :]:
+                            queue.requeue(pending)
+                        return False
+            else:
+                epoch = next(self._epochs)
+                queue.redeliver(offset, visible_at, epoch)
+                out.append(self._finish_view(view, state.topic, entry, visible_at, invisible_ms))
+        return True
+
+    def _deliver_new(
+        self,
+        state: TopicConsumption,
+        queue_id: int,
+        queue: QueueConsumption,
+        settings: PopGroupSettings,
+        matcher: MessageFilter | None,
+        batch_size: int,
+        now: int,
+        invisible_ms: int,
+        out: list[MessageView],
+    ) -> None:
+        tag_hashes = matcher.tag_hash_codes if matcher is not None else None
+        visible_at = now + invisible_ms
+        topic = state.topic
+        for _ in range(MAX_READS_PER_QUEUE):
+            wanted = batch_size - len(out)
+            if wanted <= 0:
+                return
+            cursor = queue.cursor
+            result = self._store.get(
+                topic, queue_id, cursor, max_messages=wanted, tag_hashes=tag_hashes
+            )
+            status = result.status
+            if status is GetStatus.OFFSET_TOO_SMALL:
+                # Retention removed messages the group never read.
+                log.warning(
+                    "group %s: %s/%d offsets %d..%d aged out before being consumed",
+                    state.group,
+                    topic,
+                    queue_id,
+                    cursor,
+                    result.min_offset - 1,
+                )
+                queue.move_cursor(max(result.min_offset, cursor + 1))
+                state.dirty = True
+                continue
+            if status is GetStatus.OFFSET_OVERFLOW:
+                # The queue restarted below our cursor (topic deleted and recreated).
+                queue.reset(result.max_offset)
+                state.dirty = True
+                return
+            if status is GetStatus.NO_MESSAGE or status is GetStatus.NO_SUCH_QUEUE:
+                return
+            next_cursor = result.next_offset
+            for stored in result.messages:
+                if len(out) >= batch_size:
+                    next_cursor = stored.queue_offset
+                    break
+                view = MessageView.of(stored)
+                if matcher is not None and not matcher.matches_message(view.tag, view.properties):
+                    continue
+                epoch = next(self._epochs)
+                ordered = settings.fifo and view.message_group is not None
+                queue.deliver(
+                    stored.queue_offset, stored.commit_log_offset, visible_at, epoch, ordered
+                )
+                view.delivery_attempt = 1
+                view.invisible_duration_ms = invisible_ms
+                view.receipt_handle = self._codec.encode(
+                    ReceiptHandle(
+                        topic,
+                        queue_id,
+                        stored.queue_offset,
+                        epoch,
+                        visible_at,
+                        stored.commit_log_offset,
+                    )
+                )
+                out.append(view)
+            if next_cursor <= cursor:
+                return
+            queue.move_cursor(next_cursor)
+            state.dirty = True
+
+    def _finish_view(
+        self, view: MessageView, topic: str, entry: InFlight, visible_at: int, invisible_ms: int
+    ) -> MessageView:
+        view.delivery_attempt = entry.attempt
+        view.invisible_duration_ms = invisible_ms
+        view.receipt_handle = self._codec.encode(
+            ReceiptHandle(
+                topic,
+                view.queue_id,
+                view.queue_offset,
+                entry.epoch,
+                visible_at,
+                entry.commit_log_offset,
+            )
+        )
+        return view
+
+    def _send_to_dead_letter(self, group: str, stored: StoredMessage, attempts: int) -> bool:
+        try:
+            self._dead_letter(group, stored, attempts)
+        except Exception:
+            log.exception(
+                "group %s: moving %s/%d offset %d to the dead-letter topic failed; retrying in %d ms",
+                group,
+                stored.topic,
+                stored.queue_id,
+                stored.queue_offset,
+                DEAD_LETTER_RETRY_MS,
+            )
+            return False
+        return True
+
+    # -- ack and friends -----------------------------------------------------
+
+    def ack(self, group: str, topic: str, handle: str) -> None:
+        """Mark the delivery ``handle`` names as consumed."""
+        receipt = self._decode(topic, handle)
+        state = self._state_for_handle(group, topic)
+        with state.lock:
+            queue, _ = self._in_flight(state, receipt)
+            queue.complete(receipt.queue_offset)
+            state.dirty = True
+
+    def change_invisible_duration(
+        self, group: str, topic: str, handle: str, invisible_ms: int
+    ) -> str:
+        """Hide the message ``invisible_ms`` from now; returns the new handle (the old one dies)."""
+        check_invisible_ms(invisible_ms, MIN_CHANGE_INVISIBLE_MS)
+        receipt = self._decode(topic, handle)
+        state = self._state_for_handle(group, topic)
+        with state.lock:
+            queue, entry = self._in_flight(state, receipt)
+            visible_at = self._clock.now_ms() + invisible_ms
+            epoch = next(self._epochs)
+            queue.hide(receipt.queue_offset, visible_at, epoch)
+            state.dirty = True
+            return self._codec.encode(
+                ReceiptHandle(
+                    topic,
+                    receipt.queue_id,
+                    receipt.queue_offset,
+                    epoch,
+                    visible_at,
+                    entry.commit_log_offset,
+                )
+            )
+
+    def forward_to_dead_letter(self, group: str, topic: str, handle: str) -> None:
+        """Dead-letter the delivery ``handle`` names now (the client gave up on it)."""
+        receipt = self._decode(topic, handle)
+        state = self._state_for_handle(group, topic)
+        with state.lock:
+            queue, entry = self._in_flight(state, receipt)
+            stored = self._read(topic, receipt.queue_id, receipt.queue_offset)
+            if stored is not None:
+                self._dead_letter(group, stored, entry.attempt)
+            queue.complete(receipt.queue_offset)
+            state.dirty = True
+
+    def _decode(self, topic: str, handle: str) -> ReceiptHandle:
+        receipt = self._codec.decode(handle)
+        if receipt.topic != topic:
+            raise InvalidReceiptHandle(
+                f"receipt handle belongs to topic {receipt.topic!r}, not {topic!r}"
+            )
+        return receipt
+
+    def _state_for_handle(self, group: str, topic: str) -> TopicConsumption:
+        state = self._states.get((group, topic))
+        if state is None:
+            raise InvalidReceiptHandle(
+                f"group {group!r} has nothing in flight on topic {topic!r}: "
+                "the handle is from another group or its delivery is over"
+            )
+        return state
+
+    def _in_flight(
+        self, state: TopicConsumption, receipt: ReceiptHandle
+    ) -> tuple[QueueConsumption, InFlight]:
+        queue = state.queues.get(receipt.queue_id)
+        entry = queue.inflight.get(receipt.queue_offset) if queue is not None else None
+        if queue is None or entry is None or entry.epoch != receipt.epoch:
+            raise InvalidReceiptHandle(
+                "receipt handle is no longer valid: the message was already acked, its "
+                "invisible duration was changed (use the newest handle), or it became "
+                "visible again and was redelivered; receive it again"
+            )
+        return queue, entry
+
+    # -- queries and administration ------------------------------------------
+
+    def subscribe(self, group: str, topic: str) -> None:
+        """Fix where a new group starts in ``topic`` now, before its first receive.
+
+        With ``consume_from="latest"``, a group's position is taken at its first
+        contact with a topic; calling this when a consumer subscribes makes
+        messages sent between subscribing and the first receive count.
+        """
+        queue_ids = self._topic_queues(topic)
+        settings = self._group_settings(group)
+        state = self._state(group, topic)
+        with state.lock:
+            self._ensure_queues(state, queue_ids, settings)
+
+    def next_wakeup_ms(self, group: str, topic: str) -> int | None:
+        """When an in-flight message of ``topic`` may next become deliverable (maybe past).
+
+        None when nothing is in flight. For a FIFO-blocked queue, the time the
+        block ends rather than an earlier expiry behind it.
+        """
+        state = self._states.get((group, topic))
+        if state is None:
+            return None
+        earliest: int | None = None
+        with state.lock:
+            now = self._clock.now_ms()
+            for queue in state.queues.values():
+                if queue.ordered and queue.fifo_blocked(now):
+                    wake: int | None = max(queue.inflight[o].visible_at for o in queue.ordered)
+                else:
+                    wake = queue.next_visible_at()
+                if wake is not None and (earliest is None or wake < earliest):
+                    earliest = wake
+        return earliest
+
+    def progress(self, group: str, topic: str) -> list[tuple[int, int, int, int]]:
+        """(queue_id, committed, cursor, inflight_count) for each queue the group has touched."""
+        state = self._states.get((group, topic))
+        if state is None:
+            return []
+        with state.lock:
+            return [
+                (queue_id, queue.committed, queue.cursor, len(queue.inflight))
+                for queue_id, queue in sorted(state.queues.items())
+            ]
+
+    def drop_group(self, group: str) -> None:
+        """Forget everything about ``group`` (its handles stop working)."""
+        with self._states_lock:
+            for key in [key for key in self._states if key[0] == group]:
+                del self._states[key]
+                self._membership_changed = True
+
+    def reset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Restart ``group`` at ``offset`` in one queue; its in-flight deliveries there die."""
+        state = self._state(group, topic)
+        with state.lock:
+            queue = state.queues.get(queue_id)
+            if queue is None:
+                state.queues[queue_id] = QueueConsumption(offset)
+            else:
+                queue.reset(offset)
+            state.dirty = True
+
+    # -- persistence ---------------------------------------------------------
+
+    def snapshot(self) -> None:
+        """Write the state file if anything changed since the last write (atomic)."""
+        if self._state_path is None:
+            return
+        with self._snapshot_lock:
+            with self._states_lock:
+                states = list(self._states.values())
+                changed = self._membership_changed
+                self._membership_changed = False
+            documents = []
+            try:
+                for state in states:
+                    with state.lock:
+                        if state.dirty or state.saved is None:
+                            state.saved = state.to_json()
+                            state.dirty = False
+                            changed = True
+                        documents.append(state.saved)
+                if changed:
+                    write_snapshot(self._state_path, self._codec.key, next(self._epochs), documents)
+            except BaseException:
+                self._membership_changed = True  # make the next snapshot write
+                raise
+
+    def close(self) -> None:
+        self.snapshot()
+
+    # -- internals -----------------------------------------------------------
+
+    def _state(self, group: str, topic: str) -> TopicConsumption:
+        key = (group, topic)
+        state = self._states.get(key)
+        if state is None:
+            with self._states_lock:
+                state = self._states.get(key)
+                if state is None:
+                    state = self._states[key] = TopicConsumption(group, topic)
+        return state
+
+    def _ensure_queues(
+        self, state: TopicConsumption, queue_ids: list[int], settings: PopGroupSettings
+    ) -> None:
+        """Give every readable queue a position; called with ``state.lock`` held.
+
+        "latest" applies only to a group's first contact with the topic: a queue
+        added later starts at its beginning, since all of it is news to the group.
+        """
+        queues = state.queues
+        first_contact = not queues
+        for queue_id in queue_ids:
+            if queue_id in queues:
+                continue
+            if first_contact and settings.consume_from == "latest":
+                start = self._store.max_offset(state.topic, queue_id)
+            else:
+                start = self._store.min_offset(state.topic, queue_id)
+            queues[queue_id] = QueueConsumption(start)
+            state.dirty = True
+
+    def _read(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
+        result = self._store.get(topic, queue_id, offset, max_messages=1)
+        if result.messages and result.messages[0].queue_offset == offset:
+            return result.messages[0]
+        return None
