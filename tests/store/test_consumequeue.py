@@ -481,3 +481,12 @@ def test_matches_a_list_model(ops: list[tuple[str, int]]) -> None:
                 assert [e.queue_offset for e in got] == list(range(base, base + len(items)))
         finally:
             cq.close()
+
+
+def test_raw_entries_match_entries(cq: ConsumeQueues) -> None:
+    fill(cq, "t", 0, 9)
+    cq.trim_below(200)
+    first, raw = cq.raw_entries("t", 0, 0, 5)
+    assert first == 2
+    assert raw == [(e.commit_log_offset, e.size, e.tag_hash) for e in expected(2, 7)]
+    assert cq.raw_entries("missing", 0, 4, 5) == (4, [])
