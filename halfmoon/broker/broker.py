@@ -1,0 +1,495 @@
+"""The broker facade: every domain operation the server and the admin API call.
+
+Plain synchronous objects over a :class:`~halfmoon.store.api.Store`: topics
+and groups (:mod:`topics`, :mod:`groups`), the send path (:mod:`produce`),
+delay messages (:mod:`timer`), pop consumption (:mod:`pop`), pull with
+committed offsets (:mod:`offsets`), and the status page (:mod:`stats`).
+Time comes from the injected clock; background work happens only in
+:meth:`Broker.tick`, which the server calls every ~100 ms from one thread.
+The broker does not own the store: close the store after the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from halfmoon.broker.clock import Clock, SystemClock
+from halfmoon.broker.config import BrokerConfig
+from halfmoon.broker.errors import (
+    IllegalOffset,
+    IllegalQueueId,
+    OffsetNotFound,
+    PermissionDenied,
+    TopicExists,
+    TopicNotFound,
+)
+from halfmoon.broker.filter_spec import FilterCache, FilterSpec
+from halfmoon.broker.groups import GroupConfig, GroupRegistry, RetryPolicy
+from halfmoon.broker.message import (
+    PROPERTY_DELIVERY_ATTEMPT,
+    PROPERTY_DLQ_ORIGIN_GROUP,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    MessageType,
+    MessageView,
+    OutgoingMessage,
+)
+from halfmoon.broker.offsets import OffsetTable
+from halfmoon.broker.pop import PopGroupSettings, PopService
+from halfmoon.broker.produce import SendResult, plan_send
+from halfmoon.broker.queue_select import QueueSelector
+from halfmoon.broker.stats import BrokerStatus, RateCounter
+from halfmoon.broker.timer import DelayTimer
+from halfmoon.broker.topics import TIMER_TOPIC, TopicConfig, TopicRegistry, is_reserved
+from halfmoon.errors import InvalidArgument
+from halfmoon.store.api import AppendResult, GetStatus, Store
+from halfmoon.store.message import Message, StoredMessage
+
+log = logging.getLogger(__name__)
+
+MAX_PULL_BATCH = 1024
+_DRAINED_CHECK_INTERVAL_MS = 60_000
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    topic: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    last_store_timestamp: int | None  # None for an empty queue
+    perm: str
+
+
+@dataclass(frozen=True)
+class QueueProgress:
+    group: str
+    topic: str
+    queue_id: int
+    committed_offset: int
+    max_offset: int
+    lag: int
+    inflight: int
+
+
+@dataclass(frozen=True)
+class QueueRoute:
+    topic: str
+    queue_id: int
+    perm: str  # "rw", "r", "w" or "-"
+    accepted_types: list[MessageType]
+
+
+@dataclass
+class PullResult:
+    status: GetStatus
+    messages: list[MessageView]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+class Broker:
+    def __init__(
+        self,
+        store: Store,
+        metadata_dir: Path | None,
+        config: BrokerConfig | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config = config if config is not None else BrokerConfig()
+        self.clock = clock = clock if clock is not None else SystemClock()
+        if metadata_dir is not None:
+            metadata_dir.mkdir(parents=True, exist_ok=True)
+        self._started_ms = clock.now_ms()
+        self.topics = TopicRegistry(metadata_dir, clock.now_ms)
+        self.groups = GroupRegistry(metadata_dir, clock.now_ms)
+        self.offsets = OffsetTable(metadata_dir, config.offset_persist_interval_ms)
+        self._selector = QueueSelector()
+        self._filters = FilterCache()
+        self._in = RateCounter(clock.now_ms)
+        self._out = RateCounter(clock.now_ms)
+        self._listeners: list[Callable[[str, int], None]] = []
+        self._tick_lock = threading.Lock()
+        self._last_snapshot_ms = self._last_drained_check_ms = self._started_ms
+        self.timer = DelayTimer(
+            store,
+            metadata_dir,
+            self._delay_route,
+            window_ms=config.timer_window_ms,
+            max_heap=config.timer_max_heap,
+            persist_interval_ms=config.offset_persist_interval_ms,
+        )
+        self._pop = PopService(
+            store,
+            clock,
+            topic_queues=self._readable_queue_ids,
+            group_settings=self._pop_settings,
+            dead_letter=self._dead_letter,
+            state_path=metadata_dir / "consumption.json" if metadata_dir is not None else None,
+        )
+        store.add_listener(self._on_append)
+
+    # -- lifecycle ---------------------------------------------------------------
+    def close(self) -> None:
+        """Persist metadata, offsets, timer progress and consumption state."""
+        with self._tick_lock:
+            self.timer.persist()
+            self.offsets.persist()
+            self._pop.close()
+            self.topics.close()
+            self.groups.close()
+
+    def tick(self) -> None:
+        """Deliver due delay messages; persist offsets and consumption state periodically."""
+        with self._tick_lock:
+            now = self.clock.now_ms()
+            self.timer.tick(now)
+            self.offsets.maybe_persist(now)
+            if now - self._last_snapshot_ms >= self.config.offset_persist_interval_ms:
+                self._last_snapshot_ms = now
+                self._pop.snapshot()
+            if now - self._last_drained_check_ms >= _DRAINED_CHECK_INTERVAL_MS:
+                self._last_drained_check_ms = now
+                for topic in self.topics.all():
+                    if topic.read_queue_count > topic.queue_count:
+                        self.topics.drop_drained_queues(topic.name, self._queue_has_messages(topic.name))
+
+    # -- topics ------------------------------------------------------------------
+    def create_topic(
+        self,
+        name: str,
+        message_type: MessageType = MessageType.NORMAL,
+        queue_count: int = 8,
+        perm: str = "rw",
+    ) -> TopicConfig:
+        return self.topics.create(name, message_type, queue_count, perm)
+
+    def update_topic(
+        self,
+        name: str,
+        *,
+        queue_count: int | None = None,
+        perm: str | None = None,
+        message_type: MessageType | None = None,
+    ) -> TopicConfig:
+        return self.topics.update(
+            name,
+            queue_count=queue_count,
+            perm=perm,
+            message_type=message_type,
+            has_messages=self._queue_has_messages(name),
+        )
+
+    def delete_topic(self, name: str) -> None:
+        self.topics.delete(name)
+        self.store.delete_topic(name)
+        self.offsets.forget(topic=name)
+        self._selector.forget(name)
+
+    def get_topic(self, name: str) -> TopicConfig:
+        """The topic; raises TopicNotFound unless auto-creation is on (then a mixed topic)."""
+        topic = self.topics.find(name)
+        if topic is not None:
+            return topic
+        if not self.config.auto_create_topics or is_reserved(name):
+            raise TopicNotFound(name)
+        try:
+            return self.topics.create(name, MessageType.MIXED, self.config.default_queue_count)
+        except TopicExists:
+            return self.topics.get(name)
+
+    def list_topics(self) -> list[TopicConfig]:
+        """User topics and dead-letter topics (not the broker's internal ones)."""
+        return [t for t in self.topics.all() if t.name != TIMER_TOPIC and not t.name.startswith("RMQ_SYS_")]
+
+    def topic_status(self, name: str) -> list[QueueStatus]:
+        topic = self.get_topic(name)
+        statuses = []
+        for queue_id in topic.readable_queues():
+            low = self.store.min_offset(name, queue_id)
+            high = self.store.max_offset(name, queue_id)
+            last = None
+            if high > low:
+                got = self.store.get(name, queue_id, high - 1, max_messages=1)
+                last = got.messages[0].store_timestamp if got.messages else None
+            statuses.append(QueueStatus(name, queue_id, low, high, last, topic.queue_perm(queue_id)))
+        return statuses
+
+    # -- groups ------------------------------------------------------------------
+    def create_group(
+        self,
+        name: str,
+        *,
+        fifo: bool = False,
+        max_delivery_attempts: int = 17,
+        retry_policy: RetryPolicy | None = None,
+        consume_from: str = "latest",
+        consume_enabled: bool = True,
+        broadcast: bool = False,
+    ) -> GroupConfig:
+        return self.groups.create(
+            name,
+            fifo=fifo,
+            max_delivery_attempts=max_delivery_attempts,
+            retry_policy=retry_policy,
+            consume_from=consume_from,
+            consume_enabled=consume_enabled,
+            broadcast=broadcast,
+        )
+
+    def update_group(self, name: str, **changes: Any) -> GroupConfig:
+        return self.groups.update(name, **changes)
+
+    def delete_group(self, name: str) -> None:
+        self.groups.delete(name)
+        self.offsets.forget(group=name)
+        self._pop.drop_group(name)
+
+    def get_group(self, name: str) -> GroupConfig:
+        return self.groups.get(name, auto_create=self.config.auto_create_groups)
+
+    def list_groups(self) -> list[GroupConfig]:
+        return self.groups.all()
+
+    def group_progress(self, group: str, topic: str | None = None) -> list[QueueProgress]:
+        """Per queue the group consumed by pop or pull: committed offset, lag, in flight."""
+        self.groups.get(group)
+        names = [topic] if topic is not None else [t.name for t in self.list_topics()]
+        pulled = self.offsets.of_group(group, topic)
+        out = []
+        for name in names:
+            seen: dict[int, tuple[int, int]] = {
+                queue_id: (committed, inflight)
+                for queue_id, committed, _cursor, inflight in self._pop.progress(group, name)
+            }
+            for (t, queue_id), committed in pulled.items():
+                if t == name and queue_id not in seen:
+                    seen[queue_id] = (committed, 0)
+            for queue_id, (committed, inflight) in sorted(seen.items()):
+                high = self.store.max_offset(name, queue_id)
+                out.append(
+                    QueueProgress(group, name, queue_id, committed, high, max(0, high - committed), inflight)
+                )
+        return out
+
+    # -- produce -----------------------------------------------------------------
+    def send(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
+        """Validate every message, store them; returns once written (see the module docs)."""
+        if not messages:
+            return []
+        planned = plan_send(list(messages), self.get_topic, self._selector, self.config, self.clock.now_ms())
+        appended = self.store.append([p.record for p in planned])
+        self._in.add(len(planned))
+        return [
+            SendResult(
+                message_id=p.message_id,
+                topic=p.topic,
+                queue_id=p.queue_id,
+                queue_offset=-1 if p.delayed else r.queue_offset,
+                commit_log_offset=r.commit_log_offset,
+                end_offset=r.end_offset,
+            )
+            for p, r in zip(planned, appended, strict=True)
+        ]
+
+    # -- pop ---------------------------------------------------------------------
+    def receive(
+        self,
+        group: str,
+        topic: str,
+        filter: FilterSpec,
+        batch_size: int,
+        invisible_ms: int,
+        client_id: str = "",
+    ) -> list[MessageView]:
+        """Up to ``batch_size`` messages hidden for ``invisible_ms`` (0: the default); [] if none."""
+        self._check_consumable(group, topic)
+        compiled = self._filters.get(filter)
+        views = self._pop.receive(
+            group, topic, compiled.compiled, batch_size, invisible_ms or self.config.default_invisible_ms
+        )
+        self._out.add(len(views))
+        return views
+
+    def subscribe(self, group: str, topic: str) -> None:
+        """Fix a new group's start position in ``topic`` now (call when a consumer subscribes)."""
+        self._check_consumable(group, topic)
+        self._pop.subscribe(group, topic)
+
+    def ack(self, group: str, topic: str, receipt_handle: str) -> None:
+        self._pop.ack(group, topic, receipt_handle)
+
+    def change_invisible_duration(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
+        return self._pop.change_invisible_duration(group, topic, receipt_handle, invisible_ms)
+
+    def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> None:
+        self._pop.forward_to_dead_letter(group, topic, receipt_handle)
+
+    def next_wakeup_ms(self, group: str, topic: str) -> int | None:
+        return self._pop.next_wakeup_ms(group, topic)
+
+    # -- pull --------------------------------------------------------------------
+    def pull(
+        self, group: str, topic: str, queue_id: int, offset: int, batch_size: int, filter: FilterSpec
+    ) -> PullResult:
+        config = self._check_consumable(group, topic)
+        self._check_queue(config, queue_id)
+        if offset < 0:
+            raise IllegalOffset(f"offset must be >= 0, got {offset}")
+        if not 1 <= batch_size <= MAX_PULL_BATCH:
+            raise InvalidArgument(f"batch size must be 1 to {MAX_PULL_BATCH}, got {batch_size}")
+        compiled = self._filters.get(filter)
+        got = self.store.get(
+            topic, queue_id, offset, batch_size, tag_hashes=compiled.tag_hashes, predicate=compiled.predicate
+        )
+        status = got.status
+        if status is GetStatus.NO_SUCH_QUEUE:  # a queue of a known topic that has no data yet
+            status = GetStatus.NO_MESSAGE if offset == 0 else GetStatus.OFFSET_OVERFLOW
+        views = [MessageView.of(m) for m in got.messages]
+        self._out.add(len(views))
+        return PullResult(status, views, got.next_offset, got.min_offset, got.max_offset)
+
+    def get_offset(self, group: str, topic: str, queue_id: int) -> int:
+        self.get_group(group)
+        self._check_queue(self.get_topic(topic), queue_id)
+        offset = self.offsets.get(group, topic, queue_id)
+        if offset is None:
+            raise OffsetNotFound(
+                f"group {group!r} has no committed offset for {topic!r} queue {queue_id}; "
+                "start with query_offset"
+            )
+        return offset
+
+    def update_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self.get_group(group)
+        self._check_queue(self.get_topic(topic), queue_id)
+        high = self.store.max_offset(topic, queue_id)
+        if not 0 <= offset <= high:
+            raise IllegalOffset(f"offset {offset} is outside queue {queue_id} of {topic!r} (0 to {high})")
+        self.offsets.set(group, topic, queue_id, offset)
+
+    def query_offset(self, topic: str, queue_id: int, policy: str, timestamp: int | None = None) -> int:
+        """``beginning`` (min offset), ``end`` (max offset) or ``timestamp`` (first stored at/after it)."""
+        self._check_queue(self.get_topic(topic), queue_id)
+        if policy == "beginning":
+            return self.store.min_offset(topic, queue_id)
+        if policy == "end":
+            return self.store.max_offset(topic, queue_id)
+        if policy == "timestamp":
+            if timestamp is None:
+                raise InvalidArgument("query_offset by timestamp needs a timestamp")
+            return self.store.offset_for_timestamp(topic, queue_id, timestamp)
+        raise InvalidArgument(f"unknown offset policy {policy!r}: use beginning, end or timestamp")
+
+    def reset_offset(self, group: str, topic: str, timestamp: int) -> dict[int, int]:
+        """Move the group (pull offsets and pop position) to ``timestamp`` in every queue."""
+        self.get_group(group)
+        config = self.get_topic(topic)
+        offsets = {}
+        for queue_id in config.readable_queues():
+            offset = self.store.offset_for_timestamp(topic, queue_id, timestamp)
+            offsets[queue_id] = offset
+            self.offsets.set(group, topic, queue_id, offset)
+            self._pop.reset(group, topic, queue_id, offset)
+        return offsets
+
+    # -- routes, notifications, status -------------------------------------------
+    def route(self, topic: str) -> list[QueueRoute]:
+        config = self.get_topic(topic)
+        accepted = config.accepted_types()
+        return [QueueRoute(topic, q, config.queue_perm(q), list(accepted)) for q in config.readable_queues()]
+
+    def add_arrival_listener(self, callback: Callable[[str, int], None]) -> None:
+        self._listeners.append(callback)
+
+    def status(self) -> BrokerStatus:
+        stats = self.store.stats()
+        return BrokerStatus(
+            name=self.config.name,
+            uptime_ms=self.clock.now_ms() - self._started_ms,
+            topics=len(self.list_topics()),
+            groups=len(self.groups.all()),
+            queues=stats.queues,
+            messages_in_total=self._in.total,
+            messages_out_total=self._out.total,
+            tps_in=self._in.per_second(),
+            tps_out=self._out.per_second(),
+            disk_bytes=stats.disk_bytes,
+            commit_log_min_offset=stats.commit_log_min_offset,
+            commit_log_max_offset=stats.commit_log_max_offset,
+            commit_log_flushed_offset=stats.commit_log_flushed_offset,
+            pending_delay_messages=self.timer.pending,
+        )
+
+    # -- internals -----------------------------------------------------------------
+    def _check_consumable(self, group: str, topic: str) -> TopicConfig:
+        config = self.get_topic(topic)
+        if not config.readable:
+            raise PermissionDenied(f"topic {topic!r} is not readable (perm {config.perm!r})")
+        if config.name == TIMER_TOPIC or config.name.startswith("RMQ_SYS_"):
+            raise PermissionDenied(f"topic {topic!r} is internal to the broker")
+        if not self.get_group(group).consume_enabled:
+            raise PermissionDenied(f"consumer group {group!r} has consuming disabled")
+        return config
+
+    @staticmethod
+    def _check_queue(config: TopicConfig, queue_id: int) -> None:
+        if queue_id not in config.readable_queues():
+            raise IllegalQueueId(
+                f"topic {config.name!r} has no queue {queue_id} (0 to {len(config.readable_queues()) - 1})"
+            )
+
+    def _queue_has_messages(self, topic: str) -> Callable[[int], bool]:
+        return lambda q: self.store.max_offset(topic, q) > self.store.min_offset(topic, q)
+
+    def _readable_queue_ids(self, topic: str) -> list[int]:
+        config = self.topics.find(topic)
+        return list(config.readable_queues()) if config is not None and config.readable else []
+
+    def _pop_settings(self, group: str) -> PopGroupSettings:
+        config = self.get_group(group)
+        return PopGroupSettings(config.fifo, config.max_delivery_attempts, config.consume_from)
+
+    def _dead_letter(self, group: str, stored: StoredMessage, attempts: int) -> None:
+        """Copy a message that failed ``attempts`` times into ``%DLQ%<group>`` (durably)."""
+        topic = self.topics.ensure_dead_letter_topic(group)
+        props = dict(stored.properties)
+        props[PROPERTY_DLQ_ORIGIN_GROUP] = group
+        props[PROPERTY_DELIVERY_ATTEMPT] = str(attempts)
+        if stored.unique_id:
+            props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, stored.unique_id)
+        self.store.put(
+            [
+                Message(
+                    topic=topic.name,
+                    body=stored.body,
+                    queue_id=0,
+                    properties=props,
+                    flags=stored.flags,
+                    born_timestamp=stored.born_timestamp,
+                    born_host=stored.born_host,
+                    reconsume_times=attempts,
+                )
+            ]
+        )
+
+    def _delay_route(self, topic: str, queue_id: int) -> int | None:
+        config = self.topics.find(topic)
+        if config is None:
+            return None
+        return queue_id if queue_id < config.queue_count else queue_id % config.queue_count
+
+    def _on_append(self, result: AppendResult) -> None:
+        if result.topic == TIMER_TOPIC:
+            return  # not visible to consumers until the timer delivers it
+        for callback in list(self._listeners):
+            try:
+                callback(result.topic, result.queue_id)
+            except Exception:
+                log.exception("arrival listener failed")

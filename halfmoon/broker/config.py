@@ -1,0 +1,61 @@
+"""The broker's settings, and how its small metadata files reach the disk.
+
+Metadata (topics, groups, offsets, timer progress) is a handful of small JSON
+files in the broker's metadata directory. Each is replaced atomically: write a
+temporary file, fsync it, rename it over the old one, fsync the directory, so
+a crash leaves either the old or the new version, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass
+class BrokerConfig:
+    name: str = "halfmoon"
+    auto_create_topics: bool = False
+    auto_create_groups: bool = True
+    default_queue_count: int = 8
+    max_body_size: int = 4 * 1024 * 1024
+    default_invisible_ms: int = 30_000
+    offset_persist_interval_ms: int = 5_000
+    # Delay messages: how far ahead a delivery time may be (RocketMQ's default: 40 days).
+    max_delay_ms: int = 40 * DAY_MS
+    # The timer keeps in memory only entries due within this window...
+    timer_window_ms: int = 3_600_000
+    # ...and never more than this many of them; the rest stay on disk.
+    timer_max_heap: int = 100_000
+    max_message_group_length: int = 128
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Replace ``path`` with ``data`` as JSON so a crash leaves the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    payload = json.dumps(data, indent=1, sort_keys=True).encode("utf-8")
+    with open(tmp, "wb") as f:
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read_json(path: Path) -> Any | None:
+    """The JSON in ``path``, or None when the file does not exist."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return json.loads(raw)

@@ -1,0 +1,135 @@
+"""Errors the broker raises on purpose, one class per thing a user can get wrong.
+
+Codes are the RocketMQ 5 protocol's ``Code`` names, so the gRPC servicer maps
+them one to one (``TOPIC_EXISTS`` has no protocol code; the server sends it as
+``BAD_REQUEST``). Messages say what to do next.
+"""
+
+from __future__ import annotations
+
+from halfmoon.errors import Conflict, HalfmoonError, InvalidArgument, NotFound
+
+
+class TopicNotFound(NotFound):
+    code = "TOPIC_NOT_FOUND"
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"topic {topic!r} does not exist; create it first (halfmoon topic create)")
+        self.topic = topic
+
+
+class TopicExists(Conflict):
+    code = "TOPIC_EXISTS"
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"topic {topic!r} already exists; use update to change it")
+        self.topic = topic
+
+
+class GroupNotFound(NotFound):
+    code = "CONSUMER_GROUP_NOT_FOUND"
+
+    def __init__(self, group: str) -> None:
+        super().__init__(f"consumer group {group!r} does not exist; create it first")
+        self.group = group
+
+
+class GroupExists(Conflict):
+    code = "CONSUMER_GROUP_EXISTS"
+
+    def __init__(self, group: str) -> None:
+        super().__init__(f"consumer group {group!r} already exists; use update to change it")
+        self.group = group
+
+
+class IllegalTopic(InvalidArgument):
+    code = "ILLEGAL_TOPIC"
+
+
+class IllegalGroup(InvalidArgument):
+    code = "ILLEGAL_CONSUMER_GROUP"
+
+
+class IllegalQueueId(InvalidArgument):
+    code = "BAD_REQUEST"
+
+
+class MessageTypeMismatch(InvalidArgument):
+    code = "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"
+
+
+class IllegalDeliveryTime(InvalidArgument):
+    code = "ILLEGAL_DELIVERY_TIME"
+
+
+class IllegalMessageTag(InvalidArgument):
+    code = "ILLEGAL_MESSAGE_TAG"
+
+
+class IllegalMessageKey(InvalidArgument):
+    code = "ILLEGAL_MESSAGE_KEY"
+
+
+class IllegalMessageGroup(InvalidArgument):
+    code = "ILLEGAL_MESSAGE_GROUP"
+
+
+class IllegalMessageId(InvalidArgument):
+    code = "ILLEGAL_MESSAGE_ID"
+
+
+class MessageBodyTooLarge(InvalidArgument):
+    code = "MESSAGE_BODY_TOO_LARGE"
+
+
+class MessagePropertiesTooLarge(InvalidArgument):
+    code = "MESSAGE_PROPERTIES_TOO_LARGE"
+
+
+class BodyDigestMismatch(InvalidArgument):
+    code = "MESSAGE_CORRUPTED"
+
+
+class InvalidReceiptHandle(InvalidArgument):
+    code = "INVALID_RECEIPT_HANDLE"
+
+
+class IllegalInvisibleTime(InvalidArgument):
+    code = "ILLEGAL_INVISIBLE_TIME"
+
+
+class IllegalOffset(InvalidArgument):
+    code = "ILLEGAL_OFFSET"
+
+
+class OffsetNotFound(NotFound):
+    code = "OFFSET_NOT_FOUND"
+
+
+class PermissionDenied(HalfmoonError):
+    code = "FORBIDDEN"
+
+
+__all__ = [
+    "BodyDigestMismatch",
+    "GroupExists",
+    "GroupNotFound",
+    "IllegalDeliveryTime",
+    "IllegalGroup",
+    "IllegalInvisibleTime",
+    "IllegalMessageGroup",
+    "IllegalMessageId",
+    "IllegalMessageKey",
+    "IllegalMessageTag",
+    "IllegalOffset",
+    "IllegalQueueId",
+    "IllegalTopic",
+    "InvalidReceiptHandle",
+    "MessageBodyTooLarge",
+    "MessagePropertiesTooLarge",
+    "MessageTypeMismatch",
+    "OffsetNotFound",
+    "PermissionDenied",
+    "TopicExists",
+    "TopicNotFound",
+]
