@@ -272,14 +272,14 @@ def read_snapshot(path: Path) -> Snapshot | None:
         return None
     try:
         document = json.loads(raw)
-        if document.get("version") != SNAPSHOT_VERSION:
-            raise ValueError(f"unknown version {document.get('version')!r}")
+        if not isinstance(document, dict) or document.get("version") != SNAPSHOT_VERSION:
+            raise ValueError("not a version 1 consumption snapshot")
         return Snapshot(
             receipt_key=bytes.fromhex(document["receipt_key"]),
             next_epoch=int(document["next_epoch"]),
             topics=[TopicConsumption.from_json(t) for t in document["topics"]],
         )
-    except (ValueError, KeyError, TypeError) as error:
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise CorruptionError(
             f"consumption state {path} is unreadable ({error}); move it aside to start "
             "over (groups then restart from their consume_from position and in-flight "

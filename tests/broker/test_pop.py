@@ -73,7 +73,9 @@ class Broker:
         ]
         self.store.append(messages)
 
-    def receive(self, batch: int = 32, group: str = GROUP, matcher=None, invisible: int = INVISIBLE):
+    def receive(
+        self, batch: int = 32, group: str = GROUP, matcher=None, invisible: int = INVISIBLE
+    ):
         return self.pop.receive(group, TOPIC, matcher, batch, invisible)
 
 
