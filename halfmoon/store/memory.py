@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 # How many consume-queue entries one ``get`` examines at most (filters that
 # match nothing cannot make one call walk a whole queue).
 MAX_SCAN_ENTRIES = 2048
-MAX_PROPERTIES_SIZE = record.MAX_PROPERTIES_BYTES
+MAX_PROPERTIES_SIZE = 32 * 1024  # the real store's default (StoreConfig.max_properties_size)
 
 
 @dataclass(slots=True)
