@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -67,3 +68,10 @@ def columns_for(rows: Sequence[Mapping[str, Any]], preferred: Sequence[Column]) 
         if key not in known and all(not isinstance(row.get(key), Mapping | list) for row in rows)
     )
     return chosen or list(preferred)
+
+
+def format_ms(ms: int | None) -> str | None:
+    """Milliseconds since the epoch as local ``YYYY-MM-DD HH:MM:SS.mmm`` (None stays None)."""
+    if ms is None:
+        return None
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) + f".{ms % 1000:03d}"

@@ -7,7 +7,7 @@ from typing import Any
 
 from halfmoon.cli.admin_client import quote
 from halfmoon.cli.parser import UsageError, add_command, client, emit, positive_int
-from halfmoon.cli.table import columns_for, render_record, render_table
+from halfmoon.cli.table import columns_for, format_ms, render_record, render_table
 
 TOPIC_TYPES = ("normal", "fifo", "delay", "transaction", "mixed")
 PERMS = ("rw", "r", "w")
@@ -23,8 +23,10 @@ QUEUE_COLUMNS = [
     ("min_offset", "MIN OFFSET"),
     ("max_offset", "MAX OFFSET"),
     ("messages", "MESSAGES"),
-    ("last_store_time", "LAST STORED"),
+    ("perm", "PERM"),
+    ("last_stored", "LAST STORED"),
 ]
+HIDDEN_QUEUE_KEYS = ("topic", "last_store_timestamp")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -84,7 +86,14 @@ def describe_topic(args: argparse.Namespace) -> None:
 
     def human() -> str:
         head = render_record({k: v for k, v in topic.items() if not isinstance(v, dict | list)})
-        rows = [{**q, "messages": q.get("max_offset", 0) - q.get("min_offset", 0)} for q in queues]
+        rows = [
+            {
+                **{k: v for k, v in q.items() if k not in HIDDEN_QUEUE_KEYS},
+                "messages": q.get("max_offset", 0) - q.get("min_offset", 0),
+                "last_stored": format_ms(q.get("last_store_timestamp")),
+            }
+            for q in queues
+        ]
         return head + "\n\n" + render_table(rows, columns_for(rows, QUEUE_COLUMNS))
 
     emit(args, data, human)

@@ -1,0 +1,478 @@
+"""The admin HTTP API: JSON over the broker's own methods, an OpenAPI document, metrics.
+
+Every endpoint ends in one :class:`~halfmoon.broker.broker.Broker` call (run
+in a worker thread: broker calls may touch the disk) and translates its
+result to JSON; no rule about topics or groups lives here. Errors are JSON::
+
+    {"error": {"code": "TOPIC_NOT_FOUND", "message": "topic 'x' does not exist; ..."}}
+
+with the HTTP status following the error's class: 400 for a bad request,
+403 forbidden, 404 not found, 409 conflict, 500 for anything else.
+
+Endpoints (``/openapi.json`` describes each, with its request and answer):
+
+    GET    /v1/status                       broker status
+    GET    /v1/config                       the running configuration
+    GET    /v1/topics                       list topics
+    POST   /v1/topics                       create a topic
+    GET    /v1/topics/{topic}               one topic
+    PATCH  /v1/topics/{topic}               change queues / perm / type
+    DELETE /v1/topics/{topic}               delete a topic
+    GET    /v1/topics/{topic}/status        min/max offsets per queue
+    GET    /v1/groups                       list consumer groups
+    POST   /v1/groups                       create a group
+    GET    /v1/groups/{group}               one group
+    PATCH  /v1/groups/{group}               change a group
+    DELETE /v1/groups/{group}               delete a group
+    GET    /v1/groups/{group}/progress      committed offset, lag, in flight per queue
+    GET    /metrics                         Prometheus text
+    GET    /openapi.json, /healthz
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from halfmoon.broker.message import MessageType
+from halfmoon.errors import Conflict, HalfmoonError, InvalidArgument, NotFound
+from halfmoon.server.admin_openapi import openapi_document
+from halfmoon.server.metrics import CONTENT_TYPE, MetricFamily, MetricsRegistry, default_registry
+
+log = logging.getLogger(__name__)
+
+BROKER_KEY: web.AppKey[Any] = web.AppKey("broker", object)
+STORE_KEY: web.AppKey[Any] = web.AppKey("store", object)
+CONFIG_KEY: web.AppKey[Any] = web.AppKey("config", object)
+REGISTRY_KEY: web.AppKey[MetricsRegistry] = web.AppKey("metrics", MetricsRegistry)
+
+TOPIC_TYPES = [t.value for t in MessageType]
+PERMS = ["rw", "r", "w"]
+CONSUME_FROM = ["latest", "earliest"]
+
+
+class ApiError(InvalidArgument):
+    """A malformed request (bad JSON, wrong field type), as opposed to a broker refusal."""
+
+
+# -- JSON --------------------------------------------------------------------
+
+
+def jsonable(value: Any) -> Any:
+    """Broker objects as plain JSON: ``to_dict()`` when they have one, else their fields."""
+    if hasattr(value, "to_dict") and callable(value.to_dict):
+        return jsonable(value.to_dict())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value
+
+
+def reply(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(jsonable(data), status=status, dumps=_dumps)
+
+
+def _dumps(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False)
+
+
+def error_reply(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+
+
+def http_status(exc: HalfmoonError) -> int:
+    if exc.code == "FORBIDDEN":
+        return 403
+    if isinstance(exc, NotFound):
+        return 404
+    if isinstance(exc, Conflict):
+        return 409
+    if isinstance(exc, InvalidArgument):
+        return 400
+    return 500
+
+
+# -- request bodies ----------------------------------------------------------
+
+
+async def read_body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw:
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise ApiError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError("request body must be a JSON object")
+    return body
+
+
+def take(
+    body: dict[str, Any],
+    name: str,
+    kind: type | tuple[type, ...],
+    *,
+    required: bool = False,
+    choices: list[str] | None = None,
+    minimum: int | None = None,
+) -> Any:
+    """``body[name]`` checked against ``kind`` (and choices/minimum); None when absent."""
+    if name not in body or body[name] is None:
+        if required:
+            raise ApiError(f"field {name!r} is required")
+        return None
+    value = body[name]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    # bool is an int in Python, never in a request.
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        names = " or ".join(_JSON_TYPE_NAMES.get(k, k.__name__) for k in kinds)
+        raise ApiError(f"field {name!r} must be {names}, not {json.dumps(value)}")
+    if choices is not None and value not in choices:
+        raise ApiError(f"field {name!r} must be one of {', '.join(choices)}, not {value!r}")
+    if minimum is not None and value < minimum:
+        raise ApiError(f"field {name!r} must be at least {minimum}, not {value}")
+    return value
+
+
+_JSON_TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", dict: "an object",
+                    float: "a number", list: "an array"}
+
+
+def reject_unknown(body: dict[str, Any], known: set[str]) -> None:
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise ApiError(
+            f"unknown field(s) {', '.join(map(repr, unknown))}; accepted: {', '.join(sorted(known))}"
+        )
+
+
+def retry_policy_from(body: dict[str, Any]) -> Any:
+    data = take(body, "retry_policy", dict)
+    if data is None:
+        return None
+    from halfmoon.broker.groups import RetryPolicy
+
+    kind = take(data, "kind", str, choices=["customized", "exponential"]) or "customized"
+    if kind == "exponential":
+        return RetryPolicy.exponential(
+            take(data, "initial_ms", int, required=True, minimum=0),
+            take(data, "max_ms", int, required=True, minimum=0),
+            float(take(data, "multiplier", (int, float)) or 2.0),
+        )
+    levels = take(data, "levels_ms", list, required=True)
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in levels):
+        raise ApiError("field 'levels_ms' must be an array of integers (milliseconds)")
+    return RetryPolicy.customized(tuple(levels))
+
+
+# -- handlers ----------------------------------------------------------------
+
+
+async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a broker call off the event loop (it may wait for the disk)."""
+    return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+def broker_of(request: web.Request) -> Any:
+    return request.app[BROKER_KEY]
+
+
+async def get_status(request: web.Request) -> web.Response:
+    return reply(await call(broker_of(request).status))
+
+
+async def get_config(request: web.Request) -> web.Response:
+    from halfmoon.config import config_to_dict
+
+    config = request.app[CONFIG_KEY]
+    return reply(config_to_dict(config) if dataclasses.is_dataclass(config) else {})
+
+
+async def list_topics(request: web.Request) -> web.Response:
+    return reply({"topics": await call(broker_of(request).list_topics)})
+
+
+async def create_topic(request: web.Request) -> web.Response:
+    body = await read_body(request)
+    reject_unknown(body, {"name", "message_type", "queue_count", "perm"})
+    name = take(body, "name", str, required=True)
+    message_type = take(body, "message_type", str, choices=TOPIC_TYPES) or "normal"
+    queue_count = take(body, "queue_count", int, minimum=1)
+    if queue_count is None:
+        queue_count = _default_queue_count(request)
+    perm = take(body, "perm", str, choices=PERMS) or "rw"
+    topic = await call(
+        broker_of(request).create_topic, name, MessageType(message_type), queue_count, perm
+    )
+    return reply(topic, status=201)
+
+
+def _default_queue_count(request: web.Request) -> int:
+    broker_config = getattr(request.app[CONFIG_KEY], "broker", None)
+    return int(getattr(broker_config, "default_queue_count", 8))
+
+
+async def get_topic(request: web.Request) -> web.Response:
+    return reply(await call(broker_of(request).get_topic, request.match_info["topic"]))
+
+
+async def update_topic(request: web.Request) -> web.Response:
+    body = await read_body(request)
+    reject_unknown(body, {"message_type", "queue_count", "perm"})
+    changes: dict[str, Any] = {
+        "queue_count": take(body, "queue_count", int, minimum=1),
+        "perm": take(body, "perm", str, choices=PERMS),
+    }
+    message_type = take(body, "message_type", str, choices=TOPIC_TYPES)
+    if message_type is not None:
+        changes["message_type"] = MessageType(message_type)
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if not changes:
+        raise ApiError("nothing to change: give queue_count, perm or message_type")
+    name = request.match_info["topic"]
+    return reply(await call(broker_of(request).update_topic, name, **changes))
+
+
+async def delete_topic(request: web.Request) -> web.Response:
+    name = request.match_info["topic"]
+    await call(broker_of(request).delete_topic, name)
+    return reply({"deleted": name})
+
+
+async def topic_status(request: web.Request) -> web.Response:
+    name = request.match_info["topic"]
+    queues = await call(broker_of(request).topic_status, name)
+    return reply({"topic": name, "queues": queues})
+
+
+GROUP_FIELDS = {
+    "fifo": bool,
+    "max_delivery_attempts": int,
+    "consume_from": str,
+    "consume_enabled": bool,
+    "broadcast": bool,
+}
+
+
+def group_settings(body: dict[str, Any]) -> dict[str, Any]:
+    settings: dict[str, Any] = {}
+    for name, kind in GROUP_FIELDS.items():
+        value = take(
+            body,
+            name,
+            kind,
+            choices=CONSUME_FROM if name == "consume_from" else None,
+            minimum=1 if name == "max_delivery_attempts" else None,
+        )
+        if value is not None:
+            settings[name] = value
+    policy = retry_policy_from(body)
+    if policy is not None:
+        settings["retry_policy"] = policy
+    return settings
+
+
+async def list_groups(request: web.Request) -> web.Response:
+    return reply({"groups": await call(broker_of(request).list_groups)})
+
+
+async def create_group(request: web.Request) -> web.Response:
+    body = await read_body(request)
+    reject_unknown(body, {"name", "retry_policy", *GROUP_FIELDS})
+    name = take(body, "name", str, required=True)
+    group = await call(broker_of(request).create_group, name, **group_settings(body))
+    return reply(group, status=201)
+
+
+async def get_group(request: web.Request) -> web.Response:
+    group = await call(_existing_group, broker_of(request), request.match_info["group"])
+    return reply(group)
+
+
+def _existing_group(broker: Any, name: str) -> Any:
+    # get_group may auto-create; an admin read must not create what it looks at.
+    for group in broker.list_groups():
+        if group.name == name:
+            return group
+    from halfmoon.broker.errors import GroupNotFound
+
+    raise GroupNotFound(name)
+
+
+async def update_group(request: web.Request) -> web.Response:
+    body = await read_body(request)
+    reject_unknown(body, {"retry_policy", *GROUP_FIELDS})
+    changes = group_settings(body)
+    if not changes:
+        raise ApiError(f"nothing to change: give any of {', '.join([*GROUP_FIELDS, 'retry_policy'])}")
+    name = request.match_info["group"]
+    return reply(await call(broker_of(request).update_group, name, **changes))
+
+
+async def delete_group(request: web.Request) -> web.Response:
+    name = request.match_info["group"]
+    await call(broker_of(request).delete_group, name)
+    return reply({"deleted": name})
+
+
+async def group_progress(request: web.Request) -> web.Response:
+    broker = broker_of(request)
+    name = request.match_info["group"]
+    topic = request.query.get("topic") or None
+    await call(_existing_group, broker, name)
+    queues = await call(broker.group_progress, name, topic)
+    return reply({"group": name, "topic": topic, "queues": queues})
+
+
+async def get_metrics(request: web.Request) -> web.Response:
+    text = await call(request.app[REGISTRY_KEY].render)
+    response = web.Response(text=text)
+    response.headers["Content-Type"] = CONTENT_TYPE
+    return response
+
+
+async def get_openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document())
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+# -- middleware: errors and request metrics ----------------------------------
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def errors_and_metrics(request: web.Request, handler: Handler) -> web.StreamResponse:
+    started = time.perf_counter()
+    try:
+        response = await handler(request)
+    except HalfmoonError as exc:
+        response = error_reply(http_status(exc), exc.code, exc.message)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "PAYLOAD_TOO_LARGE"}.get(
+            exc.status, f"HTTP_{exc.status}"
+        )
+        message = {
+            404: f"no such endpoint: {request.method} {request.path} (see /openapi.json)",
+            405: f"{request.method} is not allowed on {request.path}",
+        }.get(exc.status, exc.reason)
+        response = error_reply(exc.status, code, message)
+    except Exception as exc:  # the API must answer, never drop the connection
+        log.exception("admin request %s %s failed", request.method, request.path)
+        response = error_reply(
+            500, "INTERNAL_ERROR", f"internal error ({type(exc).__name__}: {exc}); see the server log"
+        )
+    route = request.match_info.route.resource
+    template = route.canonical if route is not None else "unmatched"
+    registry = request.app[REGISTRY_KEY]
+    registry.counter(
+        "halfmoon_admin_requests_total",
+        "Admin API requests by route template and HTTP status.",
+        ("method", "route", "status"),
+    ).inc(method=request.method, route=template, status=response.status)
+    registry.counter(
+        "halfmoon_admin_request_seconds_total",
+        "Time spent answering admin API requests.",
+        ("method", "route"),
+    ).inc(time.perf_counter() - started, method=request.method, route=template)
+    return response
+
+
+# -- metrics collected from the broker at scrape time -------------------------
+
+
+def broker_collector(broker: Any) -> Callable[[], list[MetricFamily]]:
+    def collect() -> list[MetricFamily]:
+        families: list[MetricFamily] = []
+        status = jsonable(broker.status())
+        for name, value in status.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            kind = "counter" if name.endswith("_total") else "gauge"
+            families.append(
+                MetricFamily(f"halfmoon_broker_{name}", kind, f"Broker status field {name}.").add(value)
+            )
+        low = MetricFamily("halfmoon_queue_min_offset", "gauge", "First retained offset per queue.")
+        high = MetricFamily("halfmoon_queue_max_offset", "gauge", "One past the last offset per queue.")
+        for topic in broker.list_topics():
+            for queue in jsonable(broker.topic_status(topic.name)):
+                labels = {"topic": topic.name, "queue": queue.get("queue_id")}
+                low.add(queue.get("min_offset", 0), **labels)
+                high.add(queue.get("max_offset", 0), **labels)
+        lag = MetricFamily("halfmoon_group_lag", "gauge", "Messages not yet consumed per group and queue.")
+        inflight = MetricFamily(
+            "halfmoon_group_inflight", "gauge", "Messages delivered and not yet acknowledged."
+        )
+        for group in broker.list_groups():
+            for queue in jsonable(broker.group_progress(group.name, None)):
+                labels = {"group": group.name, "topic": queue.get("topic"), "queue": queue.get("queue_id")}
+                lag.add(queue.get("lag", 0) or 0, **labels)
+                inflight.add(queue.get("inflight", 0) or 0, **labels)
+        return [*families, low, high, lag, inflight]
+
+    return collect
+
+
+# -- the application ----------------------------------------------------------
+
+
+def create_admin_app(
+    broker: Any, store: Any, config: Any, registry: MetricsRegistry | None = None
+) -> web.Application:
+    """The admin API over ``broker``; run it with aiohttp's ``AppRunner`` on
+    ``config.server.admin_listen``. ``registry`` defaults to the process-wide one."""
+    app = web.Application(middlewares=[errors_and_metrics], client_max_size=1024 * 1024)
+    app[BROKER_KEY] = broker
+    app[STORE_KEY] = store
+    app[CONFIG_KEY] = config
+    registry = registry or default_registry()
+    app[REGISTRY_KEY] = registry
+    collector = broker_collector(broker)
+    registry.add_collector(collector)
+
+    async def forget_broker(app: web.Application) -> None:
+        registry.remove_collector(collector)
+
+    app.on_cleanup.append(forget_broker)
+    app.router.add_get("/v1/status", get_status)
+    app.router.add_get("/v1/config", get_config)
+    app.router.add_get("/v1/topics", list_topics)
+    app.router.add_post("/v1/topics", create_topic)
+    app.router.add_get("/v1/topics/{topic}", get_topic)
+    app.router.add_patch("/v1/topics/{topic}", update_topic)
+    app.router.add_delete("/v1/topics/{topic}", delete_topic)
+    app.router.add_get("/v1/topics/{topic}/status", topic_status)
+    app.router.add_get("/v1/groups", list_groups)
+    app.router.add_post("/v1/groups", create_group)
+    app.router.add_get("/v1/groups/{group}", get_group)
+    app.router.add_patch("/v1/groups/{group}", update_group)
+    app.router.add_delete("/v1/groups/{group}", delete_group)
+    app.router.add_get("/v1/groups/{group}/progress", group_progress)
+    app.router.add_get("/metrics", get_metrics)
+    app.router.add_get("/openapi.json", get_openapi)
+    app.router.add_get("/healthz", healthz)
+    return app

@@ -1,0 +1,288 @@
+"""The OpenAPI 3 document of the admin API (served at ``/openapi.json``).
+
+Kept beside ``admin.py`` and tested against it: every route the app serves
+must appear here, and the document must validate as OpenAPI 3.0.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from halfmoon.broker.message import MessageType
+
+TOPIC_TYPES = [t.value for t in MessageType]
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    meaning = {
+        400: "The request is malformed or the broker refused it (see error.code).",
+        403: "The operation is forbidden.",
+        404: "The topic or group does not exist.",
+        409: "It already exists.",
+        500: "Internal error.",
+    }
+    return {str(s): _json(_ref("Error"), meaning[s]) for s in (*statuses, 500)}
+
+
+def _op(summary: str, op_id: str, ok: tuple[int, dict[str, Any], str], *errors: int,
+        body: str | None = None, params: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    status, schema, description = ok
+    op: dict[str, Any] = {
+        "summary": summary,
+        "operationId": op_id,
+        "responses": {str(status): _json(schema, description), **_errors(*errors)},
+    }
+    if body is not None:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(body)}}}
+    if params:
+        op["parameters"] = params
+    return op
+
+
+def _path_param(name: str, what: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "description": f"{what} name, percent-encoded (%DLQ%g is %25DLQ%25g)",
+        "schema": {"type": "string"},
+    }
+
+
+_INT = {"type": "integer"}
+_BOOL = {"type": "boolean"}
+_STR = {"type": "string"}
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["code", "message"],
+                "properties": {
+                    "code": {**_STR, "description": "stable code, e.g. TOPIC_NOT_FOUND"},
+                    "message": {**_STR, "description": "what went wrong and what to do"},
+                },
+            }
+        },
+    },
+    "Topic": {
+        "type": "object",
+        "required": ["name", "message_type", "queue_count", "perm"],
+        "properties": {
+            "name": _STR,
+            "message_type": {"type": "string", "enum": TOPIC_TYPES},
+            "queue_count": {**_INT, "description": "writable queues"},
+            "perm": {"type": "string", "enum": ["rw", "r", "w", "-"]},
+            "read_queue_count": {**_INT, "description": "readable queues (more after a shrink)"},
+            "created_ms": _INT,
+        },
+    },
+    "TopicCreate": {
+        "type": "object",
+        "required": ["name"],
+        "additionalProperties": False,
+        "properties": {
+            "name": _STR,
+            "message_type": {"type": "string", "enum": TOPIC_TYPES, "default": "normal"},
+            "queue_count": {**_INT, "minimum": 1, "description": "default: broker.default_queue_count"},
+            "perm": {"type": "string", "enum": ["rw", "r", "w"], "default": "rw"},
+        },
+    },
+    "TopicUpdate": {
+        "type": "object",
+        "additionalProperties": False,
+        "minProperties": 1,
+        "properties": {
+            "message_type": {"type": "string", "enum": TOPIC_TYPES},
+            "queue_count": {**_INT, "minimum": 1},
+            "perm": {"type": "string", "enum": ["rw", "r", "w"]},
+        },
+    },
+    "TopicList": {
+        "type": "object",
+        "properties": {"topics": {"type": "array", "items": _ref("Topic")}},
+    },
+    "QueueStatus": {
+        "type": "object",
+        "properties": {
+            "topic": _STR,
+            "queue_id": _INT,
+            "min_offset": {**_INT, "description": "first retained offset"},
+            "max_offset": {**_INT, "description": "one past the last offset"},
+            "last_store_timestamp": {**_INT, "nullable": True,
+                                     "description": "ms since the epoch; null for an empty queue"},
+            "perm": {"type": "string", "enum": ["rw", "r", "w", "-"]},
+        },
+    },
+    "TopicStatus": {
+        "type": "object",
+        "properties": {"topic": _STR, "queues": {"type": "array", "items": _ref("QueueStatus")}},
+    },
+    "RetryPolicy": {
+        "type": "object",
+        "properties": {
+            "kind": {"type": "string", "enum": ["customized", "exponential"]},
+            "levels_ms": {"type": "array", "items": _INT, "description": "customized: wait per attempt"},
+            "initial_ms": _INT,
+            "max_ms": _INT,
+            "multiplier": {"type": "number"},
+        },
+    },
+    "Group": {
+        "type": "object",
+        "required": ["name"],
+        "properties": {
+            "name": _STR,
+            "fifo": _BOOL,
+            "max_delivery_attempts": _INT,
+            "retry_policy": _ref("RetryPolicy"),
+            "consume_from": {"type": "string", "enum": ["latest", "earliest"]},
+            "consume_enabled": _BOOL,
+            "broadcast": _BOOL,
+            "created_ms": _INT,
+        },
+    },
+    "GroupSettings": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "fifo": {**_BOOL, "default": False},
+            "max_delivery_attempts": {**_INT, "minimum": 1, "default": 17},
+            "retry_policy": _ref("RetryPolicy"),
+            "consume_from": {"type": "string", "enum": ["latest", "earliest"], "default": "latest"},
+            "consume_enabled": {**_BOOL, "default": True},
+            "broadcast": {**_BOOL, "default": False},
+        },
+    },
+    "GroupCreate": {
+        "allOf": [
+            _ref("GroupSettings"),
+            {"type": "object", "required": ["name"], "properties": {"name": _STR}},
+        ]
+    },
+    "GroupList": {
+        "type": "object",
+        "properties": {"groups": {"type": "array", "items": _ref("Group")}},
+    },
+    "QueueProgress": {
+        "type": "object",
+        "properties": {
+            "group": _STR,
+            "topic": _STR,
+            "queue_id": _INT,
+            "committed_offset": {**_INT, "description": "every offset below is consumed"},
+            "max_offset": _INT,
+            "lag": {**_INT, "description": "max_offset - committed_offset"},
+            "inflight": {**_INT, "description": "delivered, not yet acknowledged"},
+        },
+    },
+    "GroupProgress": {
+        "type": "object",
+        "properties": {
+            "group": _STR,
+            "topic": {"type": "string", "nullable": True},
+            "queues": {"type": "array", "items": _ref("QueueProgress")},
+        },
+    },
+    "BrokerStatus": {
+        "type": "object",
+        "properties": {
+            "name": _STR,
+            "uptime_ms": _INT,
+            "topics": _INT,
+            "groups": _INT,
+            "queues": _INT,
+            "messages_in_total": _INT,
+            "messages_out_total": _INT,
+            "tps_in": {"type": "number", "description": "messages/s, 1-minute average"},
+            "tps_out": {"type": "number"},
+            "disk_bytes": _INT,
+            "pending_delay_messages": _INT,
+        },
+        "additionalProperties": True,
+    },
+    "Deleted": {"type": "object", "properties": {"deleted": _STR}},
+}
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    topic = [_path_param("topic", "Topic")]
+    group = [_path_param("group", "Consumer group")]
+    progress_params = [
+        *group,
+        {
+            "name": "topic",
+            "in": "query",
+            "required": False,
+            "description": "only this topic's queues",
+            "schema": _STR,
+        },
+    ]
+    text = {"description": "Prometheus text exposition 0.0.4",
+            "content": {"text/plain": {"schema": _STR}}}
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "halfmoon admin API",
+            "version": "1",
+            "description": "Topics, consumer groups, offsets and status of one halfmoon broker. "
+            "Errors are {\"error\": {\"code\", \"message\"}}.",
+        },
+        "paths": {
+            "/v1/status": {"get": _op("Broker status", "getStatus", (200, _ref("BrokerStatus"), "status"))},
+            "/v1/config": {"get": _op("Running configuration", "getConfig",
+                                      (200, {"type": "object"}, "every section and key"))},
+            "/v1/topics": {
+                "get": _op("List topics", "listTopics", (200, _ref("TopicList"), "all topics")),
+                "post": _op("Create a topic", "createTopic", (201, _ref("Topic"), "created"),
+                            400, 409, body="TopicCreate"),
+            },
+            "/v1/topics/{topic}": {
+                "get": _op("One topic", "getTopic", (200, _ref("Topic"), "the topic"), 404, params=topic),
+                "patch": _op("Change a topic", "updateTopic", (200, _ref("Topic"), "updated"),
+                             400, 404, body="TopicUpdate", params=topic),
+                "delete": _op("Delete a topic", "deleteTopic", (200, _ref("Deleted"), "deleted"),
+                              404, params=topic),
+            },
+            "/v1/topics/{topic}/status": {
+                "get": _op("Offsets per queue", "getTopicStatus",
+                           (200, _ref("TopicStatus"), "min/max offsets"), 404, params=topic),
+            },
+            "/v1/groups": {
+                "get": _op("List consumer groups", "listGroups", (200, _ref("GroupList"), "all groups")),
+                "post": _op("Create a consumer group", "createGroup", (201, _ref("Group"), "created"),
+                            400, 409, body="GroupCreate"),
+            },
+            "/v1/groups/{group}": {
+                "get": _op("One group", "getGroup", (200, _ref("Group"), "the group"), 404, params=group),
+                "patch": _op("Change a group", "updateGroup", (200, _ref("Group"), "updated"),
+                             400, 404, body="GroupSettings", params=group),
+                "delete": _op("Delete a group", "deleteGroup", (200, _ref("Deleted"), "deleted"),
+                              404, params=group),
+            },
+            "/v1/groups/{group}/progress": {
+                "get": _op("Consumer progress (lag per queue)", "getGroupProgress",
+                           (200, _ref("GroupProgress"), "per queue"), 404, params=progress_params),
+            },
+            "/metrics": {"get": {"summary": "Prometheus metrics", "operationId": "getMetrics",
+                                 "responses": {"200": text}}},
+            "/openapi.json": {"get": {"summary": "This document", "operationId": "getOpenApi",
+                                      "responses": {"200": _json({"type": "object"}, "OpenAPI 3")}}},
+            "/healthz": {"get": {"summary": "Liveness", "operationId": "getHealth",
+                                 "responses": {"200": _json({"type": "object"}, "ok")}}},
+        },
+        "components": {"schemas": SCHEMAS},
+    }
