@@ -1,0 +1,441 @@
+"""The official Node.js client (``rocketmq-client-nodejs`` from npm) against a real server.
+
+The scripts in ``tests/node`` drive the client's Producer and SimpleConsumer and
+print one JSON line per receipt or delivery; these tests run them with ``node``
+against the module's ``halfmoon serve`` process and check what came out: every
+message sent is received exactly once with its body, tag, keys and properties;
+tag and SQL92 filters select the right ones; FIFO keeps each message group's
+order; a delay message is not delivered before its time; a message whose
+invisible duration is changed comes back with a higher delivery attempt.
+
+The npm dependencies are installed here (``npm ci``) when ``tests/node/node_modules``
+is missing or older than the lock file, so a fresh checkout needs nothing by hand.
+Without node/npm the module is skipped, except under ``CI=true`` where that fails.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE_DIR = ROOT / "tests" / "node"
+NPM_INSTALL_TIMEOUT = 300.0
+# Generous bound for one script run: its own deadlines are much shorter.
+SCRIPT_TIMEOUT = 45.0
+
+# A delay message may arrive at most this late (the target is 1 s; CI machines are busy).
+DELAY_LATENESS_MS = 3000
+
+
+# -- node and its dependencies ------------------------------------------------
+
+
+def _installed_marker() -> Path:
+    # npm writes node_modules/.package-lock.json at the end of every install;
+    # it is the best witness of when the tree was last brought up to date.
+    hidden = NODE_DIR / "node_modules" / ".package-lock.json"
+    return hidden if hidden.exists() else NODE_DIR / "node_modules"
+
+
+def _needs_install() -> bool:
+    marker = _installed_marker()
+    if not marker.exists():
+        return True
+    return marker.stat().st_mtime < (NODE_DIR / "package-lock.json").stat().st_mtime
+
+
+@contextlib.contextmanager
+def _install_lock() -> Iterator[None]:
+    # Several test runs may share this checkout; one npm ci at a time.
+    digest = hashlib.sha1(str(NODE_DIR).encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"halfmoon-node-install-{digest}.lock"
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _ensure_node_modules(npm: str) -> None:
+    with _install_lock():
+        if not _needs_install():
+            return
+        try:
+            result = subprocess.run(
+                [npm, "ci", "--no-audit", "--no-fund"],
+                cwd=NODE_DIR, capture_output=True, text=True, timeout=NPM_INSTALL_TIMEOUT,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"npm ci in {NODE_DIR} did not finish within {NPM_INSTALL_TIMEOUT:.0f}s")
+        if result.returncode != 0:
+            pytest.fail(
+                f"npm ci in {NODE_DIR} failed ({result.returncode}):\n{result.stderr[-3000:]}"
+            )
+        # npm ci may keep old mtimes; make the marker say "installed now".
+        _installed_marker().touch()
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    """The ``node`` executable, with ``tests/node``'s dependencies installed."""
+    node_bin, npm_bin = shutil.which("node"), shutil.which("npm")
+    if node_bin is None or npm_bin is None:
+        missing = " and ".join(
+            name for name, path in (("node", node_bin), ("npm", npm_bin)) if path is None
+        )
+        reason = f"{missing} not found on PATH: the Node.js compatibility tests need Node.js >= 18 with npm"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    _ensure_node_modules(npm_bin)
+    return node_bin
+
+
+# -- running the scripts ------------------------------------------------------
+
+
+@dataclass
+class ScriptRun:
+    """One finished script: its JSON lines by event, exit status and stderr."""
+
+    name: str
+    returncode: int
+    records: list[dict[str, Any]]
+    stderr: str
+    noise: list[str] = field(default_factory=list)
+
+    def events(self, event: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("event") == event]
+
+    def explain(self) -> str:
+        lines = [f"--- {self.name} exited {self.returncode}"]
+        lines += [
+            json.dumps(r) for r in self.records if r.get("event") not in ("sent", "received")
+        ][:40]
+        lines += self.noise[:20]
+        lines.append("--- stderr (tail)")
+        lines.append(self.stderr[-4000:])
+        return "\n".join(lines)
+
+
+class RunningScript:
+    """A script started in the background; ``finish()`` waits and parses its output."""
+
+    def __init__(self, node: str, script: str, spec: dict[str, Any]) -> None:
+        self.name = script
+        env = dict(os.environ)
+        env.pop("NODE_OPTIONS", None)
+        self.proc = subprocess.Popen(
+            [node, str(NODE_DIR / script), json.dumps(spec)],
+            cwd=NODE_DIR, env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self._stderr: list[str] = []
+        # Drain stderr meanwhile so a chatty client cannot block on a full pipe.
+        self._drain = threading.Thread(target=self._read_stderr, daemon=True)
+        self._drain.start()
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self._stderr.append(line)
+
+    def finish(self, timeout: float = SCRIPT_TIMEOUT) -> ScriptRun:
+        assert self.proc.stdout is not None
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+            self._drain.join(5)
+            raise AssertionError(
+                f"{self.name} still running after {timeout}s (killed):\n{out[-2000:]}\n{''.join(self._stderr)[-4000:]}"
+            ) from None
+        self._drain.join(5)
+        records, noise = [], []
+        for line in out.splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                noise.append(line)
+        return ScriptRun(self.name, self.proc.returncode, records, "".join(self._stderr), noise)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+@pytest.fixture
+def scripts(node: str) -> Iterator[Any]:
+    """Start scripts; any still running when the test ends are killed."""
+    started: list[RunningScript] = []
+
+    def start(script: str, spec: dict[str, Any]) -> RunningScript:
+        running = RunningScript(node, script, spec)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        running.kill()
+
+
+def _fail(message: str, *runs: ScriptRun, server: Any = None) -> str:
+    parts = [message, *(run.explain() for run in runs)]
+    if server is not None:
+        parts.append("--- server log (tail)\n" + server.log_tail(40))
+    return "\n".join(parts)
+
+
+def _check_sent(run: ScriptRun, count: int, server: Any) -> dict[str, int]:
+    """Every message sent: messageId → index in the spec."""
+    sent = run.events("sent")
+    assert run.returncode == 0 and len(sent) == count, _fail(
+        f"expected {count} sends", run, server=server
+    )
+    by_id = {r["messageId"]: r["index"] for r in sent}
+    assert len(by_id) == count, _fail("message ids are not unique", run)
+    return by_id
+
+
+def _body(message: dict[str, Any]) -> bytes:
+    if "bodyBase64" in message:
+        return base64.b64decode(message["bodyBase64"])
+    return message["body"].encode()
+
+
+# -- topics and groups through the admin API ----------------------------------
+
+
+def _create_topic(server: Any, name: str, message_type: str, queues: int) -> None:
+    body = {"name": name, "message_type": message_type, "queue_count": queues, "perm": "rw"}
+    code, answer = server.admin_call("POST", "/v1/topics", body)
+    assert code in (200, 201), (code, answer)
+
+
+def _create_group(server: Any, name: str, *, fifo: bool = False) -> None:
+    # Earliest: the consumers and the producer start together, and the group must
+    # not skip what was sent before its first receive.
+    body = {"name": name, "fifo": fifo, "consume_from": "earliest"}
+    code, answer = server.admin_call("POST", "/v1/groups", body)
+    assert code in (200, 201), (code, answer)
+
+
+# -- the tests ----------------------------------------------------------------
+
+
+def _normal_messages(topic: str) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    for i in range(20):
+        message: dict[str, Any] = {
+            "body": f"node-normal-{i}",
+            "tag": "TagA" if i % 2 == 0 else "TagB",
+            "keys": [f"key-{i}", f"order-{i % 5}"],
+            "properties": {"seq": str(i), "lang": "node", "text": "半月 ☾"},
+        }
+        if i in (3, 8):
+            message["properties"]["retry"] = "true"
+        messages.append(message)
+    # Bytes that are not UTF-8 must survive unchanged.
+    messages[5] = {**messages[5], "bodyBase64": base64.b64encode(bytes(range(256))).decode()}
+    del messages[5]["body"]
+    return messages
+
+
+def test_normal_messages_reach_every_group_once_with_their_fields(
+    server: Any, scripts: Any
+) -> None:
+    topic = "node-normal"
+    _create_topic(server, topic, "normal", 4)
+    groups = {"all": "node-all", "tag": "node-tag-a", "sql": "node-sql", "retry": "node-retry"}
+    for group in groups.values():
+        _create_group(server, group)
+    messages = _normal_messages(topic)
+    base = {"endpoints": server.grpc, "topic": topic, "deadlineMs": 20000, "awaitDurationMs": 1000}
+
+    # Consumers and producer run side by side: the groups start from the earliest offset.
+    consumers = {
+        "all": scripts("simple_consume.js", {**base, "group": groups["all"], "expect": 20, "lingerMs": 1500}),
+        "tag": scripts("simple_consume.js", {**base, "group": groups["tag"], "filter": "TagA", "expect": 10, "lingerMs": 1500}),
+        "sql": scripts(
+            "simple_consume.js",
+            {**base, "group": groups["sql"], "filterType": "sql", "filter": "lang = 'node' AND seq IN ('1', '2', '13')", "expect": 3, "lingerMs": 1500},
+        ),
+        "retry": scripts(
+            "simple_consume.js",
+            {**base, "group": groups["retry"], "expect": 20, "retryProperty": "retry", "retryInvisibleMs": 1000},
+        ),
+    }  # fmt: skip
+    producer = scripts(
+        "produce.js", {"endpoints": server.grpc, "topic": topic, "messages": messages}
+    )
+    produced = producer.finish()
+    sent = _check_sent(produced, len(messages), server)
+    runs = {name: running.finish() for name, running in consumers.items()}
+
+    def check_fields(run: ScriptRun, record: dict[str, Any]) -> None:
+        assert record["messageId"] in sent, _fail(f"unknown message {record}", run)
+        expected = messages[sent[record["messageId"]]]
+        assert record["topic"] == topic
+        assert base64.b64decode(record["bodyBase64"]) == _body(expected), record
+        assert record["tag"] == expected["tag"], record
+        assert sorted(record["keys"]) == sorted(expected["keys"]), record
+        assert record["properties"] == expected["properties"], record
+        assert record["corrupted"] is False, _fail(f"body digest mismatch on {record}", run)
+        assert record["error"] is None, _fail(f"ack failed: {record}", run, server=server)
+
+    def check_exactly_once(name: str, wanted: set[str]) -> None:
+        run = runs[name]
+        received = run.events("received")
+        assert run.returncode == 0, _fail(
+            f"consumer {name} did not get its messages", run, server=server
+        )
+        ids = [r["messageId"] for r in received]
+        assert len(ids) == len(set(ids)), _fail(f"consumer {name} got duplicates", run)
+        assert set(ids) == wanted, _fail(
+            f"consumer {name}: missing {wanted - set(ids)}, extra {set(ids) - wanted}", run
+        )
+        for record in received:
+            check_fields(run, record)
+            assert record["deliveryAttempt"] == 1, record
+
+    check_exactly_once("all", set(sent))
+    check_exactly_once("tag", {mid for mid, i in sent.items() if messages[i]["tag"] == "TagA"})
+    check_exactly_once("sql", {mid for mid, i in sent.items() if i in (1, 2, 13)})
+
+    # The retry group postpones two messages once with ChangeInvisibleDuration.
+    retry_run = runs["retry"]
+    assert retry_run.returncode == 0, _fail(
+        "retry consumer did not ack everything", retry_run, server=server
+    )
+    deliveries: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in retry_run.events("received"):
+        check_fields(retry_run, record)
+        deliveries[record["messageId"]].append(record)
+    assert set(deliveries) == set(sent)
+    for message_id, records in deliveries.items():
+        if messages[sent[message_id]]["properties"].get("retry") == "true":
+            first, *rest = records
+            assert first["action"] == "change_invisible" and first["deliveryAttempt"] == 1, records
+            assert len(rest) == 1 and rest[0]["action"] == "ack", _fail(
+                f"postponed message not redelivered once: {records}", retry_run
+            )
+            assert rest[0]["deliveryAttempt"] == 2, records
+            assert rest[0]["receivedAtMs"] - first["receivedAtMs"] >= 900, records
+        else:
+            assert [r["action"] for r in records] == ["ack"], records
+            assert records[0]["deliveryAttempt"] == 1, records
+
+
+def test_fifo_keeps_the_order_of_each_message_group(server: Any, scripts: Any) -> None:
+    topic, group = "node-fifo", "node-fifo-group"
+    _create_topic(server, topic, "fifo", 4)
+    _create_group(server, group, fifo=True)
+    message_groups = ["order-a", "order-b", "order-c"]
+    messages = [
+        {"body": f"{g}-{seq}", "tag": "fifo", "messageGroup": g, "properties": {"seq": str(seq)}}
+        for seq in range(8)
+        for g in message_groups
+    ]
+    consumer = scripts(
+        "simple_consume.js",
+        {"endpoints": server.grpc, "topic": topic, "group": group, "expect": len(messages), "lingerMs": 1000, "deadlineMs": 20000, "batchSize": 4},
+    )  # fmt: skip
+    produced = scripts(
+        "produce.js", {"endpoints": server.grpc, "topic": topic, "messages": messages}
+    ).finish()
+    sent = _check_sent(produced, len(messages), server)
+    # One message group, one queue: that is what keeps its order.
+    queues = defaultdict(set)
+    for record in produced.events("sent"):
+        queues[messages[record["index"]]["messageGroup"]].add(record["queueId"])
+    assert all(len(q) == 1 for q in queues.values()), queues
+
+    run = consumer.finish()
+    assert run.returncode == 0, _fail("fifo consumer did not get every message", run, server=server)
+    received = run.events("received")
+    ids = [r["messageId"] for r in received]
+    assert len(ids) == len(set(ids)) == len(messages) and set(ids) == set(sent), _fail(
+        "not exactly once", run
+    )
+    order: dict[str, list[int]] = defaultdict(list)
+    for record in received:
+        expected = messages[sent[record["messageId"]]]
+        assert record["messageGroup"] == expected["messageGroup"], record
+        assert base64.b64decode(record["bodyBase64"]) == _body(expected), record
+        assert record["error"] is None, record
+        order[record["messageGroup"]].append(int(record["properties"]["seq"]))
+    assert order == {g: list(range(8)) for g in message_groups}, _fail(
+        f"order per group: {dict(order)}", run
+    )
+
+
+def test_delay_messages_are_not_delivered_early(server: Any, scripts: Any) -> None:
+    topic, group = "node-delay", "node-delay-group"
+    _create_topic(server, topic, "delay", 2)
+    _create_group(server, group)
+    delays = [1500, 2500, 1500, 3000]
+    messages = [
+        {"body": f"delay-{i}", "tag": "later", "delayMs": d, "properties": {"i": str(i)}}
+        for i, d in enumerate(delays)
+    ]
+    consumer = scripts(
+        "simple_consume.js",
+        {"endpoints": server.grpc, "topic": topic, "group": group, "expect": len(messages), "lingerMs": 500, "deadlineMs": 15000},
+    )  # fmt: skip
+    produced = scripts(
+        "produce.js", {"endpoints": server.grpc, "topic": topic, "messages": messages}
+    ).finish()
+    sent = _check_sent(produced, len(messages), server)
+    due = {r["messageId"]: r["deliveryTimestampMs"] for r in produced.events("sent")}
+
+    run = consumer.finish()
+    assert run.returncode == 0, _fail(
+        "delay consumer did not get every message", run, server=server
+    )
+    received = run.events("received")
+    assert sorted(r["messageId"] for r in received) == sorted(sent), _fail("not exactly once", run)
+    for record in received:
+        due_ms = due[record["messageId"]]
+        # receivedAtMs is taken after the receive returned, so it can only be later
+        # than the server's decision to deliver; a few ms cover clock rounding.
+        early = due_ms - record["receivedAtMs"]
+        assert early <= 5, _fail(f"delivered {early} ms early: {record}", run)
+        late = record["receivedAtMs"] - due_ms
+        assert late <= DELAY_LATENESS_MS, _fail(f"delivered {late} ms late: {record}", run)
+        assert record["deliveryTimestampMs"] == due_ms, record
+
+
+def test_sending_to_an_unknown_topic_fails_with_not_found(server: Any, scripts: Any) -> None:
+    topic = "node-known"
+    _create_topic(server, topic, "normal", 1)
+    messages = [{"body": "ok"}, {"body": "nowhere", "topic": "node-no-such-topic"}]
+    run = scripts(
+        "produce.js", {"endpoints": server.grpc, "topic": topic, "messages": messages}
+    ).finish()
+    assert [r["index"] for r in run.events("sent")] == [0], _fail(
+        "the known topic should accept", run, server=server
+    )
+    errors = run.events("send_error")
+    assert len(errors) == 1 and errors[0]["index"] == 1, _fail("the unknown topic should fail", run)
+    # apache.rocketmq.v2.Code.TOPIC_NOT_FOUND = 40402
+    assert "NotFound" in errors[0]["error"] and "40402" in errors[0]["error"], errors[0]
+    assert run.returncode == 1
