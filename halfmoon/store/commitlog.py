@@ -306,7 +306,10 @@ class CommitLog:
                 position = segment.end
                 continue
             total, magic = _FRAME.unpack_from(segment.mm, relative)
-            if magic == record.BLANK_MAGIC or (total == 0 and magic == 0):
+            if magic == record.BLANK_MAGIC and record.BLANK_SIZE <= total <= segment.size - relative:
+                position += total  # segment filler, or damage blanked by lenient recovery
+                continue
+            if total == 0 and magic == 0:
                 position = segment.end
                 continue
             try:
@@ -322,6 +325,10 @@ class CommitLog:
 
     def truncate(self, end: int) -> None:
         """Make ``end`` the end of the log: zero what follows in its segment, drop later segments."""
+        with self._sync_lock:
+            self._truncate(end)
+
+    def _truncate(self, end: int) -> None:
         keep = [s for s in self._segments if s.start <= end]
         drop = self._segments[len(keep) :]
         if keep and end < keep[-1].end:
@@ -336,14 +343,24 @@ class CommitLog:
         self.write_position = end
         self.flushed_position = end
 
+    def blank_out(self, start: int, end: int) -> None:
+        """Cover [start, end) with blank records so no reader mistakes it for data (lenient recovery)."""
+        for segment in self._segments:
+            a, b = max(start, segment.start), min(end, segment.end)
+            if b - a >= record.BLANK_SIZE:
+                relative = a - segment.start
+                segment.mm[relative : relative + (b - a)] = record.blank(b - a)
+                os.fdatasync(segment.fd)
+
     def delete_oldest(self) -> Segment | None:
         """Delete the oldest segment unless it is the one being written; return it."""
-        segments = self._segments
-        if len(segments) < 2:
-            return None
-        oldest = segments[0]
-        self._set_segments(segments[1:])
-        oldest.close()
+        with self._sync_lock:  # the flusher must not fsync a descriptor being closed
+            segments = self._segments
+            if len(segments) < 2:
+                return None
+            oldest = segments[0]
+            self._set_segments(segments[1:])
+            oldest.close()
         oldest.path.unlink(missing_ok=True)
         fsync_directory(self.directory)
         return oldest

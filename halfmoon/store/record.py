@@ -46,6 +46,7 @@ BLANK_MAGIC = 0x484D4242  # "HMBB"
 _HEADER = struct.Struct(">IIIiiqqiqqiqI")
 HEADER_SIZE = _HEADER.size  # 72: everything up to and including body_length
 BLANK_SIZE = 8  # total_size + magic: the smallest filler that can be framed
+MIN_RECORD_SIZE = HEADER_SIZE + 5  # header, then topic, host and properties lengths (1+1+1+2)
 CRC_START = 12
 
 _QUEUE_OFFSET_AT = 20
@@ -203,7 +204,7 @@ def frame_at(buf: bytes | bytearray | memoryview, position: int, limit: int) -> 
         return total, magic
     if magic != MESSAGE_MAGIC:
         raise RecordError("bad_magic", position, f"magic {magic:#010x}")
-    if total < HEADER_SIZE + 7:
+    if total < MIN_RECORD_SIZE:
         raise RecordError("bad_length", position, f"record of {total} bytes is too short")
     if position + total > limit:
         raise RecordError("truncated", position, f"record of {total} bytes runs past {limit}")
@@ -250,7 +251,7 @@ def decode(
     except struct.error:
         total = magic = 0
     end = position + total
-    if magic != MESSAGE_MAGIC or total < HEADER_SIZE + 7 or end > limit:
+    if magic != MESSAGE_MAGIC or total < MIN_RECORD_SIZE or end > limit:
         _raise_frame_error(buf, position, limit, base_offset)
     if type(buf) is not bytes:
         buf = bytes(buf[position:end])

@@ -137,8 +137,8 @@ def scan(
             position = segment.end
             continue
         total, magic = _FRAME.unpack_from(segment.mm, relative)
-        if magic == record.BLANK_MAGIC and total == left:
-            position = segment.end
+        if magic == record.BLANK_MAGIC and record.BLANK_SIZE <= total <= left:
+            position += total
             continue
         if segment.is_record_at(relative):
             position += total
@@ -156,6 +156,8 @@ def scan(
                 f"before the next valid record); restore the data directory from a replica, "
                 "or open it with recovery='lenient' to drop the damaged bytes"
             )
+        # Blank the damage so reads through stale consume-queue entries find no record there.
+        commitlog.blank_out(position, found)
         position = found
 
 
