@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import inspect
 import logging
 import signal
 import sys
@@ -71,36 +70,38 @@ def _format_address(host: str, port: int) -> str:
 
 
 async def _start_admin(broker: Any, store: Any, config: Any) -> tuple[Any, str | None]:
-    """Start the admin API when ``halfmoon.server.admin`` exists; its handle and bound address."""
+    """Serve ``halfmoon.server.admin.create_admin_app(...)`` (an aiohttp application) on
+    ``config.server.admin_listen``; the runner (for shutdown) and the bound address."""
     try:
         admin = importlib.import_module("halfmoon.server.admin")
     except ModuleNotFoundError as exc:
-        if exc.name != "halfmoon.server.admin":
+        if exc.name not in ("halfmoon.server.admin", "aiohttp"):
             raise
-        log.warning("event=admin_unavailable reason=module_missing")
+        log.warning("event=admin_unavailable reason=%s", exc)
         return None, None
-    handle = admin.create_admin_app(broker, store, config)
-    start = getattr(handle, "start", None)
-    if start is not None:
-        started = start()
-        if inspect.isawaitable(started):
-            await started
-    address = getattr(handle, "address", None)
-    if callable(address):
-        address = address()
-    return handle, (address if isinstance(address, str) else config.server.admin_listen)
+    from aiohttp import web
+
+    host, port = parse_host_port(config.server.admin_listen, what="admin listen address")
+    app = admin.create_admin_app(broker, store, config)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound = port  # the real port when 0 was asked for
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            bound = address[1]
+            break
+    return runner, _format_address(host, bound)
 
 
-async def _stop_admin(handle: Any) -> None:
-    if handle is None:
-        return
-    for name in ("stop", "close", "shutdown"):
-        method = getattr(handle, name, None)
-        if method is not None:
-            result = method()
-            if inspect.isawaitable(result):
-                await result
-            return
+async def _stop_admin(runner: Any) -> None:
+    if runner is not None:
+        await runner.cleanup()
 
 
 def _open_store_and_broker(config: Any) -> tuple[Any, Any]:

@@ -118,6 +118,17 @@ def _decode_body(msg: pb.Message) -> bytes:
     raise RequestError(f"unknown body encoding {encoding}; use IDENTITY or GZIP")
 
 
+# Timestamp seconds beyond this (the year 5138) can only be milliseconds put in the
+# seconds field, which the official Python client does when its docs are followed.
+_SECONDS_THAT_ARE_MILLIS = 10**11
+
+
+def _delivery_ms(ts: timestamp_pb2.Timestamp) -> int:
+    if ts.seconds > _SECONDS_THAT_ARE_MILLIS and ts.nanos == 0:
+        return ts.seconds
+    return timestamp_ms(ts)
+
+
 def outgoing_message(msg: pb.Message, peer_host: str = "") -> OutgoingMessage:
     """The broker's OutgoingMessage for one wire message (digest checked, body decoded)."""
     if not msg.topic.name:
@@ -134,7 +145,7 @@ def outgoing_message(msg: pb.Message, peer_host: str = "") -> OutgoingMessage:
         properties=dict(msg.user_properties),
         message_type=_message_type(msg),
         message_group=sp.message_group if sp.HasField("message_group") and sp.message_group else None,
-        delivery_timestamp=timestamp_ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None,
+        delivery_timestamp=_delivery_ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None,
         born_timestamp=timestamp_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else 0,
         born_host=sp.born_host or peer_host,
         queue_id=None,

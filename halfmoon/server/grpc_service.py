@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import grpc
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
+from halfmoon.errors import HalfmoonError
 from halfmoon.server import client_settings, convert
 from halfmoon.server.config import ServerConfig
 from halfmoon.server.errors import Code, RequestError, Unsupported, ok, status, status_for
@@ -138,7 +139,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     id=route.queue_id,
                     permission=_PERMISSION.get(route.perm, pb.Permission.NONE),
                     broker=broker,
-                    accept_message_types=sorted({t for mt in route.message_types for t in convert.accepted_wire_types(mt)}),
+                    accept_message_types=sorted({convert.wire_type(t) for t in route.accepted_types}),
                 )
             )
         return svc.QueryRouteResponse(status=ok(), message_queues=queues)
@@ -160,7 +161,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             permission=pb.Permission.READ_WRITE,
             broker=self._broker_pb(request.endpoints if request.HasField("endpoints") else None),
         )
-        return svc.QueryAssignmentResponse(status=ok(), assignments=[svc.Assignment(message_queue=queue)])
+        return svc.QueryAssignmentResponse(status=ok(), assignments=[pb.Assignment(message_queue=queue)])
 
     # -- clients -----------------------------------------------------------------
 
@@ -225,6 +226,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 group_name = _name(settings.subscription.group, "subscription.group")
                 group = await self._call(self.broker.get_group, group_name)
                 client_settings.validate_subscriptions(settings)
+                await self._call(self._subscribe, group_name, settings.subscription)
                 answer = client_settings.consumer_settings(settings, group, self.config)
             else:
                 answer = pb.Settings()
@@ -232,6 +234,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return svc.TelemetryCommand(status=ok(), settings=answer)
         except Exception as exc:  # noqa: BLE001
             return svc.TelemetryCommand(status=status_for(exc, "Telemetry"))
+
+    def _subscribe(self, group: str, subscription: pb.Subscription) -> None:
+        """Fix where a new group starts in each subscribed topic: when its consumer appears."""
+        for entry in subscription.subscriptions:
+            if not entry.topic.name:
+                continue
+            try:
+                self.broker.subscribe(group, entry.topic.name)
+            except HalfmoonError as exc:
+                # An unknown topic is reported by the receive that names it; the client
+                # still needs its settings answer to start.
+                log.info("event=subscribe_skipped group=%s topic=%s code=%s", group, entry.topic.name, exc.code)
 
     # -- produce -------------------------------------------------------------------
 
@@ -479,7 +493,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         raise Unsupported("lite topics are not supported by halfmoon")
 
 
-_WAITABLE = {"NO_MESSAGE", "NO_NEW_MESSAGE", "NO_MATCHED_MESSAGE", "OFFSET_OVERFLOW_ONE", "FOUND"}
+# Only "nothing at this offset yet" is worth waiting for; filtered-out entries and bad
+# offsets are answered at once so the client moves to next_offset.
+_WAITABLE = {"NO_MESSAGE", "FOUND"}
 
 
 def _status_name(result: Any) -> str:

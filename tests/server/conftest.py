@@ -1,0 +1,179 @@
+"""A real ``halfmoon serve`` process for the server tests, and helpers around it.
+
+The server runs as a subprocess (``python -m halfmoon serve``) on free
+loopback ports and its own data directory; the fixture waits for the ready
+line with a deadline. Modules share one server (the official client has
+startup costs); tests that restart or kill it start their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+READY_TIMEOUT = 30.0
+
+# Small segments keep each test server's disk footprint (and preallocation) modest.
+DEFAULT_SETTINGS = ("store.segment_size=16MiB", "store.flush=async")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """One ``halfmoon serve`` subprocess; ``grpc`` is HOST:PORT for the clients."""
+
+    def __init__(self, data_dir: Path, *, grpc_port: int | None = None, admin_port: int | None = None, settings: tuple[str, ...] = ()) -> None:
+        self.data_dir = data_dir
+        self.grpc_port = grpc_port or free_port()
+        self.admin_port = admin_port or free_port()
+        self.settings = DEFAULT_SETTINGS + tuple(settings)
+        self.lines: list[str] = []
+        self.proc: subprocess.Popen[str] | None = None
+        self._ready = threading.Event()
+
+    @property
+    def grpc(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def admin(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def start(self, timeout: float = READY_TIMEOUT) -> ServerProcess:
+        self._ready.clear()
+        cmd = [
+            sys.executable, "-m", "halfmoon", "serve",
+            "--data-dir", str(self.data_dir),
+            "--listen", self.grpc,
+            "--admin-listen", f"127.0.0.1:{self.admin_port}",
+        ]  # fmt: skip
+        for setting in self.settings:
+            cmd += ["--set", setting]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while not self._ready.wait(0.05):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"halfmoon serve exited with {self.proc.returncode}:\n" + self.log_tail())
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"halfmoon serve not ready within {timeout}s:\n" + self.log_tail())
+        return self
+
+    def _pump(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if "halfmoon ready" in line:
+                self._ready.set()
+
+    def log_tail(self, n: int = 60) -> str:
+        return "\n".join(self.lines[-n:])
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM and wait for a clean exit; the exit status."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"halfmoon serve did not stop within {timeout}s after SIGTERM:\n{self.log_tail()}") from None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    # -- admin helpers --------------------------------------------------------
+
+    def admin_call(self, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.admin + path, data=data, method=method, headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                raw = response.read()
+                return response.status, (json.loads(raw) if raw else None)
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            with contextlib.suppress(ValueError):
+                return exc.code, json.loads(raw)
+            return exc.code, raw.decode(errors="replace")
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "halfmoon", *args, "--admin", self.admin],
+            cwd=ROOT, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+
+    def create_topic(self, name: str, message_type: str = "normal", queues: int = 4) -> None:
+        code, body = self.admin_call("POST", "/v1/topics", {"name": name, "message_type": message_type, "queue_count": queues, "perm": "rw"})
+        assert code in (200, 201), (code, body)
+
+    def create_group(self, name: str, **fields: object) -> dict:
+        """Create a consumer group (consume_from defaults to earliest: tests send first)."""
+        body = {"name": name, "consume_from": "earliest", **fields}
+        code, answer = self.admin_call("POST", "/v1/groups", body)
+        assert code in (200, 201), (code, answer)
+        return answer  # type: ignore[return-value]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server for the whole test module."""
+    proc = ServerProcess(tmp_path_factory.mktemp("halfmoon-data")).start()
+    try:
+        yield proc
+    finally:
+        if proc.alive():
+            proc.stop()
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+    """Start servers of one's own (restarts, kills); all stopped at the end."""
+    started: list[ServerProcess] = []
+
+    def make(**kwargs: object) -> ServerProcess:
+        proc = ServerProcess(kwargs.pop("data_dir", tmp_path / "data"), **kwargs)  # type: ignore[arg-type]
+        started.append(proc)
+        return proc
+
+    yield make
+    for proc in started:
+        proc.kill()
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> object:
+    """Poll ``predicate`` until it returns something truthy; fail with ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)

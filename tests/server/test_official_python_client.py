@@ -1,0 +1,254 @@
+"""The official RocketMQ 5 Python client (rocketmq-python-client), unchanged, against halfmoon.
+
+One ``halfmoon serve`` process serves the whole module; each test uses its
+own topic and group names.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import pytest
+from rocketmq import (
+    ClientConfiguration,
+    ConsumeResult,
+    Credentials,
+    FilterExpression,
+    Message,
+    MessageListener,
+    Producer,
+    PushConsumer,
+    SimpleConsumer,
+)
+from rocketmq.v5.exception import BadRequestException
+
+from tests.server.conftest import ServerProcess, wait_until
+
+pytestmark = pytest.mark.slow
+
+_names = itertools.count()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
+
+
+def config(server: ServerProcess) -> ClientConfiguration:
+    return ClientConfiguration(server.grpc, Credentials(), request_timeout=5)
+
+
+def message(topic: str, body: str, **fields: object) -> Message:
+    msg = Message()
+    msg.topic = topic
+    msg.body = body.encode()
+    for name, value in fields.items():
+        if name == "properties":
+            for k, v in value.items():  # type: ignore[attr-defined]
+                msg.add_property(k, v)
+        else:
+            setattr(msg, name, value)
+    return msg
+
+
+def receive_all(consumer: SimpleConsumer, count: int, timeout: float, invisible: int = 15, ack: bool = True) -> list[Message]:
+    """Receive until ``count`` messages arrived (acking each unless told not to)."""
+    got: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        for msg in consumer.receive(32, invisible):
+            got.append(msg)
+            if ack:
+                consumer.ack(msg)
+    return got
+
+
+@pytest.fixture(scope="module")
+def producer(server: ServerProcess):
+    p = Producer(config(server))
+    p.startup()
+    yield p
+    p.shutdown()
+
+
+def simple_consumer(server: ServerProcess, group: str, topic: str, expression: FilterExpression | None = None, await_duration: int = 2) -> SimpleConsumer:
+    consumer = SimpleConsumer(config(server), group, {topic: expression or FilterExpression()}, await_duration=await_duration)
+    consumer.startup()
+    return consumer
+
+
+def test_sync_and_async_send_then_simple_consumer_receives_acks_and_is_done(server: ServerProcess, producer: Producer) -> None:
+    topic, group = unique("normal"), unique("g")
+    server.create_topic(topic, "normal", queues=4)
+    server.create_group(group)
+    sent = {}
+    for i in range(5):
+        receipt = producer.send(message(topic, f"sync-{i}", tag="TagA", keys=f"key-{i}", properties={"n": str(i)}))
+        sent[receipt.message_id] = f"sync-{i}"
+    futures = [producer.send_async(message(topic, f"async-{i}")) for i in range(5)]
+    for i, future in enumerate(futures):
+        sent[future.result(timeout=10).message_id] = f"async-{i}"
+    assert len(sent) == 10
+
+    consumer = simple_consumer(server, group, topic)
+    try:
+        got = receive_all(consumer, 10, timeout=15)
+        assert {m.message_id: m.body.decode() for m in got} == sent
+        first = next(m for m in got if m.body == b"sync-0")
+        assert first.tag == "TagA" and first.keys == {"key-0"} and first.properties == {"n": "0"}
+        assert all(m.delivery_attempt == 1 and m.topic == topic for m in got)
+        # Everything was acknowledged: nothing comes back.
+        assert consumer.receive(32, 15) == []
+    finally:
+        consumer.shutdown()
+
+
+def test_tag_filter_delivers_only_matching_messages(server: ServerProcess, producer: Producer) -> None:
+    topic, group = unique("tags"), unique("g")
+    server.create_topic(topic, "normal", queues=2)
+    server.create_group(group)
+    for i in range(6):
+        producer.send(message(topic, f"m{i}", tag="A" if i % 2 == 0 else "B"))
+    consumer = simple_consumer(server, group, topic, FilterExpression("A"))
+    try:
+        got = receive_all(consumer, 3, timeout=10)
+        assert sorted(m.body for m in got) == [b"m0", b"m2", b"m4"]
+        assert consumer.receive(32, 15) == []
+    finally:
+        consumer.shutdown()
+
+
+def test_fifo_keeps_order_within_each_message_group(server: ServerProcess, producer: Producer) -> None:
+    topic, group = unique("fifo"), unique("gfifo")
+    server.create_topic(topic, "fifo", queues=4)
+    server.create_group(group, fifo=True)
+    expected: dict[str, list[str]] = {g: [] for g in ("order-1", "order-2", "order-3")}
+    for i in range(6):
+        for g in expected:
+            body = f"{g}:{i}"
+            producer.send(message(topic, body, message_group=g))
+            expected[g].append(body)
+
+    consumer = simple_consumer(server, group, topic)
+    try:
+        got = receive_all(consumer, 18, timeout=20)
+        seen: dict[str, list[str]] = {g: [] for g in expected}
+        for m in got:
+            assert m.message_group in expected
+            seen[m.message_group].append(m.body.decode())
+        assert seen == expected
+    finally:
+        consumer.shutdown()
+
+
+def test_delay_message_arrives_at_its_time_not_before(server: ServerProcess, producer: Producer) -> None:
+    topic, group = unique("delay"), unique("g")
+    server.create_topic(topic, "delay", queues=2)
+    server.create_group(group)
+    consumer = simple_consumer(server, group, topic, await_duration=5)
+    try:
+        # The Python client sends whole seconds.
+        deliver_at_s = int(time.time()) + 3
+        producer.send(message(topic, "later", delivery_timestamp=deliver_at_s))
+        got = receive_all(consumer, 1, timeout=15)
+        received_ms = time.time() * 1000
+        assert [m.body for m in got] == [b"later"]
+        assert received_ms >= deliver_at_s * 1000 - 50, "delivered before its time"
+        assert received_ms <= deliver_at_s * 1000 + 1500, "delivered more than 1.5 s late"
+        assert got[0].delivery_timestamp == deliver_at_s * 1000
+    finally:
+        consumer.shutdown()
+
+
+def test_change_invisible_duration_redelivers_sooner_and_kills_the_old_handle(server: ServerProcess, producer: Producer) -> None:
+    topic, group = unique("invis"), unique("g")
+    server.create_topic(topic, "normal", queues=1)
+    server.create_group(group)
+    producer.send(message(topic, "again"))
+    consumer = simple_consumer(server, group, topic)
+    try:
+        [first] = receive_all(consumer, 1, timeout=10, invisible=30, ack=False)
+        old_handle = first.receipt_handle
+        changed_at = time.monotonic()
+        consumer.change_invisible_duration(first, 1)
+        assert first.receipt_handle != old_handle
+        [second] = receive_all(consumer, 1, timeout=10, invisible=30, ack=False)
+        assert time.monotonic() - changed_at >= 0.9
+        assert second.message_id == first.message_id and second.delivery_attempt == 2
+        stale = message(topic, "x")
+        stale.receipt_handle = old_handle
+        stale.message_id = first.message_id
+        stale.endpoints = second.endpoints
+        with pytest.raises(BadRequestException):
+            consumer.ack(stale)
+        consumer.ack(second)
+        assert consumer.receive(32, 15) == []
+    finally:
+        consumer.shutdown()
+
+
+class RecordingListener(MessageListener):
+    def __init__(self, result: ConsumeResult) -> None:
+        self.result = result
+        self.deliveries: list[tuple[str, int, float]] = []
+        self.lock = threading.Lock()
+
+    def consume(self, message: Message) -> ConsumeResult:
+        with self.lock:
+            self.deliveries.append((message.body.decode(), message.delivery_attempt, time.monotonic()))
+        return self.result
+
+
+def test_push_consumer_consumes_and_acks(server: ServerProcess, producer: Producer) -> None:
+    topic, group = unique("push"), unique("gpush")
+    server.create_topic(topic, "normal", queues=2)
+    server.create_group(group)
+    listener = RecordingListener(ConsumeResult.SUCCESS)
+    consumer = PushConsumer(config(server), group, listener, {topic: FilterExpression()})
+    consumer.startup()
+    try:
+        bodies = {f"p{i}" for i in range(8)}
+        for body in sorted(bodies):
+            producer.send(message(topic, body))
+        wait_until(lambda: {d[0] for d in listener.deliveries} >= bodies, 20, "push deliveries")
+
+        def settled() -> bool:
+            _, progress = server.admin_call("GET", f"/v1/groups/{group}/progress")
+            queues = progress["queues"]  # type: ignore[index]
+            return sum(q["lag"] for q in queues) == 0 and sum(q["inflight"] for q in queues) == 0
+
+        wait_until(settled, 10, "every push delivery acknowledged")
+        assert sorted(d[0] for d in listener.deliveries) == sorted(bodies)
+    finally:
+        consumer.shutdown()
+
+
+def test_push_consumer_failure_is_retried_then_dead_lettered(server: ServerProcess, producer: Producer) -> None:
+    topic, group = unique("retry"), unique("gretry")
+    server.create_topic(topic, "normal", queues=1)
+    server.create_group(group, max_delivery_attempts=2, retry_policy={"kind": "customized", "levels_ms": [1000]})
+    listener = RecordingListener(ConsumeResult.FAILURE)
+    consumer = PushConsumer(config(server), group, listener, {topic: FilterExpression()})
+    consumer.startup()
+    dlq_reader = None
+    try:
+        receipt = producer.send(message(topic, "poison", properties={"why": "always fails"}))
+        wait_until(lambda: len(listener.deliveries) >= 2, 20, "a retry of the failed message")
+        attempts = [d[1] for d in listener.deliveries]
+        assert attempts[:2] == [1, 2]
+        assert listener.deliveries[1][2] - listener.deliveries[0][2] >= 0.9, "retried before its backoff"
+
+        dead_letter_topic = f"%DLQ%{group}"
+        wait_until(lambda: server.admin_call("GET", f"/v1/topics/{dead_letter_topic}")[0] == 200, 15, "the dead-letter topic")
+        reader_group = unique("gdlq")
+        server.create_group(reader_group)
+        dlq_reader = simple_consumer(server, reader_group, dead_letter_topic)
+        [dead] = receive_all(dlq_reader, 1, timeout=15)
+        assert dead.message_id == receipt.message_id
+        assert dead.body == b"poison" and dead.properties.get("why") == "always fails"
+        assert len(listener.deliveries) == 2, "delivered again after max attempts"
+    finally:
+        consumer.shutdown()
+        if dlq_reader is not None:
+            dlq_reader.shutdown()
