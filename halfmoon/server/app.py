@@ -47,11 +47,11 @@ class TickThread(threading.Thread):
         super().__init__(name="halfmoon-tick", daemon=True)
         self._broker = broker
         self._interval = interval
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
 
     def run(self) -> None:
         failures = 0
-        while not self._stop.wait(self._interval):
+        while not self._stopping.wait(self._interval):
             try:
                 self._broker.tick()
                 failures = 0
@@ -61,7 +61,7 @@ class TickThread(threading.Thread):
                     log.exception("event=tick_failed failures=%d", failures)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
         self.join(timeout=10)
 
 
@@ -169,16 +169,19 @@ async def serve(config: Any, *, stop: asyncio.Event | None = None) -> None:
         janitor.cancel()
         log.info("event=shutdown_begin grace_s=%s", server_config.shutdown_grace)
     finally:
-        await _shutdown(server, server_config, notifier, registry, force, admin)
-        if tick.is_alive():
-            tick.stop()
-        executor.shutdown(wait=True, cancel_futures=False)
+        # Each step runs even if an earlier one failed: the store must get closed.
         try:
-            broker.close()
+            await _shutdown(server, server_config, notifier, registry, force, admin)
         finally:
-            store.close()
-        _remove_signal_handlers(loop)
-        log.info("event=stopped")
+            try:
+                if tick.is_alive():
+                    tick.stop()
+                executor.shutdown(wait=True, cancel_futures=False)
+                broker.close()
+            finally:
+                store.close()
+                _remove_signal_handlers(loop)
+                log.info("event=stopped")
 
 
 async def _shutdown(server: grpc.aio.Server, config: ServerConfig, notifier: ArrivalNotifier, registry: ClientRegistry, force: asyncio.Event, admin: Any) -> None:
