@@ -85,7 +85,8 @@ def describe_group(args: argparse.Namespace) -> None:
         if not progress:
             return head + "\n\nno progress yet (the group has consumed nothing)"
         total = sum(int(q.get("lag") or 0) for q in progress)
-        table = render_table(progress, columns_for(progress, PROGRESS_COLUMNS))
+        rows = [{k: v for k, v in q.items() if k != "group"} for q in progress]
+        table = render_table(rows, columns_for(rows, PROGRESS_COLUMNS))
         return f"{head}\n\n{table}\n\ntotal lag: {total}"
 
     emit(args, data, human)

@@ -17,6 +17,8 @@ TOPIC_COLUMNS = [
     ("message_type", "TYPE"),
     ("queue_count", "QUEUES"),
     ("perm", "PERM"),
+    ("read_queue_count", "READ QUEUES"),
+    ("created_ms", "CREATED"),
 ]
 QUEUE_COLUMNS = [
     ("queue_id", "QUEUE"),
@@ -85,7 +87,7 @@ def describe_topic(args: argparse.Namespace) -> None:
     data = {**topic, "queues": queues}
 
     def human() -> str:
-        head = render_record({k: v for k, v in topic.items() if not isinstance(v, dict | list)})
+        head = render_record(topic)
         rows = [
             {
                 **{k: v for k, v in q.items() if k not in HIDDEN_QUEUE_KEYS},
