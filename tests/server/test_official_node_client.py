@@ -439,3 +439,58 @@ def test_sending_to_an_unknown_topic_fails_with_not_found(server: Any, scripts: 
     # apache.rocketmq.v2.Code.TOPIC_NOT_FOUND = 40402
     assert "NotFound" in errors[0]["error"] and "40402" in errors[0]["error"], errors[0]
     assert run.returncode == 1
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_a_restart_keeps_what_was_acknowledged(server_factory: Any, scripts: Any, how: str) -> None:
+    """Sends acknowledged before a restart are delivered after it; acks survive a clean stop.
+
+    After SIGKILL the consumer group may see an acknowledged message again (at least
+    once), but it must not lose one.
+    """
+    srv = server_factory().start()
+    topic, group = "node-restart", "node-restart-group"
+    _create_topic(srv, topic, "normal", 2)
+    _create_group(srv, group)
+    consume = {"endpoints": srv.grpc, "topic": topic, "group": group, "deadlineMs": 15000}
+
+    before = [{"body": f"before-{i}", "tag": "r"} for i in range(10)]
+    consumer = scripts("simple_consume.js", {**consume, "expect": len(before)})
+    sent_before = _check_sent(
+        scripts("produce.js", {"endpoints": srv.grpc, "topic": topic, "messages": before}).finish(),
+        len(before),
+        srv,
+    )
+    first = consumer.finish()
+    assert first.returncode == 0, _fail("first consumer", first, server=srv)
+    assert {r["messageId"] for r in first.events("received")} == set(sent_before)
+
+    after = [{"body": f"after-{i}", "tag": "r"} for i in range(10)]
+    sent_after = _check_sent(
+        scripts("produce.js", {"endpoints": srv.grpc, "topic": topic, "messages": after}).finish(),
+        len(after),
+        srv,
+    )
+    if how == "sigterm":
+        assert srv.stop() == 0, srv.log_tail()
+    else:
+        srv.kill()
+    srv.start()
+
+    second = scripts(
+        "simple_consume.js", {**consume, "expect": len(after), "lingerMs": 1500}
+    ).finish()
+    assert second.returncode == 0, _fail(f"nothing came back after {how}", second, server=srv)
+    received = second.events("received")
+    ids = {r["messageId"] for r in received}
+    assert set(sent_after) <= ids, _fail(f"lost after {how}: {set(sent_after) - ids}", second)
+    for record in received:
+        if record["messageId"] in sent_after:
+            expected = after[sent_after[record["messageId"]]]
+            assert base64.b64decode(record["bodyBase64"]) == _body(expected), record
+    redelivered = ids & set(sent_before)
+    assert ids <= set(sent_after) | set(sent_before), received
+    if how == "sigterm":
+        assert not redelivered, _fail(
+            f"acknowledged before the stop, delivered again: {redelivered}", second
+        )
