@@ -75,6 +75,8 @@ class _Metric:
     def family(self) -> MetricFamily:
         with self._lock:
             items = sorted(self._values.items())
+        if not items and not self.labelnames:
+            items = [((), 0.0)]  # an unlabelled metric exists from the start, at zero
         return MetricFamily(
             self.name,
             self.kind,
@@ -162,14 +164,15 @@ class MetricsRegistry:
         with self._lock:
             metrics = list(self._metrics.values())
             collectors = list(self._collectors)
-        out = [m.family() for m in metrics]
+        collected: list[MetricFamily] = []
         for collector in collectors:
             try:
-                out.extend(collector())
+                collected.extend(collector())
             except Exception:  # a broken source must not hide every other metric
                 log.exception("metrics collector %r failed", collector)
                 self.collector_errors.inc()
-        return out
+        # Owned metrics last in time, first in the text: this scrape's errors count.
+        return [m.family() for m in metrics] + collected
 
     def render(self) -> str:
         return render_families(self.families())
