@@ -311,47 +311,59 @@ class MessageStore:
         if offset >= max_offset:
             status = GetStatus.NO_MESSAGE if offset == max_offset else GetStatus.OFFSET_OVERFLOW
             return GetResult(status, [], max_offset, min_offset, max_offset)
-        scan = min(max_offset - offset, max(max_messages, self.config.max_scan_entries))
-        entries = self._queues.entries(topic, queue_id, offset, scan)
-        if entries and entries[0].queue_offset > offset:  # trimmed since min_offset was read
-            first = entries[0].queue_offset
-            return GetResult(GetStatus.OFFSET_TOO_SMALL, [], first, first, max_offset)
+        budget = min(max_offset - offset, max(max_messages, self.config.max_scan_entries))
         read = self._commitlog.read
         decode = record.decode
         verify = self.config.verify_crc_on_read
         messages: list[StoredMessage] = []
         total = 0
         next_offset = offset
-        for entry in entries:
-            if tag_hashes is not None and entry.tag_hash not in tag_hashes:
+        examined = 0
+        full = False
+        while not full and examined < budget:
+            # Fetch only what is likely needed: a filter-free read needs max_messages entries.
+            want = min(budget - examined, max(max_messages - len(messages), 16))
+            entries = self._queues.entries(topic, queue_id, next_offset, want)
+            if not entries:
+                break
+            if entries[0].queue_offset > next_offset:  # trimmed since min_offset was read
+                if not examined:
+                    first = entries[0].queue_offset
+                    return GetResult(GetStatus.OFFSET_TOO_SMALL, [], first, first, max_offset)
+                break
+            examined += len(entries)
+            for entry in entries:
+                if tag_hashes is not None and entry.tag_hash not in tag_hashes:
+                    next_offset = entry.queue_offset + 1
+                    continue
+                if messages and total + entry.size > max_bytes:
+                    full = True
+                    break
                 next_offset = entry.queue_offset + 1
-                continue
-            if messages and total + entry.size > max_bytes:
-                break
-            next_offset = entry.queue_offset + 1
-            try:
-                message = decode(read(entry.commit_log_offset, entry.size), verify=verify)
-            except (OffsetGone, record.RecordError) as exc:
-                log.warning(
-                    "event=unreadable_entry topic=%s queue_id=%d queue_offset=%d error=%r",
-                    topic, queue_id, entry.queue_offset, str(exc),
-                )  # fmt: skip
-                continue
-            if message.queue_offset != entry.queue_offset or message.topic != topic:
-                log.warning(
-                    "event=entry_mismatch topic=%s queue_id=%d queue_offset=%d",
-                    topic, queue_id, entry.queue_offset,
-                )  # fmt: skip
-                continue
-            if predicate is not None and not predicate(message):
-                continue
-            messages.append(message)
-            total += entry.size
-            if len(messages) >= max_messages:
-                break
+                try:
+                    message = decode(read(entry.commit_log_offset, entry.size), verify=verify)
+                except (OffsetGone, record.RecordError) as exc:
+                    log.warning(
+                        "event=unreadable_entry topic=%s queue_id=%d queue_offset=%d error=%r",
+                        topic, queue_id, entry.queue_offset, str(exc),
+                    )  # fmt: skip
+                    continue
+                if message.queue_offset != entry.queue_offset or message.topic != topic:
+                    log.warning(
+                        "event=entry_mismatch topic=%s queue_id=%d queue_offset=%d",
+                        topic, queue_id, entry.queue_offset,
+                    )  # fmt: skip
+                    continue
+                if predicate is not None and not predicate(message):
+                    continue
+                messages.append(message)
+                total += entry.size
+                if len(messages) >= max_messages:
+                    full = True
+                    break
         if messages:
             status = GetStatus.FOUND
-        elif entries:
+        elif examined:
             status = GetStatus.NO_MATCHED_MESSAGE
         else:
             status = GetStatus.NO_MESSAGE
