@@ -156,16 +156,18 @@ def raw_sync_per_writer(path: Path, record: bytes, threads: int, seconds: float)
 
 
 class _GroupCommitFile:
-    """The minimal group commit: writers queue, one flusher writes and fdatasyncs."""
+    """The minimal group commit: writers queue, one flusher writes and fdatasyncs.
+
+    Writers queued for the same flush share one Event, so a flush wakes
+    exactly the writers it covered, with one call.
+    """
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
-        self._done = threading.Condition(self._lock)
         self._pending: list[bytes] = []
-        self._queued = 0  # records handed in so far
-        self._durable = 0  # records fdatasynced so far
+        self._batch_done = threading.Event()  # set when the pending batch is durable
         self._closed = False
         self._flusher = threading.Thread(target=self._flush_loop, daemon=True)
         self._flusher.start()
@@ -173,11 +175,10 @@ class _GroupCommitFile:
     def append_and_wait(self, record: bytes) -> None:
         with self._lock:
             self._pending.append(record)
-            self._queued += 1
-            mine = self._queued
-            self._work.notify()
-            while self._durable < mine:
-                self._done.wait()
+            done = self._batch_done
+            if len(self._pending) == 1:
+                self._work.notify()
+        done.wait()
 
     def close(self) -> None:
         with self._lock:
@@ -193,12 +194,10 @@ class _GroupCommitFile:
                 if not self._pending:
                     return
                 batch, self._pending = self._pending, []
-                upto = self._queued
+                done, self._batch_done = self._batch_done, threading.Event()
             os.write(self._fd, b"".join(batch))
             os.fdatasync(self._fd)
-            with self._lock:
-                self._durable = upto
-                self._done.notify_all()
+            done.set()
 
 
 def raw_group_commit(path: Path, record: bytes, threads: int, seconds: float) -> Measurement:

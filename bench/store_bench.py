@@ -37,11 +37,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from bench import peers
 from bench.report import HALFMOON, Measurement, Report, Row, Target, print_report
 from halfmoon.store import record
+from halfmoon.store.config import StoreConfig
 from halfmoon.store.message import PROPERTY_TAGS, PROPERTY_UNIQUE_ID, Message
+from halfmoon.store.store import MessageStore
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOPIC = "BenchTopic"
@@ -77,12 +80,8 @@ def size_label(size: int) -> str:
 # -- the store under test -------------------------------------------------------
 
 
-def open_store(data_dir: Path, flush: str):  # -> MessageStore (imported lazily)
-    """Open halfmoon's store on ``data_dir`` with the given flush policy."""
-    from halfmoon.store.store import MessageStore
-
-    from halfmoon.store.config import StoreConfig
-
+def open_store(data_dir: Path, flush: Literal["sync", "async"]) -> MessageStore:
+    """Open halfmoon's store on ``data_dir`` with the given flush policy (defaults otherwise)."""
     return MessageStore(StoreConfig(data_dir=data_dir, flush=flush))
 
 
@@ -177,6 +176,9 @@ class Runner:
             yield path
         finally:
             shutil.rmtree(path, ignore_errors=True)
+            # Start the next measurement with no dirty pages or pending
+            # deletes (the disk is mounted with discard) left by this one.
+            os.sync()
 
     def measure(self, label: str, run: Callable[[Path], Measurement]) -> Measurement:
         results = []
