@@ -15,13 +15,12 @@ import sys
 from halfmoon.cli.admin_client import CliError
 from halfmoon.cli.parser import UsageError, add_command
 
-# flag destination → candidate configuration keys (the first one the
-# configuration has wins; candidates keep the flags stable if a key moves).
-FLAG_KEYS: dict[str, tuple[str, ...]] = {
-    "data_dir": ("server.data_dir", "store.data_dir", "store.root_dir", "store.path"),
-    "listen": ("server.listen", "server.grpc_listen"),
-    "admin_listen": ("server.admin_listen",),
-    "flush": ("store.flush", "store.flush_policy", "store.flush_mode"),
+# Dedicated flag (argparse destination) → the configuration key it sets.
+FLAG_KEYS: dict[str, str] = {
+    "data_dir": "store.data_dir",
+    "listen": "server.listen",
+    "admin_listen": "server.admin_listen",
+    "flush": "store.flush",
 }
 
 
@@ -51,18 +50,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def build_config(args: argparse.Namespace):  # -> halfmoon.config.Config
     # Imported here so admin commands never pay for the broker's modules.
-    from halfmoon.config import ConfigError, iter_keys, load_config
+    from halfmoon.config import ConfigError, load_config
 
-    keys = {info.key for info in iter_keys()}
-    flags = {}
-    for dest, candidates in FLAG_KEYS.items():
-        value = getattr(args, dest)
-        if value is None:
-            continue
-        key = next((k for k in candidates if k in keys), None)
-        if key is None:
-            raise UsageError(f"--{dest.replace('_', '-')} has no configuration key to set in this build", "USAGE")
-        flags[key] = value
+    flags = {key: getattr(args, dest) for dest, key in FLAG_KEYS.items()}
     try:
         return load_config(file=args.config, env=os.environ, flags=flags, overrides=args.overrides)
     except ConfigError as exc:
@@ -77,9 +67,9 @@ def run_serve(args: argparse.Namespace) -> int:
         json.dump(config_to_dict(config), sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    from halfmoon.server.app import run  # noqa: I001 (after the config checks on purpose)
-
+    # Imported only now: the checks above must not pay for gRPC and the store.
     from halfmoon.errors import HalfmoonError
+    from halfmoon.server.app import run
 
     try:
         result = run(config)
