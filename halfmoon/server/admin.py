@@ -318,6 +318,14 @@ def _existing_group(broker: Any, name: str) -> Any:
     raise GroupNotFound(name)
 
 
+def _existing_topic(broker: Any, name: str) -> None:
+    # get_topic may auto-create; an admin read must not create what it looks at.
+    if not any(topic.name == name for topic in broker.list_topics()):
+        from halfmoon.broker.errors import TopicNotFound
+
+        raise TopicNotFound(name)
+
+
 async def update_group(request: web.Request) -> web.Response:
     body = await read_body(request)
     reject_unknown(body, {"retry_policy", *GROUP_FIELDS})
@@ -339,6 +347,8 @@ async def group_progress(request: web.Request) -> web.Response:
     name = request.match_info["group"]
     topic = request.query.get("topic") or None
     await call(_existing_group, broker, name)
+    if topic is not None:
+        await call(_existing_topic, broker, topic)
     queues = await call(broker.group_progress, name, topic)
     return reply({"group": name, "topic": topic, "queues": queues})
 

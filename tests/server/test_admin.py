@@ -226,6 +226,9 @@ def test_group_progress_shows_lag_and_inflight_per_queue(admin):
     assert queue["inflight"] == 2
     # Without ?topic the answer covers every topic the group consumed.
     assert admin.call("GET", "/v1/groups/g/progress")[1]["queues"] == [queue]
+    status, answer = admin.call("GET", "/v1/groups/g/progress?topic=nope")
+    assert status == 404
+    assert error_of(answer)[0] == "TOPIC_NOT_FOUND"
 
 
 # -- status, config, errors ---------------------------------------------------
