@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from rocketmq.grpc_protocol import service_pb2_grpc
 
 from halfmoon.server.config import ServerConfig, parse_host_port
 from halfmoon.server.grpc_service import MessagingServicer
+from halfmoon.server.handlers import messaging_handler
 from halfmoon.server.longpoll import ArrivalNotifier
 from halfmoon.server.telemetry import ClientRegistry
 
@@ -152,7 +152,7 @@ async def serve(config: Any, *, stop: asyncio.Event | None = None) -> None:
         servicer = MessagingServicer(
             broker, store, server_config, registry, notifier, advertised=(advertised_host, bound), executor=executor
         )
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)
+        server.add_generic_rpc_handlers((messaging_handler(servicer),))
         await server.start()
         admin, admin_address = await _start_admin(broker, store, config)
         tick.start()

@@ -136,6 +136,9 @@ def outgoing_message(msg: pb.Message, peer_host: str = "") -> OutgoingMessage:
     sp = msg.system_properties
     verify_digest(msg.body, sp.body_digest)
     body = _decode_body(msg)
+    if not body:
+        # RocketMQ 5 refuses empty bodies at the protocol edge; so does halfmoon.
+        raise RequestError("message body is empty; send at least one byte", code="MESSAGE_BODY_EMPTY")
     return OutgoingMessage(
         topic=msg.topic.name,
         body=body,

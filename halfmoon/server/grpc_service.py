@@ -202,6 +202,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def _read_telemetry(self, commands: AsyncIterator[svc.TelemetryCommand], session: Any, outbox: asyncio.Queue) -> None:
         try:
             async for command in commands:
+                if isinstance(command, str):  # a frame that did not decode (see handlers.py)
+                    outbox.put_nowait(svc.TelemetryCommand(status=status(Code.BAD_REQUEST, command)))
+                    continue
                 kind = command.WhichOneof("command")
                 if kind == "settings":
                     outbox.put_nowait(await self._settings_answer(session, command.settings))
@@ -326,9 +329,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             if request.batch_size <= 0:
                 raise RequestError(f"batch_size must be positive, got {request.batch_size}")
             batch = min(request.batch_size, self.config.max_receive_batch_size)
-            invisible_ms = (
-                convert.duration_ms(request.invisible_duration) if request.HasField("invisible_duration") else self.default_invisible_ms
-            )
+            invisible_ms = self.default_invisible_ms
+            if request.HasField("invisible_duration"):
+                # An explicit duration binds, even a zero one (which the broker rejects as
+                # too short; 0 would otherwise mean "the default" to it).
+                invisible_ms = max(convert.duration_ms(request.invisible_duration), 1)
             spec = convert.filter_spec(request.filter_expression if request.HasField("filter_expression") else None)
             budget = self._poll_budget(request.long_polling_timeout if request.HasField("long_polling_timeout") else None, context)
             client_id = _metadata(context, "x-mq-client-id")
@@ -368,7 +373,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if not request.entries:
             raise RequestError("AckMessage carries no entry; add the receipt handles to acknowledge")
 
-        def ack_all() -> list[pb.Status]:
+        def ack_all() -> tuple[list[pb.Status], bool]:
             statuses = []
             for entry in request.entries:
                 try:
@@ -378,9 +383,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     statuses.append(ok())
                 except Exception as exc:  # noqa: BLE001 - one bad handle does not fail the others
                     statuses.append(status_for(exc, "AckMessage"))
-            return statuses
+            return statuses, self._is_fifo(group)
 
-        statuses = await self._call(ack_all)
+        statuses, fifo = await self._call(ack_all)
+        if fifo:
+            # In a FIFO group an ack releases the next message of its queue.
+            self.notifier.wake(topic)
         results = [
             svc.AckMessageResultEntry(message_id=e.message_id, receipt_handle=e.receipt_handle, status=s)
             for e, s in zip(request.entries, statuses, strict=True)
@@ -394,6 +402,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             overall = status(Code.MULTIPLE_RESULTS, "some entries failed; see each entry's status")
         return svc.AckMessageResponse(status=overall, entries=results)
 
+    def _is_fifo(self, group: str) -> bool:
+        try:
+            return bool(self.broker.get_group(group).fifo)
+        except HalfmoonError:
+            return False
+
     @_unary(svc.ChangeInvisibleDurationResponse)
     async def ChangeInvisibleDuration(self, request: svc.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext) -> svc.ChangeInvisibleDurationResponse:
         group = _name(request.group, "group")
@@ -403,6 +417,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         handle = await self._call(
             self.broker.change_invisible_duration, group, topic, request.receipt_handle, convert.duration_ms(request.invisible_duration)
         )
+        # Parked polls computed their wake-up from the old invisible time: let them look again.
+        self.notifier.wake(topic)
         return svc.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
 
     @_unary(svc.ForwardMessageToDeadLetterQueueResponse)
@@ -412,6 +428,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if not request.receipt_handle:
             raise RequestError("receipt_handle is missing")
         await self._call(self.broker.forward_to_dead_letter, group, topic, request.receipt_handle)
+        self.notifier.wake(topic)  # a FIFO queue blocked behind this message moves on
         return svc.ForwardMessageToDeadLetterQueueResponse(status=ok())
 
     # -- consume by pull (offsets) ---------------------------------------------------

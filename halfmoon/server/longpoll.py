@@ -83,6 +83,10 @@ class ArrivalNotifier:
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self._wake, topic)
 
+    def wake(self, topic: str) -> None:
+        """Loop thread: make every poll of ``topic`` look again (e.g. a redelivery time moved)."""
+        self._wake(topic)
+
     def _wake(self, topic: str) -> None:
         for w in self._waiters.pop(topic, ()):
             if not w.future.done():

@@ -1,0 +1,92 @@
+"""Registering the servicer with grpc, decoding requests ourselves.
+
+grpc's generated registration decodes each request before the servicer
+runs; an undecodable one never reaches it and grpc logs a traceback per
+request (a cheap way for a hostile client to flood the log) and answers
+with a bare transport error. Here every method takes raw bytes and decodes
+them itself, so a request that does not parse gets the protocol's answer:
+the method's response with a BAD_REQUEST status naming the problem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+from rocketmq.grpc_protocol import service_pb2
+
+from halfmoon.server.errors import Code, status
+
+SERVICE = service_pb2.DESCRIPTOR.services_by_name["MessagingService"]
+
+
+def _types(method: Any) -> tuple[type[Message], type[Message]]:
+    return getattr(service_pb2, method.input_type.name), getattr(service_pb2, method.output_type.name)
+
+
+def _decode(request_type: type[Message], raw: bytes) -> Message | str:
+    """The request, or a sentence saying why it does not parse."""
+    try:
+        return request_type.FromString(raw)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        return f"request does not parse as {request_type.DESCRIPTOR.name}: {exc}"
+
+
+def _unary(handler: Callable, request_type: type[Message], response_type: type[Message]) -> Callable:
+    async def run(raw: bytes, context: grpc.aio.ServicerContext) -> Message:
+        request = _decode(request_type, raw)
+        if isinstance(request, str):
+            return response_type(status=status(Code.BAD_REQUEST, request))
+        return await handler(request, context)
+
+    return run
+
+
+def _server_stream(handler: Callable, request_type: type[Message], response_type: type[Message]) -> Callable:
+    async def run(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
+        request = _decode(request_type, raw)
+        if isinstance(request, str):
+            yield response_type(status=status(Code.BAD_REQUEST, request))
+            return
+        async for response in handler(request, context):
+            yield response
+
+    return run
+
+
+def _bidi_stream(handler: Callable, request_type: type[Message], response_type: type[Message]) -> Callable:
+    async def run(raw_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
+        async def decoded() -> AsyncIterator[Message | str]:
+            # An undecodable frame comes through as the sentence saying why: the
+            # handler answers it on the stream and carries on.
+            async for raw in raw_requests:
+                yield _decode(request_type, raw)
+
+        async for response in handler(decoded(), context):
+            yield response
+
+    return run
+
+
+def messaging_handler(servicer: Any) -> grpc.GenericRpcHandler:
+    """A generic handler serving every MessagingService method of ``servicer``."""
+    handlers = {}
+    for method in SERVICE.methods:
+        request_type, response_type = _types(method)
+        handler = getattr(servicer, method.name)
+        serialize = response_type.SerializeToString
+        if not method.client_streaming and not method.server_streaming:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                _unary(handler, request_type, response_type), response_serializer=serialize
+            )
+        elif not method.client_streaming:
+            handlers[method.name] = grpc.unary_stream_rpc_method_handler(
+                _server_stream(handler, request_type, response_type), response_serializer=serialize
+            )
+        else:
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                _bidi_stream(handler, request_type, response_type), response_serializer=serialize
+            )
+    return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
