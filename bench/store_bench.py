@@ -349,8 +349,12 @@ def _git_commit() -> str:
     return "unknown"
 
 
-def machine_info(scratch: Path) -> dict[str, str]:
+def _load_average() -> str:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+    return " ".join(f"{x:.2f}" for x in load)
+
+
+def machine_info(scratch: Path) -> dict[str, str]:
     return {
         "cpu": f"{_cpu_model()} x {os.cpu_count()}",
         "memory": _memory(),
@@ -359,7 +363,7 @@ def machine_info(scratch: Path) -> dict[str, str]:
         "sqlite": sqlite3.sqlite_version,
         "filesystem": _filesystem(scratch),
         "commit": _git_commit(),
-        "load average at start": " ".join(f"{x:.2f}" for x in load),
+        "load average at start": _load_average(),
     }
 
 
@@ -451,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     report = run(settings, parent)
     report.settings["wall seconds"] = round(time.perf_counter() - started, 1)
+    # Other work on the machine skews the numbers: show how busy it was.
+    report.machine["load average at end"] = _load_average()
     print_report(report, sys.stdout)
     if args.json:
         report.save(args.json)
