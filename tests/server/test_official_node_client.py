@@ -205,11 +205,12 @@ def _server_errors(lines: list[str]) -> list[str]:
 
 
 @pytest.fixture
-def shared_server(server: Any) -> Iterator[Any]:
+def shared_server(node: str, server: Any) -> Iterator[Any]:
     """The module's server; the test fails if the server logged an error meanwhile.
 
     The client retries some failures on its own (an internal error on receive, a
-    failed send), so a server-side exception could otherwise go unnoticed.
+    failed send), so a server-side exception could otherwise go unnoticed. (``node``
+    comes first so that a machine without Node.js skips before starting a server.)
     """
     first_line = len(server.lines)
     yield server
@@ -233,6 +234,17 @@ def _check_sent(run: ScriptRun, count: int, server: Any) -> dict[str, int]:
     by_id = {r["messageId"]: r["index"] for r in sent}
     assert len(by_id) == count, _fail("message ids are not unique", run)
     return by_id
+
+
+def _check_consumer(run: ScriptRun, what: str, server: Any) -> list[dict[str, Any]]:
+    """Every delivery of a consumer that acknowledged all it expected, without errors."""
+    assert run.returncode == 0, _fail(
+        f"{what}: not every expected message was acknowledged", run, server=server
+    )
+    # A failed receive is retried by the script; it must not happen at all.
+    errors = run.events("receive_error")
+    assert not errors, _fail(f"{what}: {len(errors)} receive calls failed", run, server=server)
+    return run.events("received")
 
 
 def _body(message: dict[str, Any]) -> bytes:
@@ -328,16 +340,11 @@ def test_normal_messages_reach_every_group_once_with_their_fields(
         assert record["corrupted"] is False, _fail(
             f"the client found the body digest wrong (MessageView.corrupted) on {record}", run
         )
-        assert record["error"] is None, _fail(
-            f"ack failed: {record}", run, server=shared_server
-        )
+        assert record["error"] is None, _fail(f"ack failed: {record}", run, server=shared_server)
 
     def check_exactly_once(name: str, wanted: set[str]) -> None:
         run = runs[name]
-        received = run.events("received")
-        assert run.returncode == 0, _fail(
-            f"consumer {name} did not get its messages", run, server=shared_server
-        )
+        received = _check_consumer(run, f"consumer {name}", shared_server)
         ids = [r["messageId"] for r in received]
         assert len(ids) == len(set(ids)), _fail(f"consumer {name} got duplicates", run)
         assert set(ids) == wanted, _fail(
@@ -353,11 +360,8 @@ def test_normal_messages_reach_every_group_once_with_their_fields(
 
     # The retry group postpones two messages once with ChangeInvisibleDuration.
     retry_run = runs["retry"]
-    assert retry_run.returncode == 0, _fail(
-        "retry consumer did not ack everything", retry_run, server=shared_server
-    )
     deliveries: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for record in retry_run.events("received"):
+    for record in _check_consumer(retry_run, "retry consumer", shared_server):
         check_fields(retry_run, record)
         deliveries[record["messageId"]].append(record)
     assert set(deliveries) == set(sent)
@@ -400,10 +404,7 @@ def test_fifo_keeps_the_order_of_each_message_group(shared_server: Any, scripts:
     assert all(len(q) == 1 for q in queues.values()), queues
 
     run = consumer.finish()
-    assert run.returncode == 0, _fail(
-        "fifo consumer did not get every message", run, server=shared_server
-    )
-    received = run.events("received")
+    received = _check_consumer(run, "fifo consumer", shared_server)
     ids = [r["messageId"] for r in received]
     assert len(ids) == len(set(ids)) == len(messages) and set(ids) == set(sent), _fail(
         "not exactly once", run
@@ -440,10 +441,7 @@ def test_delay_messages_are_not_delivered_early(shared_server: Any, scripts: Any
     due = {r["messageId"]: r["deliveryTimestampMs"] for r in produced.events("sent")}
 
     run = consumer.finish()
-    assert run.returncode == 0, _fail(
-        "delay consumer did not get every message", run, server=shared_server
-    )
-    received = run.events("received")
+    received = _check_consumer(run, "delay consumer", shared_server)
     assert sorted(r["messageId"] for r in received) == sorted(sent), _fail("not exactly once", run)
     for record in received:
         due_ms = due[record["messageId"]]
@@ -474,7 +472,7 @@ def test_sending_to_an_unknown_topic_fails_with_not_found(shared_server: Any, sc
 
 
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
-def test_a_restart_keeps_what_was_acknowledged(server_factory: Any, scripts: Any, how: str) -> None:
+def test_a_restart_keeps_what_was_acknowledged(scripts: Any, server_factory: Any, how: str) -> None:
     """Sends acknowledged before a restart are delivered after it; acks survive a clean stop.
 
     After SIGKILL the consumer group may see an acknowledged message again (at least
@@ -494,8 +492,9 @@ def test_a_restart_keeps_what_was_acknowledged(server_factory: Any, scripts: Any
         srv,
     )
     first = consumer.finish()
-    assert first.returncode == 0, _fail("first consumer", first, server=srv)
-    assert {r["messageId"] for r in first.events("received")} == set(sent_before)
+    assert {r["messageId"] for r in _check_consumer(first, "first consumer", srv)} == set(
+        sent_before
+    )
 
     after = [{"body": f"after-{i}", "tag": "r"} for i in range(10)]
     sent_after = _check_sent(
@@ -512,8 +511,7 @@ def test_a_restart_keeps_what_was_acknowledged(server_factory: Any, scripts: Any
     second = scripts(
         "simple_consume.js", {**consume, "expect": len(after), "lingerMs": 1500}
     ).finish()
-    assert second.returncode == 0, _fail(f"nothing came back after {how}", second, server=srv)
-    received = second.events("received")
+    received = _check_consumer(second, f"consumer after {how}", srv)
     ids = {r["messageId"] for r in received}
     assert set(sent_after) <= ids, _fail(f"lost after {how}: {set(sent_after) - ids}", second)
     for record in received:
