@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from halfmoon.server.config import ServerConfig, parse_host_port
 from halfmoon.server.grpc_service import MessagingServicer
 from halfmoon.server.handlers import messaging_handler
 from halfmoon.server.longpoll import ArrivalNotifier
+from halfmoon.server.metrics import MetricFamily, default_registry
 from halfmoon.server.telemetry import ClientRegistry
 
 log = logging.getLogger("halfmoon.server")
@@ -154,6 +156,8 @@ async def serve(config: Any, *, stop: asyncio.Event | None = None) -> None:
         )
         server.add_generic_rpc_handlers((messaging_handler(servicer),))
         await server.start()
+        collector = _grpc_collector(registry, notifier)
+        default_registry().add_collector(collector)
         admin, admin_address = await _start_admin(broker, store, config)
         tick.start()
         _install_signal_handlers(loop, stop, force)
@@ -167,6 +171,7 @@ async def serve(config: Any, *, stop: asyncio.Event | None = None) -> None:
         janitor = asyncio.create_task(_expire_idle_clients(registry, stop))
         await stop.wait()
         janitor.cancel()
+        default_registry().remove_collector(collector)
         log.info("event=shutdown_begin grace_s=%s", server_config.shutdown_grace)
     finally:
         # Each step runs even if an earlier one failed: the store must get closed.
@@ -182,6 +187,27 @@ async def serve(config: Any, *, stop: asyncio.Event | None = None) -> None:
                 store.close()
                 _remove_signal_handlers(loop)
                 log.info("event=stopped")
+
+
+def _grpc_collector(registry: ClientRegistry, notifier: ArrivalNotifier) -> Callable[[], list[MetricFamily]]:
+    """Scrape-time gauges of the gRPC front end (they live in the registry and notifier)."""
+
+    def collect() -> list[MetricFamily]:
+        sessions = registry.sessions()
+        clients = MetricFamily("halfmoon_grpc_clients", "gauge", "Known clients by type (heartbeat or stream in the last 5 minutes).")
+        by_type: dict[str, int] = {}
+        for session in sessions:
+            kind = session.describe()["client_type"]
+            by_type[str(kind)] = by_type.get(str(kind), 0) + 1
+        for kind, count in sorted(by_type.items()):
+            clients.add(count, client_type=kind)
+        streams = MetricFamily("halfmoon_grpc_telemetry_streams", "gauge", "Open telemetry streams (clients reachable by command).")
+        streams.add(sum(1 for s in sessions if s.has_stream))
+        parked = MetricFamily("halfmoon_grpc_long_polls", "gauge", "Receive/pull requests waiting for a message.")
+        parked.add(notifier.parked())
+        return [clients, streams, parked]
+
+    return collect
 
 
 async def _shutdown(server: grpc.aio.Server, config: ServerConfig, notifier: ArrivalNotifier, registry: ClientRegistry, force: asyncio.Event, admin: Any) -> None:

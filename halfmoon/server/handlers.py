@@ -18,8 +18,20 @@ from google.protobuf.message import DecodeError, Message
 from rocketmq.grpc_protocol import service_pb2
 
 from halfmoon.server.errors import Code, status
+from halfmoon.server.metrics import default_registry
 
 SERVICE = service_pb2.DESCRIPTOR.services_by_name["MessagingService"]
+RPCS = default_registry().counter(
+    "halfmoon_grpc_requests_total",
+    "gRPC requests answered, by method and protocol status code.",
+    ("method", "code"),
+)
+
+
+def _count(method: str, response: Message) -> None:
+    if response.HasField("status"):  # type: ignore[arg-type]
+        code = response.status.code  # type: ignore[attr-defined]
+        RPCS.inc(method=method, code=Code.Name(code) if code in Code.values() else str(code))
 
 
 def _types(method: Any) -> tuple[type[Message], type[Message]]:
@@ -35,22 +47,35 @@ def _decode(request_type: type[Message], raw: bytes) -> Message | str:
 
 
 def _unary(handler: Callable, request_type: type[Message], response_type: type[Message]) -> Callable:
+    method = handler.__name__
+
     async def run(raw: bytes, context: grpc.aio.ServicerContext) -> Message:
         request = _decode(request_type, raw)
         if isinstance(request, str):
-            return response_type(status=status(Code.BAD_REQUEST, request))
-        return await handler(request, context)
+            response = response_type(status=status(Code.BAD_REQUEST, request))
+        else:
+            response = await handler(request, context)
+        _count(method, response)
+        return response
 
     return run
 
 
 def _server_stream(handler: Callable, request_type: type[Message], response_type: type[Message]) -> Callable:
+    method = handler.__name__
+
     async def run(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
         request = _decode(request_type, raw)
         if isinstance(request, str):
-            yield response_type(status=status(Code.BAD_REQUEST, request))
+            response = response_type(status=status(Code.BAD_REQUEST, request))
+            _count(method, response)
+            yield response
             return
+        counted = False
         async for response in handler(request, context):
+            if not counted and response.HasField("status"):  # type: ignore[arg-type]
+                _count(method, response)
+                counted = True
             yield response
 
     return run

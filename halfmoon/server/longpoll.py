@@ -23,10 +23,11 @@ log = logging.getLogger("halfmoon.server.longpoll")
 
 
 class Waiter:
-    __slots__ = ("_notifier", "future", "topics")
+    __slots__ = ("_notifier", "_registered", "future", "topics")
 
     def __init__(self, notifier: ArrivalNotifier, topics: tuple[str, ...]) -> None:
         self._notifier = notifier
+        self._registered = False
         self.topics = topics
         self.future: asyncio.Future[None] = notifier.loop.create_future()
 
@@ -56,7 +57,12 @@ class ArrivalNotifier:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._waiters: dict[str, set[Waiter]] = defaultdict(set)
+        self._parked = 0
         self.shutting_down = False
+
+    def parked(self) -> int:
+        """How many polls are waiting (or about to) right now (metrics; any thread)."""
+        return self._parked
 
     def waiter(self, *topics: str) -> Waiter:
         w = Waiter(self, topics)
@@ -65,9 +71,15 @@ class ArrivalNotifier:
             return w
         for topic in topics:
             self._waiters[topic].add(w)
+        w._registered = True
+        self._parked += 1
         return w
 
     def _discard(self, w: Waiter) -> None:
+        if not w._registered:
+            return
+        w._registered = False
+        self._parked -= 1
         for topic in w.topics:
             waiting = self._waiters.get(topic)
             if waiting is not None:

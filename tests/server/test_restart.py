@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import time
+import urllib.request
 from collections.abc import Callable
 
 import pytest
@@ -21,7 +22,16 @@ from rocketmq import (
     SimpleConsumer,
 )
 
-from tests.server.conftest import ServerProcess
+from tests.server.conftest import ServerProcess, wait_until
+
+
+def _metric(server: ServerProcess, name: str) -> float:
+    """One unlabelled sample from the admin API's Prometheus text (0 when absent)."""
+    with urllib.request.urlopen(server.admin + "/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 pytestmark = pytest.mark.slow
 
@@ -108,3 +118,23 @@ def test_crash_with_sync_flush_keeps_every_acknowledged_send(server_factory: Cal
         producer.shutdown()
         if server.alive():
             assert server.stop() == 0
+
+
+def test_sigterm_answers_parked_long_polls_and_stops_promptly(server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory().start()
+    server.create_topic("idle", "normal", queues=1)
+    server.create_group("waiters")
+    cfg = ClientConfiguration(server.grpc, Credentials(), request_timeout=5)
+    consumer = SimpleConsumer(cfg, "waiters", {"idle": FilterExpression()}, await_duration=20)
+    consumer.startup()
+    try:
+        parked = consumer.receive_async(1, 15)
+        wait_until(lambda: _metric(server, "halfmoon_grpc_long_polls") >= 1, 10, "the receive to park")
+        started = time.monotonic()
+        assert server.stop() == 0
+        stop_seconds = time.monotonic() - started
+        # Well under the 20 s poll and the 5 s grace: parked polls are answered at once.
+        assert stop_seconds < 3.0, f"stop took {stop_seconds:.1f}s"
+        assert parked.result(timeout=10) == []
+    finally:
+        consumer.shutdown()
