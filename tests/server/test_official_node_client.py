@@ -136,7 +136,11 @@ class ScriptRun:
 
 
 class RunningScript:
-    """A script started in the background; ``finish()`` waits and parses its output."""
+    """A script started in the background: its JSON lines are parsed as they come.
+
+    ``wait_for()`` blocks until the lines so far satisfy a predicate (a test can
+    act when a consumer has reached some point); ``finish()`` waits for the exit.
+    """
 
     def __init__(self, node: str, script: str, spec: dict[str, Any]) -> None:
         self.name = script
@@ -147,40 +151,71 @@ class RunningScript:
             cwd=NODE_DIR, env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
+        self._records: list[dict[str, Any]] = []
+        self._noise: list[str] = []
         self._stderr: list[str] = []
-        # Drain stderr meanwhile so a chatty client cannot block on a full pipe.
-        self._drain = threading.Thread(target=self._read_stderr, daemon=True)
-        self._drain.start()
+        self._changed = threading.Condition()
+        # Both pipes are drained all along, so a chatty client never blocks on one.
+        self._readers = [
+            threading.Thread(target=self._read_stdout, daemon=True),
+            threading.Thread(target=self._read_stderr, daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._changed:
+                try:
+                    self._records.append(json.loads(line))
+                except ValueError:
+                    self._noise.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
 
     def _read_stderr(self) -> None:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self._stderr.append(line)
 
+    def _snapshot(self) -> ScriptRun:
+        returncode = self.proc.returncode if self.proc.returncode is not None else -1
+        return ScriptRun(
+            self.name, returncode, list(self._records), "".join(self._stderr), list(self._noise)
+        )
+
+    def wait_for(self, predicate: Any, timeout: float, what: str) -> None:
+        """Block until ``predicate(records)`` is true; fail at the deadline or if the script ends first."""
+        with self._changed:
+            done = self._changed.wait_for(
+                lambda: predicate(self._records) or not self._readers[0].is_alive(), timeout
+            )
+            if done and predicate(self._records):
+                return
+        raise AssertionError(
+            _fail(f"{self.name}: {what} did not happen within {timeout}s", self._snapshot())
+        )
+
     def finish(self, timeout: float = SCRIPT_TIMEOUT) -> ScriptRun:
-        assert self.proc.stdout is not None
         try:
-            out, _ = self.proc.communicate(timeout=timeout)
+            self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            out, _ = self.proc.communicate()
-            self._drain.join(5)
+            self.kill()
             raise AssertionError(
-                f"{self.name} still running after {timeout}s (killed):\n{out[-2000:]}\n{''.join(self._stderr)[-4000:]}"
+                _fail(f"{self.name} still running after {timeout}s (killed)", self._snapshot())
             ) from None
-        self._drain.join(5)
-        records, noise = [], []
-        for line in out.splitlines():
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                noise.append(line)
-        return ScriptRun(self.name, self.proc.returncode, records, "".join(self._stderr), noise)
+        for reader in self._readers:
+            reader.join(5)
+        return self._snapshot()
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
+        for reader in self._readers:
+            reader.join(5)
 
 
 @pytest.fixture
@@ -471,6 +506,29 @@ def test_sending_to_an_unknown_topic_fails_with_not_found(shared_server: Any, sc
     assert run.returncode == 1
 
 
+def test_long_polling_returns_as_soon_as_a_message_arrives(
+    shared_server: Any, scripts: Any
+) -> None:
+    topic, group = "node-longpoll", "node-longpoll-group"
+    _create_topic(shared_server, topic, "normal", 2)
+    _create_group(shared_server, group)
+    # The consumer asks to wait up to 15 s; the message must end the wait at once.
+    consumer = scripts(
+        "simple_consume.js",
+        {"endpoints": shared_server.grpc, "topic": topic, "group": group, "expect": 1, "awaitDurationMs": 15000, "deadlineMs": 20000},
+    )  # fmt: skip
+    consumer.wait_for(lambda records: any(r["event"] == "started" for r in records), 15, "startup")
+    produced = scripts(
+        "produce.js",
+        {"endpoints": shared_server.grpc, "topic": topic, "messages": [{"body": "wake up"}]},
+    ).finish()
+    _check_sent(produced, 1, shared_server)
+    run = consumer.finish()
+    (record,) = _check_consumer(run, "long-polling consumer", shared_server)
+    latency = record["receivedAtMs"] - record["bornTimestampMs"]
+    assert latency < 1500, _fail(f"send to receive took {latency} ms under a 15 s long poll", run)
+
+
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
 def test_a_restart_keeps_what_was_acknowledged(scripts: Any, server_factory: Any, how: str) -> None:
     """Sends acknowledged before a restart are delivered after it; acks survive a clean stop.
@@ -525,3 +583,58 @@ def test_a_restart_keeps_what_was_acknowledged(scripts: Any, server_factory: Any
         assert not redelivered, _fail(
             f"acknowledged before the stop, delivered again: {redelivered}", second
         )
+
+
+def test_a_live_consumer_keeps_receiving_across_a_restart(
+    scripts: Any, server_factory: Any
+) -> None:
+    """One SimpleConsumer process lives through a SIGTERM restart of the server.
+
+    Before the restart it acknowledges batch A; batch C waits on another topic;
+    after it, batch B arrives. The live consumer must get B (its client reconnects
+    by itself) and never A again; C must still be there for a new consumer.
+    """
+    srv = server_factory().start()
+    live_topic, parked_topic, group = "node-live", "node-parked", "node-live-group"
+    for topic in (live_topic, parked_topic):
+        _create_topic(srv, topic, "normal", 2)
+    _create_group(srv, group)
+
+    def produce(topic: str, prefix: str) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        messages = [{"body": f"{prefix}-{i}", "tag": prefix} for i in range(10)]
+        run = scripts("produce.js", {"endpoints": srv.grpc, "topic": topic, "messages": messages})
+        return messages, _check_sent(run.finish(), len(messages), srv)
+
+    live = scripts(
+        "simple_consume.js",
+        {"endpoints": srv.grpc, "topic": live_topic, "group": group, "expect": 20, "lingerMs": 1500, "deadlineMs": 30000, "awaitDurationMs": 2000},
+    )  # fmt: skip
+    _, sent_a = produce(live_topic, "A")
+    live.wait_for(
+        lambda records: {r.get("messageId") for r in records if r.get("action") == "ack" and r.get("error") is None} >= set(sent_a),
+        15,
+        "acknowledging batch A",
+    )  # fmt: skip
+    parked, sent_c = produce(parked_topic, "C")
+
+    assert srv.stop() == 0, srv.log_tail()
+    srv.start()
+    _, sent_b = produce(live_topic, "B")
+
+    run = live.finish()
+    # Receive calls fail while the server is down; the consumer must get past them.
+    assert run.returncode == 0, _fail("the live consumer did not get batch B", run, server=srv)
+    ids = [r["messageId"] for r in run.events("received")]
+    assert len(ids) == len(set(ids)), _fail("a message was delivered twice", run)
+    assert set(ids) == set(sent_a) | set(sent_b), _fail("wrong messages", run)
+    assert all(r["error"] is None for r in run.events("received")), _fail("an ack failed", run)
+
+    late = scripts(
+        "simple_consume.js",
+        {"endpoints": srv.grpc, "topic": parked_topic, "group": group, "expect": 10, "lingerMs": 1000, "deadlineMs": 15000},
+    ).finish()  # fmt: skip
+    received = _check_consumer(late, "consumer of the parked topic", srv)
+    assert sorted(r["messageId"] for r in received) == sorted(sent_c), _fail("batch C", late)
+    for record in received:
+        assert base64.b64decode(record["bodyBase64"]) == _body(parked[sent_c[record["messageId"]]])
+    assert not _server_errors(srv.lines), srv.log_tail(60)
