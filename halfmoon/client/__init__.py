@@ -1,0 +1,1 @@
+"""halfmoon's Python client: asyncio-native, over RocketMQ 5's gRPC protocol."""
