@@ -8,6 +8,7 @@ broker's business.
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from collections.abc import Iterable
 
@@ -173,7 +174,9 @@ def wire_message(view: MessageView, namespace: str = "", store_host: str = "") -
     sp = pb.SystemProperties(
         keys=list(view.keys),
         message_id=view.message_id,
-        body_digest=pb.Digest(type=pb.DigestType.CRC32, checksum=format(zlib.crc32(view.body) & 0xFFFFFFFF, "08X")),
+        # MD5 in upper-case hex, as RocketMQ's proxy sends: the one digest every official
+        # client checks the same way (their CRC32 renderings disagree: hex vs decimal).
+        body_digest=pb.Digest(type=pb.DigestType.MD5, checksum=hashlib.md5(view.body).hexdigest().upper()),
         body_encoding=pb.Encoding.IDENTITY,
         message_type=wire_type(view.message_type),
         born_host=view.born_host,
