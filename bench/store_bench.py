@@ -339,7 +339,7 @@ def _filesystem(path: Path) -> str:
 def _git_commit() -> str:
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         out = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
+            ["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty"],
             capture_output=True,
             text=True,
             timeout=5,
