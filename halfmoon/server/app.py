@@ -35,7 +35,7 @@ from halfmoon.server.grpc_service import MessagingServicer
 from halfmoon.server.handlers import messaging_handler
 from halfmoon.server.longpoll import ArrivalNotifier
 from halfmoon.server.metrics import MetricFamily, default_registry
-from halfmoon.server.telemetry import ClientRegistry
+from halfmoon.server.telemetry import ClientRegistry, TelemetryCheckSender
 
 log = logging.getLogger("halfmoon.server")
 
@@ -156,6 +156,9 @@ async def serve(config: Any, *, stop: asyncio.Event | None = None) -> None:
         )
         server.add_generic_rpc_handlers((messaging_handler(servicer),))
         await server.start()
+        if hasattr(broker, "set_check_sender"):
+            # Transaction checks reach producers over their telemetry streams.
+            broker.set_check_sender(TelemetryCheckSender(registry))
         collector = _grpc_collector(registry, notifier)
         default_registry().add_collector(collector)
         admin, admin_address = await _start_admin(broker, store, config)
@@ -175,6 +178,8 @@ async def serve(config: Any, *, stop: asyncio.Event | None = None) -> None:
         log.info("event=shutdown_begin grace_s=%s", server_config.shutdown_grace)
     finally:
         # Each step runs even if an earlier one failed: the store must get closed.
+        if hasattr(broker, "set_check_sender"):
+            broker.set_check_sender(None)
         try:
             await _shutdown(server, server_config, notifier, registry, force, admin)
         finally:

@@ -153,6 +153,11 @@ def outgoing_message(msg: pb.Message, peer_host: str = "") -> OutgoingMessage:
         born_timestamp=timestamp_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else 0,
         born_host=sp.born_host or peer_host,
         queue_id=None,
+        check_immunity_seconds=(
+            max(duration_ms(sp.orphaned_transaction_recovery_duration) // 1000, 0)
+            if sp.HasField("orphaned_transaction_recovery_duration")
+            else None
+        ),
     )
 
 

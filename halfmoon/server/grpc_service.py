@@ -34,6 +34,10 @@ pb = definition_pb2
 svc = service_pb2
 T = TypeVar("T")
 
+_RESOLUTIONS = {
+    pb.TransactionResolution.COMMIT: "commit",
+    pb.TransactionResolution.ROLLBACK: "rollback",
+}
 _PERMISSION = {
     "rw": pb.Permission.READ_WRITE,
     "r": pb.Permission.READ,
@@ -279,21 +283,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     @_unary(svc.EndTransactionResponse)
     async def EndTransaction(self, request: svc.EndTransactionRequest, context: grpc.aio.ServicerContext) -> svc.EndTransactionResponse:
-        end = getattr(self.broker, "end_transaction", None)
+        end = getattr(self.broker, "end_transaction_nowait", None)
         if end is None:
             raise Unsupported("transactional messages are not supported by this halfmoon build yet")
-        result = await self._call(
-            end,
-            topic=_name(request.topic, "topic"),
-            message_id=request.message_id,
-            transaction_id=request.transaction_id,
-            commit=request.resolution == pb.TransactionResolution.COMMIT,
-            resolution=pb.TransactionResolution.Name(request.resolution) if request.resolution in pb.TransactionResolution.values() else "",
-            from_check=request.source == pb.TransactionSource.SOURCE_SERVER_CHECK,
-        )
-        end_offset = getattr(result, "end_offset", None)
-        if end_offset:
-            await asyncio.wrap_future(self.store.durable(end_offset))
+        topic = _name(request.topic, "topic")
+        if not request.transaction_id:
+            raise RequestError("transaction_id is missing; use the one SendMessage returned", code="INVALID_TRANSACTION_ID")
+        resolution = _RESOLUTIONS.get(request.resolution, "unknown")
+        source = "check" if request.source == pb.TransactionSource.SOURCE_SERVER_CHECK else "client"
+        result = await self._call(end, topic, request.message_id, request.transaction_id, resolution, source)
+        if getattr(result, "end_offset", None):
+            # The decision is acknowledged only once durable (it may publish the message).
+            await asyncio.wrap_future(self.store.durable(result.end_offset))
         return svc.EndTransactionResponse(status=ok())
 
     @_unary(svc.RecallMessageResponse)

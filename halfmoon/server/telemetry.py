@@ -244,3 +244,26 @@ def recover_orphaned_transaction_command(message: definition_pb2.Message, transa
             message=message, transaction_id=transaction_id
         )
     )
+
+
+class TelemetryCheckSender:
+    """The broker's transaction CheckSender: asks a live producer over its telemetry stream.
+
+    Called from the broker's tick thread; hops onto the event loop and waits
+    briefly for the answer to "did a live stream take it?".
+    """
+
+    def __init__(self, registry: ClientRegistry, timeout: float = 1.0) -> None:
+        self._registry = registry
+        self._timeout = timeout
+
+    def send_check(self, producer_group: str | None, topic: str, message: object, transaction_id: str) -> bool:
+        from halfmoon.server.convert import wire_message
+
+        command = recover_orphaned_transaction_command(wire_message(message), transaction_id)  # type: ignore[arg-type]
+        # The official clients name no producer group; the proxy treats the topic as one.
+        future = self._registry.send_to_producer_threadsafe(command, topic=topic, group=producer_group or None)
+        chosen = future.result(timeout=self._timeout)
+        if chosen is None and producer_group:
+            chosen = self._registry.send_to_producer_threadsafe(command, topic=topic).result(timeout=self._timeout)
+        return chosen is not None
