@@ -252,3 +252,25 @@ def test_push_consumer_failure_is_retried_then_dead_lettered(server: ServerProce
         consumer.shutdown()
         if dlq_reader is not None:
             dlq_reader.shutdown()
+
+
+def test_fifo_push_consumer_sees_each_group_in_order(server: ServerProcess, producer: Producer) -> None:
+    topic, group = unique("fifopush"), unique("gfifopush")
+    server.create_topic(topic, "fifo", queues=2)
+    server.create_group(group, fifo=True)
+    listener = RecordingListener(ConsumeResult.SUCCESS)
+    consumer = PushConsumer(config(server), group, listener, {topic: FilterExpression()})
+    consumer.startup()
+    try:
+        assert consumer.fifo, "the server's settings did not turn on FIFO consumption"
+        expected = {g: [f"{g}:{i}" for i in range(5)] for g in ("a", "b")}
+        for i in range(5):
+            for g in expected:
+                producer.send(message(topic, f"{g}:{i}", message_group=g))
+        wait_until(lambda: len(listener.deliveries) >= 10, 20, "FIFO push deliveries")
+        seen: dict[str, list[str]] = {g: [] for g in expected}
+        for body, _, _ in listener.deliveries:
+            seen[body.split(":")[0]].append(body)
+        assert seen == expected
+    finally:
+        consumer.shutdown()
