@@ -100,6 +100,8 @@ def verify_digest(body: bytes, digest: pb.Digest) -> None:
         return
     if kind not in (pb.DigestType.CRC32, pb.DigestType.MD5, pb.DigestType.SHA1):
         raise RequestError(f"unknown body digest type {kind}; use CRC32, MD5 or SHA1")
+    if kind == pb.DigestType.CRC32 and digest.checksum.strip() == str(zlib.crc32(body) & 0xFFFFFFFF):
+        return  # the decimal rendering (the Node.js client's), besides the usual hex
     verify_body_digest(body, pb.DigestType.Name(kind), digest.checksum)
 
 

@@ -1,0 +1,111 @@
+"""Protobuf ⇄ broker conversion and the error → Code mapping (pure functions)."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import zlib
+
+import pytest
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from halfmoon.broker.errors import BodyDigestMismatch, TopicExists, TopicNotFound
+from halfmoon.broker.filter_spec import FilterSpec
+from halfmoon.broker.message import MessageType, MessageView
+from halfmoon.errors import HalfmoonError
+from halfmoon.server import convert
+from halfmoon.server.errors import RequestError, Unsupported, code_for, status_for
+
+
+def wire(body: bytes = b"payload", **system: object) -> pb.Message:
+    props = pb.SystemProperties(message_id="ID1")
+    for key, value in system.items():
+        if hasattr(value, "CopyFrom"):
+            getattr(props, key).CopyFrom(value)
+        elif isinstance(value, list):
+            getattr(props, key).extend(value)
+        else:
+            setattr(props, key, value)
+    return pb.Message(topic=pb.Resource(name="t"), body=body, system_properties=props, user_properties={"k": "v"})
+
+
+@pytest.mark.parametrize(
+    ("kind", "checksum"),
+    [
+        (pb.DigestType.CRC32, format(zlib.crc32(b"payload"), "08X")),
+        (pb.DigestType.CRC32, str(zlib.crc32(b"payload"))),  # the Node.js client's decimal form
+        (pb.DigestType.MD5, hashlib.md5(b"payload").hexdigest().upper()),
+        (pb.DigestType.SHA1, hashlib.sha1(b"payload").hexdigest()),
+    ],
+)
+def test_matching_digests_pass(kind: int, checksum: str) -> None:
+    msg = convert.outgoing_message(wire(body_digest=pb.Digest(type=kind, checksum=checksum)))
+    assert msg.body == b"payload"
+
+
+def test_a_wrong_digest_is_message_corrupted() -> None:
+    with pytest.raises(BodyDigestMismatch) as caught:
+        convert.outgoing_message(wire(body_digest=pb.Digest(type=pb.DigestType.MD5, checksum="00")))
+    assert code_for(caught.value) == pb.Code.MESSAGE_CORRUPTED
+
+
+def test_gzip_bodies_are_inflated_and_garbage_is_a_bad_request() -> None:
+    msg = convert.outgoing_message(wire(body=gzip.compress(b"x" * 1000), body_encoding=pb.Encoding.GZIP))
+    assert msg.body == b"x" * 1000
+    with pytest.raises(RequestError):
+        convert.outgoing_message(wire(body=b"not gzip", body_encoding=pb.Encoding.GZIP))
+
+
+def test_fields_types_and_times_reach_the_broker_message() -> None:
+    deliver = pb.SystemProperties().delivery_timestamp.__class__(seconds=1_800_000_000, nanos=250_000_000)
+    msg = convert.outgoing_message(
+        wire(tag="T", keys=["a", "b"], message_type=pb.MessageType.DELAY, delivery_timestamp=deliver, born_host="h"),
+        peer_host="peer",
+    )
+    assert (msg.tag, msg.keys, msg.properties, msg.message_id) == ("T", ["a", "b"], {"k": "v"}, "ID1")
+    assert msg.message_type is MessageType.DELAY and msg.delivery_timestamp == 1_800_000_000_250
+    assert msg.born_host == "h"
+    # Unset type is inferred: a message group makes it FIFO.
+    assert convert.outgoing_message(wire(message_group="g")).message_type is MessageType.FIFO
+    # Milliseconds put in the seconds field (the Python client's docs say ms) still work.
+    millis = pb.SystemProperties().delivery_timestamp.__class__(seconds=1_800_000_000_123)
+    assert convert.outgoing_message(wire(delivery_timestamp=millis)).delivery_timestamp == 1_800_000_000_123
+
+
+def test_unsupported_types_and_empty_bodies_are_refused() -> None:
+    with pytest.raises(Unsupported):
+        convert.outgoing_message(wire(message_type=pb.MessageType.LITE))
+    with pytest.raises(RequestError) as caught:
+        convert.outgoing_message(wire(body=b""))
+    assert code_for(caught.value) == pb.Code.MESSAGE_BODY_EMPTY
+
+
+def test_filters() -> None:
+    assert convert.filter_spec(None) == FilterSpec()
+    assert convert.filter_spec(pb.FilterExpression(type=pb.FilterType.TAG, expression="")) == FilterSpec("TAG", "*")
+    assert convert.filter_spec(pb.FilterExpression(type=pb.FilterType.SQL, expression=" a > 1 ")) == FilterSpec("SQL92", "a > 1")
+
+
+def test_delivered_messages_carry_handle_attempt_and_an_md5_digest() -> None:
+    view = MessageView(
+        topic="t", queue_id=3, queue_offset=42, message_id="M", body=b"body", tag="T", keys=["k"],
+        properties={"p": "1"}, message_type=MessageType.FIFO, message_group="g", delivery_timestamp=None,
+        born_timestamp=1000, born_host="b", store_timestamp=2000, store_host="s", commit_log_offset=7,
+        delivery_attempt=2, receipt_handle="RH", invisible_duration_ms=30_000,
+    )  # fmt: skip
+    msg = convert.wire_message(view)
+    sp = msg.system_properties
+    assert (msg.topic.name, msg.body, dict(msg.user_properties)) == ("t", b"body", {"p": "1"})
+    assert (sp.receipt_handle, sp.delivery_attempt, sp.queue_id, sp.queue_offset) == ("RH", 2, 3, 42)
+    assert sp.message_type == pb.MessageType.FIFO and sp.message_group == "g"
+    assert sp.body_digest.type == pb.DigestType.MD5 and sp.body_digest.checksum == hashlib.md5(b"body").hexdigest().upper()
+    assert sp.body_encoding == pb.Encoding.IDENTITY
+    assert convert.timestamp_ms(sp.born_timestamp) == 1000 and convert.duration_ms(sp.invisible_duration) == 30_000
+
+
+def test_error_codes_map_by_name_with_a_few_aliases() -> None:
+    assert code_for(TopicNotFound("t")) == pb.Code.TOPIC_NOT_FOUND
+    assert code_for(TopicExists("t")) == pb.Code.BAD_REQUEST
+    assert code_for(HalfmoonError("x", code="SOMETHING_NEW")) == pb.Code.BAD_REQUEST
+    answer = status_for(ZeroDivisionError("boom"), "SendMessage")
+    assert answer.code == pb.Code.INTERNAL_ERROR and "SendMessage" in answer.message
