@@ -135,6 +135,7 @@ class DelayTimer:
             self._scan_new(now_ms)
             while True:
                 self._drain(now_ms)
+                self._advance_bound(now_ms)  # a rescan must see what was just delivered as done
                 far = self._far_min
                 if far is None:
                     break
@@ -147,7 +148,6 @@ class DelayTimer:
                     if self._heap and self._heap[0][0] <= now_ms:
                         continue
                 break
-            self._advance_bound(now_ms)
             self.maybe_persist(now_ms)
             return self.delivered_total - before
 
