@@ -13,6 +13,8 @@
 // Output lines:
 //   {"event":"started"}
 //   {"event":"sent","index":i,"messageId":...,"offset":n,"queueId":q,"deliveryTimestampMs":t|null}
+//   (queueId is the queue the client named in its request; client 1.0.8 only ever
+//   picks queue 0 of a route, and the server chooses the real queue itself)
 //   {"event":"send_error","index":i,"error":"..."}
 //   {"event":"done","sent":n,"failed":m}
 // Exit status 0 only when every message was sent.
