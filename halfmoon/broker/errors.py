@@ -7,6 +7,8 @@ them one to one (``TOPIC_EXISTS`` has no protocol code; the server sends it as
 
 from __future__ import annotations
 
+# Defined beside the receipt codec, which raises them; one class each, re-exported here.
+from halfmoon.broker.receipt import IllegalInvisibleTime, InvalidReceiptHandle
 from halfmoon.errors import Conflict, HalfmoonError, InvalidArgument, NotFound
 
 
@@ -88,14 +90,6 @@ class MessagePropertiesTooLarge(InvalidArgument):
 
 class BodyDigestMismatch(InvalidArgument):
     code = "MESSAGE_CORRUPTED"
-
-
-class InvalidReceiptHandle(InvalidArgument):
-    code = "INVALID_RECEIPT_HANDLE"
-
-
-class IllegalInvisibleTime(InvalidArgument):
-    code = "ILLEGAL_INVISIBLE_TIME"
 
 
 class IllegalOffset(InvalidArgument):
