@@ -8,53 +8,14 @@ a producer about an orphaned transaction) can be driven directly.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from halfmoon.broker.broker import Broker
-from halfmoon.server.config import ServerConfig
-from halfmoon.server.grpc_service import MessagingServicer
-from halfmoon.server.handlers import messaging_handler
-from halfmoon.server.longpoll import ArrivalNotifier
-from halfmoon.server.telemetry import ClientRegistry, recover_orphaned_transaction_command
-from halfmoon.store.memory import MemoryStore
-
-
-class InProcess:
-    def __init__(self, registry: ClientRegistry, stub: service_pb2_grpc.MessagingServiceStub) -> None:
-        self.registry = registry
-        self.stub = stub
-
-
-@contextlib.asynccontextmanager
-async def in_process() -> AsyncIterator[InProcess]:
-    loop = asyncio.get_running_loop()
-    store = MemoryStore()
-    broker = Broker(store, None)
-    broker.create_topic("orders")
-    registry = ClientRegistry()
-    registry.bind_loop(loop)
-    notifier = ArrivalNotifier(loop)
-    broker.add_arrival_listener(notifier.on_arrival)
-    server = grpc.aio.server()
-    port = server.add_insecure_port("127.0.0.1:0")
-    servicer = MessagingServicer(broker, store, ServerConfig(), registry, notifier, advertised=("127.0.0.1", port))
-    server.add_generic_rpc_handlers((messaging_handler(servicer),))
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        yield InProcess(registry, service_pb2_grpc.MessagingServiceStub(channel))
-    finally:
-        await channel.close()
-        registry.close_all()
-        await server.stop(0)
-        broker.close()
-        store.close()
+from halfmoon.server.telemetry import recover_orphaned_transaction_command
+from tests.server.inprocess import InProcess, run
 
 
 def producer_settings(topic: str) -> svc.TelemetryCommand:
@@ -68,14 +29,6 @@ async def open_producer_stream(stub: service_pb2_grpc.MessagingServiceStub, clie
     await call.write(producer_settings(topic))
     answer = await asyncio.wait_for(call.read(), 5)
     return call, answer
-
-
-def run(scenario: Callable[[InProcess], Awaitable[None]]) -> None:
-    async def main() -> None:
-        async with in_process() as endpoint:
-            await scenario(endpoint)
-
-    asyncio.run(main())
 
 
 def test_producer_settings_are_answered_with_publishing_limits() -> None:
