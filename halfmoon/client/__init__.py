@@ -35,6 +35,7 @@ from halfmoon.client.errors import (
 from halfmoon.client.fault import LatencyFaultPolicy, LatencyFaultTolerance
 from halfmoon.client.message import Message, MessageView, SendReceipt
 from halfmoon.client.producer import Producer, ProducerStats
+from halfmoon.client.pull_consumer import PullConsumer
 from halfmoon.client.push_consumer import (
     BROADCASTING,
     CLUSTERING,
@@ -45,6 +46,20 @@ from halfmoon.client.push_consumer import (
 from halfmoon.client.route import QueueInfo, TopicRoute
 from halfmoon.client.selector import MessageSelector
 from halfmoon.client.simple_consumer import SimpleConsumer
+from halfmoon.client.sync import (
+    SyncProducer,
+    SyncPullConsumer,
+    SyncPushConsumer,
+    SyncSimpleConsumer,
+    SyncTransactionProducer,
+)
+from halfmoon.client.transaction import (
+    Transaction,
+    TransactionListener,
+    TransactionProducer,
+    TransactionResolution,
+    TransactionSendResult,
+)
 
 __all__ = [
     "BROADCASTING",
@@ -76,6 +91,7 @@ __all__ = [
     "Producer",
     "ProducerError",
     "ProducerStats",
+    "PullConsumer",
     "PushConsumer",
     "QueueInfo",
     "RequestTimeout",
@@ -83,9 +99,19 @@ __all__ = [
     "SendReceipt",
     "ServerError",
     "SimpleConsumer",
+    "SyncProducer",
+    "SyncPullConsumer",
+    "SyncPushConsumer",
+    "SyncSimpleConsumer",
+    "SyncTransactionProducer",
     "TooManyRequests",
     "TopicNotFound",
     "TopicRoute",
+    "Transaction",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionResolution",
+    "TransactionSendResult",
     "Unauthorized",
     "Unsupported",
 ]
