@@ -16,7 +16,8 @@ Shapes (the same as halfmoon's, see ``bench/load.py``):
   ``basic_consume``, acking every message.
 
 Every queue this peer declares is named ``halfmoon-bench-<pid>-<what>`` and
-deleted on :meth:`AmqpPeer.close`.
+deleted on :meth:`AmqpPeer.close` (or by RabbitMQ after 15 idle minutes, if
+a run dies first).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from bench.load import (
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 URL_ENV = "HALFMOON_TEST_AMQP"
 PREFETCH = 32
+QUEUE_EXPIRES_MS = 15 * 60 * 1000
 NAME = "RabbitMQ"
 
 
@@ -91,7 +93,11 @@ class AmqpPeer:
     async def _fresh_queue(self, what: str) -> str:
         """A durable queue for one scenario, empty."""
         name = f"{self._prefix}-{what}"
-        queue = await self._admin.declare_queue(name, durable=True)
+        # x-expires only removes the queue if a crashed run leaves it behind unused;
+        # it changes nothing about how messages are stored.
+        queue = await self._admin.declare_queue(
+            name, durable=True, arguments={"x-expires": QUEUE_EXPIRES_MS}
+        )
         await queue.purge()
         self._queues[name] = queue
         return name
