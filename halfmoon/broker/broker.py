@@ -42,6 +42,7 @@ from halfmoon.broker.offsets import OffsetTable
 from halfmoon.broker.pop import PopGroupSettings, PopService
 from halfmoon.broker.produce import SendResult, plan_send
 from halfmoon.broker.queue_select import QueueSelector
+from halfmoon.broker.statistics import TrafficStatistics
 from halfmoon.broker.stats import BrokerStatus, RateCounter
 from halfmoon.broker.timer import DelayTimer
 from halfmoon.broker.topics import TIMER_TOPIC, TopicConfig, TopicRegistry, is_reserved
@@ -114,6 +115,7 @@ class Broker:
         self._filters = FilterCache()
         self._in = RateCounter(clock.now_ms)
         self._out = RateCounter(clock.now_ms)
+        self.statistics = TrafficStatistics(clock.now_ms)  # per topic/group, 24 h
         self._listeners: list[Callable[[str, int], None]] = []
         self._tick_lock = threading.Lock()
         self._last_snapshot_ms = self._last_drained_check_ms = self._started_ms
@@ -286,6 +288,7 @@ class Broker:
         planned = plan_send(list(messages), self.get_topic, self._selector, self.config, self.clock.now_ms())
         appended = self.store.append([p.record for p in planned])
         self._in.add(len(planned))
+        self.statistics.record_in(p.topic for p in planned)
         return [
             SendResult(
                 message_id=p.message_id,
@@ -315,6 +318,7 @@ class Broker:
             group, topic, compiled.compiled, batch_size, invisible_ms or self.config.default_invisible_ms
         )
         self._out.add(len(views))
+        self.statistics.record_out(group, topic, len(views))
         return views
 
     def subscribe(self, group: str, topic: str) -> None:
@@ -353,6 +357,7 @@ class Broker:
             status = GetStatus.NO_MESSAGE if offset == 0 else GetStatus.OFFSET_OVERFLOW
         views = [MessageView.of(m) for m in got.messages]
         self._out.add(len(views))
+        self.statistics.record_out(group, topic, len(views))
         return PullResult(status, views, got.next_offset, got.min_offset, got.max_offset)
 
     def get_offset(self, group: str, topic: str, queue_id: int) -> int:

@@ -1,0 +1,142 @@
+"""Messages in per topic and out per (group, topic), by minute, over the last 24 hours.
+
+What ``halfmoon stats`` prints (RocketMQ's ``statsAll``: InTPS, OutTPS,
+InMsg24Hour, OutMsg24Hour). One :class:`MinuteRing` per series: 1440 minute
+buckets, each stamped with its minute, reused when that minute of the day
+comes round again, so a series costs a fixed ~23 KiB whatever the traffic.
+"In" series are keyed ``(topic, None)``, "out" series ``(topic, group)``.
+A series with no traffic for a whole window is dropped when a report is
+built, so deleted topics and groups do not pile up.
+
+The rate per second is the last 60 seconds' count over 60: the current
+minute's bucket plus the share of the previous minute still inside those 60
+seconds (buckets are whole minutes, so that share is prorated). Time comes
+from the broker's clock: a fake clock drives the tests.
+"""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+MINUTE_MS = 60_000
+WINDOW_MINUTES = 24 * 60
+
+SeriesKey = tuple[str, str | None]  # (topic, consumer group or None for messages in)
+
+
+class MinuteRing:
+    """Counts per minute for the last ``size`` minutes (not thread-safe: the owner locks)."""
+
+    __slots__ = ("counts", "minutes", "last_minute")
+
+    def __init__(self, size: int = WINDOW_MINUTES) -> None:
+        self.counts = array("q", [0]) * size
+        self.minutes = array("q", [-1]) * size
+        self.last_minute = -1
+
+    def add(self, minute: int, count: int) -> None:
+        slot = minute % len(self.counts)
+        if self.minutes[slot] != minute:
+            self.minutes[slot] = minute
+            self.counts[slot] = 0
+        self.counts[slot] += count
+        self.last_minute = max(self.last_minute, minute)
+
+    def at(self, minute: int) -> int:
+        slot = minute % len(self.counts)
+        return self.counts[slot] if self.minutes[slot] == minute else 0
+
+    def total(self, now_minute: int, minutes: int | None = None) -> int:
+        """The count over the ``minutes`` (default: all) minutes ending with ``now_minute``."""
+        span = len(self.counts) if minutes is None else min(minutes, len(self.counts))
+        oldest = now_minute - span
+        return sum(c for c, m in zip(self.counts, self.minutes, strict=True) if oldest < m <= now_minute)
+
+
+@dataclass(frozen=True)
+class TrafficRow:
+    topic: str
+    group: str | None  # None: messages stored into the topic; else delivered to this group
+    per_second: float  # over the last 60 seconds
+    last_minute: int  # messages in the last 60 seconds
+    total_24h: int
+    total_1h: int
+
+
+class TrafficStatistics:
+    def __init__(self, now_ms: Callable[[], int], window_minutes: int = WINDOW_MINUTES) -> None:
+        if window_minutes < 2:
+            raise ValueError("the statistics window must be at least 2 minutes")
+        self._now_ms = now_ms
+        self._window = window_minutes
+        self._lock = threading.Lock()
+        self._series: dict[SeriesKey, MinuteRing] = {}
+
+    # -- recording (hot path: one lock, a few array writes) ----------------------------
+
+    def record_in(self, topics: Iterable[str]) -> None:
+        """One message stored into each listed topic (a topic listed twice counts twice)."""
+        minute = self._now_ms() // MINUTE_MS
+        with self._lock:
+            for topic in topics:
+                self._ring((topic, None)).add(minute, 1)
+
+    def record_out(self, group: str, topic: str, count: int) -> None:
+        """``count`` messages delivered to ``group`` from ``topic``."""
+        if count <= 0:
+            return
+        minute = self._now_ms() // MINUTE_MS
+        with self._lock:
+            self._ring((topic, group)).add(minute, count)
+
+    def _ring(self, key: SeriesKey) -> MinuteRing:
+        ring = self._series.get(key)
+        if ring is None:
+            ring = self._series[key] = MinuteRing(self._window)
+        return ring
+
+    # -- reports ------------------------------------------------------------------
+
+    def rows(self, *, topic: str | None = None, group: str | None = None) -> list[TrafficRow]:
+        """Every live series (in first, then out), filtered by topic and/or group, sorted by name.
+
+        With ``group`` given, only that group's "out" rows are returned.
+        """
+        now = self._now_ms()
+        minute, into = divmod(now, MINUTE_MS)
+        previous_share = 1.0 - into / MINUTE_MS
+        rows = []
+        with self._lock:
+            for key in [k for k, r in self._series.items() if minute - r.last_minute >= self._window]:
+                del self._series[key]
+            for (series_topic, series_group), ring in self._series.items():
+                if topic is not None and series_topic != topic:
+                    continue
+                if group is not None and series_group != group:
+                    continue
+                recent = ring.at(minute) + ring.at(minute - 1) * previous_share
+                rows.append(
+                    TrafficRow(
+                        topic=series_topic,
+                        group=series_group,
+                        per_second=round(recent / 60, 3),
+                        last_minute=round(recent),
+                        total_24h=ring.total(minute),
+                        total_1h=ring.total(minute, 60),
+                    )
+                )
+        rows.sort(key=lambda r: (r.group is not None, r.topic, r.group or ""))
+        return rows
+
+    def per_minute(self, topic: str, group: str | None = None, minutes: int = 60) -> list[int]:
+        """The series' counts for the last ``minutes`` minutes, oldest first (zeros when unknown)."""
+        minute = self._now_ms() // MINUTE_MS
+        span = min(minutes, self._window)
+        with self._lock:
+            ring = self._series.get((topic, group))
+            if ring is None:
+                return [0] * span
+            return [ring.at(m) for m in range(minute - span + 1, minute + 1)]
