@@ -6,7 +6,7 @@ Sources, later ones winning::
              < dedicated flags (--data-dir, --listen, ...) < --set section.key=value
 
 The loader knows nothing of individual keys: it walks the dataclass fields of
-each section (``store``, ``broker``, ``server``), so a new field is a new key
+each section (``store``, ``broker``, ``server``, ``transaction``), so a new field is a new key
 with no change here. A value's form comes from the field:
 
 - ``int``, ``float``, ``str``, ``bool`` (``true/false/yes/no/on/off/1/0``),
@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from halfmoon.broker.config import BrokerConfig
+from halfmoon.broker.transactions.config import TransactionConfig
 from halfmoon.errors import InvalidArgument
 from halfmoon.server.config import ServerConfig
 from halfmoon.store.config import StoreConfig
@@ -63,6 +64,7 @@ class Config:
     store: StoreConfig = field(default_factory=lambda: StoreConfig(data_dir=Path("data")))
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    transaction: TransactionConfig = field(default_factory=TransactionConfig)
 
 
 # -- value forms -------------------------------------------------------------

@@ -25,6 +25,12 @@ Endpoints (``/openapi.json`` describes each, with its request and answer):
     PATCH  /v1/groups/{group}               change a group
     DELETE /v1/groups/{group}               delete a group
     GET    /v1/groups/{group}/progress      committed offset, lag, in flight per queue
+    GET    /v1/transactions                 undecided transactions (?topic=, ?limit=)
+    GET    /v1/transactions/parked          transactions parked after the check limit
+    POST   /v1/transactions/{id}/commit     an operator's commit (also of a parked one)
+    POST   /v1/transactions/{id}/rollback   an operator's rollback
+    POST   /v1/transactions/{id}/resume     put a parked transaction back under checks
+    POST   /v1/transaction-groups/{group}/commit|rollback   decide a transaction group
     GET    /metrics                         Prometheus text
     GET    /openapi.json, /healthz
 """
@@ -353,6 +359,55 @@ async def group_progress(request: web.Request) -> web.Response:
     return reply({"group": name, "topic": topic, "queues": queues})
 
 
+# -- transactions ------------------------------------------------------------
+
+TRANSACTION_LIMIT = 1000
+
+
+def _limit(request: web.Request) -> int:
+    text = request.query.get("limit")
+    if text is None:
+        return TRANSACTION_LIMIT
+    try:
+        value = int(text)
+    except ValueError:
+        raise ApiError(f"query parameter 'limit' must be an integer, not {text!r}") from None
+    if value < 1:
+        raise ApiError(f"query parameter 'limit' must be at least 1, not {value}")
+    return value
+
+
+async def list_transactions(request: web.Request) -> web.Response:
+    topic = request.query.get("topic") or None
+    found = await call(broker_of(request).list_transactions, topic, _limit(request))
+    return reply({"transactions": found})
+
+
+async def parked_transactions(request: web.Request) -> web.Response:
+    return reply({"transactions": await call(broker_of(request).parked_transactions, _limit(request))})
+
+
+async def decide_transaction(request: web.Request) -> web.Response:
+    """An operator's commit or rollback; answered once the decision is durable."""
+    transaction_id = request.match_info["transaction_id"]
+    resolution = request.match_info["resolution"]
+    state = await call(broker_of(request).end_transaction, "", "", transaction_id, resolution, "operator")
+    return reply({"transaction_id": transaction_id, "state": state})
+
+
+async def resume_transaction(request: web.Request) -> web.Response:
+    info = await call(broker_of(request).resume_transaction, request.match_info["transaction_id"])
+    return reply(info)
+
+
+async def decide_transaction_group(request: web.Request) -> web.Response:
+    group = request.match_info["group"]
+    resolution = request.match_info["resolution"]
+    members = await call(broker_of(request).end_transaction_group, group, resolution, "operator")
+    state = "committed" if resolution == "commit" else "rolled_back"
+    return reply({"transaction_group": group, "state": state, "members_decided": members})
+
+
 async def get_metrics(request: web.Request) -> web.Response:
     text = await call(request.app[REGISTRY_KEY].render)
     response = web.Response(text=text)
@@ -482,6 +537,11 @@ def create_admin_app(
     app.router.add_patch("/v1/groups/{group}", update_group)
     app.router.add_delete("/v1/groups/{group}", delete_group)
     app.router.add_get("/v1/groups/{group}/progress", group_progress)
+    app.router.add_get("/v1/transactions", list_transactions)
+    app.router.add_get("/v1/transactions/parked", parked_transactions)
+    app.router.add_post("/v1/transactions/{transaction_id}/{resolution:commit|rollback}", decide_transaction)
+    app.router.add_post("/v1/transactions/{transaction_id}/resume", resume_transaction)
+    app.router.add_post("/v1/transaction-groups/{group}/{resolution:commit|rollback}", decide_transaction_group)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/openapi.json", get_openapi)
     app.router.add_get("/healthz", healthz)

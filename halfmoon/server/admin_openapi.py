@@ -27,7 +27,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
         400: "The request is malformed or the broker refused it (see error.code).",
         403: "The operation is forbidden.",
         404: "The topic or group does not exist.",
-        409: "It already exists.",
+        409: "It already exists, or the transaction is already decided the other way.",
         500: "Internal error.",
     }
     return {str(s): _json(_ref("Error"), meaning[s]) for s in (*statuses, 500)}
@@ -56,6 +56,10 @@ def _path_param(name: str, what: str) -> dict[str, Any]:
         "description": f"{what} name, percent-encoded (%DLQ%g is %25DLQ%25g)",
         "schema": {"type": "string"},
     }
+
+
+def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
 
 
 _INT = {"type": "integer"}
@@ -214,6 +218,42 @@ SCHEMAS: dict[str, Any] = {
         "additionalProperties": True,
     },
     "Deleted": {"type": "object", "properties": {"deleted": _STR}},
+    "Transaction": {
+        "type": "object",
+        "properties": {
+            "transaction_id": {**_STR, "description": "as SendMessage returned it"},
+            "topic": {**_STR, "description": "the real topic it is committed to"},
+            "queue_id": _INT,
+            "message_id": _STR,
+            "keys": {"type": "array", "items": _STR},
+            "producer_group": {"type": "string", "nullable": True},
+            "transaction_group": {"type": "string", "nullable": True,
+                                  "description": "decided with its group, not alone"},
+            "state": {"type": "string", "enum": ["prepared", "parked"]},
+            "checks_sent": {**_INT, "description": "checks a live producer received"},
+            "age_ms": {**_INT, "description": "since the half message was stored"},
+            "stored_ms": _INT,
+        },
+    },
+    "TransactionList": {
+        "type": "object",
+        "properties": {"transactions": {"type": "array", "items": _ref("Transaction")}},
+    },
+    "TransactionDecision": {
+        "type": "object",
+        "properties": {
+            "transaction_id": _STR,
+            "state": {"type": "string", "enum": ["committed", "rolled_back"]},
+        },
+    },
+    "TransactionGroupDecision": {
+        "type": "object",
+        "properties": {
+            "transaction_group": _STR,
+            "state": {"type": "string", "enum": ["committed", "rolled_back"]},
+            "members_decided": {**_INT, "description": "members decided by this call (0 when repeated)"},
+        },
+    },
 }
 
 
@@ -231,6 +271,11 @@ def openapi_document() -> dict[str, Any]:
             "schema": _STR,
         },
     ]
+    txn = {"name": "transaction_id", "in": "path", "required": True,
+           "description": "the transaction id SendMessage returned", "schema": _STR}
+    resolution = {"name": "resolution", "in": "path", "required": True,
+                  "schema": {"type": "string", "enum": ["commit", "rollback"]}}
+    limit = _query("limit", "at most this many (default 1000)", {**_INT, "minimum": 1})
     text = {"description": "Prometheus text exposition 0.0.4",
             "content": {"text/plain": {"schema": _STR}}}
     return {
@@ -276,6 +321,29 @@ def openapi_document() -> dict[str, Any]:
             "/v1/groups/{group}/progress": {
                 "get": _op("Consumer progress (lag per queue)", "getGroupProgress",
                            (200, _ref("GroupProgress"), "per queue"), 404, params=progress_params),
+            },
+            "/v1/transactions": {
+                "get": _op("Undecided transactions, oldest first", "listTransactions",
+                           (200, _ref("TransactionList"), "prepared and parked"), 400,
+                           params=[_query("topic", "only this topic's", _STR), limit]),
+            },
+            "/v1/transactions/parked": {
+                "get": _op("Transactions parked after the check limit", "listParkedTransactions",
+                           (200, _ref("TransactionList"), "parked"), 400, params=[limit]),
+            },
+            "/v1/transactions/{transaction_id}/{resolution}": {
+                "post": _op("Commit or roll back a transaction as an operator (durable when answered)",
+                            "decideTransaction", (200, _ref("TransactionDecision"), "decided"),
+                            400, 409, params=[txn, resolution]),
+            },
+            "/v1/transactions/{transaction_id}/resume": {
+                "post": _op("Put a parked transaction back under checks (count reset)", "resumeTransaction",
+                            (200, _ref("Transaction"), "prepared again"), 400, 409, params=[txn]),
+            },
+            "/v1/transaction-groups/{group}/{resolution}": {
+                "post": _op("Commit or roll back every member of a transaction group", "decideTransactionGroup",
+                            (200, _ref("TransactionGroupDecision"), "decided"), 400, 409,
+                            params=[_path_param("group", "Transaction group"), resolution]),
             },
             "/metrics": {"get": {"summary": "Prometheus metrics", "operationId": "getMetrics",
                                  "responses": {"200": text}}},

@@ -2,10 +2,13 @@
 
 Lifecycle (as uvicorn's): startup → serve → shutdown.
 
-- startup: open the store (crash recovery happens here), the broker on it,
-  the gRPC server, the admin API; start the tick thread (``broker.tick()``
-  every ``tick_interval``: due delay messages, offset and consumption
-  snapshots); log one ready line with the bound addresses.
+- startup: open the store (crash recovery happens here), the broker on it
+  (with the ``transaction`` section; its recovery redoes any commit a crash
+  cut short), the gRPC server, the admin API; point transaction checks at
+  the producers' telemetry streams; start the tick thread (``broker.tick()``
+  every ``tick_interval``: due delay messages, transaction check scans,
+  offset and consumption snapshots); log one ready line with the bound
+  addresses.
 - shutdown (SIGTERM / SIGINT): stop accepting, wake every parked long poll
   and end every telemetry stream so in-flight RPCs finish, wait up to
   ``shutdown_grace`` for the rest, then close the broker (persists offsets
@@ -113,7 +116,8 @@ def _open_store_and_broker(config: Any) -> tuple[Any, Any]:
     store = MessageStore(config.store)
     try:
         metadata_dir = Path(config.store.data_dir) / METADATA_DIR_NAME
-        broker = Broker(store, metadata_dir, config.broker)
+        transaction_config = getattr(config, "transaction", None)
+        broker = Broker(store, metadata_dir, config.broker, transaction_config=transaction_config)
     except BaseException:
         store.close()
         raise

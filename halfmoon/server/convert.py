@@ -16,7 +16,12 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from rocketmq.grpc_protocol import definition_pb2
 
 from halfmoon.broker.filter_spec import FilterSpec
-from halfmoon.broker.message import MessageType, MessageView, OutgoingMessage
+from halfmoon.broker.message import (
+    PROPERTY_TRANSACTION_GROUP,
+    MessageType,
+    MessageView,
+    OutgoingMessage,
+)
 from halfmoon.broker.produce import verify_body_digest
 from halfmoon.server.errors import RequestError, Unsupported
 
@@ -132,8 +137,13 @@ def _delivery_ms(ts: timestamp_pb2.Timestamp) -> int:
     return timestamp_ms(ts)
 
 
-def outgoing_message(msg: pb.Message, peer_host: str = "") -> OutgoingMessage:
-    """The broker's OutgoingMessage for one wire message (digest checked, body decoded)."""
+def outgoing_message(msg: pb.Message, peer_host: str = "", producer_group: str | None = None) -> OutgoingMessage:
+    """The broker's OutgoingMessage for one wire message (digest checked, body decoded).
+
+    ``producer_group`` is the sending client's, when it told us one (the
+    official clients do not): it is recorded on half messages so checks go to
+    that group first.
+    """
     if not msg.topic.name:
         raise RequestError("message has no topic; set message.topic.name")
     sp = msg.system_properties
@@ -142,14 +152,24 @@ def outgoing_message(msg: pb.Message, peer_host: str = "") -> OutgoingMessage:
     if not body:
         # RocketMQ 5 refuses empty bodies at the protocol edge; so does halfmoon.
         raise RequestError("message body is empty; send at least one byte", code="MESSAGE_BODY_EMPTY")
+    message_type = _message_type(msg)
+    properties = dict(msg.user_properties)
+    transaction_group = None
+    if message_type is MessageType.TRANSACTION and PROPERTY_TRANSACTION_GROUP in properties:
+        # The transaction-group convention (docs/transactions.md): a reserved user
+        # property on half messages, which the official clients never set. On any
+        # other message it stays reserved and the broker refuses it.
+        transaction_group = properties.pop(PROPERTY_TRANSACTION_GROUP)
     return OutgoingMessage(
         topic=msg.topic.name,
         body=body,
         message_id=sp.message_id,
         tag=sp.tag if sp.HasField("tag") and sp.tag else None,
         keys=[k for k in sp.keys],
-        properties=dict(msg.user_properties),
-        message_type=_message_type(msg),
+        properties=properties,
+        message_type=message_type,
+        producer_group=producer_group if message_type is MessageType.TRANSACTION and producer_group else None,
+        transaction_group=transaction_group,
         message_group=sp.message_group if sp.HasField("message_group") and sp.message_group else None,
         delivery_timestamp=_delivery_ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None,
         born_timestamp=timestamp_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else 0,

@@ -45,6 +45,8 @@ _PERMISSION = {
     "-": pb.Permission.NONE,
     "": pb.Permission.NONE,
 }
+# EndTransaction with this transaction id prefix ends a whole transaction group.
+TRANSACTION_GROUP_PREFIX = "hm-group:"
 # Answer a long poll this long before the client's deadline, so it gets an answer, not a timeout.
 _DEADLINE_MARGIN = 0.3
 # A redelivery wake-up already in the past (the broker held the message back, e.g. FIFO):
@@ -261,12 +263,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if not request.messages:
             raise RequestError("SendMessage carries no message; add at least one to messages")
         peer = _peer_host(context)
-        outgoing = [convert.outgoing_message(m, peer) for m in request.messages]
+        client_id = _metadata(context, "x-mq-client-id")
+        producer_group = self._producer_group(client_id)
+        outgoing = [convert.outgoing_message(m, peer, producer_group) for m in request.messages]
         results = await self._call(self.broker.send, outgoing)
         if results:
             # The answer promises durability under the store's flush policy.
             await asyncio.wrap_future(self.store.durable(max(r.end_offset for r in results)))
-        client_id = _metadata(context, "x-mq-client-id")
         for topic in {m.topic for m in outgoing}:
             self.registry.note_topic(client_id, topic)
         entries = [
@@ -281,16 +284,35 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         ]
         return svc.SendMessageResponse(status=ok(), entries=entries)
 
+    def _producer_group(self, client_id: str) -> str | None:
+        """The producer group a client named in its heartbeats (halfmoon's client does)."""
+        session = self.registry.get(client_id) if client_id else None
+        if session is None or not session.is_producer:
+            return None
+        return session.group or None
+
     @_unary(svc.EndTransactionResponse)
     async def EndTransaction(self, request: svc.EndTransactionRequest, context: grpc.aio.ServicerContext) -> svc.EndTransactionResponse:
+        """Commit, roll back or leave (UNKNOWN) a transaction, or a whole transaction group.
+
+        A decision is answered only once durable: the broker returns the end
+        offset of its records (for a commit, the op record and the real
+        message) and we wait for the store to hold it. ``transaction_id``
+        ``hm-group:<id>`` ends transaction group ``<id>`` (docs/transactions.md).
+        """
         end = getattr(self.broker, "end_transaction_nowait", None)
         if end is None:
             raise Unsupported("transactional messages are not supported by this halfmoon build yet")
-        topic = _name(request.topic, "topic")
         if not request.transaction_id:
             raise RequestError("transaction_id is missing; use the one SendMessage returned", code="INVALID_TRANSACTION_ID")
         resolution = _RESOLUTIONS.get(request.resolution, "unknown")
         source = "check" if request.source == pb.TransactionSource.SOURCE_SERVER_CHECK else "client"
+        if request.transaction_id.startswith(TRANSACTION_GROUP_PREFIX):
+            group = request.transaction_id[len(TRANSACTION_GROUP_PREFIX) :]
+            # Waits for durability in the worker thread (the facade has no "nowait" for groups).
+            await self._call(self.broker.end_transaction_group, group, resolution, source)
+            return svc.EndTransactionResponse(status=ok())
+        topic = _name(request.topic, "topic")
         result = await self._call(end, topic, request.message_id, request.transaction_id, resolution, source)
         if getattr(result, "end_offset", None):
             # The decision is acknowledged only once durable (it may publish the message).

@@ -249,21 +249,57 @@ def recover_orphaned_transaction_command(message: definition_pb2.Message, transa
 class TelemetryCheckSender:
     """The broker's transaction CheckSender: asks a live producer over its telemetry stream.
 
+    Candidates are the producers with an open telemetry stream that published
+    to the message's topic (and, when the half message names a producer
+    group, those of that group first; the official clients name none, so
+    the topic stands for the group as in RocketMQ's proxy). A stream is
+    *dead* when its client has not been heard from (heartbeat, send,
+    telemetry frame) for ``alive_within`` seconds: the official clients
+    heartbeat every 10 s, so a silent one is gone even if its TCP connection
+    has not been torn down yet. Candidates are taken round robin, so checks
+    spread over a producer group's processes. ``send_check`` returns False
+    when nobody live could take the check: the check service then tries
+    again next round without counting it.
+
     Called from the broker's tick thread; hops onto the event loop and waits
-    briefly for the answer to "did a live stream take it?".
+    at most ``timeout`` for the answer to "did a live stream take it?".
     """
 
-    def __init__(self, registry: ClientRegistry, timeout: float = 1.0) -> None:
+    def __init__(self, registry: ClientRegistry, timeout: float = 1.0, alive_within: float = 30.0) -> None:
         self._registry = registry
         self._timeout = timeout
+        self._alive_within = alive_within
+        self._round_robin = itertools.count()
+
+    def live_producers(self, topic: str, group: str | None = None) -> list[ClientSession]:
+        """Loop thread: producers of ``topic`` (of ``group`` when given) with a live stream."""
+        now = time.monotonic()
+        return [
+            s
+            for s in self._registry.producers(topic=topic, group=group)
+            if now - s.last_seen <= self._alive_within
+        ]
+
+    def _send_on_loop(self, command: service_pb2.TelemetryCommand, topic: str, group: str | None) -> str | None:
+        candidates = self.live_producers(topic, group) if group else []
+        if not candidates:
+            candidates = self.live_producers(topic)
+        if not candidates:
+            return None
+        session = candidates[next(self._round_robin) % len(candidates)]
+        return session.client_id if self._registry.send_command(session.client_id, command) else None
 
     def send_check(self, producer_group: str | None, topic: str, message: object, transaction_id: str) -> bool:
         from halfmoon.server.convert import wire_message
 
         command = recover_orphaned_transaction_command(wire_message(message), transaction_id)  # type: ignore[arg-type]
-        # The official clients name no producer group; the proxy treats the topic as one.
-        future = self._registry.send_to_producer_threadsafe(command, topic=topic, group=producer_group or None)
-        chosen = future.result(timeout=self._timeout)
-        if chosen is None and producer_group:
-            chosen = self._registry.send_to_producer_threadsafe(command, topic=topic).result(timeout=self._timeout)
+        future = self._registry._run_threadsafe(lambda: self._send_on_loop(command, topic, producer_group))
+        try:
+            chosen = future.result(timeout=self._timeout)
+        except TimeoutError:
+            # The loop is too busy to answer: treat it as not sent (retried next round).
+            log.warning("event=check_send_timeout topic=%s transaction_id=%s", topic, transaction_id)
+            return False
+        if chosen is not None:
+            log.debug("event=check_sent topic=%s transaction_id=%s client_id=%s", topic, transaction_id, chosen)
         return chosen is not None
