@@ -1,6 +1,6 @@
 """The messaging endpoint benchmark: ``halfmoon serve`` over gRPC beside RabbitMQ.
 
-    python -m bench.grpc_bench              # full run (about 3 minutes on 2 cores)
+    python -m bench.grpc_bench              # full run (about 1.5 minutes on 2 cores)
     python -m bench.grpc_bench --quick      # a short run
     python -m bench.grpc_bench --json out.json --seconds 0.2 --latency-count 30 --consume-messages 300
 
@@ -347,7 +347,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.grpc_bench", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--quick", action="store_true", help="a short run (about a minute)")
+    parser.add_argument("--quick", action="store_true", help="a short run (about 25 s)")
     parser.add_argument("--seconds", type=float, help="seconds per produce run and system")
     parser.add_argument("--latency-count", type=int, help="timed sends per latency run")
     parser.add_argument("--e2e-count", type=int, help="timed messages per end-to-end run")
