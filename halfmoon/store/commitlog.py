@@ -23,6 +23,7 @@ import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from zlib import crc32
 
 from halfmoon.errors import CorruptionError
 from halfmoon.store import record
@@ -32,6 +33,9 @@ _FRAME = struct.Struct(">II")
 _I64 = struct.Struct(">q")
 _MAGIC_BYTES = record.MESSAGE_MAGIC.to_bytes(4, "big")
 _ZERO_CHUNK = bytes(1 << 20)
+_SEAL_OFFSETS = struct.Struct(">qq")  # queue_offset, commit_log_offset
+_SEAL_TIMESTAMP = struct.Struct(">q")
+_SEAL_CRC = struct.Struct(">I")
 
 
 class OffsetGone(LookupError):
@@ -54,7 +58,7 @@ def fsync_directory(path: Path) -> None:
 class Segment:
     """One mapped segment file."""
 
-    __slots__ = ("start", "size", "path", "fd", "mm")
+    __slots__ = ("start", "size", "end", "path", "fd", "mm")
 
     def __init__(self, path: Path, start: int, size: int) -> None:
         self.start = start
@@ -67,14 +71,11 @@ class Segment:
             else:
                 size = actual  # an existing segment keeps the size it was created with
             self.size = size
+            self.end = start + size  # a plain attribute: the append path reads it per record
             self.mm = mmap.mmap(self.fd, size)
         except BaseException:
             os.close(self.fd)
             raise
-
-    @property
-    def end(self) -> int:
-        return self.start + self.size
 
     def close(self) -> None:
         self.mm.close()
@@ -210,15 +211,23 @@ class CommitLog:
 
     def append(self, prepared: record.PreparedRecord, queue_offset: int, store_timestamp: int) -> int:
         """Seal and write one record; return its commit-log offset."""
-        size = prepared.size
+        return self.write_record(prepared.buffer, queue_offset, store_timestamp)
+
+    def write_record(self, buffer: bytearray, queue_offset: int, store_timestamp: int) -> int:
+        """Seal ``buffer`` (from ``record.encode_unsealed``) in place, write it, return its offset."""
+        size = len(buffer)
         position = self.write_position
-        segment = self._segments[-1] if self._segments else None
-        if segment is None or position + size > segment.end:
-            segment = self._roll(size)
+        segments = self._segments
+        if not segments or position + size > segments[-1].end:
+            self._roll(size)
             position = self.write_position
-        data = record.finalize(prepared, queue_offset, position, store_timestamp)
+        segment = self._segments[-1]
+        # record.seal, inlined: this runs once per appended message.
+        _SEAL_OFFSETS.pack_into(buffer, record.QUEUE_OFFSET_AT, queue_offset, position)
+        _SEAL_TIMESTAMP.pack_into(buffer, record.STORE_TIMESTAMP_AT, store_timestamp)
+        _SEAL_CRC.pack_into(buffer, record.CRC_AT, crc32(memoryview(buffer)[record.CRC_START :]))
         relative = position - segment.start
-        segment.mm[relative : relative + size] = data
+        segment.mm[relative : relative + size] = buffer
         self.write_position = position + size
         return position
 

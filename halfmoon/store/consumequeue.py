@@ -421,12 +421,11 @@ class ConsumeQueues:
             queue = self._queues.get((topic, queue_id))
             if queue is not None and queue_offset == queue.max_offset and size > 0:
                 f = queue.files[-1]
-                if queue_offset < f.end:  # the hot path: append into the mapped tail
+                index = queue_offset - f.start
+                if index < f.capacity:  # the hot path: append into the mapped tail
                     mm = f.mm if f.mm is not None else self._maps.get(f)
                     f.referenced = True
-                    ENTRY.pack_into(
-                        mm, (queue_offset - f.start) * ENTRY_SIZE, commit_log_offset, size, tag_hash
-                    )
+                    ENTRY.pack_into(mm, index * ENTRY_SIZE, commit_log_offset, size, tag_hash)
                     queue.max_offset = queue_offset + 1
                     if not f.dirty:
                         f.dirty = True

@@ -47,7 +47,9 @@ import struct
 import threading
 import zlib
 from collections import OrderedDict
+from collections.abc import Iterable
 from pathlib import Path
+from zlib import crc32
 
 from halfmoon.errors import InvalidArgument
 from halfmoon.store.consumequeue import fsync_directory, make_directory
@@ -77,7 +79,7 @@ def key_hash(topic: str, key: str) -> int:
 
 class _IndexFile:
     __slots__ = (
-        "path", "sequence", "slots", "capacity", "begin_timestamp", "begin_offset",
+        "path", "sequence", "slots", "entries_at", "capacity", "begin_timestamp", "begin_offset",
         "end_timestamp", "end_offset", "count", "mm", "dirty",
     )  # fmt: skip
 
@@ -85,6 +87,7 @@ class _IndexFile:
         self.path = path
         self.sequence = sequence
         self.slots = slots
+        self.entries_at = HEADER_SIZE + slots * 4  # where the entries start (after the slots)
         self.capacity = capacity
         self.begin_timestamp = 0
         self.begin_offset = 0
@@ -93,10 +96,6 @@ class _IndexFile:
         self.count = 0
         self.mm: mmap.mmap | None = None
         self.dirty = False
-
-    @property
-    def entries_at(self) -> int:
-        return HEADER_SIZE + self.slots * 4
 
     @property
     def size(self) -> int:
@@ -292,35 +291,48 @@ class KeyIndex:
     # -- writing -------------------------------------------------------------
 
     def put(self, topic: str, key: str, commit_log_offset: int, store_timestamp: int) -> None:
-        h = zlib.crc32(f"{topic}#{key}".encode())
+        self.put_keys(topic, (key,), commit_log_offset, store_timestamp)
+
+    def put_keys(
+        self, topic: str, keys: Iterable[str], commit_log_offset: int, store_timestamp: int
+    ) -> None:
+        """Index one record under each of ``keys``, taking the lock once.
+
+        This runs for every appended message that has keys (its unique id at
+        least), so it is one function with no helper calls per key.
+        """
+        prefix = topic + "#"
         with self._lock:
-            files = self._files
-            f = files[-1] if files else None
-            if f is not None:
-                if commit_log_offset < f.end_offset:
-                    return  # re-dispatch of something already indexed
-                delta = store_timestamp - f.begin_timestamp
-                if f.count >= f.capacity or delta > MAX_DELTA:
-                    f = None
-            if f is None:
-                f = self._start_file(commit_log_offset, store_timestamp)
-                delta = 0
-            elif delta < 0:
-                delta = 0  # the clock went back: record the file's begin time
-            mm = f.mm if f.mm is not None else self._writable(f)
-            slot_at = HEADER_SIZE + (h % f.slots) * 4
-            n = f.count
-            ENTRY.pack_into(
-                mm, f.entries_at + n * ENTRY_SIZE, h, commit_log_offset, delta,
-                _U32.unpack_from(mm, slot_at)[0],
-            )  # fmt: skip
-            _U32.pack_into(mm, slot_at, n + 1)
-            f.count = n + 1
-            f.end_offset = commit_log_offset
-            if store_timestamp > f.end_timestamp:
-                f.end_timestamp = store_timestamp
-            _HEADER_TAIL.pack_into(mm, _HEADER_TAIL_AT, f.end_timestamp, commit_log_offset, n + 1)
-            f.dirty = True
+            for key in keys:
+                h = crc32((prefix + key).encode())
+                files = self._files
+                f = files[-1] if files else None
+                if f is not None:
+                    if commit_log_offset < f.end_offset:
+                        return  # re-dispatch of something already indexed
+                    delta = store_timestamp - f.begin_timestamp
+                    if f.count >= f.capacity or delta > MAX_DELTA:
+                        f = None
+                if f is None:
+                    f = self._start_file(commit_log_offset, store_timestamp)
+                    delta = 0
+                elif delta < 0:
+                    delta = 0  # the clock went back: record the file's begin time
+                mm = f.mm if f.mm is not None else self._writable(f)
+                slot_at = HEADER_SIZE + (h % f.slots) * 4
+                n = f.count
+                ENTRY.pack_into(
+                    mm, f.entries_at + n * ENTRY_SIZE, h, commit_log_offset, delta,
+                    _U32.unpack_from(mm, slot_at)[0],
+                )  # fmt: skip
+                n += 1
+                _U32.pack_into(mm, slot_at, n)
+                f.count = n
+                f.end_offset = commit_log_offset
+                if store_timestamp > f.end_timestamp:
+                    f.end_timestamp = store_timestamp
+                _HEADER_TAIL.pack_into(mm, _HEADER_TAIL_AT, f.end_timestamp, commit_log_offset, n)
+                f.dirty = True
 
     def _start_file(self, commit_log_offset: int, store_timestamp: int) -> _IndexFile:
         if self._files:

@@ -34,6 +34,8 @@ on either.
 from __future__ import annotations
 
 import functools
+import mmap
+import operator
 import struct
 import zlib
 from dataclasses import dataclass
@@ -49,7 +51,9 @@ BLANK_SIZE = 8  # total_size + magic: the smallest filler that can be framed
 MIN_RECORD_SIZE = HEADER_SIZE + 5  # header, then topic, host and properties lengths (1+1+1+2)
 CRC_START = 12
 
-_QUEUE_OFFSET_AT = 20
+QUEUE_OFFSET_AT = 20  # queue_offset, then commit_log_offset
+STORE_TIMESTAMP_AT = 48
+CRC_AT = 8
 _STORE_FIELDS = struct.Struct(">qq")  # queue_offset, commit_log_offset at 20
 _STORE_TIMESTAMP = struct.Struct(">q")  # at 48
 _CRC = struct.Struct(">I")
@@ -82,11 +86,24 @@ def encode_properties(properties: dict[str, str]) -> bytes:
     return "".join(parts).encode("utf-8")
 
 
+_split_pair = operator.methodcaller("split", PROPERTY_SEPARATOR, 1)
+
+
 def decode_properties(raw: bytes) -> dict[str, str]:
     if not raw:
         return {}
+    pairs = raw.decode("utf-8").split(PAIR_SEPARATOR)
+    if not pairs[-1]:
+        pairs.pop()  # the separator that ends the last pair
+    try:
+        # The read path's fast form, all in C: it fails (ValueError) on any
+        # pair without a PROPERTY_SEPARATOR, including an empty one, and then
+        # the loop below decodes the odd record the same way it always has.
+        return dict(map(_split_pair, pairs))
+    except ValueError:
+        pass
     out: dict[str, str] = {}
-    for pair in raw.decode("utf-8").split(PAIR_SEPARATOR):
+    for pair in pairs:
         if pair:
             key, _, value = pair.partition(PROPERTY_SEPARATOR)
             out[key] = value
@@ -138,14 +155,20 @@ def prepare(
     ``encoded_properties`` may pass :func:`encode_properties` output computed
     earlier (validation measures it) so it is not encoded twice.
     """
+    return PreparedRecord(encode_unsealed(message, store_host, encoded_properties))
+
+
+def encode_unsealed(
+    message: Message, store_host: str = "", encoded_properties: bytes | None = None
+) -> bytearray:
+    """:func:`prepare` without the wrapper object: the store's append path uses the buffer."""
     props = encode_properties(message.properties) if encoded_properties is None else encoded_properties
     if len(props) > MAX_PROPERTIES_BYTES:
         raise ValueError("properties too long for the record format")
     names = _names(message.topic, message.born_host, store_host)
     body = message.body
-    total = HEADER_SIZE + len(body) + len(names) + 2 + len(props)
     head = _HEADER.pack(
-        total,
+        HEADER_SIZE + len(body) + len(names) + 2 + len(props),
         MESSAGE_MAGIC,
         0,
         message.queue_id,
@@ -159,18 +182,22 @@ def prepare(
         message.prepared_transaction_offset,
         len(body),
     )
-    return PreparedRecord(bytearray().join((head, body, names, _U16.pack(len(props)), props)))
+    return bytearray().join((head, body, names, _U16.pack(len(props)), props))
+
+
+def seal(buffer: bytearray, queue_offset: int, commit_log_offset: int, store_timestamp: int) -> None:
+    """Fill in what the writer assigns and compute the CRC, in place."""
+    _STORE_FIELDS.pack_into(buffer, QUEUE_OFFSET_AT, queue_offset, commit_log_offset)
+    _STORE_TIMESTAMP.pack_into(buffer, STORE_TIMESTAMP_AT, store_timestamp)
+    _CRC.pack_into(buffer, CRC_AT, zlib.crc32(memoryview(buffer)[CRC_START:]))
 
 
 def finalize(
     record: PreparedRecord, queue_offset: int, commit_log_offset: int, store_timestamp: int
 ) -> bytearray:
     """Fill in what the writer assigns and seal the record with its CRC."""
-    buf = record.buffer
-    _STORE_FIELDS.pack_into(buf, _QUEUE_OFFSET_AT, queue_offset, commit_log_offset)
-    _STORE_TIMESTAMP.pack_into(buf, 48, store_timestamp)
-    _CRC.pack_into(buf, 8, zlib.crc32(memoryview(buf)[CRC_START:]))
-    return buf
+    seal(record.buffer, queue_offset, commit_log_offset, store_timestamp)
+    return record.buffer
 
 
 def encode(
@@ -253,7 +280,10 @@ def decode(
     end = position + total
     if magic != MESSAGE_MAGIC or total < MIN_RECORD_SIZE or end > limit:
         _raise_frame_error(buf, position, limit, base_offset)
-    if type(buf) is not bytes:
+    kind = type(buf)
+    if kind is not bytes and (verify or kind is not mmap.mmap):
+        # Decode from an immutable copy. An mmap is read in place when no CRC
+        # is checked (the read path: one copy less); slicing it yields bytes.
         buf = bytes(buf[position:end])
         position, end = 0, total
     if verify and crc != zlib.crc32(memoryview(buf)[position + CRC_START : end]):

@@ -48,7 +48,14 @@ from halfmoon.store.config import StoreConfig
 from halfmoon.store.consumequeue import ConsumeQueues
 from halfmoon.store.flush import GroupCommitFlusher, IntervalFlusher
 from halfmoon.store.keyindex import KeyIndex
-from halfmoon.store.message import PROPERTY_TAGS, Message, StoredMessage, tag_hash
+from halfmoon.store.message import (
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQUE_ID,
+    Message,
+    StoredMessage,
+    tag_hash,
+)
 from halfmoon.store.recovery import RecoveryReport, Reporter, index_keys, log_reporter, recover
 from halfmoon.store.retention import disk_usage_ratio, next_expired
 from halfmoon.store.validate import (
@@ -61,6 +68,36 @@ from halfmoon.store.validate import (
 log = logging.getLogger("halfmoon.store")
 
 _cached_tag_hash = functools.lru_cache(maxsize=4096)(tag_hash)
+
+# What ``_prepare`` hands to the locked part of ``append``: the unsealed record,
+# topic, queue id, tag hash and the keys to index. A tuple, not an object:
+# this is built once per appended message.
+_Prepared = tuple[bytearray, str, int, int, Sequence[str]]
+
+_new_object = object.__new__
+_set_result_fields = tuple(
+    getattr(AppendResult, name).__set__
+    for name in ("topic", "queue_id", "queue_offset", "commit_log_offset", "size", "store_timestamp")
+)
+
+
+def _append_result(
+    topic: str, queue_id: int, queue_offset: int, commit_log_offset: int, size: int, timestamp: int
+) -> AppendResult:
+    """An AppendResult at about half the cost of the frozen dataclass's ``__init__``.
+
+    The generated ``__init__`` goes through ``object.__setattr__`` per field;
+    setting the slots directly gives the same object (one is built per append).
+    """
+    result = _new_object(AppendResult)
+    set_topic, set_queue_id, set_queue_offset, set_offset, set_size, set_time = _set_result_fields
+    set_topic(result, topic)
+    set_queue_id(result, queue_id)
+    set_queue_offset(result, queue_offset)
+    set_offset(result, commit_log_offset)
+    set_size(result, size)
+    set_time(result, timestamp)
+    return result
 
 
 class MessageNotFound(NotFound):
@@ -192,22 +229,39 @@ class MessageStore:
 
     # -- writes --------------------------------------------------------------
 
-    def _prepare(self, messages: Sequence[Message]) -> list[record.PreparedRecord]:
-        config = self.config
-        prepared = []
+    def _prepare(self, messages: Sequence[Message]) -> list[_Prepared]:
+        """Validate and encode every message of a batch before anything is written.
+
+        Runs outside the append lock. Besides the unsealed record it computes
+        what dispatch needs (tag hash, index keys), so the locked part of
+        ``append`` does no per-message property work.
+        """
+        body_limit, properties_limit = self._body_limit, self.config.max_properties_size
+        store_host = self.config.store_host
+        prepared: list[_Prepared] = []
         for message in messages:
-            properties = check_message(message, self._body_limit, config.max_properties_size)
+            encoded = check_message(message, body_limit, properties_limit)
             try:
-                item = record.prepare(message, config.store_host, properties)
+                buffer = record.encode_unsealed(message, store_host, encoded)
             except (struct.error, ValueError, TypeError, OverflowError) as exc:
                 check_ranges(message)
                 raise IllegalMessageField(f"message cannot be encoded: {exc}") from None
-            if item.size > self._record_limit:
+            if len(buffer) > self._record_limit:
                 raise MessageBodyTooLarge(
-                    f"the record of {item.size} bytes does not fit in a commit-log segment of "
+                    f"the record of {len(buffer)} bytes does not fit in a commit-log segment of "
                     f"{self._record_limit} bytes; send a smaller message or raise segment_size"
                 )
-            prepared.append(item)
+            properties = message.properties
+            if encoded:  # empty only when there are no properties
+                tag = _cached_tag_hash(properties.get(PROPERTY_TAGS))
+                if PROPERTY_KEYS in properties:
+                    keys: Sequence[str] = index_keys(properties)
+                else:  # the usual case: only the unique id is indexed
+                    unique = properties.get(PROPERTY_UNIQUE_ID)
+                    keys = (unique,) if unique else ()
+            else:
+                tag, keys = 0, ()
+            prepared.append((buffer, message.topic, message.queue_id, tag, keys))
         return prepared
 
     def append(self, messages: Sequence[Message]) -> list[AppendResult]:
@@ -215,38 +269,34 @@ class MessageStore:
             return []
         prepared = self._prepare(messages)
         results: list[AppendResult] = []
-        commitlog, queues, index = self._commitlog, self._queues, self._index
+        write = self._commitlog.write_record
+        queue_put = self._queues.put
+        index_put = self._index.put_keys
         offsets = self._next_offsets
         with self._lock:
             if self._closed:
                 raise StoreClosed("the store is closed; open a new MessageStore")
             now = int(self._clock() * 1000)
-            for message, item in zip(messages, prepared, strict=True):
-                topic, queue_id = message.topic, message.queue_id
+            for buffer, topic, queue_id, tag, keys in prepared:
                 key = (topic, queue_id)
                 queue_offset = offsets.get(key, 0)
-                size = item.size
                 try:
-                    position = commitlog.append(item, queue_offset, now)
+                    position = write(buffer, queue_offset, now)
                 except OSError as exc:
                     raise StorageError(f"the commit log refused a write: {exc}") from exc
                 offsets[key] = queue_offset + 1
-                properties = message.properties
-                queues.put(
-                    topic, queue_id, queue_offset, position, size,
-                    _cached_tag_hash(properties.get(PROPERTY_TAGS)),
-                )  # fmt: skip
-                if properties:
-                    for k in index_keys(properties):
-                        index.put(topic, k, position, now)
-                results.append(AppendResult(topic, queue_id, queue_offset, position, size, now))
+                size = len(buffer)
+                queue_put(topic, queue_id, queue_offset, position, size, tag)
+                if keys:
+                    index_put(topic, keys, position, now)
+                results.append(_append_result(topic, queue_id, queue_offset, position, size, now))
             self._appends += len(results)
             if self._sync:
                 self._pending.extend(results)
         if self._sync:
             self._flusher.written()
         else:
-            self._visible_position = commitlog.write_position
+            self._visible_position = self._commitlog.write_position
             if self._listeners:
                 self._notify(results)
         return results

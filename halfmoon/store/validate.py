@@ -16,6 +16,7 @@ from halfmoon.store.record import PAIR_SEPARATOR, PROPERTY_SEPARATOR, encode_pro
 TOPIC_PATTERN = re.compile(r"[%a-zA-Z0-9_-]{1,127}")  # matched whole (fullmatch)
 _I32 = (-(2**31), 2**31 - 1)
 _I64 = (-(2**63), 2**63 - 1)
+_MAX_I32 = _I32[1]
 
 
 class IllegalTopic(InvalidArgument):
@@ -60,20 +61,73 @@ def check_topic(topic: str) -> str:
 
 
 def check_message(message: Message, max_body_size: int, max_properties_size: int) -> bytes:
-    """Check one message; return its encoded properties (so they are encoded once)."""
-    check_topic(message.topic)
+    """Check one message; return its encoded properties (so they are encoded once).
+
+    This runs once per appended message, so the common case is kept to a few
+    C-level calls: the topic is looked up in a set of names already found
+    legal, and the properties are checked on their encoded form (below).
+    Anything unusual takes a slow path that names the exact problem.
+    """
+    topic = message.topic
+    if topic not in _legal_topics:
+        _remember_topic(topic)
     queue_id = message.queue_id
-    if type(queue_id) is not int or not 0 <= queue_id <= _I32[1]:
+    if type(queue_id) is not int or not 0 <= queue_id <= _MAX_I32:
         raise IllegalQueueId(f"queue id must be an integer in [0, 2**31), got {queue_id!r}")
     body = message.body
-    if not isinstance(body, bytes | bytearray | memoryview):
+    if type(body) is not bytes and not isinstance(body, bytes | bytearray | memoryview):
         raise IllegalMessageField(f"message body must be bytes, got {type(body).__name__}")
     if len(body) > max_body_size:
         raise MessageBodyTooLarge(
             f"message body of {len(body)} bytes exceeds the limit of {max_body_size} bytes; "
             "send a smaller body or raise max_body_size"
         )
-    for key, value in message.properties.items():
+    properties = message.properties
+    if not properties and type(properties) is dict:
+        return b""
+    # Encode as record.encode_properties does, checking on the way: the join
+    # raises TypeError unless every key and value is a string, and the text is
+    # well formed exactly when it holds one PROPERTY_SEPARATOR per pair and
+    # one PAIR_SEPARATOR between pairs (so no key or value contains either)
+    # and no key is empty. Only a failing check runs the per-pair loop.
+    try:
+        text = PAIR_SEPARATOR.join(map(PROPERTY_SEPARATOR.join, properties.items()))
+    except TypeError:
+        text = None
+    n = len(properties)
+    if (
+        text is None
+        or "" in properties
+        or text.count(PROPERTY_SEPARATOR) != n
+        or text.count(PAIR_SEPARATOR) != n - 1
+    ):
+        _explain_properties(properties)
+        text = encode_properties(properties).decode("utf-8")[:-1]  # not reached: it raised
+    encoded = (text + PAIR_SEPARATOR).encode("utf-8")
+    if len(encoded) > max_properties_size:
+        raise MessagePropertiesTooLarge(
+            f"properties take {len(encoded)} bytes encoded, more than the limit of "
+            f"{max_properties_size}; move large values into the body"
+        )
+    return encoded
+
+
+# Topics already found legal: a set lookup instead of a regex (or an lru_cache
+# call) per message. Bounded: cleared when it grows past the limit.
+_legal_topics: set[str] = set()
+_LEGAL_TOPICS_LIMIT = 4096
+
+
+def _remember_topic(topic: str) -> None:
+    check_topic(topic)
+    if len(_legal_topics) >= _LEGAL_TOPICS_LIMIT:
+        _legal_topics.clear()
+    _legal_topics.add(topic)
+
+
+def _explain_properties(properties: dict[str, str]) -> None:
+    """Raise the error that names the first illegal property key or value."""
+    for key, value in properties.items():
         if not isinstance(key, str) or not key or PROPERTY_SEPARATOR in key or PAIR_SEPARATOR in key:
             raise IllegalPropertyKey(
                 f"property key {key!r} is illegal: keys must be non-empty strings without "
@@ -84,13 +138,6 @@ def check_message(message: Message, max_body_size: int, max_properties_size: int
                 f"value of property {key!r} is illegal: values must be strings without "
                 "the characters \\x01 and \\x02"
             )
-    encoded = encode_properties(message.properties)
-    if len(encoded) > max_properties_size:
-        raise MessagePropertiesTooLarge(
-            f"properties take {len(encoded)} bytes encoded, more than the limit of "
-            f"{max_properties_size}; move large values into the body"
-        )
-    return encoded
 
 
 def check_ranges(message: Message) -> None:
