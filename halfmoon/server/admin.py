@@ -506,10 +506,11 @@ def broker_collector(broker: Any) -> Callable[[], list[MetricFamily]]:
 
 
 def create_admin_app(
-    broker: Any, store: Any, config: Any, registry: MetricsRegistry | None = None
+    broker: Any, store: Any, config: Any, registry: MetricsRegistry | None = None, clients: Any = None
 ) -> web.Application:
     """The admin API over ``broker``; run it with aiohttp's ``AppRunner`` on
-    ``config.server.admin_listen``. ``registry`` defaults to the process-wide one."""
+    ``config.server.admin_listen``. ``registry`` defaults to the process-wide one;
+    ``clients`` is the gRPC server's ClientRegistry (connected consumers), if any."""
     app = web.Application(middlewares=[errors_and_metrics], client_max_size=1024 * 1024)
     app[BROKER_KEY] = broker
     app[STORE_KEY] = store
@@ -545,4 +546,8 @@ def create_admin_app(
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/openapi.json", get_openapi)
     app.router.add_get("/healthz", healthz)
+    from halfmoon.server import admin_messages, admin_operations  # they import this module
+
+    admin_messages.add_routes(app)
+    admin_operations.add_routes(app, clients)
     return app

@@ -259,6 +259,9 @@ SCHEMAS: dict[str, Any] = {
 
 @cache
 def openapi_document() -> dict[str, Any]:
+    from halfmoon.server.admin_openapi_ops import SCHEMAS as OPERATOR_SCHEMAS
+    from halfmoon.server.admin_openapi_ops import paths as operator_paths
+
     topic = [_path_param("topic", "Topic")]
     group = [_path_param("group", "Consumer group")]
     progress_params = [
@@ -345,6 +348,7 @@ def openapi_document() -> dict[str, Any]:
                             (200, _ref("TransactionGroupDecision"), "decided"), 400, 409,
                             params=[_path_param("group", "Transaction group"), resolution]),
             },
+            **operator_paths(),
             "/metrics": {"get": {"summary": "Prometheus metrics", "operationId": "getMetrics",
                                  "responses": {"200": text}}},
             "/openapi.json": {"get": {"summary": "This document", "operationId": "getOpenApi",
@@ -352,5 +356,5 @@ def openapi_document() -> dict[str, Any]:
             "/healthz": {"get": {"summary": "Liveness", "operationId": "getHealth",
                                  "responses": {"200": _json({"type": "object"}, "ok")}}},
         },
-        "components": {"schemas": SCHEMAS},
+        "components": {"schemas": {**SCHEMAS, **OPERATOR_SCHEMAS}},
     }

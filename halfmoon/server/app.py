@@ -74,7 +74,7 @@ def _format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def _start_admin(broker: Any, store: Any, config: Any) -> tuple[Any, str | None]:
+async def _start_admin(broker: Any, store: Any, config: Any, clients: Any = None) -> tuple[Any, str | None]:
     """Serve ``halfmoon.server.admin.create_admin_app(...)`` (an aiohttp application) on
     ``config.server.admin_listen``; the runner (for shutdown) and the bound address."""
     try:
@@ -87,7 +87,7 @@ async def _start_admin(broker: Any, store: Any, config: Any) -> tuple[Any, str |
     from aiohttp import web
 
     host, port = parse_host_port(config.server.admin_listen, what="admin listen address")
-    app = admin.create_admin_app(broker, store, config)
+    app = admin.create_admin_app(broker, store, config, clients=clients)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
@@ -165,7 +165,7 @@ async def serve(config: Any, *, stop: asyncio.Event | None = None) -> None:
             broker.set_check_sender(TelemetryCheckSender(registry))
         collector = _grpc_collector(registry, notifier)
         default_registry().add_collector(collector)
-        admin, admin_address = await _start_admin(broker, store, config)
+        admin, admin_address = await _start_admin(broker, store, config, registry)
         tick.start()
         _install_signal_handlers(loop, stop, force)
         log.info(

@@ -1,0 +1,369 @@
+"""Admin endpoints over stored messages: find, read, send, and scan (RocketMQ's
+queryMsgById / queryMsgByKey / queryMsgByOffset / sendMessage / consumeMessage / printMsg).
+
+    GET  /v1/messages/{message_id}?topic=T            by id, in T or in every topic
+    GET  /v1/topics/{topic}/messages?key=K&begin_ms=&end_ms=&limit=
+                                                      by key within a store-time range
+    POST /v1/topics/{topic}/messages                  send one message
+    GET  /v1/topics/{topic}/queues/{queue_id}/offsets/{offset}
+                                                      the message at queue + offset
+    GET  /v1/topics/{topic}/scan?queue=&offset=&begin_ms=&end_ms=&limit=
+                                 &filter_type=&filter=&bodies=&messages=
+                                                      read a range without any group
+
+Reads never touch consumer state: no offsets move, nothing becomes invisible.
+The message id is the unique id (``UNIQ_KEY``) the store indexes beside the
+keys, so a lookup by id is a key-index query; without ``topic`` every topic is
+searched (dead-letter copies keep their id, so one id may answer several
+messages). Bodies travel as UTF-8 text when they are, else base64
+(``body_encoding`` says which).
+
+A scan walks one queue (``queue``) or every readable queue in order, from
+``offset`` (one queue only), else from the first message stored at or after
+``begin_ms``, else from the queue's start; it stops at ``end_ms``, after
+``limit`` messages, or after examining ``MAX_SCAN_ENTRIES`` entries. Its answer
+carries ``next_offsets`` per queue and ``complete`` so a caller can continue
+where it stopped, and ``tag_counts`` over every matching message it saw.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from typing import Any
+
+from aiohttp import web
+
+from halfmoon.broker.filter_spec import FilterCache, FilterSpec
+from halfmoon.broker.message import MessageView, OutgoingMessage
+from halfmoon.errors import InvalidArgument
+from halfmoon.server.admin import ApiError, broker_of, call, read_body, reject_unknown, reply, take
+from halfmoon.store.api import GetStatus
+from halfmoon.store.store import MessageNotFound
+
+MAX_SCAN_ENTRIES = 100_000  # per request: a caller pages with next_offsets
+MAX_SCAN_LIMIT = 10_000  # messages per answer
+MAX_KEY_RESULTS = 1_000
+NO_TAG = "(none)"
+_READ_BATCH = 64
+
+_filters = FilterCache(capacity=64)
+
+
+# -- JSON of a message ----------------------------------------------------------------
+
+
+def message_json(view: MessageView, *, body: bool = True) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "message_id": view.message_id,
+        "topic": view.topic,
+        "queue_id": view.queue_id,
+        "queue_offset": view.queue_offset,
+        "commit_log_offset": view.commit_log_offset,
+        "tag": view.tag,
+        "keys": view.keys,
+        "message_type": view.message_type.value,
+        "message_group": view.message_group,
+        "delivery_timestamp": view.delivery_timestamp,
+        "born_timestamp": view.born_timestamp,
+        "store_timestamp": view.store_timestamp,
+        "born_host": view.born_host,
+        "store_host": view.store_host,
+        "properties": view.properties,
+        "body_size": len(view.body),
+    }
+    if body:
+        try:
+            data["body"], data["body_encoding"] = view.body.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            data["body"], data["body_encoding"] = base64.b64encode(view.body).decode(), "base64"
+    return data
+
+
+# -- query parameters ------------------------------------------------------------------
+
+
+def query_int(request: web.Request, name: str, *, minimum: int = 0, default: int | None = None) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(f"query parameter {name!r} must be an integer, not {raw!r}") from None
+    if value < minimum:
+        raise ApiError(f"query parameter {name!r} must be at least {minimum}, not {value}")
+    return value
+
+
+def query_bool(request: web.Request, name: str, default: bool) -> bool:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes"):
+        return True
+    if raw.lower() in ("0", "false", "no"):
+        return False
+    raise ApiError(f"query parameter {name!r} must be true or false, not {raw!r}")
+
+
+def _time_range(request: web.Request) -> tuple[int, int]:
+    begin = query_int(request, "begin_ms", default=0) or 0
+    end = query_int(request, "end_ms", default=2**63 - 1)
+    assert end is not None
+    if end < begin:
+        raise ApiError(f"end_ms ({end}) is before begin_ms ({begin})")
+    return begin, end
+
+
+def _existing_topic(broker: Any, name: str) -> Any:
+    # Unlike broker.get_topic, never auto-create what an operator only looks at.
+    topic = broker.topics.find(name)
+    if topic is None:
+        from halfmoon.broker.errors import TopicNotFound
+
+        raise TopicNotFound(name)
+    return topic
+
+
+# -- handlers ---------------------------------------------------------------------------
+
+
+async def get_message_by_id(request: web.Request) -> web.Response:
+    broker = broker_of(request)
+    message_id = request.match_info["message_id"]
+    topic = request.query.get("topic") or None
+
+    def find() -> list[dict[str, Any]]:
+        if topic is not None:
+            _existing_topic(broker, topic)
+            names = [topic]
+        else:
+            names = [t.name for t in broker.list_topics()]
+        found = []
+        for name in names:
+            for stored in broker.store.query_by_key(name, message_id, max_results=16):
+                if stored.unique_id == message_id:
+                    found.append(message_json(MessageView.of(stored)))
+        if not found:
+            where = f"topic {topic!r}" if topic else "any topic"
+            raise MessageNotFound(
+                f"no message with id {message_id!r} in {where} (it may be older than the "
+                "retention, or the id may be mistyped)"
+            )
+        return found
+
+    return reply({"message_id": message_id, "messages": await call(find)})
+
+
+async def query_by_key(request: web.Request) -> web.Response:
+    broker = broker_of(request)
+    topic = request.match_info["topic"]
+    key = request.query.get("key")
+    if not key:
+        raise ApiError("query parameter 'key' is required")
+    begin, end = _time_range(request)
+    limit = query_int(request, "limit", minimum=1, default=64)
+    assert limit is not None
+    limit = min(limit, MAX_KEY_RESULTS)
+
+    def find() -> list[dict[str, Any]]:
+        _existing_topic(broker, topic)
+        found = broker.store.query_by_key(topic, key, begin, end, limit)
+        return [message_json(MessageView.of(m)) for m in found if key in m.keys]
+
+    messages = await call(find)
+    return reply({"topic": topic, "key": key, "begin_ms": begin, "end_ms": end, "messages": messages})
+
+
+async def get_message_at(request: web.Request) -> web.Response:
+    broker = broker_of(request)
+    topic = request.match_info["topic"]
+    queue_id = _path_int(request, "queue_id")
+    offset = _path_int(request, "offset")
+
+    def read() -> dict[str, Any]:
+        config = _existing_topic(broker, topic)
+        if queue_id not in config.readable_queues():
+            raise InvalidArgument(
+                f"topic {topic!r} has no queue {queue_id} (0 to {len(config.readable_queues()) - 1})"
+            )
+        got = broker.store.get(topic, queue_id, offset, max_messages=1)
+        if got.status is not GetStatus.FOUND or got.messages[0].queue_offset != offset:
+            raise MessageNotFound(
+                f"queue {queue_id} of {topic!r} has no message at offset {offset} "
+                f"(it holds offsets {got.min_offset} to {max(got.min_offset, got.max_offset - 1)}"
+                f"{'' if got.max_offset > got.min_offset else ', none yet'})"
+            )
+        return message_json(MessageView.of(got.messages[0]))
+
+    return reply(await call(read))
+
+
+def _path_int(request: web.Request, name: str) -> int:
+    raw = request.match_info[name]
+    if not raw.isdigit():
+        raise ApiError(f"{name.replace('_', ' ')} must be a non-negative integer, not {raw!r}")
+    return int(raw)
+
+
+SEND_FIELDS = {"body", "body_encoding", "tag", "keys", "queue_id", "properties", "message_group",
+               "delivery_timestamp"}
+
+
+async def send_message(request: web.Request) -> web.Response:
+    body = await read_body(request)
+    reject_unknown(body, SEND_FIELDS)
+    text = take(body, "body", str, required=True)
+    encoding = take(body, "body_encoding", str, choices=["utf-8", "base64"]) or "utf-8"
+    if encoding == "base64":
+        try:
+            payload = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise ApiError("field 'body' is not valid base64") from None
+    else:
+        payload = text.encode("utf-8")
+    keys = take(body, "keys", list) or []
+    properties = take(body, "properties", dict) or {}
+    if not all(isinstance(k, str) for k in keys):
+        raise ApiError("field 'keys' must be an array of strings")
+    if not all(isinstance(v, str) for v in properties.values()):
+        raise ApiError("field 'properties' must map names to strings")
+    message = OutgoingMessage(
+        topic=request.match_info["topic"],
+        body=payload,
+        tag=take(body, "tag", str),
+        keys=keys,
+        properties=properties,
+        queue_id=take(body, "queue_id", int, minimum=0),
+        message_group=take(body, "message_group", str),
+        delivery_timestamp=take(body, "delivery_timestamp", int, minimum=0),
+        born_host="admin",
+    )
+    broker = broker_of(request)
+
+    def send() -> Any:
+        _existing_topic(broker, message.topic)
+        message.born_timestamp = int(time.time() * 1000)
+        result = broker.send([message])[0]
+        if result.end_offset:
+            broker.store.wait_durable(result.end_offset)
+        return result
+
+    result = await call(send)
+    return reply(
+        {
+            "message_id": result.message_id,
+            "topic": result.topic,
+            "queue_id": result.queue_id,
+            "queue_offset": result.queue_offset,
+            "commit_log_offset": result.commit_log_offset,
+        },
+        status=201,
+    )
+
+
+async def scan_messages(request: web.Request) -> web.Response:
+    broker = broker_of(request)
+    topic = request.match_info["topic"]
+    queue = query_int(request, "queue")
+    offset = query_int(request, "offset")
+    if offset is not None and queue is None:
+        raise ApiError("'offset' needs 'queue': offsets belong to one queue")
+    begin, end = _time_range(request)
+    limit = query_int(request, "limit", minimum=1, default=32)
+    assert limit is not None
+    if limit > MAX_SCAN_LIMIT:
+        raise ApiError(f"'limit' is at most {MAX_SCAN_LIMIT}; page with next_offsets")
+    filter_type = (request.query.get("filter_type") or "tag").upper()
+    if filter_type not in ("TAG", "SQL92"):
+        raise ApiError(f"'filter_type' must be tag or sql92, not {filter_type.lower()!r}")
+    spec = FilterSpec(filter_type, request.query.get("filter") or "*")
+    bodies = query_bool(request, "bodies", True)
+    with_messages = query_bool(request, "messages", True)
+
+    def scan() -> dict[str, Any]:
+        config = _existing_topic(broker, topic)
+        queues = list(config.readable_queues())
+        if queue is not None:
+            if queue not in queues:
+                raise InvalidArgument(f"topic {topic!r} has no queue {queue} (0 to {len(queues) - 1})")
+            queues = [queue]
+        compiled = _filters.get(spec)
+        return _scan(broker.store, topic, queues, offset, begin, end, limit, compiled, bodies, with_messages)
+
+    return reply({"topic": topic, "filter_type": filter_type.lower(), "filter": spec.expression,
+                  **(await call(scan))})
+
+
+def _scan(store: Any, topic: str, queues: list[int], offset: int | None, begin: int, end: int,
+          limit: int, compiled: Any, bodies: bool, with_messages: bool) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = []
+    tag_counts: dict[str, int] = {}
+    next_offsets: dict[str, int] = {}
+    matched = examined = 0
+    complete = True
+    for queue_id in queues:
+        if offset is not None:
+            position = offset
+        elif begin > 0:
+            position = store.offset_for_timestamp(topic, queue_id, begin)
+        else:
+            position = store.min_offset(topic, queue_id)
+        position = max(position, store.min_offset(topic, queue_id))
+        high = store.max_offset(topic, queue_id)
+        done = False
+        while not done and position < high:
+            if (with_messages and len(messages) >= limit) or examined >= MAX_SCAN_ENTRIES:
+                complete = False
+                break
+            got = store.get(topic, queue_id, position, _READ_BATCH)  # filter below: count what we skip
+            if got.status is GetStatus.OFFSET_TOO_SMALL:
+                position = got.next_offset
+                continue
+            if not got.messages:
+                position = got.next_offset if got.next_offset > position else high
+                continue
+            for stored in got.messages:
+                examined += 1
+                if stored.store_timestamp > end:
+                    done = True
+                    break
+                position = stored.queue_offset + 1
+                if stored.store_timestamp < begin:
+                    continue
+                if compiled.tag_hashes is not None and not _tag_matches(compiled, stored):
+                    continue
+                if not compiled.matches(stored):
+                    continue
+                matched += 1
+                tag = stored.tags or NO_TAG
+                tag_counts[tag] = tag_counts.get(tag, 0) + 1
+                if with_messages:
+                    messages.append(message_json(MessageView.of(stored), body=bodies))
+                    if len(messages) >= limit:
+                        break
+        next_offsets[str(queue_id)] = position
+    return {
+        "messages": messages,
+        "matched": matched,
+        "examined": examined,
+        "tag_counts": dict(sorted(tag_counts.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "next_offsets": next_offsets,
+        "complete": complete,
+    }
+
+
+def _tag_matches(compiled: Any, stored: Any) -> bool:
+    from halfmoon.store.message import tag_hash
+
+    return tag_hash(stored.tags) in compiled.tag_hashes
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/messages/{message_id}", get_message_by_id)
+    app.router.add_get("/v1/topics/{topic}/messages", query_by_key)
+    app.router.add_post("/v1/topics/{topic}/messages", send_message)
+    app.router.add_get("/v1/topics/{topic}/queues/{queue_id}/offsets/{offset}", get_message_at)
+    app.router.add_get("/v1/topics/{topic}/scan", scan_messages)

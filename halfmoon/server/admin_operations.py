@@ -1,0 +1,274 @@
+"""Admin endpoints for operators: cluster and broker status, runtime configuration,
+statistics, routes, connected clients and offset resets (RocketMQ's clusterList,
+brokerStatus, getBrokerConfig / updateBrokerConfig, statsAll, topicRoute,
+consumerStatus, resetOffsetByTime).
+
+    GET   /v1/cluster                       the brokers (one: this process) and their addresses
+    GET   /v1/broker/status                 TPS, disk, store, pending transactions, clients
+    GET   /v1/runtime-config                keys that may change while running, with values
+    PATCH /v1/runtime-config                {"changes": {"broker.max_body_size": "8MiB", ...}}
+    GET   /v1/statistics?topic=&group=      in/out per second and over 24 h, and lag
+    GET   /v1/topics/{topic}/route          queues, permissions, accepted types, address
+    GET   /v1/groups/{group}/clients        connected consumers and what they subscribe
+    POST  /v1/groups/{group}/reset-offset   {"topic", "timestamp_ms"}: new offset per queue
+
+Runtime changes last until the process stops (put them in the configuration
+file to keep them); all keys of one request are checked before any applies.
+Connected clients come from the gRPC server's client registry, which
+``halfmoon serve`` hands to the admin app; without it (an admin app on its
+own) the list is empty and ``registry`` is false.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from importlib import metadata
+from typing import Any
+
+from aiohttp import web
+
+from halfmoon.errors import InvalidArgument
+from halfmoon.server.admin import (
+    CONFIG_KEY,
+    ApiError,
+    _existing_group,
+    _existing_topic,
+    broker_of,
+    call,
+    jsonable,
+    read_body,
+    reject_unknown,
+    reply,
+    take,
+)
+
+CLIENTS_KEY: web.AppKey[Any] = web.AppKey("clients", object)
+
+# Keys the broker reads each time it uses them, so a change takes effect at once.
+# (Others are copied into long-lived objects at startup and need a restart.)
+RUNTIME_KEYS: dict[str, str] = {
+    "broker.auto_create_topics": "create a mixed topic on first use",
+    "broker.auto_create_groups": "create a consumer group on first use",
+    "broker.default_queue_count": "queues of a topic created without a count",
+    "broker.max_body_size": "largest message body accepted",
+    "broker.default_invisible_ms": "invisibility of received messages when the client names none",
+    "broker.max_delay_ms": "how far ahead a delivery time may be",
+    "broker.max_message_group_length": "longest FIFO message group name",
+}
+
+
+class UnknownRuntimeKey(InvalidArgument):
+    code = "ILLEGAL_CONFIG"
+
+
+def _version() -> str:
+    try:
+        return metadata.version("halfmoon")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _addresses(request: web.Request) -> tuple[str, str]:
+    server = getattr(request.app[CONFIG_KEY], "server", None)
+    listen = getattr(server, "listen", "-")
+    advertise = getattr(server, "advertise_host", None)
+    if advertise and ":" in listen:
+        listen = f"{advertise}:{listen.rsplit(':', 1)[1]}"
+    return listen, f"http://{request.host}"
+
+
+async def get_cluster(request: web.Request) -> web.Response:
+    broker = broker_of(request)
+    status = jsonable(await call(broker.status))
+    grpc, admin = _addresses(request)
+    entry = {
+        "broker": status.get("name"),
+        "role": "master",
+        "grpc": grpc,
+        "admin": admin,
+        "version": _version(),
+        "uptime_ms": status.get("uptime_ms"),
+        "tps_in": status.get("tps_in"),
+        "tps_out": status.get("tps_out"),
+    }
+    return reply({"cluster": status.get("name"), "brokers": [entry]})
+
+
+async def get_broker_status(request: web.Request) -> web.Response:
+    broker = broker_of(request)
+
+    def collect() -> dict[str, Any]:
+        status = jsonable(broker.status())
+        extra = status.pop("extra", {}) or {}
+        stats = jsonable(broker.store.stats())
+        data: dict[str, Any] = {**status, **extra}
+        data["segments"] = stats.get("segments")
+        data["unflushed_bytes"] = stats["commit_log_max_offset"] - stats["commit_log_flushed_offset"]
+        data_dir = getattr(getattr(request.app[CONFIG_KEY], "store", None), "data_dir", None)
+        if data_dir is not None:
+            try:
+                usage = shutil.disk_usage(data_dir)
+                data["disk_free_bytes"] = usage.free
+                data["disk_used_ratio"] = round(1 - usage.free / usage.total, 4) if usage.total else None
+            except OSError:
+                pass
+        if hasattr(broker, "transaction_stats"):
+            txn = jsonable(broker.transaction_stats())
+            data["pending_transactions"] = txn.get("pending")
+            data["parked_transactions"] = txn.get("parked")
+        return data
+
+    data = await call(collect)
+    clients = request.app.get(CLIENTS_KEY)
+    if clients is not None:
+        sessions = clients.sessions()
+        data["clients"] = len(sessions)
+        data["producers"] = sum(1 for s in sessions if s.is_producer)
+    return reply(data)
+
+
+def _runtime_values(broker: Any) -> list[dict[str, Any]]:
+    out = []
+    for key, description in RUNTIME_KEYS.items():
+        section, name = key.split(".", 1)
+        out.append({"key": key, "value": getattr(broker.config, name), "description": description})
+    return out
+
+
+async def get_runtime_config(request: web.Request) -> web.Response:
+    return reply({"keys": _runtime_values(broker_of(request))})
+
+
+async def set_runtime_config(request: web.Request) -> web.Response:
+    body = await read_body(request)
+    reject_unknown(body, {"changes"})
+    changes = take(body, "changes", dict, required=True)
+    if not changes:
+        raise ApiError("field 'changes' is empty: give at least one key and value")
+    from halfmoon.config import iter_keys
+
+    known = {info.key: info for info in iter_keys()}
+    converted: dict[str, Any] = {}
+    for key, raw in changes.items():
+        if key not in RUNTIME_KEYS:
+            hint = "it needs a restart" if key in known else "no such key"
+            raise UnknownRuntimeKey(
+                f"{key!r} cannot be changed while running ({hint}); runtime keys: "
+                f"{', '.join(RUNTIME_KEYS)}"
+            )
+        info = known[key]
+        try:
+            value = info.convert(raw if isinstance(raw, str) else raw)
+        except (ValueError, TypeError) as exc:
+            raise UnknownRuntimeKey(f"bad value {raw!r} for {key}: {exc}") from None
+        if info.type is int and value < 1:
+            raise UnknownRuntimeKey(f"bad value {raw!r} for {key}: must be at least 1")
+        converted[key] = value
+    broker = broker_of(request)
+    for key, value in converted.items():
+        setattr(broker.config, key.split(".", 1)[1], value)
+    return reply({"changed": sorted(converted), "keys": _runtime_values(broker)})
+
+
+async def get_statistics(request: web.Request) -> web.Response:
+    broker = broker_of(request)
+    topic = request.query.get("topic") or None
+    group = request.query.get("group") or None
+
+    def collect() -> list[dict[str, Any]]:
+        if topic is not None:
+            _existing_topic(broker, topic)
+        if group is not None:
+            _existing_group(broker, group)
+        rows = [jsonable(r) for r in broker.statistics.rows(topic=topic, group=group)]
+        lags: dict[tuple[str, str], int] = {}
+        for row in rows:
+            if row["group"] is not None and (row["topic"], row["group"]) not in lags:
+                progress = broker.group_progress(row["group"], None)
+                for q in progress:
+                    lags[(q.topic, q.group)] = lags.get((q.topic, q.group), 0) + q.lag
+        for row in rows:
+            row["direction"] = "in" if row["group"] is None else "out"
+            if row["group"] is not None:
+                row["lag"] = lags.get((row["topic"], row["group"]), 0)
+        return rows
+
+    rows = await call(collect)
+    return reply({"topic": topic, "group": group, "now_ms": int(time.time() * 1000), "rows": rows})
+
+
+async def get_route(request: web.Request) -> web.Response:
+    broker = broker_of(request)
+    name = request.match_info["topic"]
+
+    def collect() -> Any:
+        _existing_topic(broker, name)
+        return broker.route(name)
+
+    routes = jsonable(await call(collect))
+    grpc, _admin = _addresses(request)
+    broker_name = broker.config.name
+    queues = [{**q, "broker": broker_name, "address": grpc} for q in routes]
+    return reply({"topic": name, "brokers": [{"broker": broker_name, "address": grpc}], "queues": queues})
+
+
+async def get_group_clients(request: web.Request) -> web.Response:
+    broker = broker_of(request)
+    name = request.match_info["group"]
+    group = jsonable(await call(_existing_group, broker, name))
+    clients = request.app.get(CLIENTS_KEY)
+    described = []
+    if clients is not None:
+        for session in clients.consumers(name):
+            info = session.describe()
+            info["subscriptions"] = _subscriptions(session)
+            described.append(info)
+    described.sort(key=lambda c: c["client_id"])
+    return reply({"group": name, "broadcast": group.get("broadcast"), "registry": clients is not None,
+                  "clients": described})
+
+
+def _subscriptions(session: Any) -> list[dict[str, str]]:
+    """What the client said it subscribes to (topic and filter), from its settings."""
+    settings = session.settings
+    subs = []
+    if settings is not None and settings.HasField("subscription"):
+        for entry in settings.subscription.subscriptions:
+            kind = {1: "tag", 2: "sql92"}.get(int(entry.expression.type), "tag")
+            subs.append({"topic": entry.topic.name, "filter_type": kind,
+                         "filter": entry.expression.expression or "*"})
+    if not subs:
+        subs = [{"topic": t, "filter_type": "tag", "filter": "*"} for t in sorted(session.topics)]
+    return subs
+
+
+async def reset_offset(request: web.Request) -> web.Response:
+    body = await read_body(request)
+    reject_unknown(body, {"topic", "timestamp_ms"})
+    topic = take(body, "topic", str, required=True)
+    timestamp = take(body, "timestamp_ms", int, required=True, minimum=0)
+    broker = broker_of(request)
+    name = request.match_info["group"]
+
+    def reset() -> dict[int, int]:
+        _existing_group(broker, name)
+        _existing_topic(broker, topic)
+        return broker.reset_offset(name, topic, timestamp)
+
+    offsets = await call(reset)
+    queues = [{"queue_id": q, "offset": o} for q, o in sorted(offsets.items())]
+    return reply({"group": name, "topic": topic, "timestamp_ms": timestamp, "queues": queues})
+
+
+def add_routes(app: web.Application, clients: Any = None) -> None:
+    if clients is not None:
+        app[CLIENTS_KEY] = clients
+    app.router.add_get("/v1/cluster", get_cluster)
+    app.router.add_get("/v1/broker/status", get_broker_status)
+    app.router.add_get("/v1/runtime-config", get_runtime_config)
+    app.router.add_patch("/v1/runtime-config", set_runtime_config)
+    app.router.add_get("/v1/statistics", get_statistics)
+    app.router.add_get("/v1/topics/{topic}/route", get_route)
+    app.router.add_get("/v1/groups/{group}/clients", get_group_clients)
+    app.router.add_post("/v1/groups/{group}/reset-offset", reset_offset)
