@@ -16,7 +16,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from halfmoon.cli import group_commands, serve_command, status_command, topic_commands
+from halfmoon.cli import (
+    group_commands,
+    serve_command,
+    status_command,
+    topic_commands,
+    transaction_commands,
+)
 from halfmoon.cli.admin_client import CliError
 from halfmoon.cli.parser import UsageError, new_parser
 
@@ -34,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_command.register(commands)
     topic_commands.register(commands)
     group_commands.register(commands)
+    transaction_commands.register(commands)
     status_command.register(commands)
     return parser
 
