@@ -46,6 +46,16 @@ from halfmoon.broker.statistics import TrafficStatistics
 from halfmoon.broker.stats import BrokerStatus, RateCounter
 from halfmoon.broker.timer import DelayTimer
 from halfmoon.broker.topics import TIMER_TOPIC, TopicConfig, TopicRegistry, is_reserved
+from halfmoon.broker.transaction_state import TxnState
+from halfmoon.broker.transactions import (
+    CheckSender,
+    CheckService,
+    EndResult,
+    TransactionConfig,
+    TransactionInfo,
+    TransactionService,
+    TransactionStats,
+)
 from halfmoon.errors import InvalidArgument
 from halfmoon.store.api import AppendResult, GetStatus, Store
 from halfmoon.store.message import Message, StoredMessage
@@ -101,6 +111,7 @@ class Broker:
         metadata_dir: Path | None,
         config: BrokerConfig | None = None,
         clock: Clock | None = None,
+        transaction_config: TransactionConfig | None = None,
     ) -> None:
         self.store = store
         self.config = config = config if config is not None else BrokerConfig()
@@ -135,6 +146,9 @@ class Broker:
             dead_letter=self._dead_letter,
             state_path=metadata_dir / "consumption.json" if metadata_dir is not None else None,
         )
+        txn_config = transaction_config if transaction_config is not None else TransactionConfig()
+        self.transactions = TransactionService(store, metadata_dir, txn_config, clock)
+        self._checks = CheckService(self.transactions, txn_config, self._started_ms)
         store.add_listener(self._on_append)
 
     # -- lifecycle ---------------------------------------------------------------
@@ -144,6 +158,7 @@ class Broker:
             self.timer.persist()
             self.offsets.persist()
             self._pop.close()
+            self.transactions.close()
             self.topics.close()
             self.groups.close()
 
@@ -152,6 +167,8 @@ class Broker:
         with self._tick_lock:
             now = self.clock.now_ms()
             self.timer.tick(now)
+            self._checks.tick(now)
+            self.transactions.maybe_snapshot(now)
             self.offsets.maybe_persist(now)
             if now - self._last_snapshot_ms >= self.config.offset_persist_interval_ms:
                 self._last_snapshot_ms = now
@@ -286,7 +303,11 @@ class Broker:
         if not messages:
             return []
         planned = plan_send(list(messages), self.get_topic, self._selector, self.config, self.clock.now_ms())
-        appended = self.store.append([p.record for p in planned])
+        transaction_ids: list[str | None] = [None] * len(planned)
+        if any(m.message_type is MessageType.TRANSACTION for m in messages):
+            appended, transaction_ids = self.transactions.append(messages, planned)  # halves: invisible
+        else:
+            appended = self.store.append([p.record for p in planned])
         self._in.add(len(planned))
         self.statistics.record_in(p.topic for p in planned)
         return [
@@ -294,12 +315,69 @@ class Broker:
                 message_id=p.message_id,
                 topic=p.topic,
                 queue_id=p.queue_id,
-                queue_offset=-1 if p.delayed else r.queue_offset,
+                queue_offset=-1 if p.delayed else r.queue_offset,  # a half message: its half-queue offset
                 commit_log_offset=r.commit_log_offset,
                 end_offset=r.end_offset,
+                transaction_id=txn,
             )
-            for p, r in zip(planned, appended, strict=True)
+            for p, r, txn in zip(planned, appended, transaction_ids, strict=True)
         ]
+
+    # -- transactions (halfmoon/broker/transactions) -------------------------------
+    def end_transaction(
+        self,
+        topic: str,
+        message_id: str,
+        transaction_id: str,
+        resolution: str,
+        source: str,
+        producer_group: str | None = None,
+    ) -> TxnState:
+        """Commit, roll back or leave (``unknown``) a transaction; returns once the decision is durable.
+
+        ``resolution``: commit|rollback|unknown; ``source``: client|check|operator.
+        Repeating a decision is a no-op; the opposite raises TransactionAlreadyEnded.
+        """
+        result = self.end_transaction_nowait(topic, message_id, transaction_id, resolution, source, producer_group)
+        if result.end_offset:
+            self.store.wait_durable(result.end_offset)
+        return result.state
+
+    def end_transaction_nowait(
+        self,
+        topic: str,
+        message_id: str,
+        transaction_id: str,
+        resolution: str,
+        source: str,
+        producer_group: str | None = None,
+    ) -> EndResult:
+        """As :meth:`end_transaction`, returning once written: await store.durable(result.end_offset)."""
+        return self.transactions.end(transaction_id, resolution, source, message_id=message_id, topic=topic)
+
+    def end_transaction_group(self, group_id: str, resolution: str, source: str = "client") -> int:
+        """Commit or roll back every member of a transaction group atomically; members decided now."""
+        count, end_offset = self.transactions.end_group(group_id, resolution, source)
+        if end_offset:
+            self.store.wait_durable(end_offset)
+        return count
+
+    def list_transactions(self, topic: str | None = None, limit: int = 1000) -> list[TransactionInfo]:
+        """Undecided transactions (prepared and parked), oldest first."""
+        return self.transactions.list(topic=topic, limit=limit)
+
+    def parked_transactions(self, limit: int = 1000) -> list[TransactionInfo]:
+        return self.transactions.list(state=TxnState.PARKED, limit=limit)
+
+    def resume_transaction(self, transaction_id: str) -> TransactionInfo:
+        """Put a parked transaction back under checks (count reset)."""
+        return self.transactions.resume(transaction_id)
+
+    def set_check_sender(self, sender: CheckSender | None) -> None:
+        self._checks.set_sender(sender)
+
+    def transaction_stats(self) -> TransactionStats:
+        return self.transactions.stats()
 
     # -- pop ---------------------------------------------------------------------
     def receive(

@@ -1,0 +1,46 @@
+"""``TransactionConfig``: the ``transaction`` section of the configuration file.
+
+Durations are milliseconds (``--set transaction.check_interval_ms=1s`` reads a
+duration). The defaults are RocketMQ's where it has one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from halfmoon.errors import InvalidArgument
+
+
+@dataclass
+class TransactionConfig:
+    # A half message without a decision is first checked this long after it was stored...
+    timeout_ms: int = 6_000
+    # ...by a scan that runs this often; each scan checks every due message once.
+    check_interval_ms: int = 30_000
+    # After this many checks actually sent without an answer the message is parked.
+    check_max: int = 15
+    # Ceiling on a producer's per-message check immunity (orphaned transaction recovery duration).
+    max_immunity_ms: int = 3_600_000
+    # How often the pending set is snapshotted (bounds the restart scan), when it changed.
+    snapshot_interval_ms: int = 5_000
+    # Members of a transaction group committed per store append.
+    group_batch_size: int = 256
+    # Recent decisions kept in memory to answer repeated EndTransactions without I/O.
+    decided_cache_size: int = 65_536
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.timeout_ms < 0:
+            problems.append("timeout_ms must be >= 0")
+        if self.check_interval_ms <= 0 or self.snapshot_interval_ms <= 0:
+            problems.append("check_interval_ms and snapshot_interval_ms must be positive")
+        if self.check_max < 1:
+            problems.append("check_max must be at least 1")
+        if self.max_immunity_ms < 0:
+            problems.append("max_immunity_ms must be >= 0")
+        if self.group_batch_size < 1 or self.decided_cache_size < 1:
+            problems.append("group_batch_size and decided_cache_size must be positive")
+        if problems:
+            raise InvalidArgument(
+                "invalid transaction configuration: " + "; ".join(problems), code="BAD_CONFIG"
+            )

@@ -1,0 +1,36 @@
+"""Errors a producer or an operator can cause with transactions (stable codes)."""
+
+from __future__ import annotations
+
+from halfmoon.broker.transaction_state import TransactionAlreadyEnded, TransactionStateError
+from halfmoon.errors import InvalidArgument
+
+
+class InvalidTransactionId(InvalidArgument):
+    """Not a transaction id this broker issued, or one whose half message is gone."""
+
+    code = "INVALID_TRANSACTION_ID"
+
+
+class IllegalTransactionGroup(InvalidArgument):
+    code = "ILLEGAL_TRANSACTION_GROUP"
+
+
+class TransactionGroupMember(TransactionStateError):
+    """A member of a transaction group ended on its own: only the group decides."""
+
+    code = "TRANSACTION_GROUP_MEMBER"
+
+
+class TransactionGroupEnded(TransactionAlreadyEnded):
+    """A half message sent to a transaction group that is already committed or rolled back."""
+
+
+__all__ = [
+    "IllegalTransactionGroup",
+    "InvalidTransactionId",
+    "TransactionAlreadyEnded",
+    "TransactionGroupEnded",
+    "TransactionGroupMember",
+    "TransactionStateError",
+]

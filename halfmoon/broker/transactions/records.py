@@ -1,0 +1,148 @@
+"""The three shapes of a transactional message in the store, and what is known of a pending one.
+
+1. the *half* record in ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0: the producer's
+   message with its real topic and queue in ``REAL_TOPIC`` / ``REAL_QID``,
+   ``TRAN_MSG=true``, sys flag ``TRANSACTION_PREPARED``, the producer group
+   and the (capped) check immunity in seconds;
+2. the *real* record appended on commit to the real topic and queue: the same
+   message id, body and user properties, sys flag ``TRANSACTION_COMMITTED``,
+   and the half record's offset in ``prepared_transaction_offset`` (the
+   back-reference recovery uses to tell a landed commit from a torn one);
+3. the *parked* copy in ``TRANS_CHECK_MAX_TIME_TOPIC`` once checks ran out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from halfmoon.broker.message import (
+    PROPERTY_CHECK_IMMUNITY,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TRANSACTION_GROUP,
+    PROPERTY_TRANSACTION_PREPARED,
+    MessageView,
+)
+from halfmoon.broker.transaction_state import TxnState
+from halfmoon.broker.transactions.ids import encode_transaction_id
+from halfmoon.broker.transactions.oplog import CHECK_MAX_TOPIC, HALF_TOPIC, QUEUE_ID
+from halfmoon.store.message import Message, StoredMessage, SysFlag
+
+_ROUTING = (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TRANSACTION_PREPARED, PROPERTY_CHECK_IMMUNITY)
+
+
+@dataclass(slots=True)
+class PendingTxn:
+    """A half message without a decision (PREPARED or PARKED): all the service keeps in memory."""
+
+    half_offset: int
+    half_end: int  # commit-log offset just past the half record
+    topic: str
+    queue_id: int
+    message_id: str
+    keys: tuple[str, ...]
+    producer_group: str | None
+    group: str | None
+    stored_ms: int
+    due_ms: int  # when it is first checked: stored + immunity, else stored + timeout
+    checks: int = 0
+    state: TxnState = TxnState.PREPARED
+    last_check_ms: int | None = None
+
+    @property
+    def transaction_id(self) -> str:
+        return encode_transaction_id(self.half_offset)
+
+
+def make_half(record: Message, real_topic: str, real_queue_id: int, immunity_s: int | None) -> Message:
+    """Turn a planned record for ``real_topic`` into its half record (in place; returned)."""
+    props = record.properties
+    props[PROPERTY_REAL_TOPIC] = real_topic
+    props[PROPERTY_REAL_QUEUE_ID] = str(real_queue_id)
+    props[PROPERTY_TRANSACTION_PREPARED] = "true"
+    if immunity_s is not None and immunity_s > 0:
+        props[PROPERTY_CHECK_IMMUNITY] = str(immunity_s)
+    else:
+        props.pop(PROPERTY_CHECK_IMMUNITY, None)
+    record.topic = HALF_TOPIC
+    record.queue_id = QUEUE_ID
+    record.sys_flag = (record.sys_flag & ~SysFlag.TRANSACTION_MASK) | SysFlag.TRANSACTION_PREPARED
+    return record
+
+
+def immunity_ms_of(properties: dict[str, str]) -> int:
+    try:
+        return max(0, int(properties.get(PROPERTY_CHECK_IMMUNITY, "0")) * 1000)
+    except ValueError:
+        return 0
+
+
+def pending_from_half(half: StoredMessage, stored_ms: int, timeout_ms: int) -> PendingTxn | None:
+    """What to keep of a stored half record; None when it is not one (logged by the caller)."""
+    props = half.properties
+    topic = props.get(PROPERTY_REAL_TOPIC)
+    try:
+        queue_id = int(props.get(PROPERTY_REAL_QUEUE_ID, ""))
+    except ValueError:
+        return None
+    if not topic:
+        return None
+    immunity = immunity_ms_of(props)
+    return PendingTxn(
+        half_offset=half.commit_log_offset,
+        half_end=half.commit_log_offset + half.size,
+        topic=topic,
+        queue_id=queue_id,
+        message_id=half.unique_id or "",
+        keys=tuple(half.keys),
+        producer_group=props.get(PROPERTY_PRODUCER_GROUP),
+        group=props.get(PROPERTY_TRANSACTION_GROUP),
+        stored_ms=stored_ms,
+        due_ms=stored_ms + (immunity if immunity > 0 else timeout_ms),
+    )
+
+
+def real_from_half(half: StoredMessage) -> Message:
+    """The committed message: the half record back in its real topic and queue."""
+    props = dict(half.properties)
+    topic = props.get(PROPERTY_REAL_TOPIC, "")
+    queue_id = int(props.get(PROPERTY_REAL_QUEUE_ID, "0"))
+    for name in _ROUTING:
+        props.pop(name, None)
+    return Message(
+        topic=topic,
+        body=half.body,
+        queue_id=queue_id,
+        properties=props,
+        flags=half.flags,
+        sys_flag=(half.sys_flag & ~SysFlag.TRANSACTION_MASK) | SysFlag.TRANSACTION_COMMITTED,
+        born_timestamp=half.born_timestamp,
+        born_host=half.born_host,
+        prepared_transaction_offset=half.commit_log_offset,
+    )
+
+
+def is_real_of(stored: StoredMessage, half_offset: int, topic: str) -> bool:
+    return stored.prepared_transaction_offset == half_offset and stored.topic == topic
+
+
+def parked_from_half(half: StoredMessage) -> Message:
+    """The copy kept in the check-max topic (routing properties kept: it is a record of the half)."""
+    return Message(
+        topic=CHECK_MAX_TOPIC,
+        body=half.body,
+        queue_id=QUEUE_ID,
+        properties=dict(half.properties),
+        flags=half.flags,
+        sys_flag=half.sys_flag,
+        born_timestamp=half.born_timestamp,
+        born_host=half.born_host,
+        prepared_transaction_offset=half.commit_log_offset,
+    )
+
+
+def check_view(half: StoredMessage, entry: PendingTxn) -> MessageView:
+    """The message a producer's checker is shown: the half as it will look in its real queue."""
+    return dataclasses.replace(MessageView.of(half), topic=entry.topic, queue_id=entry.queue_id)

@@ -1,0 +1,595 @@
+"""``TransactionService``: half messages, decisions, transaction groups, and their durability.
+
+Memory holds only the undecided: one :class:`PendingTxn` per half message
+that is PREPARED or PARKED, plus a bounded cache of recent decisions. Every
+change of state goes through the transition table
+(:mod:`halfmoon.broker.transaction_state`) and is one op record appended
+before the change is made in memory (see :mod:`oplog` for the records), all
+under one lock, so the store's order is the order of events.
+
+Durability: a decision's records are *written* when :meth:`end` returns; its
+:class:`EndResult` carries the end offset to wait for (``store.durable``)
+before acknowledging the producer. Group decisions are awaited by the broker
+facade.
+
+Restart (:mod:`recovery`): the pending set is snapshotted to
+``<metadata_dir>/transactions.json`` with the half and op queue offsets it
+covers (only after the store is durable up to what it claims). Opening loads
+the snapshot and replays the half and op queues from those offsets, so the
+work is bounded by the undecided transactions and what happened since the
+last snapshot, not by history. Replay redoes a commit whose real message was
+lost in a crash, and finishes a group commit that was cut short.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from halfmoon.broker.clock import Clock
+from halfmoon.broker.config import write_json_atomic
+from halfmoon.broker.message import (
+    PROPERTY_TRANSACTION_GROUP,
+    MessageType,
+    MessageView,
+    OutgoingMessage,
+)
+from halfmoon.broker.produce import PlannedMessage
+from halfmoon.broker.transaction_state import TxnEvent, TxnState, next_state
+from halfmoon.broker.transactions.config import TransactionConfig
+from halfmoon.broker.transactions.errors import (
+    InvalidTransactionId,
+    TransactionGroupEnded,
+    TransactionGroupMember,
+)
+from halfmoon.broker.transactions.groups import GroupBook, check_group_id
+from halfmoon.broker.transactions.ids import decode_transaction_id
+from halfmoon.broker.transactions.oplog import (
+    HALF_TOPIC,
+    OP_TOPIC,
+    Op,
+    OpKind,
+    group_key,
+    half_key,
+    op_message,
+    parse_op,
+)
+from halfmoon.broker.transactions.records import (
+    PendingTxn,
+    check_view,
+    immunity_ms_of,
+    make_half,
+    parked_from_half,
+    pending_from_half,
+    real_from_half,
+)
+from halfmoon.errors import InvalidArgument, NotFound
+from halfmoon.store.api import AppendResult, Store
+from halfmoon.store.message import Message, StoredMessage
+
+log = logging.getLogger(__name__)
+
+RESOLUTIONS = {"commit": TxnEvent.COMMIT, "rollback": TxnEvent.ROLLBACK, "unknown": TxnEvent.UNKNOWN}
+SOURCES = ("client", "check", "operator")
+# Time from half message to decision, in ms (upper bounds of the histogram buckets).
+LATENCY_BUCKETS_MS = (10, 50, 100, 500, 1_000, 5_000, 10_000, 30_000, 60_000, 300_000, 3_600_000)
+
+
+@dataclass(frozen=True)
+class EndResult:
+    state: TxnState  # the transaction's state after the call
+    end_offset: int  # await store.durable(end_offset) before acknowledging (0: nothing to wait for)
+    changed: bool  # False for a repeated decision or UNKNOWN
+
+
+@dataclass(frozen=True)
+class TransactionInfo:
+    transaction_id: str
+    topic: str
+    queue_id: int
+    message_id: str
+    keys: list[str]
+    producer_group: str | None
+    transaction_group: str | None
+    state: str  # "prepared" or "parked"
+    checks_sent: int
+    age_ms: int
+    stored_ms: int
+
+
+@dataclass
+class TransactionStats:
+    pending: int = 0  # gauge: half messages without a decision (parked included)
+    parked: int = 0  # gauge
+    committed_total: int = 0
+    rolled_back_total: int = 0
+    checks_sent_total: int = 0
+    checks_unsent_total: int = 0  # no live producer: not counted against check_max
+    check_errors_total: int = 0
+    parked_total: int = 0
+    redone_commits_total: int = 0  # commits completed by recovery
+    decision_latency_ms: dict[str, int] = field(default_factory=dict)  # bucket "le" -> count
+
+
+def _event(resolution: str) -> TxnEvent:
+    try:
+        return RESOLUTIONS[resolution.lower()]
+    except (KeyError, AttributeError):
+        raise InvalidArgument(
+            f"unknown transaction resolution {resolution!r}: use commit, rollback or unknown"
+        ) from None
+
+
+def _check_source(source: str) -> str:
+    if source not in SOURCES:
+        raise InvalidArgument(f"unknown transaction source {source!r}: use {', '.join(SOURCES)}")
+    return source
+
+
+class TransactionService:
+    SNAPSHOT_FILE = "transactions.json"
+
+    def __init__(
+        self,
+        store: Store,
+        metadata_dir: Path | None,
+        config: TransactionConfig,
+        clock: Clock,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self._path = metadata_dir / self.SNAPSHOT_FILE if metadata_dir is not None else None
+        self._lock = threading.RLock()
+        self._snapshot_lock = threading.Lock()
+        self.pending: dict[int, PendingTxn] = {}
+        self._decided: OrderedDict[int, tuple[TxnState, int]] = OrderedDict()
+        self.groups = GroupBook(config.decided_cache_size)
+        self._op_buffer: list[Op] = []  # check counts, appended with the next batch
+        self.half_next = 0  # half queue offset up to which the pending set is complete
+        self.op_next = 0  # op queue offset up to which ops are applied
+        self._max_end = 0  # end offset of the last record this service appended
+        self._dirty = False
+        self._last_snapshot_ms = clock.now_ms()
+        self.counters = TransactionStats()
+        self._latency = [0] * (len(LATENCY_BUCKETS_MS) + 1)
+        from halfmoon.broker.transactions.recovery import recover
+
+        recover(self)
+
+    # -- the send path ---------------------------------------------------------------
+    def append(
+        self, messages: Sequence[OutgoingMessage], planned: Sequence[PlannedMessage]
+    ) -> tuple[list[AppendResult], list[str | None]]:
+        """Store a batch with TRANSACTION messages as half records; the rest as planned.
+
+        Returns the append results and, per message, its transaction id (None
+        for the non-transactional ones). All or nothing, like ``store.append``.
+        """
+        cap_s = self.config.max_immunity_ms // 1000
+        records: list[Message] = []
+        halves: list[int] = []
+        for index, (msg, plan) in enumerate(zip(messages, planned, strict=True)):
+            if msg.message_type is not MessageType.TRANSACTION:
+                records.append(plan.record)
+                continue
+            if msg.transaction_group is not None:
+                check_group_id(msg.transaction_group)
+            immunity = msg.check_immunity_seconds
+            if immunity is not None:
+                immunity = min(max(immunity, 0), cap_s)
+            records.append(make_half(plan.record, plan.topic, plan.queue_id, immunity))
+            halves.append(index)
+        ids: list[str | None] = [None] * len(records)
+        with self._lock:
+            for group in {records[i].properties.get(PROPERTY_TRANSACTION_GROUP) for i in halves} - {None}:
+                decided = self._group_state(group)  # type: ignore[arg-type]
+                if decided is not None:
+                    raise TransactionGroupEnded(
+                        f"transaction group {group!r} is already {decided.value.replace('_', ' ')}; "
+                        "a late member would break its all-or-nothing: send it with a new group id"
+                    )
+            results = self._append(records)
+            now = self.clock.now_ms()
+            for index in halves:
+                result = results[index]
+                entry = PendingTxn(
+                    half_offset=result.commit_log_offset,
+                    half_end=result.end_offset,
+                    topic=planned[index].topic,
+                    queue_id=planned[index].queue_id,
+                    message_id=planned[index].message_id,
+                    keys=tuple(messages[index].keys),
+                    producer_group=messages[index].producer_group,
+                    group=messages[index].transaction_group,
+                    stored_ms=now,
+                    due_ms=now + self._first_check_delay(records[index]),
+                )
+                self._add_pending(entry)
+                self.half_next = max(self.half_next, result.queue_offset + 1)
+                ids[index] = entry.transaction_id
+        return results, ids
+
+    def _first_check_delay(self, half: Message) -> int:
+        immunity = immunity_ms_of(half.properties)
+        return immunity if immunity > 0 else self.config.timeout_ms
+
+    # -- decisions -------------------------------------------------------------------
+    def end(
+        self,
+        transaction_id: str,
+        resolution: str,
+        source: str = "client",
+        *,
+        message_id: str = "",
+        topic: str = "",
+    ) -> EndResult:
+        """Apply a producer's, a check answer's or an operator's decision (see the module docs)."""
+        event = _event(resolution)
+        _check_source(source)
+        half_offset = decode_transaction_id(transaction_id)
+        with self._lock:
+            entry = self.pending.get(half_offset)
+            if entry is not None and entry.group in self.groups.unfinished:
+                self.finish_group(entry.group)  # type: ignore[arg-type]  # its group is decided
+                entry = None
+            if entry is None:
+                state, end_offset = self._decision_of(half_offset, transaction_id)
+                return EndResult(next_state(state, event, transaction_id=transaction_id), end_offset, False)
+            if (message_id and message_id != entry.message_id) or (topic and topic != entry.topic):
+                raise InvalidTransactionId(
+                    f"transaction {transaction_id!r} belongs to message {entry.message_id!r} of topic "
+                    f"{entry.topic!r}, not to {message_id or '?'!r} of {topic or '?'!r}"
+                )
+            if entry.group is not None and event is not TxnEvent.UNKNOWN:
+                raise TransactionGroupMember(
+                    f"transaction {transaction_id!r} is a member of transaction group {entry.group!r}: "
+                    "it is committed or rolled back with its group (end the group instead)"
+                )
+            new = next_state(entry.state, event, transaction_id=transaction_id)
+            if new is entry.state:
+                return EndResult(new, 0, False)
+            end_offset = self._decide(entry, new, source)
+            return EndResult(new, end_offset, True)
+
+    def _decide(self, entry: PendingTxn, state: TxnState, source: str) -> int:
+        """Append the decision of one transaction (and its real message); forget it. Locked."""
+        if state is TxnState.COMMITTED:
+            half = self.read_half(entry.half_offset, entry.half_end)
+            batch = [op_message(Op(OpKind.COMMIT, entry.half_offset, source=source)), real_from_half(half)]
+        else:
+            batch = [op_message(Op(OpKind.ROLLBACK, entry.half_offset, source=source))]
+        results = self._append(batch)
+        end_offset = results[-1].end_offset
+        self._settle(entry, state, end_offset)
+        return end_offset
+
+    def _settle(self, entry: PendingTxn, state: TxnState, end_offset: int) -> None:
+        self._remove_pending(entry)
+        self.remember(entry.half_offset, state, end_offset)
+        if state is TxnState.COMMITTED:
+            self.counters.committed_total += 1
+        else:
+            self.counters.rolled_back_total += 1
+        age = max(0, self.clock.now_ms() - entry.stored_ms)
+        bucket = 0
+        while bucket < len(LATENCY_BUCKETS_MS) and age > LATENCY_BUCKETS_MS[bucket]:
+            bucket += 1
+        self._latency[bucket] += 1
+
+    def remember(self, half_offset: int, state: TxnState, end_offset: int) -> None:
+        self._decided[half_offset] = (state, end_offset)
+        self._decided.move_to_end(half_offset)
+        while len(self._decided) > self.config.decided_cache_size:
+            self._decided.popitem(last=False)
+
+    def _decision_of(self, half_offset: int, transaction_id: str) -> tuple[TxnState, int]:
+        """The decision on a transaction that is not pending: cache, op key index, its group."""
+        hit = self._decided.get(half_offset)
+        if hit is not None:
+            return hit
+        for stored in self.store.query_by_key(OP_TOPIC, half_key(half_offset), max_results=8):
+            op = parse_op(stored)
+            if op is not None and op.half_offset == half_offset and op.kind in (OpKind.COMMIT, OpKind.ROLLBACK):
+                state = TxnState.COMMITTED if op.kind is OpKind.COMMIT else TxnState.ROLLED_BACK
+                self.remember(half_offset, state, 0)
+                return state, 0
+        try:
+            half = self.store.read_at(half_offset)
+        except NotFound:
+            half = None
+        if half is None or half.topic != HALF_TOPIC:
+            raise InvalidTransactionId(
+                f"no transaction {transaction_id!r} is known to this broker; "
+                "use the transaction id from the send result of the half message"
+            )
+        group = half.properties.get(PROPERTY_TRANSACTION_GROUP)
+        decided = self._group_decision(group) if group else None
+        if decided is not None:
+            return decided
+        raise InvalidTransactionId(
+            f"transaction {transaction_id!r} is no longer known: its decision has expired from the store"
+        )
+
+    # -- transaction groups ----------------------------------------------------------
+    def end_group(self, group: str, resolution: str, source: str = "client") -> tuple[int, int]:
+        """Decide every member of ``group`` at once; returns (members decided now, end offset).
+
+        The group's op record is the commit point; the members' real messages
+        follow in batches of ``group_batch_size``. Repeating the decision is a
+        no-op (0 members), the opposite one is TransactionAlreadyEnded.
+        """
+        check_group_id(group)
+        event = _event(resolution)
+        _check_source(source)
+        if event is TxnEvent.UNKNOWN:
+            return 0, 0
+        label = f"hm-group:{group}"
+        with self._lock:
+            decided = self._group_decision(group)
+            if decided is not None:
+                state, end_offset = decided
+                next_state(state, event, transaction_id=label)
+                if group in self.groups.unfinished:
+                    count, end_offset = self.finish_group(group)
+                    return count, end_offset
+                return 0, end_offset
+            state = next_state(TxnState.PREPARED, event, transaction_id=label)
+            kind = OpKind.GROUP_COMMIT if state is TxnState.COMMITTED else OpKind.GROUP_ROLLBACK
+            (result,) = self._append([op_message(Op(kind, group=group, source=source))])
+            self.groups.remember(group, state, result.end_offset)
+            self.groups.unfinished[group] = state
+            count, end_offset = self.finish_group(group)
+            return count, max(end_offset, result.end_offset)
+
+    def finish_group(self, group: str) -> tuple[int, int]:
+        """Complete the members of a decided group still pending. Locked."""
+        state = self.groups.unfinished[group]
+        members = sorted(self.groups.members.get(group, ()))
+        size = self.config.group_batch_size
+        end_offset = 0
+        for start in range(0, len(members), size):
+            entries = [self.pending[h] for h in members[start : start + size]]
+            if state is TxnState.COMMITTED:
+                batch: list[Message] = []
+                for entry in entries:
+                    half = self.read_half(entry.half_offset, entry.half_end)
+                    op = Op(OpKind.COMMIT, entry.half_offset, group=group, source="group")
+                    batch += [op_message(op), real_from_half(half)]
+                end_offset = self._append(batch)[-1].end_offset
+            for entry in entries:
+                self._settle(entry, state, end_offset)
+        del self.groups.unfinished[group]
+        return len(members), end_offset
+
+    def _group_state(self, group: str) -> TxnState | None:
+        if group in self.groups.members and group not in self.groups.unfinished:
+            return None  # has pending members and no decision yet
+        decided = self._group_decision(group)
+        return decided[0] if decided is not None else None
+
+    def _group_decision(self, group: str) -> tuple[TxnState, int] | None:
+        hit = self.groups.decided(group)
+        if hit is not None:
+            return hit
+        for stored in self.store.query_by_key(OP_TOPIC, group_key(group), max_results=8):
+            op = parse_op(stored)
+            if op is not None and op.group == group and op.kind in (OpKind.GROUP_COMMIT, OpKind.GROUP_ROLLBACK):
+                state = TxnState.COMMITTED if op.kind is OpKind.GROUP_COMMIT else TxnState.ROLLED_BACK
+                self.groups.remember(group, state, 0)
+                return state, 0
+        return None
+
+    # -- checks and parking (called by the check service) -----------------------------
+    def check_candidates(self, now_ms: int) -> list[int]:
+        """Half offsets of PREPARED, non-group transactions due for a check at ``now_ms``."""
+        with self._lock:
+            return [
+                h
+                for h, e in self.pending.items()
+                if e.state is TxnState.PREPARED and e.group is None and e.due_ms <= now_ms
+            ]
+
+    def checkable(self, half_offset: int, now_ms: int) -> PendingTxn | None:
+        """The entry if it still wants a check now (decisions may have arrived meanwhile)."""
+        with self._lock:
+            entry = self.pending.get(half_offset)
+            if entry is None or entry.state is not TxnState.PREPARED or entry.due_ms > now_ms:
+                return None
+            return entry
+
+    def check_view(self, entry: PendingTxn) -> MessageView:
+        return check_view(self.read_half(entry.half_offset, entry.half_end), entry)
+
+    def record_check(self, half_offset: int, now_ms: int) -> int | None:
+        """Count a check that reached a producer; the new count (None if decided meanwhile)."""
+        with self._lock:
+            entry = self.pending.get(half_offset)
+            if entry is None or entry.state is not TxnState.PREPARED:
+                return None
+            entry.state = next_state(entry.state, TxnEvent.CHECK_SENT)
+            entry.checks += 1
+            entry.last_check_ms = now_ms
+            self._op_buffer.append(Op(OpKind.CHECKED, half_offset, checks=entry.checks))
+            self.counters.checks_sent_total += 1
+            self._dirty = True
+            return entry.checks
+
+    def flush_ops(self) -> None:
+        """Append buffered check counts now (the check service calls it after each scan)."""
+        with self._lock:
+            if self._op_buffer:
+                self._append([])
+
+    def park(self, half_offset: int) -> bool:
+        """Move a transaction that ran out of checks to the check-max topic; False if decided."""
+        with self._lock:
+            entry = self.pending.get(half_offset)
+            if entry is None or entry.state is not TxnState.PREPARED:
+                return False
+            new = next_state(entry.state, TxnEvent.PARK, transaction_id=entry.transaction_id)
+            half = self.read_half(entry.half_offset, entry.half_end)
+            self._append([op_message(Op(OpKind.PARKED, half_offset, checks=entry.checks)), parked_from_half(half)])
+            entry.state = new
+            self.counters.parked_total += 1
+            log.warning(
+                "event=transaction_parked transaction_id=%s topic=%s message_id=%s checks=%d "
+                "producer_group=%s: no answer after the check limit; resume or decide it by hand",
+                entry.transaction_id, entry.topic, entry.message_id, entry.checks, entry.producer_group,
+            )  # fmt: skip
+            return True
+
+    def resume(self, transaction_id: str) -> TransactionInfo:
+        """Put a parked transaction back under checks, its count reset; checked at the next scan."""
+        half_offset = decode_transaction_id(transaction_id)
+        with self._lock:
+            entry = self.pending.get(half_offset)
+            if entry is None:
+                state, _ = self._decision_of(half_offset, transaction_id)
+            else:
+                state = entry.state
+            new = next_state(state, TxnEvent.RESUME, transaction_id=transaction_id)
+            assert entry is not None  # decided states have no RESUME move
+            self._append([op_message(Op(OpKind.RESUMED, half_offset, source="operator"))])
+            entry.state = new
+            entry.checks = 0
+            entry.due_ms = self.clock.now_ms()
+            return self._info(entry, self.clock.now_ms())
+
+    # -- listing ---------------------------------------------------------------------
+    def list(
+        self, *, topic: str | None = None, state: TxnState | None = None, limit: int = 1000
+    ) -> list[TransactionInfo]:
+        """Undecided transactions, oldest first (optionally of one topic / one state)."""
+        now = self.clock.now_ms()
+        with self._lock:
+            chosen = [
+                e
+                for e in self.pending.values()
+                if (topic is None or e.topic == topic) and (state is None or e.state is state)
+            ]
+        chosen.sort(key=lambda e: (e.stored_ms, e.half_offset))
+        return [self._info(e, now) for e in chosen[: max(0, limit)]]
+
+    @staticmethod
+    def _info(entry: PendingTxn, now_ms: int) -> TransactionInfo:
+        return TransactionInfo(
+            transaction_id=entry.transaction_id,
+            topic=entry.topic,
+            queue_id=entry.queue_id,
+            message_id=entry.message_id,
+            keys=list(entry.keys),
+            producer_group=entry.producer_group,
+            transaction_group=entry.group,
+            state=entry.state.value,
+            checks_sent=entry.checks,
+            age_ms=max(0, now_ms - entry.stored_ms),
+            stored_ms=entry.stored_ms,
+        )
+
+    def stats(self) -> TransactionStats:
+        with self._lock:
+            c = self.counters
+            parked = sum(1 for e in self.pending.values() if e.state is TxnState.PARKED)
+            labels = [str(b) for b in LATENCY_BUCKETS_MS] + ["+Inf"]
+            return TransactionStats(
+                pending=len(self.pending),
+                parked=parked,
+                committed_total=c.committed_total,
+                rolled_back_total=c.rolled_back_total,
+                checks_sent_total=c.checks_sent_total,
+                checks_unsent_total=c.checks_unsent_total,
+                check_errors_total=c.check_errors_total,
+                parked_total=c.parked_total,
+                redone_commits_total=c.redone_commits_total,
+                decision_latency_ms=dict(zip(labels, self._latency, strict=True)),
+            )
+
+    # -- persistence -----------------------------------------------------------------
+    def maybe_snapshot(self, now_ms: int) -> None:
+        with self._lock:
+            if self.groups.unfinished:
+                for group in list(self.groups.unfinished):  # an earlier append failed: retry
+                    try:
+                        self.finish_group(group)
+                    except Exception:
+                        log.exception("event=group_finish_failed group=%s", group)
+        if now_ms - self._last_snapshot_ms >= self.config.snapshot_interval_ms:
+            self._last_snapshot_ms = now_ms
+            self.snapshot()
+
+    def snapshot(self) -> None:
+        """Write the pending set and the offsets it covers, once the store holds them durably."""
+        if self._path is None:
+            return
+        with self._snapshot_lock:
+            with self._lock:
+                if self._op_buffer:
+                    self._append([])
+                if not self._dirty:
+                    return
+                data = {
+                    "version": 1,
+                    "half_next": self.half_next,
+                    "op_next": self.op_next,
+                    "pending": [
+                        [e.half_offset, e.checks, 1 if e.state is TxnState.PARKED else 0]
+                        for e in self.pending.values()
+                    ],
+                }
+                end = self._max_end
+                self._dirty = False
+            try:
+                self.store.wait_durable(end)
+                write_json_atomic(self._path, data)
+            except BaseException:
+                self._dirty = True
+                raise
+
+    def close(self) -> None:
+        self.snapshot()
+
+    # -- internals -------------------------------------------------------------------
+    def read_half(self, half_offset: int, half_end: int) -> StoredMessage:
+        """The half record; waits for it when it is written but not yet readable (sync flush)."""
+        try:
+            return self.store.read_at(half_offset)
+        except NotFound:
+            self.store.wait_durable(half_end, timeout=30.0)
+            return self.store.read_at(half_offset)
+
+    def _append(self, batch: list[Message]) -> list[AppendResult]:
+        """Append buffered ops then ``batch`` in one store call; results for ``batch``. Locked."""
+        buffered = [op_message(op) for op in self._op_buffer]
+        results = self.store.append(buffered + batch)
+        self._op_buffer.clear()
+        for result in results:
+            if result.topic == OP_TOPIC:
+                self.op_next = max(self.op_next, result.queue_offset + 1)
+        if results:
+            self._max_end = max(self._max_end, results[-1].end_offset)
+        self._dirty = True
+        return results[len(buffered) :]
+
+    def _add_pending(self, entry: PendingTxn) -> None:
+        self.pending[entry.half_offset] = entry
+        if entry.group is not None:
+            self.groups.add_member(entry.group, entry.half_offset)
+
+    def _remove_pending(self, entry: PendingTxn) -> None:
+        self.pending.pop(entry.half_offset, None)
+        if entry.group is not None:
+            self.groups.remove_member(entry.group, entry.half_offset)
+
+
+__all__ = [
+    "EndResult",
+    "TransactionInfo",
+    "TransactionService",
+    "TransactionStats",
+    "pending_from_half",
+]

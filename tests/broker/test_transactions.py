@@ -1,0 +1,247 @@
+"""Transactions through the broker facade on the in-memory store: half messages, decisions, groups."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from halfmoon.broker import Broker, BrokerConfig, FakeClock
+from halfmoon.broker.filter_spec import FilterSpec
+from halfmoon.broker.message import MessageType, OutgoingMessage
+from halfmoon.broker.transaction_state import TxnState
+from halfmoon.broker.transactions import (
+    CHECK_MAX_TOPIC,
+    HALF_TOPIC,
+    IllegalTransactionGroup,
+    InvalidTransactionId,
+    TransactionAlreadyEnded,
+    TransactionConfig,
+    TransactionGroupEnded,
+    TransactionGroupMember,
+    TransactionStateError,
+    decode_transaction_id,
+    encode_transaction_id,
+    group_of_transaction_id,
+)
+from halfmoon.errors import InvalidArgument
+from halfmoon.store.memory import MemoryStore
+from halfmoon.store.message import SysFlag
+
+
+@pytest.fixture
+def txn_broker(broker: Broker) -> Broker:
+    broker.create_topic("orders", MessageType.TRANSACTION, queue_count=2)
+    broker.create_topic("mixed", MessageType.MIXED, queue_count=1)
+    return broker
+
+
+def half(topic: str = "orders", body: bytes = b"b", **kw) -> OutgoingMessage:
+    return OutgoingMessage(topic, body, message_type=MessageType.TRANSACTION, producer_group="pg", **kw)
+
+
+def visible(broker: Broker, topic: str = "orders") -> list[bytes]:
+    bodies = []
+    for queue_id in range(len(broker.route(topic))):
+        bodies += [m.body for m in broker.pull("c", topic, queue_id, 0, 1000, FilterSpec()).messages]
+    return bodies
+
+
+def end(broker: Broker, result, resolution: str, source: str = "client") -> TxnState:
+    return broker.end_transaction(result.topic, result.message_id, result.transaction_id, resolution, source)
+
+
+# -- ids ---------------------------------------------------------------------------
+
+
+def test_transaction_id_round_trips_and_rejects_garbage() -> None:
+    for offset in (0, 1, 4096, 2**40 + 17):
+        assert decode_transaction_id(encode_transaction_id(offset)) == offset
+    good = encode_transaction_id(1234)
+    flipped = good[:-1] + ("0" if good[-1] != "0" else "1")
+    for bad in ("", "nonsense", good[:-1], flipped, "T" + "Z" * 24, good.lower() + "x"):
+        with pytest.raises(InvalidTransactionId) as info:
+            decode_transaction_id(bad)
+        assert info.value.code == "INVALID_TRANSACTION_ID"
+    assert group_of_transaction_id("hm-group:batch-7") == "batch-7"
+    assert group_of_transaction_id(good) is None
+
+
+# -- half messages -----------------------------------------------------------------
+
+
+def test_half_message_is_invisible_and_stored_in_the_half_topic(txn_broker: Broker, store: MemoryStore) -> None:
+    (result,) = txn_broker.send([half(keys=["k1"], check_immunity_seconds=10)])
+    assert result.transaction_id is not None and result.topic == "orders"
+    assert visible(txn_broker) == []
+    stored = store.read_at(decode_transaction_id(result.transaction_id))
+    assert stored.topic == HALF_TOPIC
+    assert stored.sys_flag & SysFlag.TRANSACTION_MASK == SysFlag.TRANSACTION_PREPARED
+    assert stored.properties["REAL_TOPIC"] == "orders"
+    assert int(stored.properties["REAL_QID"]) == result.queue_id
+    assert stored.properties["PGROUP"] == "pg"
+    assert stored.properties["CHECK_IMMUNITY_TIME_IN_SECONDS"] == "10"
+    (info,) = txn_broker.list_transactions()
+    assert (info.topic, info.message_id, info.keys, info.checks_sent) == ("orders", result.message_id, ["k1"], 0)
+
+
+def test_immunity_is_capped(broker: Broker, store: MemoryStore, clock: FakeClock, tmp_path: Path) -> None:
+    capped = Broker(store, None, BrokerConfig(), clock, TransactionConfig(max_immunity_ms=60_000))
+    capped.create_topic("orders", MessageType.TRANSACTION)
+    (result,) = capped.send([half(check_immunity_seconds=7200)])
+    stored = store.read_at(decode_transaction_id(result.transaction_id))
+    assert stored.properties["CHECK_IMMUNITY_TIME_IN_SECONDS"] == "60"
+
+
+def test_mixed_batch_is_all_or_nothing_and_only_halves_get_ids(txn_broker: Broker) -> None:
+    normal = OutgoingMessage("mixed", b"n")
+    results = txn_broker.send([normal, half("mixed", b"h")])
+    assert results[0].transaction_id is None and results[1].transaction_id is not None
+    assert visible(txn_broker, "mixed") == [b"n"]
+
+
+def test_transaction_message_to_a_normal_topic_is_refused(broker: Broker) -> None:
+    broker.create_topic("plain", MessageType.NORMAL)
+    with pytest.raises(InvalidArgument) as info:
+        broker.send([half("plain")])
+    assert info.value.code == "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"
+
+
+# -- decisions ---------------------------------------------------------------------
+
+
+def test_commit_makes_the_message_visible_exactly_once(txn_broker: Broker) -> None:
+    (result,) = txn_broker.send([half(body=b"order-1")])
+    assert end(txn_broker, result, "commit") is TxnState.COMMITTED
+    assert visible(txn_broker) == [b"order-1"]
+    assert end(txn_broker, result, "commit") is TxnState.COMMITTED  # repeated: no-op
+    assert end(txn_broker, result, "unknown") is TxnState.COMMITTED
+    assert visible(txn_broker) == [b"order-1"]
+    with pytest.raises(TransactionAlreadyEnded) as info:
+        end(txn_broker, result, "rollback")
+    assert info.value.code == "TRANSACTION_ALREADY_ENDED"
+    assert txn_broker.list_transactions() == []
+
+
+def test_committed_message_keeps_id_queue_and_properties(txn_broker: Broker) -> None:
+    (result,) = txn_broker.send([half(tag="t1", keys=["k"], properties={"a": "1"}, queue_id=1)])
+    end(txn_broker, result, "commit")
+    (message,) = txn_broker.pull("c", "orders", 1, 0, 10, FilterSpec()).messages
+    assert (message.message_id, message.tag, message.keys, message.properties) == (
+        result.message_id, "t1", ["k"], {"a": "1"},
+    )  # fmt: skip
+    assert message.topic == "orders" and message.message_type is MessageType.TRANSACTION
+
+
+def test_rollback_is_permanent(txn_broker: Broker) -> None:
+    (result,) = txn_broker.send([half()])
+    assert end(txn_broker, result, "rollback") is TxnState.ROLLED_BACK
+    assert end(txn_broker, result, "rollback") is TxnState.ROLLED_BACK
+    with pytest.raises(TransactionAlreadyEnded):
+        end(txn_broker, result, "commit")
+    assert visible(txn_broker) == []
+
+
+def test_unknown_leaves_it_pending(txn_broker: Broker) -> None:
+    (result,) = txn_broker.send([half()])
+    assert end(txn_broker, result, "unknown") is TxnState.PREPARED
+    assert len(txn_broker.list_transactions()) == 1
+
+
+def test_forged_and_foreign_ids_are_invalid(txn_broker: Broker) -> None:
+    (result,) = txn_broker.send([half()])
+    normal = txn_broker.send([OutgoingMessage("mixed", b"n")])[0]
+    for bad in ("garbage", encode_transaction_id(999_999), encode_transaction_id(normal.commit_log_offset)):
+        with pytest.raises(InvalidTransactionId):
+            txn_broker.end_transaction("orders", "", bad, "commit", "client")
+    with pytest.raises(InvalidTransactionId):  # the id of another message
+        txn_broker.end_transaction("orders", "someone-else", result.transaction_id, "commit", "client")
+    with pytest.raises(InvalidArgument):
+        end(txn_broker, result, "maybe")
+    with pytest.raises(InvalidArgument):
+        end(txn_broker, result, "commit", source="nobody")
+
+
+def test_decision_found_after_it_left_the_cache(store: MemoryStore, clock: FakeClock) -> None:
+    broker = Broker(store, None, BrokerConfig(), clock, TransactionConfig(decided_cache_size=1))
+    broker.create_topic("orders", MessageType.TRANSACTION)
+    first, second, third = broker.send([half(body=b"1"), half(body=b"2"), half(body=b"3")])
+    end(broker, first, "commit")
+    end(broker, second, "rollback")
+    end(broker, third, "commit")  # evicts the others from the cache: the key index answers
+    assert end(broker, first, "commit") is TxnState.COMMITTED
+    with pytest.raises(TransactionAlreadyEnded):
+        end(broker, second, "commit")
+    assert sorted(visible(broker)) == [b"1", b"3"]
+
+
+def test_operator_decides_and_stats_count(txn_broker: Broker) -> None:
+    a, b = txn_broker.send([half(body=b"a"), half(body=b"b")])
+    txn_broker.end_transaction("", "", a.transaction_id, "commit", "operator")
+    txn_broker.end_transaction("", "", b.transaction_id, "rollback", "operator")
+    stats = txn_broker.transaction_stats()
+    assert (stats.pending, stats.committed_total, stats.rolled_back_total) == (0, 1, 1)
+    assert sum(stats.decision_latency_ms.values()) == 2
+    assert visible(txn_broker) == [b"a"]
+
+
+# -- transaction groups --------------------------------------------------------------
+
+
+def test_group_commit_decides_all_members_across_topics(txn_broker: Broker) -> None:
+    results = txn_broker.send([half(body=b"o1", transaction_group="g1"), half("mixed", b"m1", transaction_group="g1")])
+    results += txn_broker.send([half(body=b"o2", transaction_group="g1"), half(body=b"other")])
+    assert visible(txn_broker) == [] and visible(txn_broker, "mixed") == []
+    assert txn_broker.end_transaction_group("g1", "commit") == 3
+    assert sorted(visible(txn_broker)) == [b"o1", b"o2"] and visible(txn_broker, "mixed") == [b"m1"]
+    assert [i.message_id for i in txn_broker.list_transactions()] == [results[3].message_id]
+    assert txn_broker.end_transaction_group("g1", "commit") == 0  # repeated: no-op
+    with pytest.raises(TransactionAlreadyEnded):
+        txn_broker.end_transaction_group("g1", "rollback")
+    # a member ended alone follows the group
+    assert end(txn_broker, results[0], "commit") is TxnState.COMMITTED
+    with pytest.raises(TransactionAlreadyEnded):
+        end(txn_broker, results[0], "rollback")
+    assert sorted(visible(txn_broker)) == [b"o1", b"o2"]
+
+
+def test_group_rollback_and_late_members_are_refused(txn_broker: Broker) -> None:
+    (member,) = txn_broker.send([half(transaction_group="g2")])
+    assert txn_broker.end_transaction_group("g2", "rollback") == 1
+    assert end(txn_broker, member, "rollback") is TxnState.ROLLED_BACK
+    with pytest.raises(TransactionAlreadyEnded):
+        end(txn_broker, member, "commit")
+    for group in ("g2",):
+        with pytest.raises(TransactionGroupEnded) as info:
+            txn_broker.send([half(transaction_group=group)])
+        assert info.value.code == "TRANSACTION_ALREADY_ENDED"
+    txn_broker.end_transaction_group("g3", "commit")  # no members yet: still final
+    with pytest.raises(TransactionGroupEnded):
+        txn_broker.send([half(transaction_group="g3")])
+    assert visible(txn_broker) == []
+
+
+def test_members_cannot_be_ended_alone_before_the_group(txn_broker: Broker) -> None:
+    (member,) = txn_broker.send([half(transaction_group="g4")])
+    for resolution in ("commit", "rollback"):
+        with pytest.raises(TransactionGroupMember) as info:
+            end(txn_broker, member, resolution)
+        assert isinstance(info.value, TransactionStateError)
+    assert end(txn_broker, member, "unknown") is TxnState.PREPARED
+    with pytest.raises(IllegalTransactionGroup):
+        txn_broker.send([half(transaction_group="has space")])
+    with pytest.raises(IllegalTransactionGroup):
+        txn_broker.end_transaction_group("", "commit")
+
+
+def test_group_commit_spans_several_batches(store: MemoryStore, clock: FakeClock) -> None:
+    broker = Broker(store, None, BrokerConfig(), clock, TransactionConfig(group_batch_size=3))
+    broker.create_topic("orders", MessageType.TRANSACTION)
+    broker.send([half(body=str(i).encode(), transaction_group="big") for i in range(10)])
+    assert broker.end_transaction_group("big", "commit") == 10
+    assert sorted(visible(broker), key=int) == [str(i).encode() for i in range(10)]
+
+
+def test_parked_topic_is_not_a_user_topic(txn_broker: Broker) -> None:
+    assert CHECK_MAX_TOPIC not in [t.name for t in txn_broker.list_topics()]
+    assert HALF_TOPIC not in [t.name for t in txn_broker.list_topics()]
