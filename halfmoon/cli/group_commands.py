@@ -1,4 +1,9 @@
-"""``halfmoon group create|list|describe|delete``."""
+"""``halfmoon group create|list|describe|update|delete``.
+
+``update`` is RocketMQ's updateSubGroup: consume enabled, where a new group
+starts (``--from earliest`` is consumeFromMinEnable), broadcast, retry count
+(``--max-attempts``: deliveries before the dead-letter topic) and FIFO.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import argparse
 from typing import Any
 
 from halfmoon.cli.admin_client import quote
-from halfmoon.cli.parser import add_command, client, emit, positive_int
+from halfmoon.cli.parser import UsageError, add_command, client, emit, positive_int
 from halfmoon.cli.table import columns_for, render_record, render_table
 
 GROUP_COLUMNS = [
@@ -28,7 +33,7 @@ PROGRESS_COLUMNS = [
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    group = commands.add_parser("group", help="create, list, describe and delete consumer groups")
+    group = commands.add_parser("group", help="create, list, describe, update and delete consumer groups")
     sub = group.add_subparsers(dest="group_command", metavar="ACTION", required=True)
 
     create = add_command(sub, "create", create_group, "create a consumer group")
@@ -42,6 +47,20 @@ def register(commands: argparse._SubParsersAction) -> None:
     describe = add_command(sub, "describe", describe_group, "show a group and its progress (lag per queue)")
     describe.add_argument("name", metavar="NAME")
     describe.add_argument("--topic", default=None, help="only this topic's queues")
+
+    update = add_command(sub, "update", update_group, "change a group's consuming, start, broadcast or retries")
+    update.add_argument("name", metavar="NAME")
+    enabled = update.add_mutually_exclusive_group()
+    enabled.add_argument("--enable", dest="consume_enabled", action="store_const", const=True, default=None, help="allow consuming")
+    enabled.add_argument("--disable", dest="consume_enabled", action="store_const", const=False, help="refuse consuming (receive and pull fail)")
+    update.add_argument("--from", dest="consume_from", choices=("earliest", "latest"), default=None, help="where the group starts in a topic it has not consumed (earliest: the min offset)")
+    broadcast = update.add_mutually_exclusive_group()
+    broadcast.add_argument("--broadcast", dest="broadcast", action="store_const", const=True, default=None, help="every consumer gets every message")
+    broadcast.add_argument("--clustering", dest="broadcast", action="store_const", const=False, help="each message goes to one consumer of the group")
+    update.add_argument("--max-attempts", type=positive_int, default=None, help="deliveries before the dead-letter topic (retry count + 1)")
+    fifo = update.add_mutually_exclusive_group()
+    fifo.add_argument("--fifo", dest="fifo", action="store_const", const=True, default=None, help="deliver each message group in order")
+    fifo.add_argument("--no-fifo", dest="fifo", action="store_const", const=False, help="deliver concurrently")
 
     delete = add_command(sub, "delete", delete_group, "delete a consumer group")
     delete.add_argument("name", metavar="NAME")
@@ -90,6 +109,34 @@ def describe_group(args: argparse.Namespace) -> None:
         return f"{head}\n\n{table}\n\ntotal lag: {total}"
 
     emit(args, data, human)
+
+
+def update_group(args: argparse.Namespace) -> None:
+    fields = {
+        "consume_enabled": args.consume_enabled,
+        "consume_from": args.consume_from,
+        "broadcast": args.broadcast,
+        "max_delivery_attempts": args.max_attempts,
+        "fifo": args.fifo,
+    }
+    body = {k: v for k, v in fields.items() if v is not None}
+    if not body:
+        raise UsageError(
+            "nothing to update: give --enable/--disable, --from, --broadcast/--clustering, "
+            "--max-attempts or --fifo/--no-fifo",
+            "USAGE",
+        )
+    group = client(args).patch(f"/v1/groups/{quote(args.name)}", body)
+    emit(args, group, lambda: f"updated group '{group['name']}' ({summary(group)})")
+
+
+def summary(group: dict[str, Any]) -> str:
+    return (
+        f"consuming {'enabled' if group.get('consume_enabled', True) else 'disabled'}, "
+        f"from {group.get('consume_from', '?')}, "
+        f"{'broadcast' if group.get('broadcast') else 'clustering'}, "
+        f"max attempts {group.get('max_delivery_attempts', '?')}, fifo {'on' if group.get('fifo') else 'off'}"
+    )
 
 
 def delete_group(args: argparse.Namespace) -> None:

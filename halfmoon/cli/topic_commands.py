@@ -1,4 +1,8 @@
-"""``halfmoon topic create|list|describe|update|delete``."""
+"""``halfmoon topic create|list|describe|status|route|update|delete``.
+
+``status`` is RocketMQ's topicStatus (offsets per queue, last store time);
+``route`` its topicRoute (which broker serves which queue, with what permission).
+"""
 
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ HIDDEN_QUEUE_KEYS = ("topic", "last_store_timestamp")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    topic = commands.add_parser("topic", help="create, list, describe, update and delete topics")
+    topic = commands.add_parser("topic", help="create, list, describe, update and delete topics; offsets and routes")
     sub = topic.add_subparsers(dest="topic_command", metavar="ACTION", required=True)
 
     create = add_command(sub, "create", create_topic, "create a topic")
@@ -54,6 +58,25 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     delete = add_command(sub, "delete", delete_topic, "delete a topic")
     delete.add_argument("name", metavar="NAME")
+
+    status = add_command(sub, "status", topic_status, "min/max offset and last store time per queue")
+    status.add_argument("name", metavar="NAME")
+
+    route = add_command(sub, "route", topic_route, "which broker serves each queue, and its permissions")
+    route.add_argument("name", metavar="NAME")
+
+    # The operator command families (RocketMQ mqadmin's), registered here until
+    # main.build_parser lists them beside this one.
+    from halfmoon.cli import (
+        cluster_commands,
+        consumer_commands,
+        message_commands,
+        probe_commands,
+        stats_commands,
+    )
+
+    for family in (message_commands, consumer_commands, cluster_commands, stats_commands, probe_commands):
+        family.register(commands)
 
 
 def summary(topic: dict[str, Any]) -> str:
@@ -80,6 +103,36 @@ def list_topics(args: argparse.Namespace) -> None:
     )
 
 
+def _queue_rows(queues: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            **{k: v for k, v in q.items() if k not in HIDDEN_QUEUE_KEYS},
+            "messages": q.get("max_offset", 0) - q.get("min_offset", 0),
+            "last_stored": format_ms(q.get("last_store_timestamp")),
+        }
+        for q in queues
+    ]
+
+
+def topic_status(args: argparse.Namespace) -> None:
+    answer = client(args).get(f"/v1/topics/{quote(args.name)}/status")
+    rows = _queue_rows(answer["queues"])
+
+    def human() -> str:
+        total = sum(r["messages"] for r in rows)
+        return f"{render_table(rows, columns_for(rows, QUEUE_COLUMNS))}\n\n{len(rows)} queues, {total} messages retained"
+
+    emit(args, answer, human)
+
+
+def topic_route(args: argparse.Namespace) -> None:
+    answer = client(args).get(f"/v1/topics/{quote(args.name)}/route")
+    queues = [{**q, "accepted_types": ",".join(q.get("accepted_types") or [])} for q in answer["queues"]]
+    columns = [("broker", "BROKER"), ("address", "ADDRESS"), ("queue_id", "QUEUE"), ("perm", "PERM"),
+               ("accepted_types", "ACCEPTS")]
+    emit(args, answer, lambda: render_table(queues, columns))
+
+
 def describe_topic(args: argparse.Namespace) -> None:
     api = client(args)
     topic = api.get(f"/v1/topics/{quote(args.name)}")
@@ -88,14 +141,7 @@ def describe_topic(args: argparse.Namespace) -> None:
 
     def human() -> str:
         head = render_record(topic)
-        rows = [
-            {
-                **{k: v for k, v in q.items() if k not in HIDDEN_QUEUE_KEYS},
-                "messages": q.get("max_offset", 0) - q.get("min_offset", 0),
-                "last_stored": format_ms(q.get("last_store_timestamp")),
-            }
-            for q in queues
-        ]
+        rows = _queue_rows(queues)
         return head + "\n\n" + render_table(rows, columns_for(rows, QUEUE_COLUMNS))
 
     emit(args, data, human)

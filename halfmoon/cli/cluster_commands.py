@@ -1,0 +1,108 @@
+"""``halfmoon cluster list|status|config``: brokers, the numbers operators watch, runtime settings.
+
+RocketMQ's clusterList, brokerStatus and getBrokerConfig / updateBrokerConfig.
+``config set`` changes only keys the broker reads at each use; the change
+lasts until the process stops (put it in the configuration file to keep it).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from halfmoon.cli.admin_client import CliError
+from halfmoon.cli.parser import UsageError, add_command, client, emit
+from halfmoon.cli.table import cell, render_record, render_table
+
+CLUSTER_COLUMNS = [
+    ("cluster", "CLUSTER"),
+    ("broker", "BROKER"),
+    ("role", "ROLE"),
+    ("grpc", "GRPC"),
+    ("admin", "ADMIN"),
+    ("version", "VERSION"),
+    ("tps_in", "IN/S"),
+    ("tps_out", "OUT/S"),
+    ("uptime_ms", "UPTIME"),
+]
+# What an operator looks at first, in this order; any other field follows.
+STATUS_FIRST = [
+    ("name", "broker"),
+    ("uptime_ms", "uptime"),
+    ("tps_in", "in/s"),
+    ("tps_out", "out/s"),
+    ("messages_in_total", "messages in"),
+    ("messages_out_total", "messages out"),
+    ("pending_transactions", "pending transactions"),
+    ("parked_transactions", "parked transactions"),
+    ("pending_delay_messages", "pending delay messages"),
+    ("disk_bytes", "commit log on disk"),
+    ("disk_free_bytes", "disk free"),
+    ("disk_used_ratio", "disk used"),
+    ("unflushed_bytes", "unflushed"),
+    ("topics", "topics"),
+    ("groups", "groups"),
+    ("queues", "queues"),
+    ("clients", "clients"),
+    ("producers", "producers"),
+]
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    cluster = commands.add_parser("cluster", help="brokers, broker status and runtime configuration")
+    sub = cluster.add_subparsers(dest="cluster_command", metavar="ACTION", required=True)
+    add_command(sub, "list", list_brokers, "list the brokers and their addresses")
+    add_command(sub, "status", broker_status, "TPS in/out, disk, pending transactions and more")
+
+    config = sub.add_parser("config", help="show or change runtime-changeable settings")
+    config_sub = config.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    get = add_command(config_sub, "get", config_get, "show the runtime-changeable keys (or one)")
+    get.add_argument("key", metavar="KEY", nargs="?", default=None)
+    set_ = add_command(config_sub, "set", config_set, "change keys until restart: KEY=VALUE ...")
+    set_.add_argument("assignments", metavar="KEY=VALUE", nargs="+")
+
+
+def list_brokers(args: argparse.Namespace) -> None:
+    answer = client(args).get("/v1/cluster")
+    rows = [{"cluster": answer["cluster"], **b} for b in answer["brokers"]]
+    emit(args, answer, lambda: render_table(rows, CLUSTER_COLUMNS))
+
+
+def broker_status(args: argparse.Namespace) -> None:
+    status = client(args).get("/v1/broker/status")
+
+    def human() -> str:
+        shown = dict(status)
+        if isinstance(shown.get("disk_used_ratio"), float):
+            shown["disk_used_ratio"] = f"{shown['disk_used_ratio'] * 100:.1f}%"
+        known = {key for key, _ in STATUS_FIRST}
+        fields = [*STATUS_FIRST, *((k, k.replace("_", " ")) for k in shown if k not in known)]
+        return render_record(shown, fields)
+
+    emit(args, status, human)
+
+
+def config_get(args: argparse.Namespace) -> None:
+    keys = client(args).get("/v1/runtime-config")["keys"]
+    if args.key is not None:
+        match = [k for k in keys if k["key"] == args.key]
+        if not match:
+            raise CliError(
+                f"{args.key!r} is not a runtime-changeable key; they are: {', '.join(k['key'] for k in keys)}",
+                "ILLEGAL_CONFIG",
+            )
+        emit(args, match[0], lambda: cell(match[0]["value"]))
+        return
+    emit(args, keys, lambda: render_table(keys, [("key", "KEY"), ("value", "VALUE"), ("description", "DESCRIPTION")]))
+
+
+def config_set(args: argparse.Namespace) -> None:
+    changes: dict[str, Any] = {}
+    for text in args.assignments:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"bad assignment {text!r}: expected KEY=VALUE", "USAGE")
+        changes[key.strip()] = value.strip()
+    answer = client(args).patch("/v1/runtime-config", {"changes": changes})
+    values = {k["key"]: k["value"] for k in answer["keys"]}
+    emit(args, answer, lambda: "\n".join(f"set {key} = {cell(values[key])} (until restart)" for key in answer["changed"]))
