@@ -1,0 +1,300 @@
+"""Transactions across crashes: real processes, killed with SIGKILL.
+
+1. A producer process dies between the two phases; a second producer of the
+   same topic (another process) resolves its transactions through checks.
+2. The broker dies with transactions pending; after the restart nothing
+   committed is lost or doubled, EndTransaction still works with the old
+   transaction ids, and checks resume.
+3. The broker dies in the middle of committing a transaction group; after
+   the restart the group is all or nothing, each member exactly once.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import grpc
+import pytest
+from rocketmq import (
+    ClientConfiguration,
+    Credentials,
+    FilterExpression,
+    Message,
+    Producer,
+    SimpleConsumer,
+    TransactionChecker,
+    TransactionResolution,
+)
+from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
+
+from tests.server.conftest import ROOT, ServerProcess, wait_until
+
+pytestmark = pytest.mark.slow
+
+pb = definition_pb2
+svc = service_pb2
+SETTINGS = (
+    "store.flush=sync",
+    "transaction.timeout_ms=300ms",
+    "transaction.check_interval_ms=200ms",
+    "transaction.check_max=8",
+    "transaction.snapshot_interval_ms=200ms",
+)
+_names = itertools.count()
+
+# The producer that dies: sends half messages, prints their ids, commits the first
+# `commit` of them, then waits to be killed without deciding the rest.
+_CHILD = r"""
+import json, sys
+from rocketmq import ClientConfiguration, Credentials, Message, Producer, TransactionChecker, TransactionResolution
+
+class Unsure(TransactionChecker):
+    def check(self, message):
+        return TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED
+
+endpoint, topic, count, commit = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+producer = Producer(ClientConfiguration(endpoint, Credentials(), request_timeout=5), topics=(topic,), checker=Unsure())
+producer.startup()
+for i in range(count):
+    msg = Message()
+    msg.topic = topic
+    msg.body = f"order-{i}".encode()
+    transaction = producer.begin_transaction()
+    receipt = producer.send(msg, transaction)
+    if i < commit:
+        transaction.commit()
+    print(json.dumps({"body": f"order-{i}", "message_id": receipt.message_id, "transaction_id": receipt.transaction_id}), flush=True)
+print("SENT", flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
+
+
+class BodyChecker(TransactionChecker):
+    """Decides by body: even order numbers commit, odd ones roll back."""
+
+    def __init__(self) -> None:
+        self.asked: collections.Counter[str] = collections.Counter()
+
+    def check(self, message: Message) -> TransactionResolution:
+        body = message.body.decode()
+        self.asked[body] += 1
+        number = int(body.rsplit("-", 1)[1])
+        return TransactionResolution.COMMIT if number % 2 == 0 else TransactionResolution.ROLLBACK
+
+
+def client_config(server: ServerProcess) -> ClientConfiguration:
+    return ClientConfiguration(server.grpc, Credentials(), request_timeout=5)
+
+
+def consume_all(server: ServerProcess, group: str, topic: str, want: int, timeout: float) -> collections.Counter[str]:
+    """Bodies received (and acked) until ``want`` arrived, then one more look for extras."""
+    consumer = SimpleConsumer(client_config(server), group, {topic: FilterExpression()}, await_duration=1)
+    consumer.startup()
+    got: collections.Counter[str] = collections.Counter()
+    try:
+        deadline = time.monotonic() + timeout
+        while sum(got.values()) < want and time.monotonic() < deadline:
+            for msg in consumer.receive(32, 30):
+                got[msg.body.decode()] += 1
+                consumer.ack(msg)
+        for msg in consumer.receive(32, 30):  # a doubled message would show up here
+            got[msg.body.decode()] += 1
+            consumer.ack(msg)
+    finally:
+        consumer.shutdown()
+    return got
+
+
+def pending(server: ServerProcess, topic: str) -> list[dict]:
+    code, body = server.admin_call("GET", f"/v1/transactions?topic={topic}&limit=100000")
+    assert code == 200, body
+    return body["transactions"]  # type: ignore[index]
+
+
+def topic_messages(server: ServerProcess, topic: str) -> int:
+    code, body = server.admin_call("GET", f"/v1/topics/{topic}/status")
+    assert code == 200, body
+    return sum(q["max_offset"] - q["min_offset"] for q in body["queues"])  # type: ignore[index]
+
+
+def end_transaction(server: ServerProcess, topic: str, transaction_id: str, commit: bool, message_id: str = "") -> svc.EndTransactionResponse:
+    with grpc.insecure_channel(server.grpc) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        return stub.EndTransaction(
+            svc.EndTransactionRequest(
+                topic=pb.Resource(name=topic),
+                message_id=message_id,
+                transaction_id=transaction_id,
+                resolution=pb.TransactionResolution.COMMIT if commit else pb.TransactionResolution.ROLLBACK,
+                source=pb.TransactionSource.SOURCE_CLIENT,
+            ),
+            timeout=30,
+        )
+
+
+def test_producer_killed_between_phases_is_resolved_by_another_producer(server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory(settings=SETTINGS).start()
+    topic, group = unique("txn-kill"), unique("g")
+    server.create_topic(topic, "transaction", queues=4)
+    server.create_group(group)
+    count, committed_first = 10, 3
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, server.grpc, topic, str(count), str(committed_first)],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )  # fmt: skip
+    sent = []
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            if line.startswith("SENT"):
+                break
+            sent.append(json.loads(line))
+        assert len(sent) == count, "the producer process did not send its half messages"
+    finally:
+        child.kill()  # SIGKILL: between the two phases of the undecided ones
+        child.wait(10)
+
+    checker = BodyChecker()
+    second = Producer(client_config(server), topics=(topic,), checker=checker)
+    second.startup()
+    try:
+        wait_until(lambda: not pending(server, topic), 30, "the second producer to resolve every transaction")
+    finally:
+        second.shutdown()
+    undecided = [s["body"] for s in sent[committed_first:]]
+    # Every undecided one was checked; the dead producer could answer none of them.
+    assert set(checker.asked) == set(undecided), checker.asked
+    expected = {s["body"] for s in sent[:committed_first]} | {b for b in undecided if int(b.rsplit("-", 1)[1]) % 2 == 0}
+    got = consume_all(server, group, topic, len(expected), timeout=20)
+    assert set(got) == expected and all(n == 1 for n in got.values()), got
+
+
+def test_broker_killed_with_pending_transactions_loses_and_doubles_nothing(server_factory: Callable[..., ServerProcess]) -> None:
+    server = server_factory(settings=SETTINGS).start()
+    topic, group = unique("txn-crash"), unique("g")
+    server.create_topic(topic, "transaction", queues=4)
+    server.create_group(group)
+
+    class Silent(TransactionChecker):
+        def check(self, message: Message) -> TransactionResolution:
+            return TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED
+
+    producer = Producer(client_config(server), topics=(topic,), checker=Silent())
+    producer.startup()
+    receipts = {}
+    try:
+        for i in range(12):
+            msg = Message()
+            msg.topic = topic
+            msg.body = f"order-{i}".encode()
+            transaction = producer.begin_transaction()
+            receipts[f"order-{i}"] = producer.send(msg, transaction)
+            if i < 4:
+                transaction.commit()
+            elif i < 6:
+                transaction.rollback()
+    finally:
+        producer.shutdown()
+    assert len(pending(server, topic)) == 6
+    server.kill()  # SIGKILL, with six transactions undecided
+
+    server.start()
+    assert {t["transaction_id"] for t in pending(server, topic)} == {receipts[f"order-{i}"].transaction_id for i in range(6, 12)}
+    assert topic_messages(server, topic) == 4  # the commits survived; nothing re-published
+    # EndTransaction with an id issued before the restart (RocketMQ's proxy loses these).
+    answer = end_transaction(server, topic, receipts["order-6"].transaction_id, commit=True, message_id=receipts["order-6"].message_id)
+    assert answer.status.code == pb.Code.OK, answer.status
+    answer = end_transaction(server, topic, receipts["order-0"].transaction_id, commit=True)
+    assert answer.status.code == pb.Code.OK, answer.status  # committing again: a no-op
+    answer = end_transaction(server, topic, receipts["order-4"].transaction_id, commit=True)
+    assert answer.status.code == pb.Code.BAD_REQUEST and "rolled back" in answer.status.message, answer.status
+    answer = end_transaction(server, topic, "T" + "0" * 24, commit=True)
+    assert answer.status.code == pb.Code.INVALID_TRANSACTION_ID, answer.status
+
+    # Checks resume: a producer of the topic decides the rest (7, 9, 11 roll back).
+    checker = BodyChecker()
+    resolver = Producer(client_config(server), topics=(topic,), checker=checker)
+    resolver.startup()
+    try:
+        wait_until(lambda: not pending(server, topic), 30, "checks to resolve the transactions after the restart")
+    finally:
+        resolver.shutdown()
+    assert set(checker.asked) == {f"order-{i}" for i in range(7, 12)}
+    expected = {f"order-{i}" for i in (0, 1, 2, 3, 6, 8, 10)}
+    got = consume_all(server, group, topic, len(expected), timeout=20)
+    assert set(got) == expected and all(n == 1 for n in got.values()), got
+
+
+def _group_half(topic: str, group_id: str, i: int) -> pb.Message:
+    return pb.Message(
+        topic=pb.Resource(name=topic),
+        user_properties={"__HM_TXN_GROUP": group_id},
+        system_properties=pb.SystemProperties(
+            message_type=pb.MessageType.TRANSACTION,
+            body_encoding=pb.Encoding.IDENTITY,
+            born_host="127.0.0.1",
+        ),
+        body=f"member-{i}".encode(),
+    )
+
+
+def test_broker_killed_mid_group_commit_keeps_the_group_atomic(server_factory: Callable[..., ServerProcess]) -> None:
+    # One member per append makes the group's commit long enough to be cut in the middle.
+    server = server_factory(settings=(*SETTINGS, "transaction.group_batch_size=1")).start()
+    topic, group, group_id = unique("txn-group"), unique("g"), unique("batch")
+    server.create_topic(topic, "transaction", queues=4)
+    server.create_group(group)
+    members = 1500
+    with grpc.insecure_channel(server.grpc) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        for start in range(0, members, 500):
+            answer = stub.SendMessage(
+                svc.SendMessageRequest(messages=[_group_half(topic, group_id, i) for i in range(start, start + 500)]),
+                timeout=30,
+            )
+            assert answer.status.code == pb.Code.OK, answer.status
+        assert len(pending(server, topic)) == members
+        commit = stub.EndTransaction.future(
+            svc.EndTransactionRequest(
+                topic=pb.Resource(name=topic),
+                transaction_id=f"hm-group:{group_id}",
+                resolution=pb.TransactionResolution.COMMIT,
+                source=pb.TransactionSource.SOURCE_CLIENT,
+            ),
+            timeout=60,
+        )
+        seen = 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            seen = topic_messages(server, topic)
+            if seen > 0:
+                break
+        server.kill()  # SIGKILL while the members are being published
+        with pytest.raises(grpc.RpcError):
+            commit.result()
+    assert 0 < seen < members, f"the kill did not land mid-commit ({seen} of {members} published)"
+
+    server.start()
+    # Recovery finishes the group: the decision was durable before any member was published.
+    wait_until(lambda: not pending(server, topic), 20, "recovery to finish the group's commit")
+    assert topic_messages(server, topic) == members
+    # The producer's retry of the commit it never got an answer to: a no-op now.
+    answer = end_transaction(server, topic, f"hm-group:{group_id}", commit=True)
+    assert answer.status.code == pb.Code.OK, answer.status
+    answer = end_transaction(server, topic, f"hm-group:{group_id}", commit=False)
+    assert answer.status.code == pb.Code.BAD_REQUEST, answer.status
+    assert topic_messages(server, topic) == members
+    got = consume_all(server, group, topic, members, timeout=40)
+    assert len(got) == members and all(n == 1 for n in got.values())
