@@ -1,0 +1,197 @@
+"""The ``halfmoon`` format's options, parsed once and checked with messages a user can act on.
+
+Names follow Spark's Kafka source where an equivalent exists
+(``startingOffsets``, ``endingOffsets``, ``maxRecordsPerTrigger``,
+``failOnDataLoss``); Spark hands them over case-insensitively.
+
+=====================  =====================================================================
+``endpoint``           ``host:port`` of a halfmoon server (gRPC). Required.
+``topic``/``topics``   one topic, or several separated by commas. Required to read.
+``queues``             only these queue ids (comma-separated), in every topic read.
+``startingOffsets``    ``earliest`` (default for batch), ``latest`` (default for streams),
+                       JSON ``{"topic": {"0": 12, "1": -2}}`` (-2 earliest, -1 latest), or
+                       ``timestamp:<epoch ms>`` (first message stored at or after it).
+``endingOffsets``      batch only: ``latest`` (default), JSON, or ``timestamp:<epoch ms>``.
+``maxRecordsPerTrigger``  streams: at most this many offsets per micro-batch (admission control).
+``failOnDataLoss``     ``true`` (default): fail when retention removed unread messages;
+                       ``false``: log a warning and continue from the oldest kept message.
+``filter``             a filter expression evaluated by the broker; ``filterType`` says
+                       which: ``tag`` (default, ``"A || B"``) or ``sql92``.
+``group``              the consumer group the reads are made as (default ``halfmoon-spark``).
+``commitOffsets``      streams: ``true`` stores each finished batch's end offsets as ``group``'s
+                       committed offsets, so ``halfmoon group progress`` shows the lag.
+``maxRecordsPerPartition``  split a queue's range into tasks of at most this many offsets.
+=====================  =====================================================================
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rocketmq.grpc_protocol import definition_pb2
+
+from halfmoon.errors import InvalidArgument
+
+pb = definition_pb2
+
+EARLIEST = -2
+LATEST = -1
+DEFAULT_GROUP = "halfmoon-spark"
+
+
+class SparkOptionError(InvalidArgument):
+    """An option of the ``halfmoon`` Spark format is missing or malformed."""
+
+    code = "SPARK_BAD_OPTION"
+
+
+class DataLossError(InvalidArgument):
+    """Messages a query still had to read were removed by retention."""
+
+    code = "SPARK_DATA_LOSS"
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """Where to start or stop: ``kind`` is ``earliest``, ``latest``, ``json`` or ``timestamp``."""
+
+    kind: str
+    per_queue: Mapping[str, Mapping[str, int]] | None = None
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    endpoint: str
+    topics: tuple[str, ...]
+    queues: frozenset[int] | None
+    starting: OffsetSpec
+    ending: OffsetSpec
+    max_records_per_trigger: int | None
+    fail_on_data_loss: bool
+    filter: tuple[str, str] | None  # ("TAG" or "SQL92", expression); protobuf does not pickle
+    group: str
+    commit_offsets: bool
+    max_records_per_partition: int
+    pull_batch_size: int
+
+
+def _get(options: Mapping[str, str], name: str) -> str | None:
+    # Spark passes a case-insensitive dict; plain dicts (tests, jobs) may not be.
+    value = options.get(name)
+    if value is None:
+        value = next((v for k, v in options.items() if k.lower() == name.lower()), None)
+    return None if value is None else str(value)
+
+
+def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    value = _get(options, name)
+    if value is None:
+        return default
+    if value.strip().lower() in ("true", "1", "yes"):
+        return True
+    if value.strip().lower() in ("false", "0", "no"):
+        return False
+    raise SparkOptionError(f"option {name} must be true or false, got {value!r}")
+
+
+def _positive(options: Mapping[str, str], name: str, default: int | None) -> int | None:
+    value = _get(options, name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise SparkOptionError(f"option {name} must be a positive integer, got {value!r}")
+    return number
+
+
+def endpoint_of(options: Mapping[str, str]) -> str:
+    endpoint = (_get(options, "endpoint") or "").strip()
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise SparkOptionError(f"option endpoint must be host:port of a halfmoon server, got {endpoint!r}")
+    return endpoint
+
+
+def offset_spec(text: str, name: str) -> OffsetSpec:
+    value = text.strip()
+    if value.lower() in ("earliest", "latest"):
+        return OffsetSpec(value.lower())
+    if value.lower().startswith("timestamp:"):
+        stamp = value.split(":", 1)[1].strip()
+        if not stamp.isdigit():
+            raise SparkOptionError(f"option {name}: timestamp:<epoch milliseconds> expected, got {value!r}")
+        return OffsetSpec("timestamp", timestamp_ms=int(stamp))
+    try:
+        parsed = json.loads(value)
+        per_queue = {str(t): {str(q): int(o) for q, o in queues.items()} for t, queues in parsed.items()}
+    except (ValueError, AttributeError, TypeError):
+        raise SparkOptionError(
+            f"option {name} must be earliest, latest, timestamp:<ms> or JSON like "
+            f'{{"orders": {{"0": 42}}}}, got {value!r}'
+        ) from None
+    return OffsetSpec("json", per_queue=per_queue)
+
+
+def filter_of(options: Mapping[str, str]) -> tuple[str, str] | None:
+    expression = _get(options, "filter")
+    if expression is None or not expression.strip():
+        return None
+    kind = (_get(options, "filterType") or "tag").strip().lower()
+    if kind == "tag":
+        return ("TAG", expression.strip())
+    if kind in ("sql92", "sql"):
+        return ("SQL92", expression.strip())
+    raise SparkOptionError(f"option filterType must be tag or sql92, got {kind!r}")
+
+
+def selector_wire(spec: tuple[str, str] | None) -> pb.FilterExpression | None:
+    """The protocol FilterExpression of a parsed ``filter`` option."""
+    if spec is None:
+        return None
+    kind = pb.FilterType.SQL if spec[0] == "SQL92" else pb.FilterType.TAG
+    return pb.FilterExpression(type=kind, expression=spec[1])
+
+
+def source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
+    """Parse and check the reader options (``streaming`` picks the defaults)."""
+    names = _get(options, "topics") or _get(options, "topic") or ""
+    topics = tuple(t.strip() for t in names.split(",") if t.strip())
+    if not topics:
+        raise SparkOptionError("option topic (or topics, comma-separated) is required to read from halfmoon")
+    queues_text = _get(options, "queues")
+    queues = None
+    if queues_text:
+        try:
+            queues = frozenset(int(q) for q in queues_text.split(",") if q.strip())
+        except ValueError:
+            raise SparkOptionError(f"option queues must be comma-separated queue ids, got {queues_text!r}") from None
+    starting = offset_spec(_get(options, "startingOffsets") or ("latest" if streaming else "earliest"), "startingOffsets")
+    ending_text = _get(options, "endingOffsets")
+    if streaming and ending_text is not None:
+        raise SparkOptionError("option endingOffsets is for batch reads; a stream has no end (use a trigger instead)")
+    ending = offset_spec(ending_text or "latest", "endingOffsets")
+    if ending.kind == "earliest":
+        raise SparkOptionError("option endingOffsets cannot be earliest (that reads nothing)")
+    max_per_trigger = _positive(options, "maxRecordsPerTrigger", None)
+    if max_per_trigger is not None and not streaming:
+        raise SparkOptionError("option maxRecordsPerTrigger is for streaming reads; bound a batch with endingOffsets")
+    return SourceOptions(
+        endpoint=endpoint_of(options),
+        topics=topics,
+        queues=queues,
+        starting=starting,
+        ending=ending,
+        max_records_per_trigger=max_per_trigger,
+        fail_on_data_loss=_bool(options, "failOnDataLoss", True),
+        filter=filter_of(options),
+        group=(_get(options, "group") or DEFAULT_GROUP).strip(),
+        commit_offsets=_bool(options, "commitOffsets", False),
+        max_records_per_partition=_positive(options, "maxRecordsPerPartition", 200_000) or 200_000,
+        pull_batch_size=min(_positive(options, "pullBatchSize", 1024) or 1024, 1024),
+    )

@@ -1,0 +1,229 @@
+"""Blocking calls to a halfmoon server over its gRPC protocol, for Spark's driver and tasks.
+
+Spark runs the connector's code in short-lived Python workers: one task reads
+one range of one queue and exits. The asyncio client (with its background
+loop, telemetry stream and heartbeats) is built for long-lived processes; a
+task needs a handful of plain RPCs, so this module makes them directly with
+grpc's synchronous stubs: routes, offsets, pulls, half-message sends, group
+decisions and consumer-group offsets. Errors come back as the client's typed
+exceptions (:mod:`halfmoon.client.errors`), so callers handle one family.
+
+Channels are cached per endpoint and process: a Python worker that Spark
+reuses for many tasks connects once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2
+from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
+
+from halfmoon.client.errors import (
+    ClientError,
+    error_for_rpc_error,
+    error_for_status,
+    raise_for_status,
+)
+from halfmoon.client.message import Message, message_ids, to_wire
+from halfmoon.client.transaction import GROUP_ID_PREFIX, PROPERTY_TRANSACTION_GROUP
+
+pb = definition_pb2
+svc = service_pb2
+Code = pb.Code
+
+_OPTIONS = (
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
+_channels: dict[str, grpc.Channel] = {}
+_channels_lock = threading.Lock()
+_client_id = f"spark-{uuid.uuid4().hex[:12]}"
+_request_seq = itertools.count()
+
+
+def _stub(endpoint: str) -> service_pb2_grpc.MessagingServiceStub:
+    with _channels_lock:
+        channel = _channels.get(endpoint)
+        if channel is None:
+            channel = _channels[endpoint] = grpc.insecure_channel(endpoint, options=_OPTIONS)
+    return service_pb2_grpc.MessagingServiceStub(channel)
+
+
+def _metadata() -> tuple[tuple[str, str], ...]:
+    return (
+        ("x-mq-client-id", _client_id),
+        ("x-mq-language", "PYTHON"),
+        ("x-mq-protocol", "GRPC_V2"),
+        ("x-mq-request-id", f"{_client_id}-{next(_request_seq)}"),
+    )
+
+
+@dataclass(frozen=True)
+class Queue:
+    """One readable queue: its topic, id, broker and the endpoint that serves it."""
+
+    topic: str
+    queue_id: int
+    broker: str
+    endpoint: str
+
+    def to_wire(self) -> pb.MessageQueue:
+        host, _, port = self.endpoint.rpartition(":")
+        address = pb.Address(host=host, port=int(port))
+        endpoints = pb.Endpoints(scheme=pb.AddressScheme.IPv4, addresses=[address])
+        return pb.MessageQueue(topic=pb.Resource(name=self.topic), id=self.queue_id, broker=pb.Broker(name=self.broker, endpoints=endpoints))
+
+
+@dataclass
+class PullAnswer:
+    """One PullMessage answer: the wire messages, where to continue, and the status code."""
+
+    messages: list[pb.Message]
+    next_offset: int
+    code: int
+    text: str
+
+
+class Wire:
+    """The RPCs the Spark connector makes, against one access point (``host:port``)."""
+
+    def __init__(self, endpoint: str, timeout: float = 10.0) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+
+    def _call(self, rpc: str, request: Any, endpoint: str | None = None, timeout: float | None = None) -> Any:
+        target = endpoint or self.endpoint
+        try:
+            response = getattr(_stub(target), rpc)(request, timeout=timeout or self.timeout, metadata=_metadata())
+        except grpc.RpcError as exc:
+            raise error_for_rpc_error(exc, rpc, target) from None
+        return response
+
+    # -- routes and offsets -----------------------------------------------------------------
+
+    def queues(self, topic: str) -> list[Queue]:
+        """The topic's readable queues, ordered by (broker, queue id)."""
+        host, _, port = self.endpoint.rpartition(":")
+        request = svc.QueryRouteRequest(
+            topic=pb.Resource(name=topic),
+            endpoints=pb.Endpoints(scheme=pb.AddressScheme.IPv4, addresses=[pb.Address(host=host, port=int(port))]),
+        )
+        response = self._call("QueryRoute", request)
+        raise_for_status(response.status, "QueryRoute")
+        out = []
+        for mq in response.message_queues:
+            if mq.permission not in (pb.Permission.READ, pb.Permission.READ_WRITE):
+                continue
+            addresses = mq.broker.endpoints.addresses
+            endpoint = f"{addresses[0].host}:{addresses[0].port}" if addresses else self.endpoint
+            out.append(Queue(topic, mq.id, mq.broker.name or endpoint, endpoint))
+        return sorted(set(out), key=lambda q: (q.broker, q.queue_id))
+
+    def query_offset(self, queue: Queue, policy: str, timestamp_ms: int | None = None) -> int:
+        """``earliest`` (the queue's min offset), ``latest`` (its max) or ``timestamp``."""
+        request = svc.QueryOffsetRequest(message_queue=queue.to_wire())
+        if policy == "earliest":
+            request.query_offset_policy = pb.QueryOffsetPolicy.BEGINNING
+        elif policy == "latest":
+            request.query_offset_policy = pb.QueryOffsetPolicy.END
+        else:
+            request.query_offset_policy = pb.QueryOffsetPolicy.TIMESTAMP
+            request.timestamp.FromMilliseconds(int(timestamp_ms or 0))
+        response = self._call("QueryOffset", request, queue.endpoint)
+        raise_for_status(response.status, "QueryOffset")
+        return response.offset
+
+    def committed_offset(self, group: str, queue: Queue) -> int | None:
+        """The consumer group's committed offset in ``queue`` (None when it never committed)."""
+        response = self._call("GetOffset", svc.GetOffsetRequest(group=pb.Resource(name=group), message_queue=queue.to_wire()), queue.endpoint)
+        if response.status.code in (Code.OFFSET_NOT_FOUND, Code.NOT_FOUND):
+            return None
+        raise_for_status(response.status, "GetOffset")
+        return response.offset
+
+    def commit_offset(self, group: str, queue: Queue, offset: int) -> None:
+        """Store ``offset`` as the consumer group's position in ``queue`` (UpdateOffset)."""
+        request = svc.UpdateOffsetRequest(group=pb.Resource(name=group), message_queue=queue.to_wire(), offset=offset)
+        response = self._call("UpdateOffset", request, queue.endpoint)
+        raise_for_status(response.status, "UpdateOffset")
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def pull(self, group: str, queue: Queue, offset: int, batch: int, selector: pb.FilterExpression | None = None, wait: float = 0.0) -> PullAnswer:
+        """Up to ``batch`` committed messages of ``queue`` from ``offset`` (PullMessage)."""
+        request = svc.PullMessageRequest(group=pb.Resource(name=group), message_queue=queue.to_wire(), offset=offset, batch_size=batch)
+        if selector is not None:
+            request.filter_expression.CopyFrom(selector)
+        request.long_polling_timeout.CopyFrom(_duration(wait))
+        messages: list[pb.Message] = []
+        next_offset, code, text = offset, Code.OK, ""
+        try:
+            for response in _stub(queue.endpoint).PullMessage(request, timeout=wait + self.timeout, metadata=_metadata()):
+                kind = response.WhichOneof("content")
+                if kind == "message":
+                    messages.append(response.message)
+                elif kind == "next_offset":
+                    next_offset = response.next_offset
+                elif kind == "status":
+                    code, text = response.status.code, response.status.message
+        except grpc.RpcError as exc:
+            raise error_for_rpc_error(exc, "PullMessage", queue.endpoint) from None
+        if code not in (Code.OK, Code.MESSAGE_NOT_FOUND, Code.ILLEGAL_OFFSET):
+            raise error_for_status(pb.Status(code=code, message=text), "PullMessage")
+        return PullAnswer(messages, next_offset, code, text)
+
+    # -- writing: half messages and group decisions ----------------------------------------------
+
+    def send_halves(self, messages: Sequence[Message], group: str) -> None:
+        """Store ``messages`` as half messages of transaction group ``group`` (one request per topic)."""
+        by_topic: dict[str, list[pb.Message]] = {}
+        for message in messages:
+            message.properties[PROPERTY_TRANSACTION_GROUP] = group
+            by_topic.setdefault(message.topic, []).append(to_wire(message, message_ids.next(), transactional=True))
+        for wire_messages in by_topic.values():
+            response = self._call("SendMessage", svc.SendMessageRequest(messages=wire_messages), timeout=max(self.timeout, 30.0))
+            if response.status.code != Code.OK:
+                raise error_for_status(response.status, "SendMessage")
+            for entry in response.entries:
+                raise_for_status(entry.status, "SendMessage")
+
+    def end_group(self, group: str, topic: str, commit: bool) -> None:
+        """Commit or roll back transaction group ``group`` (idempotent; the opposite decision fails)."""
+        request = svc.EndTransactionRequest(
+            topic=pb.Resource(name=topic),
+            message_id="",
+            transaction_id=GROUP_ID_PREFIX + group,
+            resolution=pb.TransactionResolution.COMMIT if commit else pb.TransactionResolution.ROLLBACK,
+            source=pb.TransactionSource.SOURCE_CLIENT,
+        )
+        response = self._call("EndTransaction", request, timeout=max(self.timeout, 60.0))
+        raise_for_status(response.status, "EndTransaction")
+
+
+def group_decided(error: ClientError) -> str | None:
+    """``committed`` / ``rolled back`` when ``error`` says a transaction group was already decided."""
+    text = str(error)
+    for state in ("committed", "rolled back"):
+        if f"already {state}" in text:
+            return state
+    return None
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromMilliseconds(int(seconds * 1000))
+    return d
+
+
+def chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
