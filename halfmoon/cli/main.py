@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from halfmoon.cli import (
     group_commands,
+    outbox_commands,
     serve_command,
     status_command,
     topic_commands,
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     group_commands.register(commands)
     transaction_commands.register(commands)
     status_command.register(commands)
+    outbox_commands.register(commands)
     return parser
 
 

@@ -1,0 +1,114 @@
+"""``halfmoon outbox relay|status``: run the outbox relay, inspect an outbox table.
+
+    halfmoon outbox relay --db postgresql+psycopg://app@db/app \\
+        --target halfmoon://127.0.0.1:8081 --workers 4 --batch 200 --poll 500ms
+    halfmoon outbox status --db sqlite:///app.db
+
+``relay`` runs until SIGTERM/SIGINT, then finishes the batches in flight.
+Run as many relay processes as you like: they share the work and keep each
+aggregate's order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+from halfmoon.cli.admin_client import CliError
+from halfmoon.cli.parser import add_command, emit, positive_int
+from halfmoon.errors import HalfmoonError
+
+
+def duration(text: str) -> float:
+    """``500ms``, ``2s``, ``1.5`` (seconds) → seconds."""
+    raw = text.strip().lower()
+    try:
+        if raw.endswith("ms"):
+            value = float(raw[:-2]) / 1000
+        elif raw.endswith("s"):
+            value = float(raw[:-1])
+        elif raw.endswith("m"):
+            value = float(raw[:-1]) * 60
+        else:
+            value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a duration like 500ms or 2s, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive duration, got {text!r}")
+    return value
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    outbox = commands.add_parser("outbox", help="run the transactional outbox relay; show an outbox's state")
+    sub = outbox.add_subparsers(dest="outbox_command", metavar="ACTION", required=True)
+
+    relay = add_command(sub, "relay", run_relay, "publish outbox rows to halfmoon or RabbitMQ", admin=False)
+    relay.add_argument("--db", required=True, metavar="URL", help="SQLAlchemy URL of the database holding the outbox")
+    relay.add_argument("--target", required=True, metavar="URL", help="halfmoon://HOST:PORT or amqp://USER:PASS@HOST:PORT/VHOST")
+    relay.add_argument("--workers", type=positive_int, default=1, help="worker threads in this process (default 1)")
+    relay.add_argument("--batch", type=positive_int, default=100, help="rows claimed per batch (default 100)")
+    relay.add_argument("--poll", type=duration, default=0.5, help="idle polling interval (default 500ms; NOTIFY wakes sooner on PostgreSQL)")
+    relay.add_argument("--max-attempts", type=positive_int, default=10, help="publish attempts before a message is marked failed (default 10)")
+    relay.add_argument("--table-prefix", default="hm_", help="prefix of the outbox tables (default hm_)")
+    relay.add_argument("--create-tables", action="store_true", help="create the outbox tables if they are missing")
+    relay.add_argument("--no-failed-block", action="store_true", help="let an aggregate's later messages pass one marked failed")
+    relay.add_argument("--log-level", default="INFO", help="log level (default INFO)")
+
+    status = add_command(sub, "status", show_status, "pending, sent and failed counts and the oldest pending age")
+    status.add_argument("--db", required=True, metavar="URL")
+    status.add_argument("--table-prefix", default="hm_")
+
+
+def _open_outbox(url: str, prefix: str, pool_size: int = 5) -> Any:
+    from halfmoon.outbox.dialects import make_engine
+    from halfmoon.outbox.outbox import Outbox
+
+    try:
+        return Outbox(make_engine(url, pool_size=pool_size), table_prefix=prefix)
+    except Exception as exc:  # noqa: BLE001 — bad URL or missing driver: one line
+        raise CliError(f"cannot open database {url!r}: {exc}", "OUTBOX_BAD_DATABASE") from None
+
+
+def run_relay(args: argparse.Namespace) -> int:
+    from halfmoon.outbox.relay import Relay
+    from halfmoon.outbox.targets import target_for_url
+
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    outbox = _open_outbox(args.db, args.table_prefix, pool_size=args.workers + 2)
+    try:
+        if args.create_tables:
+            outbox.create_tables()
+        target = target_for_url(args.target)
+        relay = Relay(
+            outbox, target,
+            workers=args.workers, batch_size=args.batch, poll_interval=args.poll,
+            max_attempts=args.max_attempts, failed_blocks_aggregate=not args.no_failed_block,
+        )  # fmt: skip
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        relay.start()
+    except HalfmoonError as exc:
+        raise CliError(exc.message, exc.code) from None
+    print(f"outbox relay running: workers={args.workers} batch={args.batch} target={target.name}", flush=True)
+    stop.wait()
+    relay.stop()
+    stats = relay.stats()
+    print(f"outbox relay stopped: published={stats.published} failed={stats.failed} pending={stats.pending}", flush=True)
+    return 0
+
+
+def show_status(args: argparse.Namespace) -> int:
+    outbox = _open_outbox(args.db, args.table_prefix)
+    try:
+        status = outbox.status()
+    except Exception as exc:  # noqa: BLE001
+        cause = " ".join(str(getattr(exc, "orig", exc)).split())[:300]
+        raise CliError(f"cannot read the outbox table {outbox.table.name!r} ({cause}); check --db and --table-prefix, or create it with 'outbox relay --create-tables'", "OUTBOX_UNREADABLE") from None
+    data = {"pending": status.pending, "sent": status.sent, "failed": status.failed, "oldest_pending_age_seconds": round(status.oldest_pending_age, 3)}
+    emit(args, data, lambda: "\n".join(f"{k:<28}{v}" for k, v in data.items()))
+    return 0
