@@ -1,0 +1,76 @@
+"""TelemetryCheckSender: which producer stream a transaction check goes to."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from rocketmq.grpc_protocol import definition_pb2
+
+from halfmoon.broker.message import MessageType, MessageView
+from halfmoon.server.telemetry import ClientRegistry, TelemetryCheckSender
+
+PRODUCER = definition_pb2.ClientType.PRODUCER
+
+
+def view(topic: str = "orders") -> MessageView:
+    return MessageView(
+        topic=topic, queue_id=0, queue_offset=0, message_id="m1", body=b"x", tag=None, keys=[],
+        properties={}, message_type=MessageType.TRANSACTION, message_group=None, delivery_timestamp=None,
+        born_timestamp=0, born_host="", store_timestamp=0, store_host="", commit_log_offset=0,
+    )  # fmt: skip
+
+
+async def scenario(body) -> None:
+    registry = ClientRegistry()
+    registry.bind_loop(asyncio.get_running_loop())
+    outboxes = {}
+    for client_id, group in (("a", "pg"), ("b", "pg"), ("c", "other")):
+        registry.touch(client_id, client_type=PRODUCER, group=group)
+        _, outboxes[client_id] = registry.open_stream(client_id)
+        registry.note_topic(client_id, "orders")
+    sender = TelemetryCheckSender(registry, alive_within=30.0)
+
+    async def check(group: str | None, topic: str = "orders") -> bool:
+        return await asyncio.to_thread(sender.send_check, group, topic, view(topic), "T1")
+
+    await body(registry, outboxes, check)
+
+
+def taken(outbox: asyncio.Queue) -> int:
+    n = 0
+    while not outbox.empty():
+        command = outbox.get_nowait()
+        assert command.recover_orphaned_transaction_command.transaction_id == "T1"
+        assert command.recover_orphaned_transaction_command.message.system_properties.message_id == "m1"
+        n += 1
+    return n
+
+
+def test_round_robin_over_the_producer_group_then_the_topic() -> None:
+    async def body(registry, outboxes, check) -> None:
+        for _ in range(4):
+            assert await check("pg")
+        assert (taken(outboxes["a"]), taken(outboxes["b"]), taken(outboxes["c"])) == (2, 2, 0)
+        # No producer group named (the official clients): any producer of the topic.
+        for _ in range(3):
+            assert await check(None)
+        assert taken(outboxes["a"]) + taken(outboxes["b"]) + taken(outboxes["c"]) == 3
+        # A group with no live producer falls back to the topic's producers.
+        assert await check("gone")
+
+    asyncio.run(scenario(body))
+
+
+def test_dead_streams_are_skipped_and_none_live_is_not_sent() -> None:
+    async def body(registry, outboxes, check) -> None:
+        registry.get("a").last_seen = time.monotonic() - 120  # silent for two minutes: gone
+        registry.close_stream(registry.get("b"), outboxes["b"])  # stream ended
+        for _ in range(3):
+            assert await check("pg")  # falls back to c, the only live producer of the topic
+        assert (taken(outboxes["a"]), taken(outboxes["b"]), taken(outboxes["c"])) == (0, 0, 3)
+        registry.remove("c")
+        assert not await check("pg")
+        assert not await check(None, topic="unknown-topic")
+
+    asyncio.run(scenario(body))
