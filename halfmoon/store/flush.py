@@ -16,9 +16,8 @@ the store uses it to make records visible under ``sync``.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
+import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -34,19 +33,58 @@ def _done() -> Future[None]:
     return future
 
 
+# Returned whenever the bytes asked about are already durable. A finished
+# future can be shared: it cannot be cancelled and its callbacks run at once.
+_DONE = _done()
+
+
+def _batch() -> Future[None]:
+    """The future all the waiters of one fsync share.
+
+    Marked running, so that one waiter cancelling it (an asyncio task wrapping
+    it is cancelled) cannot cancel it for the others.
+    """
+    future: Future[None] = Future()
+    future.set_running_or_notify_cancel()
+    return future
+
+
 class GroupCommitFlusher:
+    """Group commit: one fsync at a time, each covering everything written before it started.
+
+    Waiters do not get a future each: every waiter of the same fsync shares
+    one (``_next`` until that fsync starts, then ``_in_flight``), so
+    completing an fsync is one ``set_result``, one wake-up of all its
+    waiters, however many there are. A waiter whose bytes the running fsync
+    already covers joins it instead of waiting for the next one.
+    """
+
     def __init__(self, commitlog: CommitLog, on_flushed: Callable[[int], None]) -> None:
         self._log = commitlog
         self._on_flushed = on_flushed
         self._cond = threading.Condition(threading.Lock())
-        self._waiters: list[tuple[int, int, Future[None]]] = []
-        self._sequence = itertools.count()
+        self._next: Future[None] | None = None  # completes after the next fsync to start
+        self._in_flight: Future[None] | None = None  # completes after the running fsync
+        self._in_flight_end = -1  # the running fsync covers bytes below this
+        self._beyond: list[tuple[int, Future[None]]] = []  # waiters for bytes not yet written
+        # Durable and visible (on_flushed has run) below this: the waiters' fast path.
+        self._done = commitlog.flushed_position
         self._idle = False
         self._stopping = False
+        self._stopped = False
         self._error: BaseException | None = None
         self.fsyncs = 0
+        self._completed: queue.SimpleQueue[Future[None] | None] = queue.SimpleQueue()
+        self._notifier = threading.Thread(
+            target=self._notify_loop, name="halfmoon-flush-notifier", daemon=True
+        )
+        self._notifier.start()
         self._thread = threading.Thread(target=self._run, name="halfmoon-flusher", daemon=True)
         self._thread.start()
+
+    def _notify_loop(self) -> None:
+        while (batch := self._completed.get()) is not None:
+            batch.set_result(None)
 
     def written(self) -> None:
         """Tell the flusher new bytes were written (cheap when it is already busy)."""
@@ -55,22 +93,36 @@ class GroupCommitFlusher:
                 self._cond.notify()
 
     def durable(self, end_offset: int) -> Future[None]:
-        if end_offset <= self._log.flushed_position:
-            return _done()
-        future: Future[None] = Future()
+        if end_offset <= self._done:
+            return _DONE
         with self._cond:
             if self._error is not None:
-                future.set_exception(self._error)
+                failed: Future[None] = Future()
+                failed.set_exception(self._error)
+                return failed
+            if end_offset <= self._done:
+                return _DONE
+            if end_offset <= self._in_flight_end and self._in_flight is not None:
+                return self._in_flight
+            if self._stopped:
+                closed: Future[None] = Future()
+                closed.set_exception(RuntimeError("the store closed before the data was flushed"))
+                return closed
+            if end_offset > self._log.write_position:
+                # Not written yet (callers normally pass an AppendResult's end):
+                # the next fsync may not cover it, so it waits on its own.
+                future: Future[None] = Future()
+                self._beyond.append((end_offset, future))
                 return future
-            if end_offset <= self._log.flushed_position:
-                future.set_result(None)
-                return future
-            heapq.heappush(self._waiters, (end_offset, next(self._sequence), future))
-            self._cond.notify()
-        return future
+            batch = self._next
+            if batch is None:
+                batch = self._next = _batch()
+            if self._idle:
+                self._cond.notify()
+            return batch
 
     def wait(self, end_offset: int, timeout: float | None = None) -> bool:
-        if end_offset <= self._log.flushed_position:
+        if end_offset <= self._done:
             return True
         try:
             self.durable(end_offset).result(timeout)
@@ -89,19 +141,31 @@ class GroupCommitFlusher:
                 self._idle = False
                 if self._stopping and commitlog.write_position <= commitlog.flushed_position:
                     break
+                # Everything written so far is in this fsync; so is every waiter
+                # registered so far (a waiter registers after its write).
+                target = commitlog.write_position
+                batch, self._next = self._next, None
+                if batch is None:
+                    batch = _batch()  # for waiters arriving during the fsync that it covers
+                self._in_flight, self._in_flight_end = batch, target
             try:
-                flushed = commitlog.sync(commitlog.write_position)
+                flushed = commitlog.sync(target)
                 self.fsyncs += 1
             except BaseException as exc:  # a failing disk: fail every waiter, keep failing
                 log.error("event=fsync_failed error=%r", exc)
                 self._fail(exc)
                 return
-            self._on_flushed(flushed)
-            ready = []
+            self._on_flushed(flushed)  # visible before acknowledged
             with cond:
-                waiters = self._waiters
-                while waiters and waiters[0][0] <= flushed:
-                    ready.append(heapq.heappop(waiters)[2])
+                self._done = flushed
+                self._in_flight, self._in_flight_end = None, -1
+                ready = []
+                if self._beyond:
+                    ready = [f for end, f in self._beyond if end <= flushed]
+                    self._beyond = [(end, f) for end, f in self._beyond if end > flushed]
+            # Waking the waiters costs a system call per waiter; the notifier
+            # thread does it while this one is already in the next fsync.
+            self._completed.put(batch)
             for future in ready:
                 future.set_result(None)
         self._release_all()
@@ -109,19 +173,33 @@ class GroupCommitFlusher:
     def _fail(self, exc: BaseException) -> None:
         with self._cond:
             self._error = exc
-            waiters, self._waiters = self._waiters, []
-        for _end, _seq, future in waiters:
-            future.set_exception(exc)
+            batches = [self._in_flight, self._next, *(f for _end, f in self._beyond)]
+            self._in_flight, self._next, self._in_flight_end = None, None, -1
+            self._beyond = []
+        for batch in batches:
+            if batch is not None:
+                batch.set_exception(exc)
 
     def _release_all(self) -> None:
         with self._cond:
-            waiters, self._waiters = self._waiters, []
-        flushed = self._log.flushed_position
-        for end, _seq, future in waiters:
+            self._stopped = True
+            batch, self._next = self._next, None
+            flushed = self._log.flushed_position
+            self._done = max(self._done, flushed)
+            beyond, self._beyond = self._beyond, []
+        closed = RuntimeError("the store closed before the data was flushed")
+        for end, future in beyond:
             if end <= flushed:
                 future.set_result(None)
             else:
-                future.set_exception(RuntimeError("the store closed before the data was flushed"))
+                future.set_exception(closed)
+        if batch is not None:
+            # A waiter registers after its write, and the loop only ends once
+            # everything written is flushed: normally every waiter is covered.
+            if self._log.write_position <= flushed:
+                batch.set_result(None)
+            else:
+                batch.set_exception(closed)
 
     def close(self) -> None:
         """Flush what is written, then stop the thread."""
@@ -129,6 +207,8 @@ class GroupCommitFlusher:
             self._stopping = True
             self._cond.notify()
         self._thread.join()
+        self._completed.put(None)
+        self._notifier.join()
 
 
 class IntervalFlusher:

@@ -244,7 +244,7 @@ def check_crc(buf: bytes | bytearray | memoryview, position: int, total: int) ->
 
 
 def decode(
-    buf: bytes | bytearray | memoryview,
+    buf: bytes | bytearray | memoryview | mmap.mmap,
     position: int = 0,
     limit: int | None = None,
     *,
@@ -255,10 +255,22 @@ def decode(
 
     ``base_offset`` is the commit-log offset of ``buf[0]``, only used in error
     messages. Raises :class:`RecordError` on a blank, torn or corrupt record.
-    This is the read path's hot spot: one header unpack, then slicing.
     """
-    if limit is None:
-        limit = len(buf)
+    return decode_at(buf, position, len(buf) if limit is None else limit, verify, base_offset)
+
+
+def decode_at(
+    buf: bytes | bytearray | memoryview | mmap.mmap,
+    position: int,
+    limit: int,
+    verify: bool,
+    base_offset: int,
+) -> StoredMessage:
+    """:func:`decode` with positional arguments only: the read path calls it per message.
+
+    One header unpack, one slice for the body and one for everything after
+    it (hosts, topic, properties), which is then parsed as bytes.
+    """
     try:
         (
             total,
@@ -289,21 +301,31 @@ def decode(
     if verify and crc != zlib.crc32(memoryview(buf)[position + CRC_START : end]):
         raise RecordError("checksum", base_offset + position, "CRC mismatch")
     p = position + HEADER_SIZE + body_length
+    body = buf[position + HEADER_SIZE : p]
+    tail = buf[p:end]  # topic_length topic born_host... properties_length properties
     try:
-        body = buf[position + HEADER_SIZE : p]
-        a = buf[p]
-        b = buf[p + 1 + a]
-        c = buf[p + 2 + a + b]
-        q = p + 3 + a + b + c
-        topic, born_host, store_host = _decode_names(buf[p:q])
-        n = (buf[q] << 8) | buf[q + 1]
-        properties = decode_properties(buf[q + 2 : q + 2 + n]) if n else {}
-        p = q + 2 + n
+        a = tail[0]
+        b = tail[1 + a]
+        q = 3 + a + b + tail[2 + a + b]
+        topic, born_host, store_host = _decode_names(tail[:q])
+        n = (tail[q] << 8) | tail[q + 1]
+        if n:
+            raw = tail[q + 2 : q + 2 + n]
+            # decode_properties' fast form, inlined (see there).
+            pairs = raw.decode("utf-8").split(PAIR_SEPARATOR)
+            if not pairs[-1]:
+                pairs.pop()
+            try:
+                properties = dict(map(_split_pair, pairs))
+            except ValueError:
+                properties = decode_properties(raw)
+        else:
+            properties = {}
     except (IndexError, UnicodeDecodeError) as exc:
         raise RecordError(
             "bad_fields", base_offset + position, f"fields do not parse: {exc}"
         ) from None
-    if p != end:
+    if q + 2 + n != len(tail) or len(body) != body_length:
         raise RecordError(
             "bad_fields", base_offset + position, "field lengths disagree with the record size"
         )

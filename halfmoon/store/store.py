@@ -362,52 +362,71 @@ class MessageStore:
             status = GetStatus.NO_MESSAGE if offset == max_offset else GetStatus.OFFSET_OVERFLOW
             return GetResult(status, [], max_offset, min_offset, max_offset)
         budget = min(max_offset - offset, max(max_messages, self.config.max_scan_entries))
-        read = self._commitlog.read
-        decode = record.decode
+        commitlog = self._commitlog
+        # Records past this point may still be being written (read after max_offset).
+        readable_end = commitlog.write_position
+        decode = record.decode_at
         verify = self.config.verify_crc_on_read
         messages: list[StoredMessage] = []
         total = 0
         next_offset = offset
         examined = 0
         full = False
+        # The segment of the previous record: consecutive entries almost always
+        # share it, so the lookup runs once per segment, not once per message.
+        segment_start = segment_end = 0
+        mm = None
         while not full and examined < budget:
             # Fetch only what is likely needed: a filter-free read needs max_messages entries.
             want = min(budget - examined, max(max_messages - len(messages), 16))
-            entries = self._queues.entries(topic, queue_id, next_offset, want)
+            first, entries = self._queues.raw_entries(topic, queue_id, next_offset, want)
             if not entries:
                 break
-            if entries[0].queue_offset > next_offset:  # trimmed since min_offset was read
+            if first > next_offset:  # trimmed since min_offset was read
                 if not examined:
-                    first = entries[0].queue_offset
                     return GetResult(GetStatus.OFFSET_TOO_SMALL, [], first, first, max_offset)
                 break
             examined += len(entries)
-            for entry in entries:
-                if tag_hashes is not None and entry.tag_hash not in tag_hashes:
-                    next_offset = entry.queue_offset + 1
+            queue_offset = first - 1
+            for commit_log_offset, size, entry_tag in entries:
+                queue_offset += 1
+                if tag_hashes is not None and entry_tag not in tag_hashes:
+                    next_offset = queue_offset + 1
                     continue
-                if messages and total + entry.size > max_bytes:
+                if messages and total + size > max_bytes:
                     full = True
                     break
-                next_offset = entry.queue_offset + 1
+                next_offset = queue_offset + 1
+                end = commit_log_offset + size
                 try:
-                    message = decode(read(entry.commit_log_offset, entry.size), verify=verify)
-                except (OffsetGone, record.RecordError) as exc:
+                    if not segment_start <= commit_log_offset or end > segment_end:
+                        segment = commitlog.segment_for(commit_log_offset)
+                        if segment is None:
+                            raise OffsetGone(commit_log_offset)
+                        segment_start, segment_end, mm = segment.start, segment.end, segment.mm
+                    if end > readable_end:
+                        raise OffsetGone(commit_log_offset)
+                    relative = commit_log_offset - segment_start
+                    # Decoded straight from the mapping: no intermediate copy.
+                    message = decode(mm, relative, relative + size, verify, segment_start)
+                except (OffsetGone, record.RecordError, ValueError) as exc:
+                    # ValueError: the segment was closed by retention under our feet.
                     log.warning(
                         "event=unreadable_entry topic=%s queue_id=%d queue_offset=%d error=%r",
-                        topic, queue_id, entry.queue_offset, str(exc),
+                        topic, queue_id, queue_offset, str(exc),
                     )  # fmt: skip
+                    segment_start = segment_end = 0
                     continue
-                if message.queue_offset != entry.queue_offset or message.topic != topic:
+                if message.queue_offset != queue_offset or message.topic != topic:
                     log.warning(
                         "event=entry_mismatch topic=%s queue_id=%d queue_offset=%d",
-                        topic, queue_id, entry.queue_offset,
+                        topic, queue_id, queue_offset,
                     )  # fmt: skip
                     continue
                 if predicate is not None and not predicate(message):
                     continue
                 messages.append(message)
-                total += entry.size
+                total += size
                 if len(messages) >= max_messages:
                     full = True
                     break
