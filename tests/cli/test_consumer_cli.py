@@ -1,0 +1,157 @@
+"""``halfmoon consumer ...`` and ``halfmoon group update`` against a real ``halfmoon serve``.
+
+Connected clients live in the gRPC server, so these tests run the whole
+server as a subprocess and connect real consumers with ``halfmoon.client``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from halfmoon.client import ClientError, MessageSelector, SyncSimpleConsumer
+from tests.cli.test_cli import failed, ok, table, unique
+from tests.server.conftest import ServerProcess, wait_until
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    proc = ServerProcess(tmp_path_factory.mktemp("halfmoon-data")).start()
+    try:
+        yield proc
+    finally:
+        if proc.alive():
+            proc.stop()
+
+
+def cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return server.cli(*args)
+
+
+def send(server: ServerProcess, topic: str, count: int, tag: str = "a") -> None:
+    for i in range(count):
+        code, answer = server.admin_call("POST", f"/v1/topics/{topic}/messages", {"body": f"m{i}", "tag": tag})
+        assert code == 201, answer
+
+
+def topic_and_group(server: ServerProcess) -> tuple[str, str]:
+    topic, group = unique("orders"), unique("billing")
+    server.create_topic(topic, queues=1)
+    server.create_group(group)
+    return topic, group
+
+
+def connected(server: ServerProcess, group: str, count: int = 1) -> list[dict]:
+    def clients() -> list[dict] | None:
+        data = json.loads(ok(cli(server, "consumer", "status", group, "--json")))
+        return data["clients"] if len(data["clients"]) >= count else None
+
+    return wait_until(clients, 15, f"{count} connected consumer(s) of {group}")  # type: ignore[return-value]
+
+
+def test_status_shows_who_is_connected_and_what_they_subscribe(server):
+    topic, group = topic_and_group(server)
+    assert ok(cli(server, "consumer", "status", group)) == f"no consumer of group '{group}' is connected\n"
+    with SyncSimpleConsumer(server.grpc, group, {topic: MessageSelector.by_tag("a || b")}) as consumer:
+        clients = connected(server, group)
+        assert [c["client_id"] for c in clients] == [consumer.client.client_id]
+        assert clients[0]["client_type"] == "SIMPLE_CONSUMER"
+        assert clients[0]["subscriptions"] == [{"topic": topic, "filter_type": "tag", "filter": "a || b"}]
+        rows = table(ok(cli(server, "consumer", "status", group)))
+        assert rows[0][:3] == ["CLIENT", "ID", "TYPE"]
+        assert rows[1][:2] == [consumer.client.client_id, "simple"]
+        assert f"{topic}(a" in rows[1]
+
+
+def test_progress_shows_lag_per_queue_clients_and_rate(server):
+    topic, group = topic_and_group(server)
+    send(server, topic, 6)
+    with SyncSimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer:
+        received = []
+        deadline = time.monotonic() + 15
+        while len(received) < 2 and time.monotonic() < deadline:
+            received += consumer.receive(2 - len(received), 60, wait=2)
+        assert len(received) == 2
+        for message in received:
+            consumer.ack(message)
+        connected(server, group)
+
+        out = ok(cli(server, "consumer", "progress", group))
+        sections = out.strip().split("\n\n")
+        assert table(sections[0])[0][:3] == ["TOPIC", "QUEUE", "BROKER"]
+        assert table(sections[0])[1] == [topic, "0", "6", "2", "4", "0"]
+        assert table(sections[1])[1][0] == consumer.client.client_id
+        tps_line, lag_line = sections[2].splitlines()
+        # 2 messages in the last 60 s (a minute boundary in between prorates it a little)
+        assert tps_line.startswith("consume TPS: 0.0") and float(tps_line.split()[-1]) > 0
+        assert lag_line == "total lag: 4"
+
+        data = json.loads(ok(cli(server, "consumer", "progress", group, "--topic", topic, "--json")))
+        assert data["total_lag"] == 4 and 0.02 < data["consume_tps"] <= 0.034
+        assert [(q["committed_offset"], q["max_offset"], q["lag"]) for q in data["queues"]] == [(2, 6, 4)]
+        assert [c["client_id"] for c in data["clients"]] == [consumer.client.client_id]
+
+
+def test_reset_offset_to_a_time_replays_or_skips(server):
+    topic, group = topic_and_group(server)
+    before = int(time.time() * 1000) - 1000
+    send(server, topic, 3)
+    with SyncSimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer:
+        got = []
+        deadline = time.monotonic() + 15
+        while len(got) < 3 and time.monotonic() < deadline:
+            got += consumer.receive(3, 60, wait=2)
+        for message in got:
+            consumer.ack(message)
+    assert len(got) == 3
+
+    out = ok(cli(server, "consumer", "reset-offset", group, "--topic", topic, "--time", str(before)))
+    assert out.startswith(f"reset group '{group}' in '{topic}' to ")
+    assert table(out.split("\n\n")[1]) == [["QUEUE", "NEW", "OFFSET"], ["0", "0"]]
+    data = json.loads(ok(cli(server, "consumer", "progress", group, "--json")))
+    assert data["total_lag"] == 3
+
+    data = json.loads(ok(cli(server, "consumer", "reset-offset", group, "--topic", topic, "--time", "now", "--json")))
+    assert data["queues"] == [{"queue_id": 0, "offset": 3}]
+    assert json.loads(ok(cli(server, "consumer", "progress", group, "--json")))["total_lag"] == 0
+
+
+def test_consumer_errors_are_one_line(server):
+    topic, group = topic_and_group(server)
+    for action in ("progress", "status"):
+        assert failed(cli(server, "consumer", action, "ghost")).endswith("(CONSUMER_GROUP_NOT_FOUND)")
+    line = failed(cli(server, "consumer", "reset-offset", "ghost", "--topic", topic, "--time", "now"))
+    assert line.endswith("(CONSUMER_GROUP_NOT_FOUND)")
+    line = failed(cli(server, "consumer", "reset-offset", group, "--topic", "nope", "--time", "now", "--json"))
+    assert line.endswith("(TOPIC_NOT_FOUND)")
+    assert "bad time 'soon'" in failed(
+        cli(server, "consumer", "reset-offset", group, "--topic", topic, "--time", "soon"), status=2)
+    assert "required: --time" in failed(cli(server, "consumer", "reset-offset", group, "--topic", topic), status=2)
+
+
+def test_group_update_changes_what_consumers_get(server):
+    topic, group = topic_and_group(server)
+    out = ok(cli(server, "group", "update", group, "--disable", "--broadcast", "--max-attempts", "4", "--from", "latest"))
+    assert out == (f"updated group '{group}' (consuming disabled, from latest, broadcast, max attempts 4, "
+                   "fifo off)\n")
+    code, answer = server.admin_call("GET", f"/v1/groups/{group}")
+    assert (answer["consume_enabled"], answer["broadcast"], answer["max_delivery_attempts"]) == (False, True, 4)
+    send(server, topic, 1)
+    consumer = SyncSimpleConsumer(server.grpc, group, {topic: MessageSelector.all()})
+    with pytest.raises(ClientError), consumer:  # the broker refuses a disabled group
+        consumer.receive(1, 30, wait=1)
+
+    data = json.loads(ok(cli(server, "group", "update", group, "--enable", "--clustering", "--from", "earliest",
+                             "--json")))
+    assert (data["consume_enabled"], data["broadcast"], data["consume_from"]) == (True, False, "earliest")
+    with SyncSimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer:
+        got = wait_until(lambda: consumer.receive(1, 30, wait=1), 15, "the message once consuming is enabled")
+    assert [m.body for m in got] == [b"m0"]  # type: ignore[union-attr]
+
+    assert "nothing to update" in failed(cli(server, "group", "update", group), status=2)
+    assert "not allowed with argument" in failed(cli(server, "group", "update", group, "--enable", "--disable"), status=2)
+    assert failed(cli(server, "group", "update", "ghost", "--enable")).endswith("(CONSUMER_GROUP_NOT_FOUND)")
