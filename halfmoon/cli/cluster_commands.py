@@ -12,7 +12,7 @@ from typing import Any
 
 from halfmoon.cli.admin_client import CliError
 from halfmoon.cli.parser import UsageError, add_command, client, emit
-from halfmoon.cli.table import cell, render_record, render_table
+from halfmoon.cli.table import cell, format_duration_ms, format_size, render_record, render_table
 
 CLUSTER_COLUMNS = [
     ("cluster", "CLUSTER"),
@@ -91,9 +91,20 @@ def config_get(args: argparse.Namespace) -> None:
                 f"{args.key!r} is not a runtime-changeable key; they are: {', '.join(k['key'] for k in keys)}",
                 "ILLEGAL_CONFIG",
             )
-        emit(args, match[0], lambda: cell(match[0]["value"]))
+        emit(args, match[0], lambda: readable(match[0]["key"], match[0]["value"]))
         return
-    emit(args, keys, lambda: render_table(keys, [("key", "KEY"), ("value", "VALUE"), ("description", "DESCRIPTION")]))
+    rows = [{**k, "value": readable(k["key"], k["value"])} for k in keys]
+    emit(args, keys, lambda: render_table(rows, [("key", "KEY"), ("value", "VALUE"), ("description", "DESCRIPTION")]))
+
+
+def readable(key: str, value: Any) -> str:
+    """A value as people write it in the config file: 4.0 MiB, 30s (JSON keeps the number)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if key.endswith("_size"):
+            return format_size(value)
+        if key.endswith("_ms"):
+            return format_duration_ms(value)
+    return cell(value)
 
 
 def config_set(args: argparse.Namespace) -> None:
@@ -105,4 +116,6 @@ def config_set(args: argparse.Namespace) -> None:
         changes[key.strip()] = value.strip()
     answer = client(args).patch("/v1/runtime-config", {"changes": changes})
     values = {k["key"]: k["value"] for k in answer["keys"]}
-    emit(args, answer, lambda: "\n".join(f"set {key} = {cell(values[key])} (until restart)" for key in answer["changed"]))
+    emit(args, answer, lambda: "\n".join(
+        f"set {key} = {readable(key, values[key])} (until restart)" for key in answer["changed"]
+    ))

@@ -27,6 +27,7 @@ from halfmoon.cli.table import format_ms, render_record, render_table
 from halfmoon.cli.timearg import TIME_HELP, parse_time_ms
 
 PAGE = 500  # messages per scan request
+ONE_LINE_BODY = 120  # characters of a body on a one-line listing (--json has it whole)
 QUERY_COLUMNS = [
     ("message_id", "MESSAGE ID"),
     ("queue_id", "QUEUE"),
@@ -146,7 +147,12 @@ def one_line(message: dict[str, Any]) -> str:
         parts.append("keys=" + ",".join(message["keys"]))
     parts.append(f"id={message['message_id']}")
     line = "  ".join(parts)
-    return f"{line}  | {body_text(message)}" if "body" in message else line
+    if "body" not in message:
+        return line
+    body = " ".join(body_text(message).split())
+    if len(body) > ONE_LINE_BODY:
+        body = f"{body[:ONE_LINE_BODY]}... ({message.get('body_size')} bytes)"
+    return f"{line}  | {body}"
 
 
 # -- commands --------------------------------------------------------------------------

@@ -137,8 +137,10 @@ def probe_send(args: argparse.Namespace) -> None:
         shown = {k: (f"{v:.2f} ms" if k.startswith("rt_") and v is not None else v) for k, v in report.items()}
         shown["elapsed_s"] = f"{report['elapsed_s']:.2f} s"
         shown["size"] = f"{args.size} B"
-        labels = [(k, k.replace("rt_", "rt ").replace("_", ".") if k.startswith("rt_p") else k.replace("_", " "))
-                  for k in report]
+        shown["throughput_per_s"] = f"{report['throughput_per_s']:.1f} messages/s"
+        named = {"elapsed_s": "elapsed", "throughput_per_s": "throughput"}
+        labels = [(k, named.get(k) or (k.replace("rt_", "rt ").replace("_", ".") if k.startswith("rt_p")
+                                       else k.replace("_", " "))) for k in report]
         return render_record(shown, labels)
 
     emit(args, report, human)

@@ -65,7 +65,7 @@ def test_config_set_takes_effect_at_once(admin):
                           admin=admin))
         assert out.splitlines() == [
             "set broker.default_queue_count = 3 (until restart)",
-            "set broker.max_body_size = 16 (until restart)",
+            "set broker.max_body_size = 16 B (until restart)",
         ]
         assert admin.broker.config.max_body_size == 16
         line = failed(halfmoon("message", "send", "--topic", topic, "--body", "x" * 17, admin=admin))
