@@ -1,24 +1,25 @@
 """The op topic: one small record per thing that happened to a half message.
 
 Half messages live in ``RMQ_SYS_TRANS_HALF_TOPIC`` (queue 0) and are never
-rewritten. Everything that happens to them afterwards is appended to
+rewritten. What happens to them afterwards is appended to
 ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` (queue 0) as an op record: an empty body and
 a few properties::
 
-    __HM_OP         commit | rollback | checked | parked | resumed | group_commit | group_rollback
+    __HM_OP         rollback | checked | parked | resumed | group_commit | group_rollback
+                    (commit: written by older versions and by nothing now, still understood)
     __HM_TXN_HALF   the half message's commit-log offset (every op but the group ones)
-    __HM_TXN_GROUP  the transaction group (group ops; commit ops of group members)
+    __HM_TXN_GROUP  the transaction group (group ops)
     __HM_CHECKS     the check count after a ``checked`` / at a ``parked``
     __HM_SRC        who decided: client | check | operator
-    KEYS            ``h<half offset>`` on commit/rollback, ``g<group>`` on group ops
+    KEYS            ``g<group>`` on group ops
 
-The KEYS let the store's key index find a decision long after it left the
-service's memory (a repeated EndTransaction days later). A commit is the batch
-``[commit op, real message]`` appended at once, op first; the real message
-carries the half offset in its ``prepared_transaction_offset`` field, so
-recovery can tell whether the pair was torn by a crash and redo the second
-half. A group decision is a single ``group_*`` record: the commit point of the
-whole group.
+A commit has no op record: the real message, appended to its real topic with
+the half offset in ``prepared_transaction_offset``, is the commit record (one
+record, so a crash cannot separate the decision from the message). Recovery
+and old lookups find it through the key index by message id. The KEYS on
+group ops let the key index find a group's decision long after it left the
+service's memory. A group decision is a single ``group_*`` record: the commit
+point of the whole group.
 """
 
 from __future__ import annotations
@@ -59,10 +60,6 @@ class Op:
     source: str = ""
 
 
-def half_key(half_offset: int) -> str:
-    return f"h{half_offset}"
-
-
 def group_key(group: str) -> str:
     return f"g{group}"
 
@@ -77,9 +74,7 @@ def op_message(op: Op) -> Message:
         props[PROPERTY_CHECKS] = str(op.checks)
     if op.source:
         props[PROPERTY_SOURCE] = op.source
-    if op.kind in (OpKind.COMMIT, OpKind.ROLLBACK):
-        props[PROPERTY_KEYS] = half_key(op.half_offset)
-    elif op.kind in (OpKind.GROUP_COMMIT, OpKind.GROUP_ROLLBACK):
+    if op.kind in (OpKind.GROUP_COMMIT, OpKind.GROUP_ROLLBACK):
         props[PROPERTY_KEYS] = group_key(op.group or "")
     return Message(topic=OP_TOPIC, body=b"", queue_id=QUEUE_ID, properties=props)
 

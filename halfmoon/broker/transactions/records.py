@@ -50,6 +50,8 @@ class PendingTxn:
     checks: int = 0
     state: TxnState = TxnState.PREPARED
     last_check_ms: int | None = None
+    # The half record as appended, while young: a commit then needs no read (see the service).
+    record: Message | None = None
 
     @property
     def transaction_id(self) -> str:
@@ -104,8 +106,8 @@ def pending_from_half(half: StoredMessage, stored_ms: int, timeout_ms: int) -> P
     )
 
 
-def real_from_half(half: StoredMessage) -> Message:
-    """The committed message: the half record back in its real topic and queue."""
+def real_from_half(half: StoredMessage | Message, half_offset: int) -> Message:
+    """The committed message: the half record (stored at ``half_offset``) back in its real queue."""
     props = dict(half.properties)
     topic = props.get(PROPERTY_REAL_TOPIC, "")
     queue_id = int(props.get(PROPERTY_REAL_QUEUE_ID, "0"))
@@ -120,7 +122,7 @@ def real_from_half(half: StoredMessage) -> Message:
         sys_flag=(half.sys_flag & ~SysFlag.TRANSACTION_MASK) | SysFlag.TRANSACTION_COMMITTED,
         born_timestamp=half.born_timestamp,
         born_host=half.born_host,
-        prepared_transaction_offset=half.commit_log_offset,
+        prepared_transaction_offset=half_offset,
     )
 
 

@@ -5,23 +5,23 @@
    (one read per undecided transaction). No snapshot: start from each queue's
    retained minimum.
 2. Replay the half queue from the snapshot's half offset: every half record
-   after it is pending until an op says otherwise.
-3. Replay the op queue from the snapshot's op offset: decisions remove
-   transactions (and fill the recent-decisions cache), ``checked`` /
-   ``parked`` / ``resumed`` restore check counts and parking, group ops
-   record group decisions. For every commit, the real message must exist: the
-   record right after the op (the same append batch) or, past a segment
-   boundary, a record of the real topic found by message id whose
-   ``prepared_transaction_offset`` is the half offset. A commit whose real
-   message is missing was torn by a crash after its op became durable: it is
-   redone (same message id, appended once more with its op).
-4. A decided group with members still pending (a crash in the middle of a
-   group commit) is finished.
-5. When anything was replayed, a fresh snapshot is written, so the next start
+   after it is pending until something says otherwise.
+3. Replay the op queue from the snapshot's op offset: rollbacks remove
+   transactions, ``checked`` / ``parked`` / ``resumed`` restore check counts
+   and parking, group ops record group decisions (a group rollback removes its
+   members).
+4. Commits leave no op (the real message is the commit record), so for each
+   transaction still pending, ask the key index for a record of its real
+   topic with its message id whose ``prepared_transaction_offset`` is its half
+   offset: found means committed.
+5. A decided group with members still pending (a crash in the middle of a
+   group commit) is finished: the missing real messages are appended.
+6. When anything was replayed, a fresh snapshot is written, so the next start
    begins from here.
 
-The cost is one read per pending transaction plus the records appended since
-the last snapshot (``transaction.snapshot_interval_ms``, 5 s by default).
+The cost is one read and one key-index lookup per pending transaction plus
+the records appended since the last snapshot
+(``transaction.snapshot_interval_ms``, 5 s by default).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from halfmoon.broker.config import read_json
-from halfmoon.broker.message import PROPERTY_REAL_TOPIC
 from halfmoon.broker.transaction_state import TxnState
 from halfmoon.broker.transactions.oplog import (
     HALF_TOPIC,
@@ -39,10 +38,9 @@ from halfmoon.broker.transactions.oplog import (
     QUEUE_ID,
     Op,
     OpKind,
-    op_message,
     parse_op,
 )
-from halfmoon.broker.transactions.records import pending_from_half, real_from_half
+from halfmoon.broker.transactions.records import pending_from_half
 from halfmoon.errors import NotFound
 from halfmoon.store.api import GetStatus, Store
 from halfmoon.store.message import StoredMessage
@@ -73,23 +71,10 @@ def read_queue(store: Store, topic: str, start: int) -> Iterator[StoredMessage]:
         offset = result.next_offset
 
 
-def real_landed(store: Store, op_record: StoredMessage, half_offset: int) -> bool:
-    """True when the real message of the commit op ``op_record`` is in the store."""
-    try:
-        after = store.read_at(op_record.commit_log_offset + op_record.size)
-        if after.prepared_transaction_offset == half_offset and after.topic != OP_TOPIC:
-            return True
-    except NotFound:
-        pass
-    try:
-        half = store.read_at(half_offset)
-    except NotFound:
-        log.error("event=commit_unverifiable half_offset=%d: the half record is gone", half_offset)
-        return True  # nothing left to redo it from
-    topic = half.properties.get(PROPERTY_REAL_TOPIC, "")
-    message_id = half.unique_id or ""
-    if not topic or not message_id:
-        return True
+def real_exists(store: Store, topic: str, message_id: str, half_offset: int) -> bool:
+    """True when the commit of the half record at ``half_offset`` reached its real topic."""
+    if not message_id:
+        return False
     return any(
         m.prepared_transaction_offset == half_offset
         for m in store.query_by_key(topic, message_id, max_results=64)
@@ -130,7 +115,6 @@ def recover(service: TransactionService) -> None:
             continue
         service._add_pending(entry)
 
-    torn: dict[int, None] = {}  # half offsets whose commit lost its real message (ordered)
     for stored in read_queue(store, OP_TOPIC, op_next):
         op_next = stored.queue_offset + 1
         replayed = True
@@ -138,28 +122,35 @@ def recover(service: TransactionService) -> None:
         if op is None:
             log.error("event=bad_op_record offset=%d", stored.commit_log_offset)
             continue
-        _apply(service, op, stored, torn)
+        _apply(service, op, stored)
     service.half_next = half_next
     service.op_next = op_next
 
+    committed = 0
     with service._lock:
-        for half_offset in torn:
-            _redo_commit(service, half_offset)
+        for entry in list(service.pending.values()):
+            if real_exists(store, entry.topic, entry.message_id, entry.half_offset):
+                service._remove_pending(entry)
+                service.remember(entry.half_offset, TxnState.COMMITTED, 0)
+                committed += 1
+        finished = 0
         for group in list(service.groups.members):
             decided = service._group_decision(group)
             if decided is not None:
-                log.warning("event=group_commit_resumed group=%s decision=%s", group, decided[0].value)
+                log.warning("event=group_decision_resumed group=%s decision=%s", group, decided[0].value)
                 service.groups.unfinished[group] = decided[0]
-                service.finish_group(group)
+                finished += service.finish_group(group)[0]
+        service.counters.redone_commits_total += finished
     if replayed:
         service._dirty = True
         service.snapshot()
     log.info(
-        "event=transactions_recovered pending=%d redone_commits=%d", len(service.pending), len(torn)
-    )
+        "event=transactions_recovered pending=%d committed_since_snapshot=%d group_members_finished=%d",
+        len(service.pending), committed, finished,
+    )  # fmt: skip
 
 
-def _apply(service: TransactionService, op: Op, stored: StoredMessage, torn: dict[int, None]) -> None:
+def _apply(service: TransactionService, op: Op, stored: StoredMessage) -> None:
     entry = service.pending.get(op.half_offset)
     kind = op.kind
     if kind in (OpKind.COMMIT, OpKind.ROLLBACK):
@@ -167,14 +158,15 @@ def _apply(service: TransactionService, op: Op, stored: StoredMessage, torn: dic
         if entry is not None:
             service._remove_pending(entry)
         service.remember(op.half_offset, state, 0)
-        if kind is OpKind.COMMIT:
-            if real_landed(service.store, stored, op.half_offset):
-                torn.pop(op.half_offset, None)
-            else:
-                torn[op.half_offset] = None
     elif kind in (OpKind.GROUP_COMMIT, OpKind.GROUP_ROLLBACK) and op.group is not None:
         state = TxnState.COMMITTED if kind is OpKind.GROUP_COMMIT else TxnState.ROLLED_BACK
         service.groups.remember(op.group, state, 0)
+        if state is TxnState.ROLLED_BACK:  # a group rollback writes nothing per member
+            for half_offset in list(service.groups.members.get(op.group, ())):
+                service._remove_pending(service.pending[half_offset])
+                service.remember(half_offset, state, 0)
+        # A group commit's members are settled by their real messages (step 4); members
+        # left pending after that were cut off by a crash (step 5).
     elif entry is None:
         return  # a check or park record of a transaction decided since
     elif kind is OpKind.CHECKED and entry.state is TxnState.PREPARED:
@@ -186,18 +178,3 @@ def _apply(service: TransactionService, op: Op, stored: StoredMessage, torn: dic
         entry.state = TxnState.PREPARED
         entry.checks = 0
         entry.due_ms = stored.store_timestamp
-
-
-def _redo_commit(service: TransactionService, half_offset: int) -> None:
-    try:
-        half = service.store.read_at(half_offset)
-    except NotFound:
-        log.error("event=commit_redo_impossible half_offset=%d: the half record is gone", half_offset)
-        return
-    service._append([op_message(Op(OpKind.COMMIT, half_offset, source="recovery")), real_from_half(half)])
-    service.counters.redone_commits_total += 1
-    log.warning(
-        "event=commit_redone half_offset=%d message_id=%s: the broker stopped between the decision "
-        "and the real message; appended it now",
-        half_offset, half.unique_id,
-    )  # fmt: skip

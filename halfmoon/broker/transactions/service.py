@@ -3,9 +3,16 @@
 Memory holds only the undecided: one :class:`PendingTxn` per half message
 that is PREPARED or PARKED, plus a bounded cache of recent decisions. Every
 change of state goes through the transition table
-(:mod:`halfmoon.broker.transaction_state`) and is one op record appended
-before the change is made in memory (see :mod:`oplog` for the records), all
-under one lock, so the store's order is the order of events.
+(:mod:`halfmoon.broker.transaction_state`) and is appended to the store
+before it is made in memory, all under one lock, so the store's order is the
+order of events. What is appended (see :mod:`oplog`):
+
+- commit: the real message itself, one record carrying the half record's
+  offset in ``prepared_transaction_offset``. It is the commit record: there is
+  no separate op, so nothing can be torn between a decision and its message;
+- rollback, checks, parking, resuming: an op record in the op topic;
+- a group decision: one op record (the group's commit point), then the
+  members' real messages in batches.
 
 Durability: a decision's records are *written* when :meth:`end` returns; its
 :class:`EndResult` carries the end offset to wait for (``store.durable``)
@@ -15,14 +22,16 @@ facade.
 Restart (:mod:`recovery`): the pending set is snapshotted to
 ``<metadata_dir>/transactions.json`` with the half and op queue offsets it
 covers (only after the store is durable up to what it claims). Opening loads
-the snapshot and replays the half and op queues from those offsets, so the
-work is bounded by the undecided transactions and what happened since the
-last snapshot, not by history. Replay redoes a commit whose real message was
-lost in a crash, and finishes a group commit that was cut short.
+the snapshot, replays the half and op queues from those offsets, and asks the
+key index whether each pending transaction's real message exists (committed
+after the snapshot), so the work is bounded by the undecided transactions
+and what happened since the last snapshot, not by history. A group commit cut
+short by a crash is finished.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 from collections import OrderedDict
@@ -33,6 +42,7 @@ from pathlib import Path
 from halfmoon.broker.clock import Clock
 from halfmoon.broker.config import write_json_atomic
 from halfmoon.broker.message import (
+    PROPERTY_REAL_TOPIC,
     PROPERTY_TRANSACTION_GROUP,
     MessageType,
     MessageView,
@@ -54,7 +64,6 @@ from halfmoon.broker.transactions.oplog import (
     Op,
     OpKind,
     group_key,
-    half_key,
     op_message,
     parse_op,
 )
@@ -77,6 +86,8 @@ RESOLUTIONS = {"commit": TxnEvent.COMMIT, "rollback": TxnEvent.ROLLBACK, "unknow
 SOURCES = ("client", "check", "operator")
 # Time from half message to decision, in ms (upper bounds of the histogram buckets).
 LATENCY_BUCKETS_MS = (10, 50, 100, 500, 1_000, 5_000, 10_000, 30_000, 60_000, 300_000, 3_600_000)
+# Half records are kept in memory (for a commit without a read) up to this many body bytes in all.
+RECORD_CACHE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -153,6 +164,7 @@ class TransactionService:
         self.half_next = 0  # half queue offset up to which the pending set is complete
         self.op_next = 0  # op queue offset up to which ops are applied
         self._max_end = 0  # end offset of the last record this service appended
+        self._cached_bytes = 0  # bodies held in PendingTxn.record
         self._dirty = False
         self._last_snapshot_ms = clock.now_ms()
         self.counters = TransactionStats()
@@ -186,7 +198,7 @@ class TransactionService:
             halves.append(index)
         ids: list[str | None] = [None] * len(records)
         with self._lock:
-            for group in {records[i].properties.get(PROPERTY_TRANSACTION_GROUP) for i in halves} - {None}:
+            for group in {messages[i].transaction_group for i in halves} - {None}:
                 decided = self._group_state(group)  # type: ignore[arg-type]
                 if decided is not None:
                     raise TransactionGroupEnded(
@@ -209,6 +221,9 @@ class TransactionService:
                     stored_ms=now,
                     due_ms=now + self._first_check_delay(records[index]),
                 )
+                if self._cached_bytes < RECORD_CACHE_BYTES:
+                    entry.record = records[index]
+                    self._cached_bytes += len(entry.record.body)
                 self._add_pending(entry)
                 self.half_next = max(self.half_next, result.queue_offset + 1)
                 ids[index] = entry.transaction_id
@@ -258,9 +273,8 @@ class TransactionService:
 
     def _decide(self, entry: PendingTxn, state: TxnState, source: str) -> int:
         """Append the decision of one transaction (and its real message); forget it. Locked."""
-        if state is TxnState.COMMITTED:
-            half = self.read_half(entry.half_offset, entry.half_end)
-            batch = [op_message(Op(OpKind.COMMIT, entry.half_offset, source=source)), real_from_half(half)]
+        if state is TxnState.COMMITTED:  # the real message is the commit record: one append
+            batch = [real_from_half(self._half_of(entry), entry.half_offset)]
         else:
             batch = [op_message(Op(OpKind.ROLLBACK, entry.half_offset, source=source))]
         results = self._append(batch)
@@ -275,11 +289,7 @@ class TransactionService:
             self.counters.committed_total += 1
         else:
             self.counters.rolled_back_total += 1
-        age = max(0, self.clock.now_ms() - entry.stored_ms)
-        bucket = 0
-        while bucket < len(LATENCY_BUCKETS_MS) and age > LATENCY_BUCKETS_MS[bucket]:
-            bucket += 1
-        self._latency[bucket] += 1
+        self._latency[bisect.bisect_left(LATENCY_BUCKETS_MS, self.clock.now_ms() - entry.stored_ms)] += 1
 
     def remember(self, half_offset: int, state: TxnState, end_offset: int) -> None:
         self._decided[half_offset] = (state, end_offset)
@@ -292,12 +302,6 @@ class TransactionService:
         hit = self._decided.get(half_offset)
         if hit is not None:
             return hit
-        for stored in self.store.query_by_key(OP_TOPIC, half_key(half_offset), max_results=8):
-            op = parse_op(stored)
-            if op is not None and op.half_offset == half_offset and op.kind in (OpKind.COMMIT, OpKind.ROLLBACK):
-                state = TxnState.COMMITTED if op.kind is OpKind.COMMIT else TxnState.ROLLED_BACK
-                self.remember(half_offset, state, 0)
-                return state, 0
         try:
             half = self.store.read_at(half_offset)
         except NotFound:
@@ -311,9 +315,16 @@ class TransactionService:
         decided = self._group_decision(group) if group else None
         if decided is not None:
             return decided
-        raise InvalidTransactionId(
-            f"transaction {transaction_id!r} is no longer known: its decision has expired from the store"
+        # Not pending, so decided. The half record is still stored, hence so is a commit's
+        # real message (appended after it; retention removes the oldest first).
+        topic, message_id = half.properties.get(PROPERTY_REAL_TOPIC, ""), half.unique_id or ""
+        committed = any(
+            m.prepared_transaction_offset == half_offset
+            for m in self.store.query_by_key(topic, message_id, max_results=64)
         )
+        state = TxnState.COMMITTED if committed else TxnState.ROLLED_BACK
+        self.remember(half_offset, state, 0)
+        return state, 0
 
     # -- transaction groups ----------------------------------------------------------
     def end_group(self, group: str, resolution: str, source: str = "client") -> tuple[int, int]:
@@ -355,11 +366,7 @@ class TransactionService:
         for start in range(0, len(members), size):
             entries = [self.pending[h] for h in members[start : start + size]]
             if state is TxnState.COMMITTED:
-                batch: list[Message] = []
-                for entry in entries:
-                    half = self.read_half(entry.half_offset, entry.half_end)
-                    op = Op(OpKind.COMMIT, entry.half_offset, group=group, source="group")
-                    batch += [op_message(op), real_from_half(half)]
+                batch = [real_from_half(self._half_of(e), e.half_offset) for e in entries]
                 end_offset = self._append(batch)[-1].end_offset
             for entry in entries:
                 self._settle(entry, state, end_offset)
@@ -388,11 +395,13 @@ class TransactionService:
     def check_candidates(self, now_ms: int) -> list[int]:
         """Half offsets of PREPARED, non-group transactions due for a check at ``now_ms``."""
         with self._lock:
-            return [
-                h
-                for h, e in self.pending.items()
-                if e.state is TxnState.PREPARED and e.group is None and e.due_ms <= now_ms
-            ]
+            due = []
+            for h, e in self.pending.items():
+                if e.due_ms <= now_ms:
+                    self.drop_record(e)  # an orphan, most likely: no need to keep its body in memory
+                    if e.state is TxnState.PREPARED and e.group is None:
+                        due.append(h)
+            return due
 
     def checkable(self, half_offset: int, now_ms: int) -> PendingTxn | None:
         """The entry if it still wants a check now (decisions may have arrived meanwhile)."""
@@ -554,6 +563,9 @@ class TransactionService:
         self.snapshot()
 
     # -- internals -------------------------------------------------------------------
+    def _half_of(self, entry: PendingTxn) -> Message | StoredMessage:
+        return entry.record if entry.record is not None else self.read_half(entry.half_offset, entry.half_end)
+
     def read_half(self, half_offset: int, half_end: int) -> StoredMessage:
         """The half record; waits for it when it is written but not yet readable (sync flush)."""
         try:
@@ -575,6 +587,12 @@ class TransactionService:
         self._dirty = True
         return results[len(buffered) :]
 
+    def drop_record(self, entry: PendingTxn) -> None:
+        """Forget the cached half record (decided, or old enough to be checked: read it then)."""
+        if entry.record is not None:
+            self._cached_bytes -= len(entry.record.body)
+            entry.record = None
+
     def _add_pending(self, entry: PendingTxn) -> None:
         self.pending[entry.half_offset] = entry
         if entry.group is not None:
@@ -582,6 +600,7 @@ class TransactionService:
 
     def _remove_pending(self, entry: PendingTxn) -> None:
         self.pending.pop(entry.half_offset, None)
+        self.drop_record(entry)
         if entry.group is not None:
             self.groups.remove_member(entry.group, entry.half_offset)
 
