@@ -181,3 +181,36 @@ def test_paging_reads_past_one_page(admin):
     assert [m["queue_offset"] for m in data] == list(range(1100))
     counted = json.loads(ok(halfmoon("message", "print", "--topic", topic, "--tag-counts", "--json", admin=admin)))
     assert counted["matched"] == 1200
+
+
+@pytest.mark.parametrize(
+    ("path", "fragment"),
+    [
+        ("/scan?offset=3", "'offset' needs 'queue'"),
+        ("/scan?limit=10001", "'limit' is at most 10000"),
+        ("/scan?limit=zero", "'limit' must be an integer"),
+        ("/scan?filter_type=regex", "'filter_type' must be tag or sql92"),
+        ("/scan?bodies=maybe", "'bodies' must be true or false"),
+        ("/scan?begin_ms=10&end_ms=5", "end_ms (5) is before begin_ms (10)"),
+        ("/messages", "'key' is required"),
+        ("/queues/x/offsets/0", "queue id must be a non-negative integer"),
+    ],
+)
+def test_read_endpoints_refuse_bad_parameters(admin, path, fragment):
+    topic = topic_with(admin, queues=1)
+    status, answer = admin.call("GET", f"/v1/topics/{topic}{path}")
+    assert status == 400, answer
+    assert answer["error"]["code"] == "BAD_REQUEST" and fragment in answer["error"]["message"]
+
+
+def test_send_endpoint_refuses_bad_bodies(admin):
+    topic = topic_with(admin, queues=1)
+    for body, fragment in [
+        ({"body": "!!", "body_encoding": "base64"}, "not valid base64"),
+        ({"body": "x", "keys": [1]}, "array of strings"),
+        ({"body": "x", "colour": "red"}, "unknown field(s) 'colour'"),
+        ({}, "field 'body' is required"),
+    ]:
+        status, answer = admin.call("POST", f"/v1/topics/{topic}/messages", body)
+        assert status == 400 and fragment in answer["error"]["message"], answer
+    assert admin.broker.store.max_offset(topic, 0) == 0
