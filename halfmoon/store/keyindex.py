@@ -28,9 +28,13 @@ restores the slot table exactly.
 
 Crash safety: the clean flag is cleared while a file is the write target and
 set on ``close`` (and when a full file is left behind). A file found without
-it is validated on open: the longest plausible prefix of entries is kept and
-its slot table rebuilt (a warning says how many entries were dropped). The
-index is rebuildable from the commit log (``reset`` + re-dispatch).
+it is validated on open: the longest plausible prefix of the entries its
+header counts is kept and its slot table rebuilt (a warning says how many
+entries were dropped). The header's count and end fields are brought up to
+date by ``flush`` (every checkpoint), not by each ``put``: entries past a
+stale count are ignored, and recovery re-dispatches everything from the
+checkpoint's dispatched offset, which is never past the flushed header's
+end. The index is rebuildable from the commit log (``reset`` + re-dispatch).
 
 Memory: only the newest file plus ``max_open_files - 1`` recently queried
 files are mapped; the per-file metadata list grows one item per file.
@@ -264,6 +268,7 @@ class KeyIndex:
         self._old_maps.pop(f, None)
         if f.mm is not None:
             if f.dirty:
+                _HEADER_TAIL.pack_into(f.mm, _HEADER_TAIL_AT, f.end_timestamp, f.end_offset, f.count)
                 f.mm.flush()
                 f.dirty = False
             f.mm.close()
@@ -331,7 +336,8 @@ class KeyIndex:
                 f.end_offset = commit_log_offset
                 if store_timestamp > f.end_timestamp:
                     f.end_timestamp = store_timestamp
-                _HEADER_TAIL.pack_into(mm, _HEADER_TAIL_AT, f.end_timestamp, commit_log_offset, n)
+                # The header's end fields and count are written by flush, not per
+                # entry: see "Crash safety" above for why a stale header is safe.
                 f.dirty = True
 
     def _start_file(self, commit_log_offset: int, store_timestamp: int) -> _IndexFile:
@@ -462,6 +468,7 @@ class KeyIndex:
         with self._lock:
             for f in self._files:
                 if f.dirty and f.mm is not None:
+                    _HEADER_TAIL.pack_into(f.mm, _HEADER_TAIL_AT, f.end_timestamp, f.end_offset, f.count)
                     f.mm.flush()
                     f.dirty = False
 

@@ -47,6 +47,10 @@ BLANK_MAGIC = 0x484D4242  # "HMBB"
 
 _HEADER = struct.Struct(">IIIiiqqiqqiqI")
 HEADER_SIZE = _HEADER.size  # 72: everything up to and including body_length
+# The header as encode_unsealed writes it: what the writer fills in later (crc,
+# queue and commit-log offsets, store timestamp) is zero padding, not packed.
+_UNSEALED_HEADER = struct.Struct(">II4xii16xiq8xiqI")
+assert _UNSEALED_HEADER.size == HEADER_SIZE
 BLANK_SIZE = 8  # total_size + magic: the smallest filler that can be framed
 MIN_RECORD_SIZE = HEADER_SIZE + 5  # header, then topic, host and properties lengths (1+1+1+2)
 CRC_START = 12
@@ -167,17 +171,13 @@ def encode_unsealed(
         raise ValueError("properties too long for the record format")
     names = _names(message.topic, message.born_host, store_host)
     body = message.body
-    head = _HEADER.pack(
+    head = _UNSEALED_HEADER.pack(
         HEADER_SIZE + len(body) + len(names) + 2 + len(props),
         MESSAGE_MAGIC,
-        0,
         message.queue_id,
         message.flags,
-        0,
-        0,
         message.sys_flag,
         message.born_timestamp,
-        0,
         message.reconsume_times,
         message.prepared_transaction_offset,
         len(body),

@@ -35,6 +35,7 @@ from halfmoon.store.api import (
     MessagePredicate,
     StoreStats,
     TagHashes,
+    new_append_result,
 )
 from halfmoon.store.checkpoint import (
     Checkpoint,
@@ -73,31 +74,6 @@ _cached_tag_hash = functools.lru_cache(maxsize=4096)(tag_hash)
 # topic, queue id, tag hash and the keys to index. A tuple, not an object:
 # this is built once per appended message.
 _Prepared = tuple[bytearray, str, int, int, Sequence[str]]
-
-_new_object = object.__new__
-_set_result_fields = tuple(
-    getattr(AppendResult, name).__set__
-    for name in ("topic", "queue_id", "queue_offset", "commit_log_offset", "size", "store_timestamp")
-)
-
-
-def _append_result(
-    topic: str, queue_id: int, queue_offset: int, commit_log_offset: int, size: int, timestamp: int
-) -> AppendResult:
-    """An AppendResult at about half the cost of the frozen dataclass's ``__init__``.
-
-    The generated ``__init__`` goes through ``object.__setattr__`` per field;
-    setting the slots directly gives the same object (one is built per append).
-    """
-    result = _new_object(AppendResult)
-    set_topic, set_queue_id, set_queue_offset, set_offset, set_size, set_time = _set_result_fields
-    set_topic(result, topic)
-    set_queue_id(result, queue_id)
-    set_queue_offset(result, queue_offset)
-    set_offset(result, commit_log_offset)
-    set_size(result, size)
-    set_time(result, timestamp)
-    return result
 
 
 class MessageNotFound(NotFound):
@@ -289,7 +265,7 @@ class MessageStore:
                 queue_put(topic, queue_id, queue_offset, position, size, tag)
                 if keys:
                     index_put(topic, keys, position, now)
-                results.append(_append_result(topic, queue_id, queue_offset, position, size, now))
+                results.append(new_append_result(topic, queue_id, queue_offset, position, size, now))
             self._appends += len(results)
             if self._sync:
                 self._pending.extend(results)

@@ -67,3 +67,17 @@ def test_decode_reads_a_mapping_in_place_like_a_copy():
             record.decode(mm, 100, 100 + len(raw), verify=True)
     finally:
         mm.close()
+
+
+def test_new_append_result_is_an_ordinary_frozen_append_result():
+    import dataclasses
+
+    from halfmoon.store.api import AppendResult, new_append_result
+
+    built = new_append_result("t", 1, 2, 3, 4, 5)
+    plain = AppendResult("t", 1, 2, 3, 4, 5)
+    assert type(built) is AppendResult
+    assert built == plain and hash(built) == hash(plain) and repr(built) == repr(plain)
+    assert built.end_offset == 7
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.size = 9  # type: ignore[misc]
