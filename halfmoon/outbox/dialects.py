@@ -260,8 +260,10 @@ def insert_if_absent(conn: Connection, tables: OutboxTables, key: str, now_ms: i
     if kind == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-        stmt = pg_insert(t).values(**values).on_conflict_do_nothing(index_elements=[t.c.id])
-    elif kind == "mysql":
+        # RETURNING rather than rowcount: psycopg reports -1 for ON CONFLICT through SQLAlchemy.
+        stmt = pg_insert(t).values(**values).on_conflict_do_nothing(index_elements=[t.c.id]).returning(t.c.id)
+        return conn.execute(stmt).first() is not None
+    if kind == "mysql":
         stmt = insert(t).values(**values).prefix_with("IGNORE")
     else:
         stmt = insert(t).values(**values).prefix_with("OR IGNORE")

@@ -179,7 +179,11 @@ class IntermediateMover:
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             await channel.set_qos(prefetch_count=self.prefetch)
             queue = await channel.declare_queue(self.queue, durable=True)
-            tag = await queue.consume(lambda m: self._handle(channel, m))
+
+            async def on_message(message: Any) -> None:
+                await self._handle(channel, message)
+
+            tag = await queue.consume(on_message)
             self._started.set()
             await self._stop.wait()
             await queue.cancel(tag)
@@ -217,7 +221,7 @@ class IntermediateMover:
             headers=headers,
             message_id=key,
             content_type=message.content_type,
-            type=message.type,
+            type=message.type if message.type not in (None, "None") else None,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         )
         try:
