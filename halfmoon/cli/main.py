@@ -17,9 +17,14 @@ import sys
 from collections.abc import Sequence
 
 from halfmoon.cli import (
+    cluster_commands,
+    consumer_commands,
     group_commands,
+    message_commands,
     outbox_commands,
+    probe_commands,
     serve_command,
+    stats_commands,
     status_command,
     topic_commands,
     transaction_commands,
@@ -44,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     transaction_commands.register(commands)
     status_command.register(commands)
     outbox_commands.register(commands)
+    message_commands.register(commands)
+    consumer_commands.register(commands)
+    cluster_commands.register(commands)
+    stats_commands.register(commands)
+    probe_commands.register(commands)
     return parser
 
 

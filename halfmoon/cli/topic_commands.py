@@ -65,19 +65,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     route = add_command(sub, "route", topic_route, "which broker serves each queue, and its permissions")
     route.add_argument("name", metavar="NAME")
 
-    # The operator command families (RocketMQ mqadmin's), registered here until
-    # main.build_parser lists them beside this one.
-    from halfmoon.cli import (
-        cluster_commands,
-        consumer_commands,
-        message_commands,
-        probe_commands,
-        stats_commands,
-    )
-
-    for family in (message_commands, consumer_commands, cluster_commands, stats_commands, probe_commands):
-        family.register(commands)
-
 
 def summary(topic: dict[str, Any]) -> str:
     return (
