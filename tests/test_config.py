@@ -285,11 +285,11 @@ def test_section_validation_errors_become_config_errors():
 # -- the real configuration --------------------------------------------------
 
 
-def test_real_config_has_the_three_sections_and_defaults():
+def test_real_config_has_every_section_and_defaults():
     cfg = load_config(env={})
     assert isinstance(cfg, Config)
     keys = {info.key for info in iter_keys()}
-    assert {k.split(".")[0] for k in keys} == {"store", "broker", "server"}
+    assert {k.split(".")[0] for k in keys} == {"store", "broker", "server", "transaction"}
     assert "broker.default_queue_count" in keys
     assert "server.admin_listen" in keys
 
