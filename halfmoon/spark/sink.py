@@ -1,0 +1,351 @@
+"""``df.write`` / ``df.writeStream`` ``.format("halfmoon")``: rows as messages, exactly once.
+
+Columns: ``body`` (binary or string, required), ``topic`` (else the ``topic``
+option), ``keys`` (array of strings, or one string), ``tag``, ``properties``
+(map of strings), ``message_group``. The target topic must accept
+transactional messages (type ``transaction`` or ``mixed``).
+
+The protocol (docs/spark.md has the failure cases worked through):
+
+* Each micro-batch run is **one transaction group** ``<sink>:<batch>:<run>``
+  (``run`` is fresh each time the query starts). Every task sends its rows as
+  half messages of that group: nothing is visible yet.
+* The driver's ``commit(batch)`` first records the decision durably on the
+  broker: one *commit marker* (a half message naming the data group) in
+  the marker group ``<sink>:<batch>``, which it commits. That group decision
+  is the commit point of the batch: the broker keeps it in its op log,
+  repeating it is a no-op, and a half message sent to a decided group is
+  refused. Then the driver commits the data group (one atomic decision for
+  all rows) and returns, and Spark writes its own commit log.
+* If the driver dies after the commit point but before Spark's commit log,
+  Spark replays the batch on restart. The replay's rows go to a new data
+  group; its marker is refused (the marker group is decided), so the driver
+  reads the committed marker back, commits the data group it names (again:
+  a no-op when that already happened) and rolls back the replay's group.
+  Consumers see each row once.
+* If several markers joined the marker group before its commit (a run died
+  after sending its marker but before committing it), they are committed
+  together; the first one in the marker queue wins, for every reader.
+* ``abort`` (a task failed) rolls the data group back. A task retry would
+  append to a group that holds a failed attempt's rows, so a retried task
+  fails at once and Spark aborts the batch (the query fails and resumes from
+  its checkpoint on restart); speculative execution must stay off.
+
+Group members are not checked by the broker (their owner decides), so a
+run that died before its commit point leaves an undecided data group: its
+rows stay invisible for good, and ``halfmoon transaction list`` shows them
+until an operator rolls the group back (docs/spark.md).
+
+Batch writes (``df.write``) are one transaction group per job, committed by
+the driver when every task succeeded and rolled back otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from halfmoon.client.errors import ClientError
+from halfmoon.client.message import Message
+from halfmoon.errors import HalfmoonError
+from halfmoon.spark.options import SparkOptionError, _get, endpoint_of
+from halfmoon.spark.wire import Queue, Wire, group_decided
+
+log = logging.getLogger("halfmoon.spark.sink")
+
+MARKER_TOPIC = "halfmoon-spark-commits"
+PROPERTY_MARKER = "hm_spark_marker"  # "<sink>:<batch>" on a commit marker
+PROPERTY_DATA_GROUP = "hm_spark_group"  # the data group a marker commits
+SEND_CHUNK = 256
+SEND_CHUNK_BYTES = 3 * 1024 * 1024
+_SINK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# Tests stop the driver at an exact point of the protocol with SIGKILL: this names the
+# point and a file to create there. Never set in production.
+FAILPOINT_ENV = "HALFMOON_SPARK_SINK_FAILPOINT"
+
+
+class SinkError(HalfmoonError):
+    """The sink cannot write: a column is missing or of the wrong type, or a task was retried."""
+
+    code = "SPARK_SINK_ERROR"
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    endpoint: str
+    topic: str | None
+    sink_id: str | None
+    marker_topic: str
+
+
+@dataclass
+class SinkCommit(WriterCommitMessage):
+    """What a task tells the driver: the sink and batch, the group it wrote into, how many messages."""
+
+    sink: str
+    batch: int
+    group: str
+    count: int
+    partition: int
+
+
+def sink_options(options: Mapping[str, str]) -> SinkOptions:
+    sink_id = _get(options, "sinkId") or _checkpoint_query_id(_get(options, "checkpointLocation"))
+    if sink_id is not None and not _SINK_ID.match(sink_id):
+        raise SparkOptionError(f"option sinkId must be 1 to 64 letters, digits, '_', '.' or '-', got {sink_id!r}")
+    return SinkOptions(
+        endpoint=endpoint_of(options),
+        topic=(_get(options, "topic") or "").strip() or None,
+        sink_id=sink_id,
+        marker_topic=(_get(options, "markerTopic") or MARKER_TOPIC).strip(),
+    )
+
+
+def _checkpoint_query_id(location: str | None) -> str | None:
+    # Spark keeps the query's id in <checkpoint>/metadata; it survives restarts, as a sink id must.
+    if not location:
+        return None
+    path = Path(location.removeprefix("file:")) / "metadata"
+    try:
+        return str(json.loads(path.read_text().splitlines()[0])["id"])
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+
+
+# -- tasks -------------------------------------------------------------------------------
+
+
+def _messages(batch: pa.RecordBatch, default_topic: str | None) -> list[Message]:
+    names = set(batch.schema.names)
+    if "body" not in names:
+        raise SinkError("the halfmoon sink needs a 'body' column (binary or string); select or alias one")
+    if "topic" not in names and default_topic is None:
+        raise SinkError("no target topic: add a 'topic' column or set the option topic")
+    columns = {name: batch.column(name).to_pylist() for name in names}
+    out = []
+    for i in range(batch.num_rows):
+        body = columns["body"][i]
+        if body is None:
+            raise SinkError("a row has a null body; filter such rows out or give them a body")
+        topic = (columns["topic"][i] if "topic" in columns else None) or default_topic
+        keys = columns.get("keys", [None] * batch.num_rows)[i]
+        properties = columns.get("properties", [None] * batch.num_rows)[i]
+        out.append(
+            Message(
+                topic=topic,  # type: ignore[arg-type]
+                body=body if isinstance(body, bytes) else str(body).encode(),
+                tag=columns.get("tag", [None] * batch.num_rows)[i],
+                keys=[keys] if isinstance(keys, str) else list(keys or []),
+                properties={str(k): str(v) for k, v in (properties or [])},
+                message_group=columns.get("message_group", [None] * batch.num_rows)[i],
+            )
+        )
+    return out
+
+
+def write_group(options: SinkOptions, sink: str, batch_id: int, group: str, batches: Iterator[pa.RecordBatch]) -> SinkCommit:
+    """Send every row of a task as a half message of ``group`` (runs in a Spark task)."""
+    context = TaskContext.get()
+    partition = context.partitionId() if context is not None else 0
+    if context is not None and context.attemptNumber() > 0:
+        raise SinkError(
+            f"task for partition {partition} is a retry (attempt {context.attemptNumber()}): its earlier attempt "
+            "may have sent rows into the same transaction group, so the batch is aborted instead; "
+            "the query resumes from its checkpoint when restarted"
+        )
+    wire = Wire(options.endpoint)
+    count = 0
+    pending: list[Message] = []
+    size = 0
+    for batch in batches:
+        for message in _messages(batch, options.topic):
+            pending.append(message)
+            size += len(message.body)
+            if len(pending) >= SEND_CHUNK or size >= SEND_CHUNK_BYTES:
+                wire.send_halves(pending, group)
+                count, pending, size = count + len(pending), [], 0
+    if pending:
+        wire.send_halves(pending, group)
+        count += len(pending)
+    return SinkCommit(sink, batch_id, group, count, partition)
+
+
+# -- driver: the commit protocol ---------------------------------------------------------
+
+
+class CommitProtocol:
+    """The driver's side for one sink: markers, group decisions, replays (see the module doc)."""
+
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+        self.wire = Wire(options.endpoint)
+
+    def marker_queue(self) -> Queue:
+        try:
+            queues = self.wire.queues(self.options.marker_topic)
+        except ClientError as exc:
+            raise SinkError(
+                f"the commit-marker topic {self.options.marker_topic!r} is missing ({exc}); create it once: "
+                f"halfmoon topic create {self.options.marker_topic} --type transaction --queues 1"
+            ) from None
+        return queues[0]
+
+    def commit(self, sink: str, batch_id: int, data_group: str, topic: str) -> str:
+        """Commit batch ``batch_id`` written into ``data_group``; returns the data group that won."""
+        key = f"{sink}:{batch_id}"
+        queue = self.marker_queue()
+        marker = Message(
+            self.options.marker_topic,
+            json.dumps({"sink": sink, "batch": batch_id, "group": data_group}).encode(),
+            tag=_tag(key),
+            keys=[key],
+            properties={PROPERTY_MARKER: key, PROPERTY_DATA_GROUP: data_group},
+        )
+        try:
+            self.wire.send_halves([marker], key)
+            read_from = self.wire.query_offset(queue, "latest")
+            self.wire.end_group(key, self.options.marker_topic, commit=True)  # the commit point
+            failpoint("after-marker-commit")
+        except ClientError as exc:
+            if group_decided(exc) != "committed":
+                raise
+            log.info("event=spark_sink_replay sink=%s batch=%d", sink, batch_id)
+            read_from = self.wire.query_offset(queue, "earliest")
+        winner = self.committed_group(queue, key, read_from)
+        self.wire.end_group(winner, topic, commit=True)
+        if winner != data_group:
+            self.wire.end_group(data_group, topic, commit=False)
+        return winner
+
+    def committed_group(self, queue: Queue, key: str, offset: int) -> str:
+        """The data group named by the first committed marker of ``key`` at or after ``offset``."""
+        selector = _tag_selector(key)
+        end = self.wire.query_offset(queue, "latest")
+        while offset < end:
+            answer = self.wire.pull("halfmoon-spark-sink", queue, offset, 1024, selector)
+            for message in answer.messages:
+                if message.user_properties.get(PROPERTY_MARKER) == key:
+                    return message.user_properties[PROPERTY_DATA_GROUP]
+            if answer.next_offset <= offset:
+                break
+            offset = answer.next_offset
+        raise SinkError(f"batch {key} is committed on the broker but its commit marker was not found in {self.options.marker_topic!r}")
+
+    def abort(self, data_group: str, topic: str) -> None:
+        try:
+            self.wire.end_group(data_group, topic, commit=False)
+        except ClientError as exc:
+            if group_decided(exc) != "committed":
+                raise
+
+
+def _tag(key: str) -> str:
+    return "m." + key.replace(":", ".")
+
+
+def _tag_selector(key: str):  # type: ignore[no-untyped-def]
+    from halfmoon.spark.options import selector_wire
+
+    return selector_wire(("TAG", _tag(key)))
+
+
+def failpoint(name: str) -> None:
+    """Tests only: at point ``name`` create the named file and wait to be killed."""
+    setting = os.environ.get(FAILPOINT_ENV, "")
+    point, _, path = setting.partition("=")
+    if point != name or not path:
+        return
+    Path(path).write_text(str(os.getpid()))
+    threading.Event().wait(120)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+# -- the writers Spark calls ---------------------------------------------------------------
+
+
+class HalfmoonStreamWriter(DataSourceStreamArrowWriter):
+    """Each micro-batch: one transaction group, committed once even across driver crashes.
+
+    Spark builds separate writer objects for the tasks and for the driver's
+    commit, so nothing is shared through ``self``: tasks name the group from
+    the micro-batch's task properties (query id, batch id, application start
+    and stage) and report it in their commit messages; the driver commits
+    what they report.
+    """
+
+    def __init__(self, options: SinkOptions, schema: StructType) -> None:
+        self.options = options
+        self.topic = options.topic or "-"
+        CommitProtocol(options).marker_queue()  # fail when the query starts, not at its first commit
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        context = TaskContext.get()
+        batch_id = context.getLocalProperty("streaming.sql.batchId") if context is not None else None
+        sink = self.options.sink_id or (context.getLocalProperty("sql.streaming.queryId") if context is not None else None)
+        if context is None or batch_id is None or sink is None:
+            raise SinkError("the halfmoon stream writer ran outside a streaming micro-batch (no batch id in the task)")
+        # Unique to this run of the batch and shared by its tasks: the application's start time
+        # and the write stage.
+        run = f"{context.getLocalProperty('spark.app.submitTime') or 0}s{context.stageId()}"
+        return write_group(self.options, sink, int(batch_id), f"{sink}:{batch_id}:{run}", iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        commits = [m for m in messages if isinstance(m, SinkCommit)]
+        if not commits:
+            return  # no task ran: nothing was written
+        groups = {m.group for m in commits}
+        if len(groups) != 1:
+            raise SinkError(f"batch {batchId} was written into several transaction groups {sorted(groups)}; refusing to commit")
+        group = groups.pop()
+        winner = CommitProtocol(self.options).commit(commits[0].sink, batchId, group, self.topic)
+        rows = sum(m.count for m in commits)
+        log.info("event=spark_sink_commit sink=%s batch=%d group=%s rows=%d replay=%s", commits[0].sink, batchId, winner, rows, winner != group)
+        failpoint("after-broker-commit")
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        protocol = CommitProtocol(self.options)
+        for group in {m.group for m in messages if isinstance(m, SinkCommit)}:
+            protocol.abort(group, self.topic)
+
+
+class HalfmoonBatchWriter(DataSourceArrowWriter):
+    """``df.write``: one transaction group for the whole job, named when the job is planned."""
+
+    def __init__(self, options: SinkOptions, schema: StructType) -> None:
+        self.options = options
+        self.sink = options.sink_id or "batch"
+        self.group = f"{self.sink}:{uuid.uuid4().hex}"
+        self.topic = options.topic or "-"
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return write_group(self.options, self.sink, 0, self.group, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        wire = Wire(self.options.endpoint)
+        for group in {m.group for m in messages if isinstance(m, SinkCommit)}:
+            wire.end_group(group, self.topic, commit=True)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        wire = Wire(self.options.endpoint)
+        for group in {m.group for m in messages if isinstance(m, SinkCommit)} | {self.group}:
+            wire.end_group(group, self.topic, commit=False)
+
+
+__all__ = ["MARKER_TOPIC", "HalfmoonBatchWriter", "HalfmoonStreamWriter", "SinkCommit", "SinkError"]
