@@ -111,13 +111,18 @@ def test_connection_closed_by_the_server_while_publishing(amqp_url: str, queue: 
     outbox = sqlite_outbox
     name = f"hm-relay-{uuid.uuid4().hex[:8]}"
     target = RabbitTarget(amqp_url, connection_name=name)
-    total = 3000
-    with outbox.engine.begin() as conn:
-        ids = outbox.add_many(conn, [OutboxMessage("", str(i).encode(), routing_key=queue.name, aggregate_id=str(i % 50)) for i in range(total)])
+    def add(start: int, count: int) -> list[str]:
+        with outbox.engine.begin() as conn:
+            return outbox.add_many(conn, [OutboxMessage("", str(i).encode(), routing_key=queue.name, aggregate_id=str(i % 50)) for i in range(start, start + count)])
+
+    ids = add(0, 3000)
     relay = Relay(outbox, target, workers=2, batch_size=50, poll_interval=0.05, backoff_initial=0.05, backoff_max=0.2)
     with relay:
         wait_until(lambda: relay.stats().published >= 200, 30, "publishing to get going")
         assert close_connection(name), "could not find the relay's connection to close"
+        # Rows added after the close can only go out over a reopened connection,
+        # however fast the first part was published.
+        ids += add(3000, 500)
         wait_until(lambda: outbox.status().pending == 0, 60, "the relay to publish everything after the drop")
     assert target.reconnects >= 1
     assert relay.stats().failed == 0
