@@ -209,6 +209,8 @@ class RabbitTarget(PublishTarget):
                 self._connection = await aio_pika.connect(self.url, client_properties={"connection_name": self.connection_name})
                 self._channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
                 self._exchanges = {"": self._channel.default_exchange}
+                if self._generation:
+                    self.reconnects += 1  # every connection after the first
                 self._generation += 1
             return self._channel, self._generation
 
@@ -223,7 +225,6 @@ class RabbitTarget(PublishTarget):
         assert self._lock is not None
         async with self._lock:
             if generation == self._generation and self._connection is not None:
-                self.reconnects += 1
                 log.warning("event=outbox_rabbit_reconnect name=%s", self.connection_name)
                 await self._drop()
 
