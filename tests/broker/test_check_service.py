@@ -220,5 +220,27 @@ def test_thousands_of_checks_in_one_scan(txn: Broker, clock: FakeClock, sender: 
             ]
         )
     scan(txn, clock)
+    while txn._checks.scanning:  # a loaded machine may need more than one tick's budget
+        txn.tick()
     assert len(sender.sent) == 2_000
     assert txn.transaction_stats().checks_sent_total == 2_000
+
+
+def test_a_scan_spreads_over_ticks_within_its_budget(store: MemoryStore, clock: FakeClock) -> None:
+    broker = Broker(store, None, BrokerConfig(), clock, TransactionConfig(check_tick_budget_ms=0))
+    broker.create_topic("orders", MessageType.TRANSACTION)
+    sender = RecordingSender()
+    broker.set_check_sender(sender)
+    for i in range(3):
+        send_half(broker, bytes([i]))
+    scan(broker, clock)  # budget 0: one message per tick
+    assert len(sender.sent) == 1 and broker._checks.scanning
+    broker.tick()
+    broker.tick()
+    assert len(sender.sent) == 3 and not broker._checks.scanning
+    clock.advance(INTERVAL - 1)
+    broker.tick()
+    assert len(sender.sent) == 3  # the next scan starts one interval after the previous one began
+    clock.advance(1)
+    broker.tick()
+    assert len(sender.sent) == 4

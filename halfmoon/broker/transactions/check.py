@@ -1,7 +1,7 @@
 """The check service: ask a live producer about every transaction left open.
 
 Algorithm (driven by :meth:`CheckService.tick`, which the broker calls every
-~100 ms with its clock's time; nothing here reads the wall clock):
+~100 ms with its clock's time; only the per-tick work budget is real time):
 
 1. Once every ``transaction.check_interval_ms`` (default 30 s; the first scan
    one interval after the broker opens), take the list of half messages that
@@ -25,8 +25,14 @@ Algorithm (driven by :meth:`CheckService.tick`, which the broker calls every
       took it does the check count (RocketMQ counts checks it never
       delivered: issue 1694); when no producer is live it is simply tried
       again next round.
-3. Buffered check counts are appended to the op topic at the end of the
-   scan, so a restart keeps them.
+3. Buffered check counts are appended to the op topic after each tick's
+   share of the work, so a restart keeps them.
+
+A scan shares the broker's tick thread with the delay timer: each tick works
+on it for at most ``transaction.check_tick_budget_ms`` (default 50 ms of real
+time, at least one message) and the scan carries on at the next tick; a new
+scan starts only once the previous one is done. The due time used is the one
+of the tick that started the scan.
 
 A producer's answer arrives later as an EndTransaction with source "check"
 and goes through the same transition table as any decision.
@@ -34,8 +40,10 @@ and goes through the same transition table as any decision.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -76,46 +84,78 @@ class CheckService:
         self._sender: CheckSender | None = None
         self._next_scan_ms = start_ms + config.check_interval_ms
         self._lock = threading.Lock()
+        self._todo: collections.deque[int] = collections.deque()  # the current scan's remaining work
+        self._report: ScanReport | None = None
+        self._scan_now_ms = 0
+        self._started = 0.0
         self.last_report: ScanReport | None = None
 
     def set_sender(self, sender: CheckSender | None) -> None:
         self._sender = sender
 
+    @property
+    def scanning(self) -> bool:
+        """True while a scan is spread over several ticks."""
+        return self._report is not None
+
     def tick(self, now_ms: int) -> ScanReport | None:
-        """Scan when an interval has passed since the last scan; the scan's report, else None."""
-        if now_ms < self._next_scan_ms:
-            return None
-        self._next_scan_ms = now_ms + self._config.check_interval_ms
-        return self.scan(now_ms)
+        """Start a scan when an interval has passed; work on it for at most the tick budget.
+
+        Returns the report of a scan that finished during this tick, else None.
+        """
+        with self._lock:
+            if self._report is None:
+                if now_ms < self._next_scan_ms:
+                    return None
+                self._next_scan_ms = now_ms + self._config.check_interval_ms
+                self._begin(now_ms)
+            return self._work(time.monotonic() + self._config.check_tick_budget_ms / 1000)
 
     def scan(self, now_ms: int) -> ScanReport:
-        """One pass over the due transactions (see the module docs)."""
+        """One whole pass over the due transactions now (finishing any scan under way first)."""
         with self._lock:
-            service = self._service
-            report = ScanReport()
-            clock = service.clock
-            started = clock.now_ms()
-            candidates = service.check_candidates(now_ms)
-            report.candidates = len(candidates)
-            for half_offset in candidates:
-                try:
-                    self._check_one(half_offset, now_ms, report)
-                except Exception:
-                    report.errors += 1
-                    service.counters.check_errors_total += 1
-                    log.exception("event=check_failed half_offset=%d", half_offset)
-            try:
-                service.flush_ops()
-            except Exception:
-                log.exception("event=check_counts_not_saved")
-            report.elapsed_ms = clock.now_ms() - started
-            self.last_report = report
-            if candidates:
-                log.info(
-                    "event=check_scan candidates=%d sent=%d unsent=%d parked=%d skipped=%d errors=%d",
-                    report.candidates, report.sent, report.unsent, report.parked, report.skipped, report.errors,
-                )  # fmt: skip
+            if self._report is not None:
+                self._work(None)
+            self._begin(now_ms)
+            report = self._work(None)
+            assert report is not None
             return report
+
+    def _begin(self, now_ms: int) -> None:
+        self._scan_now_ms = now_ms
+        self._started = time.monotonic()
+        self._todo.extend(self._service.check_candidates(now_ms))
+        self._report = ScanReport(candidates=len(self._todo))
+
+    def _work(self, deadline: float | None) -> ScanReport | None:
+        service, report, todo = self._service, self._report, self._todo
+        assert report is not None
+        while todo:
+            half_offset = todo.popleft()
+            try:
+                self._check_one(half_offset, self._scan_now_ms, report)
+            except Exception:
+                report.errors += 1
+                service.counters.check_errors_total += 1
+                log.exception("event=check_failed half_offset=%d", half_offset)
+            if deadline is not None and time.monotonic() >= deadline:
+                break  # the tick thread has other work: carry on at the next tick
+        try:
+            service.flush_ops()
+        except Exception:
+            log.exception("event=check_counts_not_saved")
+        if todo:
+            return None
+        report.elapsed_ms = int((time.monotonic() - self._started) * 1000)
+        self._report = None
+        self.last_report = report
+        if report.candidates:
+            log.info(
+                "event=check_scan candidates=%d sent=%d unsent=%d parked=%d skipped=%d errors=%d elapsed_ms=%d",
+                report.candidates, report.sent, report.unsent, report.parked, report.skipped,
+                report.errors, report.elapsed_ms,
+            )  # fmt: skip
+        return report
 
     def _check_one(self, half_offset: int, now_ms: int, report: ScanReport) -> None:
         service = self._service

@@ -21,6 +21,8 @@ class TransactionConfig:
     check_max: int = 15
     # Ceiling on a producer's per-message check immunity (orphaned transaction recovery duration).
     max_immunity_ms: int = 3_600_000
+    # Real time one broker tick may spend on a check scan before leaving the rest to the next tick.
+    check_tick_budget_ms: int = 50
     # How often the pending set is snapshotted (bounds the restart scan), when it changed.
     snapshot_interval_ms: int = 5_000
     # Members of a transaction group committed per store append.
@@ -36,6 +38,8 @@ class TransactionConfig:
             problems.append("check_interval_ms and snapshot_interval_ms must be positive")
         if self.check_max < 1:
             problems.append("check_max must be at least 1")
+        if self.check_tick_budget_ms < 0:
+            problems.append("check_tick_budget_ms must be >= 0")
         if self.max_immunity_ms < 0:
             problems.append("max_immunity_ms must be >= 0")
         if self.group_batch_size < 1 or self.decided_cache_size < 1:
