@@ -24,6 +24,7 @@ from halfmoon.cli import (
     outbox_commands,
     probe_commands,
     serve_command,
+    spark_commands,
     stats_commands,
     status_command,
     topic_commands,
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     group_commands.register(commands)
     transaction_commands.register(commands)
     status_command.register(commands)
+    spark_commands.register(commands)
     outbox_commands.register(commands)
     message_commands.register(commands)
     consumer_commands.register(commands)
