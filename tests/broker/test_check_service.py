@@ -202,6 +202,8 @@ def test_an_error_on_one_message_does_not_stall_the_scan(
     sender.sent.clear()
     scan(txn, clock)
     assert sorted(s[3] for s in sender.sent) == sorted([bad.transaction_id, good.transaction_id])
+    assert gone.message_id not in [i.message_id for i in txn.list_transactions()]
+    assert txn.transaction_stats().lost_total == 1
 
 
 def test_group_members_are_not_checked(txn: Broker, clock: FakeClock, sender: RecordingSender) -> None:

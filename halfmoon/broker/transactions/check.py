@@ -50,6 +50,7 @@ from typing import Protocol
 from halfmoon.broker.message import MessageView
 from halfmoon.broker.transactions.config import TransactionConfig
 from halfmoon.broker.transactions.service import TransactionService
+from halfmoon.errors import NotFound
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,12 @@ class CheckService:
             else:
                 report.skipped += 1
             return
-        view = service.check_view(entry)
+        try:
+            view = service.check_view(entry)
+        except NotFound:  # retention removed the half record: nothing left to ask about or publish
+            service.forget_lost(half_offset)
+            report.errors += 1
+            return
         sender = self._sender
         # The last look before asking: a decision may have landed while we read the message.
         if service.checkable(half_offset, now_ms) is None:

@@ -122,7 +122,8 @@ class TransactionStats:
     checks_unsent_total: int = 0  # no live producer: not counted against check_max
     check_errors_total: int = 0
     parked_total: int = 0
-    redone_commits_total: int = 0  # commits completed by recovery
+    redone_commits_total: int = 0  # group members committed by recovery after a crash
+    lost_total: int = 0  # half messages removed by retention before a decision
     decision_latency_ms: dict[str, int] = field(default_factory=dict)  # bucket "le" -> count
 
 
@@ -428,6 +429,21 @@ class TransactionService:
             self._dirty = True
             return entry.checks
 
+    def forget_lost(self, half_offset: int) -> None:
+        """Drop a pending transaction whose half record retention removed (it can never commit)."""
+        with self._lock:
+            entry = self.pending.get(half_offset)
+            if entry is None:
+                return
+            self._remove_pending(entry)
+            self.counters.lost_total += 1
+            self._dirty = True
+            log.error(
+                "event=half_message_lost transaction_id=%s topic=%s message_id=%s: removed by retention "
+                "before any decision; raise the store's retention or decide transactions sooner",
+                entry.transaction_id, entry.topic, entry.message_id,
+            )  # fmt: skip
+
     def flush_ops(self) -> None:
         """Append buffered check counts now (the check service calls it after each scan)."""
         with self._lock:
@@ -515,6 +531,7 @@ class TransactionService:
                 check_errors_total=c.check_errors_total,
                 parked_total=c.parked_total,
                 redone_commits_total=c.redone_commits_total,
+                lost_total=c.lost_total,
                 decision_latency_ms=dict(zip(labels, self._latency, strict=True)),
             )
 
