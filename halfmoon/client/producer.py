@@ -10,6 +10,13 @@ fix (unknown topic, wrong message type, oversize body) are raised at once.
 
 ``max_attempts`` and the backoff default to what the server announces in its
 settings answer (RocketMQ's proxy: 3 attempts); pass them to override.
+
+Coalescing (on by default, ``coalesce=False`` turns it off): ``send``,
+``send_async`` and ``send_oneway`` go through a :class:`SendCoalescer`, which
+packs sends that arrive while a request for the same topic is in flight into
+the next request (each caller still gets its own receipt or error; a lone send
+goes out at once). See :mod:`halfmoon.client.coalesce` for the rules.
+``send_batch`` and transactional sends use their own requests, as before.
 """
 
 from __future__ import annotations
@@ -17,14 +24,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
 from halfmoon.client.batch import DEFAULT_MAX_BATCH_BYTES, split_batch
 from halfmoon.client.client import BaseClient, as_config
+from halfmoon.client.coalesce import DEFAULT_MAX_ENTRIES, CoalescingStats, Outcome, SendCoalescer
 from halfmoon.client.connection import Backoff, ClientConfig
 from halfmoon.client.errors import (
     ClientError,
@@ -72,6 +80,8 @@ class Producer(BaseClient):
         retry_backoff: Backoff | None = None,
         fault_policy: LatencyFaultPolicy | None = None,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        coalesce: bool = True,
+        max_coalesced_messages: int = DEFAULT_MAX_ENTRIES,
         **options: Any,
     ) -> None:
         super().__init__(as_config(config, **options))
@@ -86,6 +96,14 @@ class Producer(BaseClient):
         self.stats = ProducerStats()
         self._round_robin = itertools.count()
         self._inflight: set[asyncio.Task[Any]] = set()
+        self._coalescer = (
+            SendCoalescer(self._send_coalesced, max_entries=max_coalesced_messages, max_bytes=max_batch_bytes) if coalesce else None
+        )
+
+    @property
+    def coalescing(self) -> CoalescingStats | None:
+        """How sends shared requests (``None`` when ``coalesce=False``)."""
+        return self._coalescer.stats if self._coalescer is not None else None
 
     # -- settings ---------------------------------------------------------------------
 
@@ -115,7 +133,12 @@ class Producer(BaseClient):
             await self.routes.get(topic)
 
     async def _on_closing(self) -> None:
-        # Let in-flight async / oneway sends finish (bounded), then drop the rest.
+        # Let queued, in-flight async and oneway sends finish (bounded), then drop the rest.
+        if self._coalescer is not None:
+            try:
+                await asyncio.wait_for(self._coalescer.flush(), self.config.request_timeout)
+            except TimeoutError:
+                self._coalescer.cancel()
         if self._inflight:
             await asyncio.wait(list(self._inflight), timeout=self.config.request_timeout)
             for task in list(self._inflight):
@@ -126,13 +149,23 @@ class Producer(BaseClient):
     async def send(self, message: Message, *, timeout: float | None = None) -> SendReceipt:
         """Send one message and wait for the server's receipt (retrying as configured)."""
         self._check_open()
-        receipts = await self._send(message.topic, [self._wire(message)], timeout=timeout)
+        wire = self._wire(message)
+        if self._coalescer is not None:
+            # Queued synchronously, so concurrent sends reach the wire in call order.
+            return await self._coalescer.submit(message.topic, wire, timeout=timeout)
+        receipts = await self._send(message.topic, [wire], timeout=timeout)
         return receipts[0]
 
     def send_async(self, message: Message, callback: SendCallback | None = None, *, timeout: float | None = None) -> asyncio.Task[SendReceipt]:
         """Start sending; returns a task to await. ``callback(receipt, error)`` runs when done."""
         self._check_open()
-        task = asyncio.ensure_future(self.send(message, timeout=timeout))
+        # Queue (or start) the send now, not when the task first runs: a close() right
+        # after send_async() must still send it.
+        wire = self._wire(message)
+        if self._coalescer is not None:
+            task = asyncio.ensure_future(_receipt_of(self._coalescer.submit(message.topic, wire, timeout=timeout)))
+        else:
+            task = asyncio.ensure_future(_first(self._send(message.topic, [wire], timeout=timeout)))
         self._track(task)
         if callback is not None:
             task.add_done_callback(lambda t: _run_callback(callback, t))
@@ -141,7 +174,11 @@ class Producer(BaseClient):
     def send_oneway(self, message: Message) -> None:
         """Send without waiting for (or retrying on) the answer; failures are only logged."""
         self._check_open()
-        task = asyncio.ensure_future(self._send(message.topic, [self._wire(message)], retry=False))
+        wire = self._wire(message)
+        if self._coalescer is not None:
+            self._coalescer.submit(message.topic, wire, retry=False).add_done_callback(_log_oneway_failure)
+            return
+        task = asyncio.ensure_future(self._send(message.topic, [wire], retry=False))
         self._track(task)
         task.add_done_callback(_log_oneway_failure)
 
@@ -217,6 +254,16 @@ class Producer(BaseClient):
                 raise MessageTypeMismatch(f"topic {route.topic!r} accepts {names} messages, not {kind}; send to a topic of that type")
 
     async def _send(self, topic: str, wires: Sequence[pb.Message], *, timeout: float | None = None, retry: bool = True) -> list[SendReceipt]:
+        # Without ``partial`` every outcome is a receipt: a failed entry raises.
+        return cast(list[SendReceipt], await self._send_request(topic, wires, timeout=timeout, retry=retry))
+
+    async def _send_coalesced(self, topic: str, wires: Sequence[pb.Message], timeout: float | None, retry: bool) -> list[Outcome]:
+        return await self._send_request(topic, wires, timeout=timeout, retry=retry, partial=True)
+
+    async def _send_request(
+        self, topic: str, wires: Sequence[pb.Message], *, timeout: float | None = None, retry: bool = True, partial: bool = False
+    ) -> list[Outcome]:
+        """One request with retries; with ``partial``, a per-entry failure is returned in its place, not raised."""
         route = await self._route(topic)
         self._check_type(route, wires)
         queues = self._candidates(route)
@@ -233,7 +280,7 @@ class Producer(BaseClient):
             self.stats.requests += 1
             try:
                 response = await connection.call("SendMessage", request, timeout=timeout)
-                receipts = _receipts(response, len(wires), queue.endpoint)
+                receipts = _receipts(response, len(wires), queue.endpoint, partial=partial)
             except ClientError as exc:
                 self.faults.record(queue.broker_name, loop.time() - started, failed=True)
                 tried.add(queue.broker_name)
@@ -250,22 +297,33 @@ class Producer(BaseClient):
                     queues = self._candidates(route)
                 continue
             self.faults.record(queue.broker_name, loop.time() - started)
-            self.stats.messages += len(wires)
+            self.stats.messages += sum(1 for r in receipts if isinstance(r, SendReceipt))
             return receipts
 
 
-def _receipts(response: svc.SendMessageResponse, expected: int, endpoint: str) -> list[SendReceipt]:
+def _receipts(response: svc.SendMessageResponse, expected: int, endpoint: str, *, partial: bool = False) -> list[Outcome]:
     status = response.status
     if status.code not in (pb.Code.OK, pb.Code.MULTIPLE_RESULTS):
         raise error_for_status(status, "SendMessage")
-    receipts = []
+    receipts: list[Outcome] = []
     for entry in response.entries:
         if entry.status.code not in (pb.Code.OK, pb.Code.CODE_UNSPECIFIED):
+            if partial:  # this entry failed alone (MULTIPLE_RESULTS); its caller gets the error
+                receipts.append(error_for_status(entry.status, "SendMessage"))
+                continue
             raise error_for_status(entry.status, "SendMessage")
         receipts.append(SendReceipt(entry.message_id, entry.offset, entry.transaction_id, entry.recall_handle, endpoint))
     if len(receipts) != expected:
         raise error_for_status(pb.Status(code=pb.Code.INTERNAL_SERVER_ERROR, message=f"server answered {len(receipts)} receipts for {expected} messages"), "SendMessage")
     return receipts
+
+
+async def _receipt_of(future: asyncio.Future[SendReceipt]) -> SendReceipt:
+    return await future
+
+
+async def _first(receipts: Awaitable[list[SendReceipt]]) -> SendReceipt:
+    return (await receipts)[0]
 
 
 def _run_callback(callback: SendCallback, task: asyncio.Task[SendReceipt]) -> None:
@@ -280,7 +338,7 @@ def _run_callback(callback: SendCallback, task: asyncio.Task[SendReceipt]) -> No
         log.exception("event=send_callback_failed")
 
 
-def _log_oneway_failure(task: asyncio.Task[Any]) -> None:
+def _log_oneway_failure(task: asyncio.Future[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.warning("event=oneway_send_failed error=%r", task.exception())
 
