@@ -36,13 +36,18 @@ def _run_and_kill(data: Path, meta: Path, round_number: int, rng: random.Random)
     )
     lines: list[str] = []
     enough = threading.Event()
+    # Kill after a random number of lines, or (every other round) right after the child
+    # announced its n-th group: it is then committing that group.
     target = rng.randint(5, 120)
+    group_target = rng.randint(1, 4) if rng.random() < 0.5 else None
 
     def read() -> None:
         assert child.stdout is not None
+        groups = 0
         for line in child.stdout:
             lines.append(line.strip())
-            if len(lines) >= target:
+            groups += line.startswith("GI ")
+            if (len(lines) >= target and group_target is None) or (group_target is not None and groups >= group_target):
                 enough.set()
         enough.set()  # EOF: the child died on its own (reported below)
 

@@ -9,7 +9,8 @@ Prints "ready" once open. Two threads work at once:
 - groups: send 3 to 40 half members of a fresh group (body ``gc:`` / ``gr:``
   + id), prints ``GI <group> <id,id,...>`` once all are durable, then ends the
   group as intended and prints ``GC <group>`` / ``GR <group>``.
-Every line is flushed at once.
+Every line is flushed at once. Commit appends pause 2 ms after writing (see
+``slow_commit_append``) to widen the window in which a group commit is half done.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import random
 import sys
 import threading
+import time
 from pathlib import Path
 
 from halfmoon.broker import Broker, BrokerConfig
@@ -38,6 +40,17 @@ def main() -> None:
     data_dir, meta_dir = Path(sys.argv[1]), Path(sys.argv[2])
     round_number, seed = int(sys.argv[3]), int(sys.argv[4])
     store, broker = open_broker(data_dir, meta_dir)
+    append = store.append
+
+    def slow_commit_append(messages):  # type: ignore[no-untyped-def]
+        # Commits (records carrying a half offset) pause after being written, so a kill
+        # often lands in the middle of a group commit: some members written, others not.
+        results = append(messages)
+        if any(m.prepared_transaction_offset for m in messages):
+            time.sleep(0.002)
+        return results
+
+    store.append = slow_commit_append  # type: ignore[method-assign]
     if broker.topics.find(TOPIC) is None:
         broker.create_topic(TOPIC, MessageType.TRANSACTION, queue_count=QUEUES)
     out = sys.stdout
