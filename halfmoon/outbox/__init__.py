@@ -1,9 +1,19 @@
-"""The database consistency toolkit: transactional outbox and relay, intermediate queue, ...
+"""The database consistency toolkit: transaction log, outbox relay, inbox, compensations.
 
 Built on SQLAlchemy 2 Core; SQLite by default, PostgreSQL and MariaDB in
 production. See ``docs/toolkit.md``.
 """
 
+from halfmoon.outbox.checker import TransactionLogChecker, cleanup_transaction_log
+from halfmoon.outbox.compensation import (
+    Compensation,
+    InvalidCompensation,
+    RabbitRetryQueue,
+    apply_if_version,
+    compensation_listener,
+    create_compensation_group,
+)
+from halfmoon.outbox.inbox import DUPLICATE, Inbox
 from halfmoon.outbox.intermediate import IntermediateMover, IntermediatePublisher
 from halfmoon.outbox.outbox import (
     InvalidOutboxMessage,
@@ -15,6 +25,7 @@ from halfmoon.outbox.outbox import (
     UnsupportedDatabase,
 )
 from halfmoon.outbox.relay import Relay, RelayStats
+from halfmoon.outbox.saga import Saga, SagaCompensationFailed, SagaResult
 from halfmoon.outbox.schema import OutboxTables, outbox_tables
 from halfmoon.outbox.targets import (
     HalfmoonTarget,
@@ -24,8 +35,25 @@ from halfmoon.outbox.targets import (
     UnroutableMessage,
     target_for_url,
 )
+from halfmoon.outbox.txlog import TransactionalSender, TransactionLog, TransactionLogError
 
 __all__ = [
+    "DUPLICATE",
+    "Compensation",
+    "Inbox",
+    "InvalidCompensation",
+    "RabbitRetryQueue",
+    "Saga",
+    "SagaCompensationFailed",
+    "SagaResult",
+    "TransactionLog",
+    "TransactionLogChecker",
+    "TransactionLogError",
+    "TransactionalSender",
+    "apply_if_version",
+    "cleanup_transaction_log",
+    "compensation_listener",
+    "create_compensation_group",
     "HalfmoonTarget",
     "IntermediateMover",
     "IntermediatePublisher",
