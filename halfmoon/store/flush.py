@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
@@ -32,6 +33,9 @@ def _done() -> Future[None]:
     future.set_result(None)
     return future
 
+
+# The longest an fsync is held back for released writers to join it (see _gather).
+_MAX_GATHER_SECONDS = 0.005
 
 # Returned whenever the bytes asked about are already durable. A finished
 # future can be shared: it cannot be cancelled and its callbacks run at once.
@@ -66,6 +70,13 @@ class GroupCommitFlusher:
         self._next: Future[None] | None = None  # completes after the next fsync to start
         self._in_flight: Future[None] | None = None  # completes after the running fsync
         self._in_flight_end = -1  # the running fsync covers bytes below this
+        self._next_waiters = 0  # waiters of the next batch, of the running one
+        self._in_flight_waiters = 0
+        # Waiters the last fsync released that have not registered again yet
+        # (see _gather), and how long the last fsync took.
+        self._owed = 0
+        self._gathering = False
+        self._last_fsync = 0.0
         self._beyond: list[tuple[int, Future[None]]] = []  # waiters for bytes not yet written
         # Durable and visible (on_flushed has run) below this: the waiters' fast path.
         self._done = commitlog.flushed_position
@@ -103,6 +114,7 @@ class GroupCommitFlusher:
             if end_offset <= self._done:
                 return _DONE
             if end_offset <= self._in_flight_end and self._in_flight is not None:
+                self._in_flight_waiters += 1
                 return self._in_flight
             if self._stopped:
                 closed: Future[None] = Future()
@@ -117,6 +129,11 @@ class GroupCommitFlusher:
             batch = self._next
             if batch is None:
                 batch = self._next = _batch()
+            self._next_waiters += 1
+            if self._owed:
+                self._owed -= 1
+                if not self._owed and self._gathering:
+                    self._cond.notify()
             if self._idle:
                 self._cond.notify()
             return batch
@@ -141,6 +158,7 @@ class GroupCommitFlusher:
                 self._idle = False
                 if self._stopping and commitlog.write_position <= commitlog.flushed_position:
                     break
+                self._gather()
                 # Everything written so far is in this fsync; so is every waiter
                 # registered so far (a waiter registers after its write).
                 target = commitlog.write_position
@@ -148,8 +166,11 @@ class GroupCommitFlusher:
                 if batch is None:
                     batch = _batch()  # for waiters arriving during the fsync that it covers
                 self._in_flight, self._in_flight_end = batch, target
+                self._in_flight_waiters, self._next_waiters = self._next_waiters, 0
             try:
+                started = time.monotonic()
                 flushed = commitlog.sync(target)
+                self._last_fsync = time.monotonic() - started
                 self.fsyncs += 1
             except BaseException as exc:  # a failing disk: fail every waiter, keep failing
                 log.error("event=fsync_failed error=%r", exc)
@@ -159,6 +180,7 @@ class GroupCommitFlusher:
             with cond:
                 self._done = flushed
                 self._in_flight, self._in_flight_end = None, -1
+                self._owed, self._in_flight_waiters = self._in_flight_waiters, 0
                 ready = []
                 if self._beyond:
                     ready = [f for end, f in self._beyond if end <= flushed]
@@ -169,6 +191,32 @@ class GroupCommitFlusher:
             for future in ready:
                 future.set_result(None)
         self._release_all()
+
+    def _gather(self) -> None:
+        """Hold the next fsync briefly for the writers the last one released (cond held).
+
+        Writers released by an fsync append again and register while the next
+        fsync is already running, so without this they miss it and the
+        writers split into two groups taking turns, each fsync covering half
+        of them. When fsyncs are slow compared with an append, it pays to let
+        the released writers join: the wait ends as soon as all of them have
+        registered, and after at most half the last fsync's duration (capped),
+        so a lone writer is never held and a writer that stopped costs one
+        short wait.
+        """
+        if not self._owed or self._stopping:
+            return
+        deadline = time.monotonic() + min(self._last_fsync / 2, _MAX_GATHER_SECONDS)
+        self._gathering = True
+        try:
+            while self._owed and not self._stopping:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+        finally:
+            self._gathering = False
+            self._owed = 0  # whoever is not back yet waits for the fsync after this one
 
     def _fail(self, exc: BaseException) -> None:
         with self._cond:
