@@ -1,11 +1,13 @@
 """Flush policies: when the commit log is fsynced and who waits for it.
 
 ``GroupCommitFlusher`` (``sync``): appenders write under the store's lock,
-then wait on a future for the flusher thread. The flusher loops: take the
-current write position, ``fdatasync``, then complete every waiter whose end
-offset is covered. All the appends that landed during one fsync share the
-next one, so the fsync rate stays bounded while throughput grows with the
-number of writers.
+then wait on the future of the fsync that will cover them. The flusher
+loops: take the current write position, ``fdatasync``, make the records
+visible, then hand the fsync's one shared future to a notifier thread that
+wakes its waiters while the flusher is already in the next fsync. All the
+appends that landed during one fsync share the next one (and the writers
+the last fsync released get a brief chance to join it), so the fsync rate
+stays bounded while throughput grows with the number of writers.
 
 ``IntervalFlusher`` (``async``): an append is acknowledged once written; a
 background thread fsyncs every ``flush_interval`` seconds.
