@@ -1,0 +1,70 @@
+"""The README's commands and examples stay true: run them against a real server."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.server.conftest import ServerProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README, flags=re.S)
+
+
+def test_readme_opens_with_the_serve_and_test_commands() -> None:
+    first_block = re.search(r"```sh\n(.*?)```", README, flags=re.S)
+    assert first_block is not None
+    commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines()]
+    assert commands[:2] == ["./run serve", "./run test"]
+    run_script = (ROOT / "run").read_text()
+    assert "serve)" in run_script and "test)" in run_script
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    assert "./run test" in (ROOT / ".ci" / "run").read_text()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    proc = ServerProcess(tmp_path_factory.mktemp("readme")).start()
+    try:
+        # The README's CLI lines, against this server's admin API.
+        for line in re.search(r"## Using it.*?```sh\n(.*?)```", README, flags=re.S).group(1).splitlines():
+            if line.startswith(".venv/bin/halfmoon "):
+                result = proc.cli(*line.split()[1:])
+                assert result.returncode == 0, result.stderr
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize(
+    ("index", "expected"),
+    [(0, "sent "), (1, "TransactionResolution.COMMIT"), (2, "orders created")],
+    ids=["producer", "transactional-producer", "push-consumer"],
+)
+def test_readme_python_examples_run(server: ServerProcess, index: int, expected: str) -> None:
+    blocks = python_blocks()
+    assert len(blocks) == 3
+    code = blocks[index].replace("127.0.0.1:8081", server.grpc)
+    if index == 2:
+        # The consumer needs something to consume: the producer example's message.
+        subprocess.run(
+            [sys.executable, "-c", blocks[0].replace("127.0.0.1:8081", server.grpc)],
+            check=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert expected in result.stdout
