@@ -30,6 +30,10 @@ from halfmoon.broker.transactions.ids import encode_transaction_id
 from halfmoon.broker.transactions.oplog import CHECK_MAX_TOPIC, HALF_TOPIC, QUEUE_ID
 from halfmoon.store.message import Message, StoredMessage, SysFlag
 
+# Plain ints: an IntFlag in a record's fields makes every store append slower.
+_MASK = int(SysFlag.TRANSACTION_MASK)
+_PREPARED = int(SysFlag.TRANSACTION_PREPARED)
+_COMMITTED = int(SysFlag.TRANSACTION_COMMITTED)
 _ROUTING = (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TRANSACTION_PREPARED, PROPERTY_CHECK_IMMUNITY)
 
 
@@ -70,7 +74,7 @@ def make_half(record: Message, real_topic: str, real_queue_id: int, immunity_s: 
         props.pop(PROPERTY_CHECK_IMMUNITY, None)
     record.topic = HALF_TOPIC
     record.queue_id = QUEUE_ID
-    record.sys_flag = (record.sys_flag & ~SysFlag.TRANSACTION_MASK) | SysFlag.TRANSACTION_PREPARED
+    record.sys_flag = _PREPARED | (record.sys_flag & ~_MASK)
     return record
 
 
@@ -119,7 +123,7 @@ def real_from_half(half: StoredMessage | Message, half_offset: int) -> Message:
         queue_id=queue_id,
         properties=props,
         flags=half.flags,
-        sys_flag=(half.sys_flag & ~SysFlag.TRANSACTION_MASK) | SysFlag.TRANSACTION_COMMITTED,
+        sys_flag=_COMMITTED | (half.sys_flag & ~_MASK),
         born_timestamp=half.born_timestamp,
         born_host=half.born_host,
         prepared_transaction_offset=half_offset,
