@@ -92,3 +92,20 @@ def test_stream_resumes_from_checkpoint_without_gap_or_duplicate_and_honours_max
     # group's offsets trail by at most the last batch.
     queues = server.admin_call("GET", "/v1/groups/spark-reader/progress?topic=stream-in")[1]["queues"]
     assert 100 - sizes[-1] <= sum(q["committed_offset"] for q in queues) <= 100
+
+
+def test_stats_counts_messages_in_and_consumed_per_window(spark, server) -> None:
+    from halfmoon.spark.jobs.stats import StatsSpec, run_stats
+
+    server.create_topic("stats-in", queues=2)
+    with SyncProducer(server.grpc) as producer:
+        producer.send_batch([Message("stats-in", b"x") for _ in range(30)])
+    wire = Wire(server.grpc)
+    queues = wire.queues("stats-in")
+    for queue in queues:
+        wire.commit_offset("stats-reader", queue, min(5, wire.query_offset(queue, "latest")))
+    rows = run_stats(spark, StatsSpec(server.grpc, ("stats-in",), ("stats-reader",), "1 hour")).collect()
+    totals: dict[str, int] = {}
+    for row in rows:
+        totals[row.group] = totals.get(row.group, 0) + row.messages
+    assert totals == {"-": 30, "stats-reader": 10}
