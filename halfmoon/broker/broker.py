@@ -45,7 +45,12 @@ from halfmoon.broker.queue_select import QueueSelector
 from halfmoon.broker.statistics import TrafficStatistics
 from halfmoon.broker.stats import BrokerStatus, RateCounter
 from halfmoon.broker.timer import DelayTimer
-from halfmoon.broker.topics import TIMER_TOPIC, TopicConfig, TopicRegistry, is_reserved
+from halfmoon.broker.topics import (
+    TopicConfig,
+    TopicRegistry,
+    is_internal_topic,
+    is_reserved,
+)
 from halfmoon.broker.transaction_state import TxnState
 from halfmoon.broker.transactions import (
     CheckSender,
@@ -225,7 +230,7 @@ class Broker:
 
     def list_topics(self) -> list[TopicConfig]:
         """User topics and dead-letter topics (not the broker's internal ones)."""
-        return [t for t in self.topics.all() if t.name != TIMER_TOPIC and not t.name.startswith("RMQ_SYS_")]
+        return [t for t in self.topics.all() if not is_internal_topic(t.name)]
 
     def topic_status(self, name: str) -> list[QueueStatus]:
         topic = self.get_topic(name)
@@ -515,7 +520,7 @@ class Broker:
         config = self.get_topic(topic)
         if not config.readable:
             raise PermissionDenied(f"topic {topic!r} is not readable (perm {config.perm!r})")
-        if config.name == TIMER_TOPIC or config.name.startswith("RMQ_SYS_"):
+        if is_internal_topic(config.name):
             raise PermissionDenied(f"topic {topic!r} is internal to the broker")
         if not self.get_group(group).consume_enabled:
             raise PermissionDenied(f"consumer group {group!r} has consuming disabled")
@@ -569,8 +574,8 @@ class Broker:
         return queue_id if queue_id < config.queue_count else queue_id % config.queue_count
 
     def _on_append(self, result: AppendResult) -> None:
-        if result.topic == TIMER_TOPIC:
-            return  # not visible to consumers until the timer delivers it
+        if is_internal_topic(result.topic):
+            return  # timer, half, op and parked records: no consumer waits on them
         for callback in list(self._listeners):
             try:
                 callback(result.topic, result.queue_id)

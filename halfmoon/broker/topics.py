@@ -33,6 +33,8 @@ from halfmoon.errors import InvalidArgument
 TIMER_TOPIC = "%HM_TIMER%"
 DLQ_PREFIX = "%DLQ%"
 RESERVED_PREFIXES = ("%", "RMQ_SYS_")
+# Internal topics whose names RocketMQ gave no reserved prefix.
+RESERVED_NAMES = frozenset({"TRANS_CHECK_MAX_TIME_TOPIC"})
 MAX_TOPIC_LENGTH = 127
 MAX_QUEUE_COUNT = 1024
 PERMS = ("rw", "r", "w", "-")
@@ -40,7 +42,12 @@ _NAME = re.compile(r"^[%a-zA-Z0-9_-]+$")
 
 
 def is_reserved(name: str) -> bool:
-    return name.startswith(RESERVED_PREFIXES)
+    return name.startswith(RESERVED_PREFIXES) or name in RESERVED_NAMES
+
+
+def is_internal_topic(name: str) -> bool:
+    """Topics only the broker reads (timer, transaction half/op, parked); DLQs are not."""
+    return name == TIMER_TOPIC or name.startswith("RMQ_SYS_") or name in RESERVED_NAMES
 
 
 def dead_letter_topic(group: str) -> str:
@@ -54,8 +61,8 @@ def check_topic_name(name: str, *, allow_reserved: bool = False) -> None:
         )
     if is_reserved(name) and not allow_reserved:
         raise IllegalTopic(
-            f"topic name {name!r} is reserved (names starting with '%' or 'RMQ_SYS_' "
-            "are the broker's own); pick another name"
+            f"topic name {name!r} is reserved (names starting with '%' or 'RMQ_SYS_', and "
+            "TRANS_CHECK_MAX_TIME_TOPIC, are the broker's own); pick another name"
         )
 
 
@@ -251,7 +258,7 @@ class TopicRegistry:
     def delete(self, name: str) -> TopicConfig:
         with self._lock:
             topic = self.get(name)
-            if name == TIMER_TOPIC or name.startswith("RMQ_SYS_"):
+            if is_internal_topic(name):
                 raise IllegalTopic(f"topic {name!r} is internal to the broker and cannot be deleted")
             del self._topics[name]
             self._save()

@@ -142,3 +142,13 @@ def test_shrinking_drops_removed_queues_that_never_held_messages(broker: Broker)
     assert {r.queue_id: r.perm for r in broker.route("t")} == {0: "rw", 1: "r", 2: "r"}
     assert broker.update_topic("t", queue_count=3).read_queue_count == 3
     assert {r.perm for r in broker.route("t")} == {"rw"}
+
+
+def test_the_parked_transactions_topic_is_reserved_and_hidden():
+    from halfmoon.broker.topics import IllegalTopic, check_topic_name, is_internal_topic
+
+    with pytest.raises(IllegalTopic):
+        check_topic_name("TRANS_CHECK_MAX_TIME_TOPIC")
+    assert is_internal_topic("TRANS_CHECK_MAX_TIME_TOPIC")
+    assert is_internal_topic("RMQ_SYS_TRANS_HALF_TOPIC")
+    assert not is_internal_topic("%DLQ%billing")  # dead letters are consumable

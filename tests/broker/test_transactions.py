@@ -163,7 +163,7 @@ def test_forged_and_foreign_ids_are_invalid(txn_broker: Broker) -> None:
 
 
 def test_decision_found_after_it_left_the_cache(store: MemoryStore, clock: FakeClock) -> None:
-    broker = Broker(store, None, BrokerConfig(), clock, TransactionConfig(decided_cache_size=1))
+    broker = Broker(store, None, BrokerConfig(), clock, TransactionConfig(decided_cache_entries=1))
     broker.create_topic("orders", MessageType.TRANSACTION)
     first, second, third = broker.send([half(body=b"1"), half(body=b"2"), half(body=b"3")])
     end(broker, first, "commit")

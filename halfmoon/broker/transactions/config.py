@@ -28,7 +28,7 @@ class TransactionConfig:
     # Members of a transaction group committed per store append.
     group_batch_size: int = 256
     # Recent decisions kept in memory to answer repeated EndTransactions without I/O.
-    decided_cache_size: int = 65_536
+    decided_cache_entries: int = 65_536
 
     def __post_init__(self) -> None:
         problems = []
@@ -42,8 +42,8 @@ class TransactionConfig:
             problems.append("check_tick_budget_ms must be >= 0")
         if self.max_immunity_ms < 0:
             problems.append("max_immunity_ms must be >= 0")
-        if self.group_batch_size < 1 or self.decided_cache_size < 1:
-            problems.append("group_batch_size and decided_cache_size must be positive")
+        if self.group_batch_size < 1 or self.decided_cache_entries < 1:
+            problems.append("group_batch_size and decided_cache_entries must be positive")
         if problems:
             raise InvalidArgument(
                 "invalid transaction configuration: " + "; ".join(problems), code="BAD_CONFIG"

@@ -160,7 +160,7 @@ class TransactionService:
         self._snapshot_lock = threading.Lock()
         self.pending: dict[int, PendingTxn] = {}
         self._decided: OrderedDict[int, tuple[TxnState, int]] = OrderedDict()
-        self.groups = GroupBook(config.decided_cache_size)
+        self.groups = GroupBook(config.decided_cache_entries)
         self._op_buffer: list[Op] = []  # check counts, appended with the next batch
         self.half_next = 0  # half queue offset up to which the pending set is complete
         self.op_next = 0  # op queue offset up to which ops are applied
@@ -295,7 +295,7 @@ class TransactionService:
     def remember(self, half_offset: int, state: TxnState, end_offset: int) -> None:
         self._decided[half_offset] = (state, end_offset)
         self._decided.move_to_end(half_offset)
-        while len(self._decided) > self.config.decided_cache_size:
+        while len(self._decided) > self.config.decided_cache_entries:
             self._decided.popitem(last=False)
 
     def _decision_of(self, half_offset: int, transaction_id: str) -> tuple[TxnState, int]:
