@@ -28,10 +28,14 @@ RPCS = default_registry().counter(
 )
 
 
+# Built once: ``Code.values()`` / ``Code.Name`` build lists and raise on unknown numbers.
+_CODE_NAMES = {value.number: value.name for value in Code.DESCRIPTOR.values}
+
+
 def _count(method: str, response: Message) -> None:
     if response.HasField("status"):  # type: ignore[arg-type]
         code = response.status.code  # type: ignore[attr-defined]
-        RPCS.inc(method=method, code=Code.Name(code) if code in Code.values() else str(code))
+        RPCS.inc(method=method, code=_CODE_NAMES.get(code) or str(code))
 
 
 def _types(method: Any) -> tuple[type[Message], type[Message]]:
