@@ -32,6 +32,7 @@ from halfmoon.broker.filter_spec import FilterCache, FilterSpec
 from halfmoon.broker.groups import GroupConfig, GroupRegistry, RetryPolicy
 from halfmoon.broker.message import (
     PROPERTY_DELIVERY_ATTEMPT,
+    PROPERTY_DELIVERY_TIME,
     PROPERTY_DLQ_ORIGIN_GROUP,
     PROPERTY_ORIGIN_MESSAGE_ID,
     MessageType,
@@ -42,10 +43,13 @@ from halfmoon.broker.offsets import OffsetTable
 from halfmoon.broker.pop import PopGroupSettings, PopService
 from halfmoon.broker.produce import SendResult, plan_send
 from halfmoon.broker.queue_select import QueueSelector
+from halfmoon.broker.recall import RecallHandle, check_handle
+from halfmoon.broker.recall import encode as encode_recall_handle
 from halfmoon.broker.statistics import TrafficStatistics
 from halfmoon.broker.stats import BrokerStatus, RateCounter
 from halfmoon.broker.timer import DelayTimer
 from halfmoon.broker.topics import (
+    TIMER_TOPIC,
     TopicConfig,
     TopicRegistry,
     is_internal_topic,
@@ -324,9 +328,29 @@ class Broker:
                 commit_log_offset=r.commit_log_offset,
                 end_offset=r.end_offset,
                 transaction_id=txn,
+                recall_handle=self._recall_handle(p.topic, p.message_id, p.record, r)
+                if p.delayed and r.topic == TIMER_TOPIC
+                else None,
             )
             for p, r, txn in zip(planned, appended, transaction_ids, strict=True)
         ]
+
+    # -- recall (halfmoon/broker/recall.py) ------------------------------------------
+    def recall(self, topic: str, recall_handle: str) -> str:
+        """Cancel a delay message before its delivery time; returns its message id.
+
+        Durable on return; recalling again is a no-op. Raises IllegalRecallHandle
+        (garbled, forged, or another topic's handle) or RecallTooLate (already delivered).
+        """
+        self.get_topic(topic)
+        handle = check_handle(recall_handle, topic, self.config.name, self.store)
+        self.timer.cancel(handle.timer_key, handle.message_id)
+        return handle.message_id
+
+    def _recall_handle(self, topic: str, message_id: str, record: Message, appended: AppendResult) -> str:
+        due = int(record.properties[PROPERTY_DELIVERY_TIME])
+        handle = RecallHandle(self.config.name, topic, appended.queue_offset, appended.commit_log_offset, due, message_id)
+        return encode_recall_handle(handle)
 
     # -- transactions (halfmoon/broker/transactions) -------------------------------
     def end_transaction(

@@ -57,6 +57,7 @@ class SendResult:
     commit_log_offset: int
     end_offset: int  # wait for store.durable(end_offset) before acknowledging
     transaction_id: str | None = None
+    recall_handle: str | None = None  # a delay message still waiting: cancel it with Broker.recall
 
 
 @dataclass(frozen=True)

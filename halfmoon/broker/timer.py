@@ -24,6 +24,15 @@ keys are unique and totally ordered. :meth:`DelayTimer.tick` (called every
    above it is pending. That single pair, with ``scan_offset`` and ``low``, is
    the whole durable progress, in ``<metadata_dir>/timer.json``.
 
+Recall. :meth:`DelayTimer.cancel` marks a pending key as recalled; the entry
+stays on disk and :meth:`_deliver` skips it when its time comes. A key is
+pending iff its offset is at or past ``scan_offset`` or the key is at or above
+``B``; any other one was delivered and cannot be recalled. The recalled keys
+are part of ``timer.json``, written (with the last persisted progress) before
+``cancel`` returns, so a recall survives a crash; a key is dropped from the
+file once ``B`` has passed it by an hour (until then recalling it again is an
+idempotent success).
+
 Memory is bounded by ``max_heap`` whatever is waiting on disk; a rescan costs
 a read of the pending range, and happens about once per half window while far
 entries exist (default window: one hour).
@@ -52,6 +61,7 @@ from halfmoon.broker.message import (
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
 )
+from halfmoon.broker.recall import RecallTooLate
 from halfmoon.broker.topics import TIMER_TOPIC
 from halfmoon.errors import InvalidArgument, NotFound
 from halfmoon.store.api import GetStatus, Store
@@ -63,6 +73,8 @@ Key = tuple[int, int]  # (due_ms, timer queue offset)
 QUEUE_ID = 0
 _READ_BATCH = 256
 _RESCAN_MIN_INTERVAL_MS = 1_000
+# How long past its delivery time a recalled key is remembered (a second recall still succeeds).
+_RECALL_MEMORY_MS = 3_600_000
 
 # (topic, wanted queue id) -> the queue id to deliver to, or None when the topic is gone.
 RouteFn = Callable[[str, int], int | None]
@@ -103,15 +115,20 @@ class DelayTimer:
         self._last_persist_ms: int | None = None
         self._max_end_offset = 0
         self.delivered_total = 0
+        self.recalled_total = 0  # recalled entries skipped at their time
+        self._recalled: set[Key] = set()
         data = read_json(self._path) if self._path is not None else None
         start = store.min_offset(TIMER_TOPIC, QUEUE_ID)
         if data:
             self._scan_offset = int(data["scan_offset"])
             self._low = int(data["low"])
             self._bound: Key = (int(data["bound"][0]), int(data["bound"][1]))
+            self._recalled = {(int(due), int(offset)) for due, offset in data.get("recalled", ())}
         else:
             self._scan_offset = self._low = start
             self._bound = (0, 0)
+        # What timer.json says now: a recall rewrites the file with it, claiming no new delivery.
+        self._persisted: tuple[int, int, Key] = (self._scan_offset, self._low, self._bound)
         # Pending entries below scan_offset are only on disk until the first rescan.
         self._needs_rescan = self._low < self._scan_offset
 
@@ -122,8 +139,38 @@ class DelayTimer:
 
     @property
     def pending(self) -> int:
-        """Delay messages waiting (exact after the first tick)."""
-        return len(self._heap) + self._far_count
+        """Delay messages waiting, recalled ones excluded (exact after the first tick)."""
+        with self._lock:
+            scanned_recalled = sum(
+                1 for key in self._recalled if key[1] < self._scan_offset and key >= self._bound
+            )
+            return len(self._heap) + self._far_count - scanned_recalled
+
+    # -- recall ------------------------------------------------------------------
+    def cancel(self, key: Key, message_id: str) -> None:
+        """Recall the pending entry ``key`` = ``(due_ms, timer offset)``; durable on return.
+
+        Idempotent while the key is remembered. Raises :class:`RecallTooLate`
+        when the entry was delivered already. The caller checks that ``key``
+        names a real timer record (see :mod:`recall`).
+        """
+        with self._lock:
+            if key in self._recalled:
+                return
+            if key[1] < self._scan_offset and key < self._bound:
+                raise RecallTooLate(
+                    f"delay message {message_id} was already delivered (due at {key[0]} ms); "
+                    "a delay message can be recalled only before its delivery time"
+                )
+            self._recalled.add(key)
+            if self._path is None:
+                return
+            scan_offset, low, bound = self._persisted
+            try:
+                self._write(scan_offset, low, bound)
+            except BaseException:
+                self._recalled.discard(key)  # not durable: the recall did not happen
+                raise
 
     # -- the work --------------------------------------------------------------
     def tick(self, now_ms: int) -> int:
@@ -134,8 +181,12 @@ class DelayTimer:
                 self._rescan(now_ms)
             self._scan_new(now_ms)
             while True:
-                self._drain(now_ms)
-                self._advance_bound(now_ms)  # a rescan must see what was just delivered as done
+                try:
+                    self._drain(now_ms)
+                finally:
+                    # A rescan must see what was just delivered as done, and so must a
+                    # recall even when a later delivery of this drain failed.
+                    self._advance_bound(now_ms)
                 far = self._far_min
                 if far is None:
                     break
@@ -257,6 +308,11 @@ class DelayTimer:
             offset = result.next_offset
 
     def _deliver(self, stored: StoredMessage) -> None:
+        if (due_of(stored), stored.queue_offset) in self._recalled:
+            self._dirty = True
+            self.recalled_total += 1
+            log.info("event=delay_message_recalled message_id=%s", stored.unique_id)
+            return
         props = dict(stored.properties)
         topic = props.pop(PROPERTY_REAL_TOPIC, "")
         try:
@@ -303,13 +359,26 @@ class DelayTimer:
                 return
             # Progress may only claim deliveries that will survive a crash.
             self._store.wait_durable(self._max_end_offset)
-            write_json_atomic(
-                self._path,
-                {
-                    "version": 1,
-                    "scan_offset": self._scan_offset,
-                    "low": self._low,
-                    "bound": list(self._bound),
-                },
-            )
+            self._write(self._scan_offset, self._low, self._bound)
             self._dirty = False
+
+    def _write(self, scan_offset: int, low: int, bound: Key) -> None:
+        assert self._path is not None
+        # Forget a recalled key once delivery passed it long ago (consistently with
+        # the progress written beside it).
+        self._recalled = {
+            key
+            for key in self._recalled
+            if key[1] >= scan_offset or key >= bound or key[0] >= bound[0] - _RECALL_MEMORY_MS
+        }
+        write_json_atomic(
+            self._path,
+            {
+                "version": 1,
+                "scan_offset": scan_offset,
+                "low": low,
+                "bound": list(bound),
+                "recalled": sorted(list(key) for key in self._recalled),
+            },
+        )
+        self._persisted = (scan_offset, low, bound)
