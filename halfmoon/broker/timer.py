@@ -144,7 +144,7 @@ class DelayTimer:
             scanned_recalled = sum(
                 1 for key in self._recalled if key[1] < self._scan_offset and key >= self._bound
             )
-            return len(self._heap) + self._far_count - scanned_recalled
+            return max(0, len(self._heap) + self._far_count - scanned_recalled)
 
     # -- recall ------------------------------------------------------------------
     def cancel(self, key: Key, message_id: str) -> None:
