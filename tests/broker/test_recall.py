@@ -174,3 +174,14 @@ def test_recall_is_durable_across_a_restart(tmp_path: Path, clock: FakeClock) ->
     finally:
         broker.close()
         store.close()
+
+
+def test_due_but_not_yet_moved_by_the_timer_can_still_be_recalled(broker: Broker, clock: FakeClock) -> None:
+    broker.create_topic("d", MessageType.DELAY, queue_count=1)
+    (sent,) = broker.send([delay(clock.now_ms() + 1_000, b"x")])
+    assert sent.recall_handle
+    broker.tick()
+    clock.advance(1_500)  # its time has come, but no tick has delivered it
+    assert broker.recall("d", sent.recall_handle) == sent.message_id
+    broker.tick()
+    assert delivered(broker) == [] and broker.timer.recalled_total == 1
