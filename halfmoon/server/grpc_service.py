@@ -11,6 +11,7 @@ request can take the server down.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import logging
 import time
@@ -122,6 +123,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         # Topics a send reached before: a send to one of them (not transactional) is an
         # append to memory and runs on the event loop (see _send).
         self._sent_topics: set[str] = set()
+        # store.durable futures being waited on -> their one asyncio wrapper (see _until_durable).
+        self._durable_waits: dict[concurrent.futures.Future[None], asyncio.Future[None]] = {}
         self.max_body_size = getattr(getattr(broker, "config", None), "max_body_size", 4 * 1024 * 1024)
         self.default_invisible_ms = getattr(getattr(broker, "config", None), "default_invisible_ms", 30_000)
         self.broker_name = getattr(getattr(broker, "config", None), "name", "halfmoon")
@@ -278,11 +281,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         results = await self._send(outgoing)
         if results:
             # The answer promises durability under the store's flush policy.
-            durable = self.store.durable(max(r.end_offset for r in results))
-            if durable.done():  # async flush: always; wrap_future would still cost a loop wake-up
-                durable.result()
-            else:
-                await asyncio.wrap_future(durable)
+            await self._until_durable(max(r.end_offset for r in results))
         topics = {m.topic for m in outgoing}
         if client_id:
             for topic in topics:
@@ -298,6 +297,24 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             for r in results
         ]
         return svc.SendMessageResponse(status=_OK, entries=entries)
+
+    async def _until_durable(self, end_offset: int) -> None:
+        """Wait for ``store.durable(end_offset)`` with one loop wake-up per fsync, not per waiter.
+
+        The store hands every waiter of one group commit the same future;
+        wrapping it once and shielding each waiter (a cancelled RPC must not
+        cancel the others' wait) makes the fsync's completion a single
+        ``call_soon_threadsafe`` instead of one per sender.
+        """
+        durable = self.store.durable(end_offset)
+        if durable.done():  # async flush: always; wrap_future would still cost a loop wake-up
+            durable.result()
+            return
+        shared = self._durable_waits.get(durable)
+        if shared is None:
+            shared = self._durable_waits[durable] = asyncio.wrap_future(durable)
+            shared.add_done_callback(lambda _: self._durable_waits.pop(durable, None))
+        await asyncio.shield(shared)
 
     async def _send(self, outgoing: list[Any]) -> list[Any]:
         """``broker.send``, on the event loop when it cannot block, else on a worker thread.
