@@ -51,6 +51,7 @@ _DIGESTS = frozenset((pb.DigestType.CRC32, pb.DigestType.MD5, pb.DigestType.SHA1
 _ENCODING_IDENTITY = frozenset((pb.Encoding.IDENTITY, pb.Encoding.ENCODING_UNSPECIFIED))
 _ENCODING_GZIP = pb.Encoding.GZIP
 _WIRE_UNSPECIFIED = WireType.MESSAGE_TYPE_UNSPECIFIED
+_WIRE_NORMAL = WireType.NORMAL
 
 # A gzip body may not inflate beyond this (a "zip bomb" is a request error, not an OOM).
 MAX_INFLATED_BODY = 64 * 1024 * 1024
@@ -211,40 +212,58 @@ def filter_spec(expression: pb.FilterExpression | None) -> FilterSpec:
 # -- outbound messages ------------------------------------------------------------
 
 
+_DIGEST_MD5 = pb.DigestType.MD5
+_ENCODING_IDENTITY_NUMBER = pb.Encoding.IDENTITY
+
+
 def wire_message(view: MessageView, namespace: str = "", store_host: str = "") -> pb.Message:
     """The wire Message for a delivered MessageView (receipt handle and attempt included)."""
-    sp = pb.SystemProperties(
-        keys=list(view.keys),
-        message_id=view.message_id,
-        # MD5 in upper-case hex, as RocketMQ's proxy sends: the one digest every official
-        # client checks the same way (their CRC32 renderings disagree: hex vs decimal).
-        body_digest=pb.Digest(type=pb.DigestType.MD5, checksum=hashlib.md5(view.body).hexdigest().upper()),
-        body_encoding=pb.Encoding.IDENTITY,
-        message_type=wire_type(view.message_type),
-        born_host=view.born_host,
-        store_host=view.store_host or store_host,
-        queue_id=max(view.queue_id, 0),
-        queue_offset=view.queue_offset,
+    body = view.body
+    message = pb.Message(
+        topic=pb.Resource(name=view.topic, resource_namespace=namespace),
+        user_properties=view.properties,
+        body=body,
     )
+    # Filled in place: building a SystemProperties and passing it in would copy it.
+    sp = message.system_properties
+    if view.keys:
+        sp.keys.extend(view.keys)
+    sp.message_id = view.message_id
+    # MD5 in upper-case hex, as RocketMQ's proxy sends: the one digest every official
+    # client checks the same way (their CRC32 renderings disagree: hex vs decimal).
+    digest = sp.body_digest
+    digest.type = _DIGEST_MD5
+    digest.checksum = hashlib.md5(body).hexdigest().upper()
+    sp.body_encoding = _ENCODING_IDENTITY_NUMBER
+    sp.message_type = _TYPE_TO_WIRE.get(view.message_type, _WIRE_NORMAL)
+    sp.born_host = view.born_host
+    sp.store_host = view.store_host or store_host
+    sp.queue_id = max(view.queue_id, 0)
+    sp.queue_offset = view.queue_offset
     if view.tag:
         sp.tag = view.tag
-    sp.born_timestamp.CopyFrom(to_timestamp(view.born_timestamp))
-    sp.store_timestamp.CopyFrom(to_timestamp(view.store_timestamp))
+    _set_timestamp(sp.born_timestamp, view.born_timestamp)
+    _set_timestamp(sp.store_timestamp, view.store_timestamp)
     if view.delivery_timestamp is not None:
-        sp.delivery_timestamp.CopyFrom(to_timestamp(view.delivery_timestamp))
+        _set_timestamp(sp.delivery_timestamp, view.delivery_timestamp)
     if view.receipt_handle is not None:
         sp.receipt_handle = view.receipt_handle
     if view.invisible_duration_ms is not None:
-        sp.invisible_duration.CopyFrom(to_duration(view.invisible_duration_ms))
+        ms = int(view.invisible_duration_ms)
+        sp.invisible_duration.seconds = ms // 1000
+        sp.invisible_duration.nanos = (ms % 1000) * 1_000_000
     sp.delivery_attempt = view.delivery_attempt
     if view.message_group:
         sp.message_group = view.message_group
-    return pb.Message(
-        topic=pb.Resource(name=view.topic, resource_namespace=namespace),
-        user_properties=dict(view.properties),
-        system_properties=sp,
-        body=view.body,
-    )
+    return message
+
+
+def _set_timestamp(ts: timestamp_pb2.Timestamp, ms: int) -> None:
+    # Setting both fields marks the field present even when both are zero (the epoch).
+    ts.seconds = ms // 1000
+    ts.nanos = (ms % 1000) * 1_000_000
+    if not ms:
+        ts.SetInParent()
 
 
 def wire_messages(views: Iterable[MessageView], namespace: str = "", store_host: str = "") -> list[pb.Message]:

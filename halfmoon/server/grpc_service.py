@@ -425,7 +425,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             yield svc.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
             return
         namespace = request.group.resource_namespace
-        yield svc.ReceiveMessageResponse(status=ok())
+        yield svc.ReceiveMessageResponse(status=_OK)
         for view in views:
             yield svc.ReceiveMessageResponse(message=convert.wire_message(view, namespace))
         yield svc.ReceiveMessageResponse(delivery_timestamp=convert.to_timestamp(int(time.time() * 1000)))
@@ -458,7 +458,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     if not entry.receipt_handle:
                         raise RequestError("ack entry has no receipt_handle")
                     self.broker.ack(group, topic, entry.receipt_handle)
-                    statuses.append(ok())
+                    statuses.append(_OK)
                 except Exception as exc:  # noqa: BLE001 - one bad handle does not fail the others
                     statuses.append(status_for(exc, "AckMessage"))
             return statuses, self._is_fifo(group)
@@ -473,7 +473,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         ]
         codes = {s.code for s in statuses}
         if codes == {Code.OK}:
-            overall = ok()
+            overall = _OK
         elif len(codes) == 1:
             overall = statuses[0]
         else:
@@ -530,7 +530,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return
         messages = list(result.messages)
         if messages:
-            yield svc.PullMessageResponse(status=ok())
+            yield svc.PullMessageResponse(status=_OK)
             for view in messages:
                 yield svc.PullMessageResponse(message=convert.wire_message(view, request.group.resource_namespace))
         else:

@@ -103,6 +103,31 @@ def test_delivered_messages_carry_handle_attempt_and_an_md5_digest() -> None:
     assert convert.timestamp_ms(sp.born_timestamp) == 1000 and convert.duration_ms(sp.invisible_duration) == 30_000
 
 
+def test_delivered_times_at_the_epoch_and_missing_fields_are_encoded_as_before() -> None:
+    """Zero times are still present fields; absent optional fields stay absent; empty ids stay empty."""
+    view = MessageView(
+        topic="t", queue_id=-1, queue_offset=0, message_id="", body=b"x", tag=None, keys=[],
+        properties={}, message_type=MessageType.DELAY, message_group=None, delivery_timestamp=0,
+        born_timestamp=0, born_host="", store_timestamp=1_700_000_000_123, store_host="", commit_log_offset=0,
+        receipt_handle=None, invisible_duration_ms=0,
+    )  # fmt: skip
+    sp = convert.wire_message(view, "ns", "host:1").system_properties
+    assert sp.HasField("born_timestamp") and convert.timestamp_ms(sp.born_timestamp) == 0
+    assert sp.HasField("delivery_timestamp") and convert.timestamp_ms(sp.delivery_timestamp) == 0
+    assert convert.timestamp_ms(sp.store_timestamp) == 1_700_000_000_123
+    assert sp.HasField("invisible_duration") and convert.duration_ms(sp.invisible_duration) == 0
+    assert not sp.HasField("tag") and not sp.HasField("receipt_handle") and not sp.HasField("message_group")
+    assert (sp.queue_id, sp.store_host, list(sp.keys), sp.message_type) == (0, "host:1", [], pb.MessageType.DELAY)
+
+
+def test_sent_message_without_digest_properties_or_keys() -> None:
+    msg = pb.Message(topic=pb.Resource(name="t"), body=b"plain")
+    msg.system_properties.message_id = "ID2"
+    out = convert.outgoing_message(msg, "10.0.0.1")
+    assert (out.body, out.keys, out.properties, out.tag, out.born_host) == (b"plain", [], {}, None, "10.0.0.1")
+    assert out.message_type is MessageType.NORMAL
+
+
 def test_error_codes_map_by_name_with_a_few_aliases() -> None:
     assert code_for(TopicNotFound("t")) == pb.Code.TOPIC_NOT_FOUND
     assert code_for(TopicExists("t")) == pb.Code.BAD_REQUEST
