@@ -6,9 +6,12 @@
 For each target (a real ``halfmoon serve`` subprocess, async flush; RabbitMQ
 at ``HALFMOON_TEST_AMQP``), in the same run:
 
-- **relay, 1 and 4 workers**: the outbox holds ``--messages`` pending rows
-  over ``--aggregates`` aggregates (filled before the clock starts); the
-  clock runs until the relay has published them all;
+- **relay, 1 and 4 workers**: 4 workers as threads of this process, as
+  2 processes x 2 threads and as 4 processes x 1 (``RelayProcesses``, what
+  ``halfmoon outbox relay --processes N`` runs). The relay starts idle on an
+  empty outbox; ``--messages`` rows over ``--aggregates`` aggregates then
+  arrive in one transaction, and the clock runs from its commit until the
+  relay has published them all;
 - **naive loop**: the pattern most hand-written relays start as — select
   pending rows, publish each one, update it, commit — one worker;
 - **latency**: rows inserted one per transaction at ``--rate`` per second
@@ -16,7 +19,6 @@ at ``HALFMOON_TEST_AMQP``), in the same run:
   answer); insert-to-published time per message (p50, p99).
 
 Targets: ≥ 10,000 messages/s with 4 workers; latency p50 ≤ 20 ms.
-The relay runs in this process (threads), like ``halfmoon outbox relay``.
 """
 
 from __future__ import annotations
@@ -45,14 +47,18 @@ from halfmoon.outbox import (
     Relay,
 )
 from halfmoon.outbox.outbox import now_ms
+from halfmoon.outbox.relay import RelayProcesses
+from halfmoon.outbox.targets import target_for_url
 
 POSTGRES = os.environ.get("HALFMOON_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 TOPIC = "RelayBench"
+# (processes, worker threads each); 0 processes: threads in the benchmark's process.
+SHAPES = ((0, 1), (0, 4), (2, 2), (4, 1))
 
 
-def fill(outbox: Outbox, topic: str, count: int, aggregates: int, routing_key: str = "") -> None:
+def fill(outbox: Outbox, topic: str, count: int, aggregates: int, routing_key: str = "", chunk: int = 2000) -> None:
+    """``count`` rows over ``aggregates`` aggregates, ``chunk`` rows per transaction."""
     body = b"x" * 256
-    chunk = 2000
     for start in range(0, count, chunk):
         with outbox.engine.begin() as conn:
             outbox.add_many(conn, [OutboxMessage(topic, body, routing_key=routing_key, aggregate_type="bench", aggregate_id=str(i % aggregates))
@@ -64,14 +70,27 @@ def reset(outbox: Outbox) -> None:
         conn.execute(outbox.table.delete())
 
 
-def run_relay(outbox: Outbox, target: PublishTarget, count: int, workers: int, batch: int) -> float:
-    relay = Relay(outbox, target, workers=workers, batch_size=batch, poll_interval=0.02, sent_retention=None, listen=False)
-    started = time.perf_counter()
-    relay.start()
-    while relay.stats().published < count:
-        time.sleep(0.02)
-    elapsed = time.perf_counter() - started
-    relay.stop()
+def run_relay(outbox: Outbox, target_url: str, topic: str, count: int, aggregates: int, processes: int, workers: int, batch: int, routing_key: str = "") -> float:
+    """Throughput with ``processes`` x ``workers`` (0 processes: threads in this process).
+
+    The relay starts on an empty outbox and idles; the rows then arrive in one
+    transaction, and the clock runs from its commit until the relay has published
+    every row (a counter, not a query: polling the table would load PostgreSQL).
+    """
+    options = {"workers": workers, "batch_size": batch, "poll_interval": 0.02, "sent_retention": None, "listen": False}
+    if processes:
+        group: Relay | RelayProcesses = RelayProcesses(POSTGRES, target_url, processes=processes, table_prefix=outbox.tables.prefix, **options)
+    else:
+        group = Relay(outbox, target_for_url(target_url), **options)  # type: ignore[arg-type]
+    group.start()
+    try:
+        fill(outbox, topic, count, aggregates, routing_key, chunk=count)
+        started = time.perf_counter()
+        while group.published < count:
+            time.sleep(0.005)
+        elapsed = time.perf_counter() - started
+    finally:
+        group.stop()
     return count / elapsed
 
 
@@ -137,7 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-count", type=int, default=300)
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--targets", default="halfmoon,rabbitmq")
+    parser.add_argument("--shapes", default=",".join(f"{p}x{w}" for p, w in SHAPES), help="PROCESSESxTHREADS list; 0 processes: threads in this process")
+    parser.add_argument("--no-naive", action="store_true")
+    parser.add_argument("--no-latency", action="store_true")
     args = parser.parse_args(argv)
+    shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")]
 
     outbox = Outbox(POSTGRES, table_prefix=f"bench{uuid.uuid4().hex[:6]}_")
     outbox.create_tables()
@@ -146,18 +169,22 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    def scenarios(name: str, make: Callable[[], PublishTarget], topic: str, routing_key: str) -> None:
-        for workers in (1, 4):
+    def scenarios(name: str, make: Callable[[], PublishTarget], url: str, topic: str, routing_key: str) -> None:
+        for processes, workers in shapes:
             reset(outbox)
-            fill(outbox, topic, args.messages, args.aggregates, routing_key)
-            rate = run_relay(outbox, make(), args.messages, workers, args.batch)
-            rows.append((name, f"relay, {workers} worker{'s' if workers > 1 else ''}", f"{rate:,.0f} msgs/s"))
-            log(f"{name} relay {workers}w: {rate:,.0f}/s")
+            rate = run_relay(outbox, url, topic, args.messages, args.aggregates, processes, workers, args.batch, routing_key)
+            shape = f"{workers} thread{'s' if workers > 1 else ''}" if not processes else f"{processes} processes x {workers} thread{'s' if workers > 1 else ''}"
+            rows.append((name, f"relay, {max(processes, 1) * workers} worker{'s' if max(processes, 1) * workers > 1 else ''} ({shape})", f"{rate:,.0f} msgs/s"))
+            log(f"{name} relay {shape}: {rate:,.0f}/s")
+        if args.no_naive:
+            return
         reset(outbox)
         fill(outbox, topic, args.naive_messages, args.aggregates, routing_key)
         rate = run_naive(outbox, make(), args.naive_messages)
         rows.append((name, "naive select-publish-update loop", f"{rate:,.0f} msgs/s"))
         log(f"{name} naive: {rate:,.0f}/s")
+        if args.no_latency:
+            return
         reset(outbox)
         p50, p99 = run_latency(outbox, make(), topic, args.latency_count, args.rate, routing_key)
         rows.append((name, f"insert-to-publish latency with NOTIFY ({args.rate:.0f}/s)", f"p50 {p50:.1f} ms, p99 {p99:.1f} ms"))
@@ -167,12 +194,13 @@ def main(argv: list[str] | None = None) -> int:
         if "halfmoon" in args.targets:
             with HalfmoonServer(flush="async") as server:
                 server.create_topic(TOPIC, queues=8)
-                scenarios("halfmoon", lambda: HalfmoonTarget(f"halfmoon://{server.grpc}"), TOPIC, "")
+                url = f"halfmoon://{server.grpc}"
+                scenarios("halfmoon", lambda: HalfmoonTarget(url), url, TOPIC, "")
         if "rabbitmq" in args.targets:
             queue = f"relay-bench-{uuid.uuid4().hex[:6]}"
             declare_queue(amqp_url(), queue)
             try:
-                scenarios("rabbitmq", lambda: RabbitTarget(amqp_url()), "", queue)
+                scenarios("rabbitmq", lambda: RabbitTarget(amqp_url()), amqp_url(), "", queue)
             finally:
                 declare_queue(amqp_url(), queue, delete=True)
     finally:

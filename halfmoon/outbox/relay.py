@@ -30,6 +30,12 @@ the message id (``outbox_message_id``), which is what at-least-once asks.
 
 A separate thread deletes ``sent`` rows older than ``sent_retention`` in
 transactions of at most ``cleanup_batch`` rows.
+
+Worker threads share one GIL with the target's event loop, which builds
+every protobuf / AMQP frame, so past about two workers a process is CPU-bound
+in Python. :class:`RelayProcesses` runs the relay in ``processes`` child
+processes (each its own engine, target connection and threads) so the
+workers use every core; the claims already keep order across processes.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import uuid
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import delete, select
 
@@ -291,6 +298,12 @@ class Relay:
 
     # -- metrics --------------------------------------------------------------------------------
 
+    @property
+    def published(self) -> int:
+        """Messages this relay has published so far (a counter: no database query)."""
+        with self._lock:
+            return self._published
+
     def stats(self) -> RelayStats:
         status = self.outbox.status()
         with self._lock:
@@ -323,3 +336,114 @@ class Relay:
             MetricFamily("halfmoon_outbox_oldest_pending_age_seconds", "gauge", "Age of the oldest pending outbox row.").add(stats.oldest_pending_age),
             MetricFamily("halfmoon_outbox_publish_latency_p50_seconds", "gauge", "Median time from insert to publish (recent messages).").add(stats.delivery_latency_p50),
         ]
+
+
+# -- several processes ------------------------------------------------------------------------
+
+
+def _relay_process(db_url: str, target_url: str, table_prefix: str, options: dict[str, Any], stop: Any, running: Any, published: Any, slot: int) -> None:
+    """A child process: one Relay until ``stop`` is set; publishes its counter into ``published[slot]``."""
+    import signal
+
+    from halfmoon.outbox.dialects import make_engine
+    from halfmoon.outbox.targets import target_for_url
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    workers = int(options.get("workers", 1))
+    outbox = Outbox(make_engine(db_url, pool_size=workers + 2), table_prefix=table_prefix)
+    relay = Relay(outbox, target_for_url(target_url), **options)
+    relay.start()
+    relay.wait_listening(10.0)
+    with running.get_lock():
+        running.value += 1
+    try:
+        while not stop.wait(0.05):
+            published[slot] = relay.published
+    finally:
+        relay.stop()
+        published[slot] = relay.published
+
+
+class RelayProcesses:
+    """The relay in ``processes`` child processes, each a :class:`Relay` with ``workers`` threads.
+
+    ``relay_options`` are :class:`Relay`'s keyword arguments (``workers``,
+    ``batch_size``, ``poll_interval``, ...); the target is built from
+    ``target_url`` in each child (``halfmoon://`` or ``amqp://``), as is the
+    engine from ``db_url``. :meth:`start` returns once every child is
+    claiming; :meth:`supervise` restarts a child that died (its claimed rows
+    come back to the others: locks end with its connection, leases expire).
+    """
+
+    def __init__(self, db_url: str, target_url: str, *, processes: int = 2, table_prefix: str = "hm_", **relay_options: Any) -> None:
+        import multiprocessing
+
+        if processes < 1:
+            raise ValueError("processes must be at least 1")
+        # spawn, not fork: the parent may already run threads and an event loop.
+        self._mp = multiprocessing.get_context("spawn")
+        self.db_url = db_url
+        self.target_url = target_url
+        self.processes = processes
+        self.table_prefix = table_prefix
+        self.options = relay_options
+        self._stop = self._mp.Event()
+        self._running = self._mp.Value("i", 0)
+        self._published = self._mp.Array("q", processes)
+        self._children: list[Any] = [None] * processes
+        self.restarts = 0
+
+    def _spawn(self, slot: int) -> None:
+        args = (self.db_url, self.target_url, self.table_prefix, self.options, self._stop, self._running, self._published, slot)
+        child = self._mp.Process(target=_relay_process, args=args, name=f"outbox-relay-process-{slot}", daemon=True)
+        child.start()
+        self._children[slot] = child
+
+    def start(self, timeout: float = 60.0) -> RelayProcesses:
+        """Start the children; wait until each runs its relay (or raise if one dies first)."""
+        self._stop.clear()
+        for slot in range(self.processes):
+            self._spawn(slot)
+        deadline = time.monotonic() + timeout
+        while self._running.value < self.processes:
+            dead = [c for c in self._children if c is not None and c.exitcode is not None]
+            if dead or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"outbox relay process failed to start (exit codes {[c.exitcode for c in dead]})")
+            self._stop.wait(0.05)
+        log.info("event=outbox_relay_processes_started processes=%d options=%r", self.processes, self.options)
+        return self
+
+    @property
+    def published(self) -> int:
+        """Messages published by all children (each updates its count every 50 ms)."""
+        return sum(self._published[:])
+
+    def supervise(self, stop: threading.Event, interval: float = 1.0) -> None:
+        """Until ``stop`` is set, restart any child that died."""
+        while not stop.wait(interval):
+            for slot, child in enumerate(self._children):
+                if child is not None and child.exitcode is not None and not self._stop.is_set():
+                    log.warning("event=outbox_relay_process_died slot=%d exitcode=%s; restarting", slot, child.exitcode)
+                    self.restarts += 1
+                    self._spawn(slot)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Ask every child to finish its batches in flight; kill the ones still running at ``timeout``."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout
+        for child in self._children:
+            if child is not None:
+                child.join(max(deadline - time.monotonic(), 0.01))
+        for child in self._children:
+            if child is not None and child.is_alive():
+                log.warning("event=outbox_relay_process_stop_timeout pid=%s", child.pid)
+                child.kill()
+                child.join(5)
+
+    def __enter__(self) -> RelayProcesses:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
