@@ -20,9 +20,10 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
@@ -257,12 +258,14 @@ class TelemetryCheckSender:
     telemetry frame) for ``alive_within`` seconds: the official clients
     heartbeat every 10 s, so a silent one is gone even if its TCP connection
     has not been torn down yet. Candidates are taken round robin, so checks
-    spread over a producer group's processes. ``send_check`` returns False
-    when nobody live could take the check: the check service then tries
+    spread over a producer group's processes. ``send_checks`` answers False
+    for a check nobody live could take: the check service then tries it
     again next round without counting it.
 
-    Called from the broker's tick thread; hops onto the event loop and waits
-    at most ``timeout`` for the answer to "did a live stream take it?".
+    Called from the broker's tick thread with a batch of checks; hops onto
+    the event loop once per batch and waits at most ``timeout`` for the
+    answer to "which did a live stream take?" (one hop per message cost
+    ~0.8 ms each on a busy loop: a third of a 100,000-orphan scan).
     """
 
     def __init__(self, registry: ClientRegistry, timeout: float = 1.0, alive_within: float = 30.0) -> None:
@@ -289,17 +292,47 @@ class TelemetryCheckSender:
         session = candidates[next(self._round_robin) % len(candidates)]
         return session.client_id if self._registry.send_command(session.client_id, command) else None
 
-    def send_check(self, producer_group: str | None, topic: str, message: object, transaction_id: str) -> bool:
+    def send_checks(self, checks: Sequence[Any]) -> list[bool]:
+        """Hand a batch of checks (``CheckRequest``s) to live producer streams in one loop hop.
+
+        The wire messages are built here, on the caller's thread; the event
+        loop only picks a stream for each and queues the command. Per check,
+        True only if a live stream took it. When the loop does not answer
+        within ``timeout`` the whole batch counts as not sent (retried next
+        round; a command queued after all reaches the producer as one extra,
+        uncounted check, which it answers like any other).
+        """
         from halfmoon.server.convert import wire_message
 
-        command = recover_orphaned_transaction_command(wire_message(message), transaction_id)  # type: ignore[arg-type]
-        future = self._registry._run_threadsafe(lambda: self._send_on_loop(command, topic, producer_group))
+        if not checks:
+            return []
+        commands = [
+            (recover_orphaned_transaction_command(wire_message(c.message), c.transaction_id), c.topic, c.producer_group)
+            for c in checks
+        ]
+        future = self._registry._run_threadsafe(lambda: [self._send_on_loop(*c) is not None for c in commands])
         try:
-            chosen = future.result(timeout=self._timeout)
+            taken = future.result(timeout=self._timeout)
         except TimeoutError:
-            # The loop is too busy to answer: treat it as not sent (retried next round).
-            log.warning("event=check_send_timeout topic=%s transaction_id=%s", topic, transaction_id)
-            return False
-        if chosen is not None:
-            log.debug("event=check_sent topic=%s transaction_id=%s client_id=%s", topic, transaction_id, chosen)
-        return chosen is not None
+            # The loop is too busy to answer: treat the batch as not sent (retried next round).
+            log.warning("event=check_send_timeout checks=%d", len(checks))
+            return [False] * len(checks)
+        if taken is None:  # no loop (not serving, or shutting down)
+            return [False] * len(checks)
+        log.debug("event=checks_sent checks=%d taken=%d", len(checks), sum(taken))
+        return taken
+
+    def send_check(self, producer_group: str | None, topic: str, message: object, transaction_id: str) -> bool:
+        """One check (:meth:`send_checks` with a batch of one); kept for callers of the older API."""
+        request = _Check(producer_group, topic, message, transaction_id)
+        return self.send_checks([request])[0]
+
+
+@dataclass(frozen=True, slots=True)
+class _Check:
+    """Shaped like ``halfmoon.broker.transactions.CheckRequest`` (no import of the broker's internals)."""
+
+    producer_group: str | None
+    topic: str
+    message: Any
+    transaction_id: str

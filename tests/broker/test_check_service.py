@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -15,6 +15,7 @@ from halfmoon.broker.transactions import (
     TransactionStateError,
     decode_transaction_id,
 )
+from halfmoon.broker.transactions.check import CHECK_BATCH, CheckRequest
 from halfmoon.store.memory import MemoryStore
 
 INTERVAL = 30_000
@@ -246,3 +247,102 @@ def test_a_scan_spreads_over_ticks_within_its_budget(store: MemoryStore, clock: 
     clock.advance(1)
     broker.tick()
     assert len(sender.sent) == 4
+
+
+class BatchSender:
+    """A CheckSender with the batch API; ``refuse`` names checks no live stream would take."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.refuse: set[str] = set()
+
+    def send_checks(self, checks: Sequence[CheckRequest]) -> list[bool]:
+        self.batches.append([c.transaction_id for c in checks])
+        return [c.transaction_id not in self.refuse for c in checks]
+
+
+def test_a_slow_producer_answering_within_the_retry_time_is_never_parked(
+    store: MemoryStore, clock: FakeClock
+) -> None:
+    # Scans every second, checks may be repeated after 6 s, a producer that answers 5 s after
+    # each check: without the retry time it would get a check per scan and be parked on the 4th.
+    config = TransactionConfig(check_interval_ms=1_000, timeout_ms=6_000, check_max=3)
+    broker = Broker(store, None, BrokerConfig(), clock, config)
+    broker.create_topic("orders", MessageType.TRANSACTION)
+    sender = RecordingSender()
+    broker.set_check_sender(sender)
+    results = [send_half(broker, bytes([i])) for i in range(20)]
+    clock.advance(6_000)  # all due
+    answer_at: dict[str, int] = {}
+    sender.on_send = lambda tid: answer_at.setdefault(tid, clock.now_ms() + 5_000)
+    for _ in range(60):  # a minute of one-second ticks, each starting a scan
+        scan(broker, clock, 1_000)
+        for tid, at in list(answer_at.items()):
+            if at <= clock.now_ms():
+                broker.end_transaction("orders", "", tid, "commit", "check")
+                del answer_at[tid]
+        if not answer_at and not broker.list_transactions():
+            break
+    assert broker.list_transactions() == [] and broker.parked_transactions() == []
+    assert sorted(s[3] for s in sender.sent) == sorted(r.transaction_id for r in results)  # one check each
+    stats = broker.transaction_stats()
+    assert (stats.committed_total, stats.parked_total, stats.checks_sent_total) == (20, 0, 20)
+
+
+def test_an_unanswered_check_is_repeated_after_the_retry_time_then_parked(
+    store: MemoryStore, clock: FakeClock
+) -> None:
+    config = TransactionConfig(check_interval_ms=1_000, timeout_ms=1_000, check_retry_ms=5_000, check_max=2)
+    broker = Broker(store, None, BrokerConfig(), clock, config)
+    broker.create_topic("orders", MessageType.TRANSACTION)
+    sender = RecordingSender()
+    broker.set_check_sender(sender)
+    send_half(broker)
+    checked_at = []
+    for second in range(1, 20):
+        before = len(sender.sent)
+        scan(broker, clock, 1_000)
+        if len(sender.sent) > before:
+            checked_at.append(second)
+    assert checked_at == [1, 6]  # due after 1 s, repeated 5 s later, never more often
+    (parked,) = broker.parked_transactions()  # and parked 5 s after the last check went unanswered
+    assert parked.checks_sent == 2
+
+
+def test_batch_sender_gets_batches_and_only_taken_checks_count(store: MemoryStore, clock: FakeClock) -> None:
+    broker = Broker(store, None, BrokerConfig(), clock, TransactionConfig(check_max=3))
+    broker.create_topic("orders", MessageType.TRANSACTION)
+    sender = BatchSender()
+    broker.set_check_sender(sender)
+    count = CHECK_BATCH + 10
+    broker.send(
+        [OutgoingMessage("orders", b"x", message_type=MessageType.TRANSACTION, producer_group="pg") for _ in range(count)]
+    )
+    refused = {i.transaction_id for i in broker.list_transactions()[:5]}
+    sender.refuse = refused
+    scan(broker, clock)
+    while broker._checks.scanning:
+        broker.tick()
+    assert sum(len(b) for b in sender.batches) == count and max(len(b) for b in sender.batches) <= CHECK_BATCH
+    stats = broker.transaction_stats()
+    assert (stats.checks_sent_total, stats.checks_unsent_total) == (count - 5, 5)
+    counts = {i.transaction_id: i.checks_sent for i in broker.list_transactions()}
+    assert all(counts[t] == 0 for t in refused) and sum(counts.values()) == count - 5
+
+
+def test_a_failing_batch_is_counted_as_errors_and_the_scan_goes_on(store: MemoryStore, clock: FakeClock) -> None:
+    broker = Broker(store, None, BrokerConfig(), clock, TransactionConfig(check_max=3))
+    broker.create_topic("orders", MessageType.TRANSACTION)
+
+    class Broken(BatchSender):
+        def send_checks(self, checks: Sequence[CheckRequest]) -> list[bool]:
+            raise RuntimeError("loop gone")
+
+    broker.set_check_sender(Broken())
+    send_half(broker)
+    scan(broker, clock)
+    assert broker.transaction_stats().check_errors_total == 1
+    sender = BatchSender()
+    broker.set_check_sender(sender)
+    scan(broker, clock)
+    assert broker.list_transactions()[0].checks_sent == 1

@@ -8,6 +8,7 @@ import time
 from rocketmq.grpc_protocol import definition_pb2
 
 from halfmoon.broker.message import MessageType, MessageView
+from halfmoon.broker.transactions.check import CheckRequest
 from halfmoon.server.telemetry import ClientRegistry, TelemetryCheckSender
 
 PRODUCER = definition_pb2.ClientType.PRODUCER
@@ -74,3 +75,25 @@ def test_dead_streams_are_skipped_and_none_live_is_not_sent() -> None:
         assert not await check(None, topic="unknown-topic")
 
     asyncio.run(scenario(body))
+
+
+def test_a_batch_goes_in_one_hop_and_says_which_checks_were_taken() -> None:
+    async def body(registry, outboxes, check) -> None:
+        sender = TelemetryCheckSender(registry, alive_within=30.0)
+        registry.remove("c")
+        batch = [
+            CheckRequest("pg", "orders", view("orders"), "T1"),
+            CheckRequest(None, "unknown-topic", view("unknown-topic"), "T1"),  # nobody publishes there
+            CheckRequest("pg", "orders", view("orders"), "T1"),
+            CheckRequest(None, "orders", view("orders"), "T1"),
+        ]
+        assert await asyncio.to_thread(sender.send_checks, batch) == [True, False, True, True]
+        assert taken(outboxes["a"]) + taken(outboxes["b"]) == 3
+        assert await asyncio.to_thread(sender.send_checks, []) == []
+
+    asyncio.run(scenario(body))
+
+
+def test_no_event_loop_means_nothing_was_taken() -> None:
+    sender = TelemetryCheckSender(ClientRegistry())  # not serving: no loop bound
+    assert sender.send_checks([CheckRequest("pg", "orders", view(), "T1")]) == [False]

@@ -44,6 +44,7 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,16 +56,30 @@ from halfmoon.errors import NotFound
 log = logging.getLogger(__name__)
 
 
-class CheckSender(Protocol):
-    def send_check(
-        self, producer_group: str | None, topic: str, message: MessageView, transaction_id: str
-    ) -> bool:
-        """Send a check to one live producer; True only if a live stream took it.
+@dataclass(frozen=True, slots=True)
+class CheckRequest:
+    """One check to hand to a producer: the half message as the producer should see it."""
 
-        ``producer_group`` is the half message's (None when the producer sent
-        none: pick any live producer of ``topic``). Must not block for long;
-        may raise (logged, counted, the scan goes on).
+    producer_group: str | None  # the half message's (None: any live producer of ``topic``)
+    topic: str
+    message: MessageView
+    transaction_id: str
+
+
+class CheckSender(Protocol):
+    def send_checks(self, checks: Sequence[CheckRequest]) -> list[bool]:
+        """Send each check to one live producer; per check, True only if a live stream took it.
+
+        Called with up to :data:`CHECK_BATCH` checks at a time. Must not block
+        for long; may raise (the whole batch then counts as errors, the scan
+        goes on). A sender with only the older per-message method
+        ``send_check(producer_group, topic, message, transaction_id) -> bool``
+        is still accepted and called once per check.
         """
+
+
+# Checks prepared (state re-read, half record read) before they are handed to the sender at once.
+CHECK_BATCH = 256
 
 
 @dataclass
@@ -131,16 +146,22 @@ class CheckService:
     def _work(self, deadline: float | None) -> ScanReport | None:
         service, report, todo = self._service, self._report, self._todo
         assert report is not None
+        batch: list[tuple[int, CheckRequest]] = []
         while todo:
             half_offset = todo.popleft()
             try:
-                self._check_one(half_offset, self._scan_now_ms, report)
+                request = self._prepare(half_offset, self._scan_now_ms, report)
+                if request is not None:
+                    batch.append((half_offset, request))
             except Exception:
-                report.errors += 1
-                service.counters.check_errors_total += 1
-                log.exception("event=check_failed half_offset=%d", half_offset)
+                self._failed(report, half_offset)
+            if len(batch) >= CHECK_BATCH:
+                self._dispatch(batch, report)
+                batch = []
             if deadline is not None and time.monotonic() >= deadline:
                 break  # the tick thread has other work: carry on at the next tick
+        if batch:
+            self._dispatch(batch, report)
         try:
             service.flush_ops()
         except Exception:
@@ -158,34 +179,82 @@ class CheckService:
             )  # fmt: skip
         return report
 
-    def _check_one(self, half_offset: int, now_ms: int, report: ScanReport) -> None:
+    def _failed(self, report: ScanReport, half_offset: int) -> None:
+        report.errors += 1
+        self._service.counters.check_errors_total += 1
+        log.exception("event=check_failed half_offset=%d", half_offset)
+
+    def _prepare(self, half_offset: int, now_ms: int, report: ScanReport) -> CheckRequest | None:
+        """Park the transaction or build its check; None when there is nothing to send."""
         service = self._service
         entry = service.checkable(half_offset, now_ms)
         if entry is None:
             report.skipped += 1
-            return
+            return None
         if entry.checks >= self._config.check_max:
             if service.park(half_offset):
                 report.parked += 1
             else:
                 report.skipped += 1
-            return
+            return None
         try:
             view = service.check_view(entry)
         except NotFound:  # retention removed the half record: nothing left to ask about or publish
             service.forget_lost(half_offset)
             report.errors += 1
+            return None
+        return CheckRequest(entry.producer_group, entry.topic, view, entry.transaction_id)
+
+    def _dispatch(self, batch: list[tuple[int, CheckRequest]], report: ScanReport) -> None:
+        """Hand a batch to the sender; count the checks a live stream took."""
+        service, sender = self._service, self._sender
+        now_ms = self._scan_now_ms
+        # The last look before asking: a decision may have landed while the batch was read.
+        wanted = []
+        for half_offset, request in batch:
+            if service.checkable(half_offset, now_ms) is None:
+                report.skipped += 1
+            else:
+                wanted.append((half_offset, request))
+        if not wanted:
             return
-        sender = self._sender
-        # The last look before asking: a decision may have landed while we read the message.
-        if service.checkable(half_offset, now_ms) is None:
-            report.skipped += 1
-            return
-        if sender is None or not sender.send_check(entry.producer_group, entry.topic, view, entry.transaction_id):
-            report.unsent += 1
-            service.counters.checks_unsent_total += 1
-            return
-        if service.record_check(half_offset, now_ms) is None:
-            report.skipped += 1  # decided while the check was on its way: nothing to count
+        if sender is None:
+            taken = [False] * len(wanted)
+        elif hasattr(sender, "send_checks"):
+            try:
+                taken = list(sender.send_checks([request for _, request in wanted]))
+            except Exception:
+                for half_offset, _ in wanted:
+                    self._failed(report, half_offset)
+                return
+            if len(taken) != len(wanted):
+                raise RuntimeError(f"CheckSender answered {len(taken)} results for {len(wanted)} checks")
         else:
-            report.sent += 1
+            taken = self._send_one_by_one(sender, wanted, report)
+        for (half_offset, _), took in zip(wanted, taken, strict=True):
+            if took is None:
+                continue  # failed: already counted as an error
+            if not took:
+                report.unsent += 1
+                service.counters.checks_unsent_total += 1
+            elif service.record_check(half_offset, now_ms) is None:
+                report.skipped += 1  # decided while the check was on its way: nothing to count
+            else:
+                report.sent += 1
+
+    def _send_one_by_one(
+        self, sender: object, wanted: list[tuple[int, CheckRequest]], report: ScanReport
+    ) -> list[bool | None]:
+        """The older per-message sender: each check asked for on its own, rechecked just before."""
+        taken: list[bool | None] = []
+        for half_offset, r in wanted:
+            try:
+                if self._service.checkable(half_offset, self._scan_now_ms) is None:
+                    report.skipped += 1
+                    taken.append(None)
+                    continue
+                taken.append(bool(sender.send_check(r.producer_group, r.topic, r.message, r.transaction_id)))  # type: ignore[attr-defined]
+            except Exception:
+                self._failed(report, half_offset)
+                taken.append(None)
+        return taken

@@ -19,6 +19,10 @@ class TransactionConfig:
     check_interval_ms: int = 30_000
     # After this many checks actually sent without an answer the message is parked.
     check_max: int = 15
+    # An unanswered check is repeated no sooner than this after it was sent (None: timeout_ms).
+    # A producer that answers within it is never checked twice for one transaction, however
+    # often scans run, so a slow but live producer does not run out of checks and get parked.
+    check_retry_ms: int | None = None
     # Ceiling on a producer's per-message check immunity (orphaned transaction recovery duration).
     max_immunity_ms: int = 3_600_000
     # Real time one broker tick may spend on a check scan before leaving the rest to the next tick.
@@ -30,6 +34,11 @@ class TransactionConfig:
     # Recent decisions kept in memory to answer repeated EndTransactions without I/O.
     decided_cache_entries: int = 65_536
 
+    @property
+    def retry_ms(self) -> int:
+        """Least time between two checks of one transaction."""
+        return self.timeout_ms if self.check_retry_ms is None else self.check_retry_ms
+
     def __post_init__(self) -> None:
         problems = []
         if self.timeout_ms < 0:
@@ -40,6 +49,8 @@ class TransactionConfig:
             problems.append("check_max must be at least 1")
         if self.check_tick_budget_ms < 0:
             problems.append("check_tick_budget_ms must be >= 0")
+        if self.check_retry_ms is not None and self.check_retry_ms < 0:
+            problems.append("check_retry_ms must be >= 0 (or none: the same as timeout_ms)")
         if self.max_immunity_ms < 0:
             problems.append("max_immunity_ms must be >= 0")
         if self.group_batch_size < 1 or self.decided_cache_entries < 1:

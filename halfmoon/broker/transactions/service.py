@@ -397,10 +397,13 @@ class TransactionService:
         """Half offsets of PREPARED, non-group transactions due for a check at ``now_ms``."""
         with self._lock:
             due = []
+            retry_ms = self.config.retry_ms
             for h, e in self.pending.items():
                 if e.due_ms <= now_ms:
                     self.drop_record(e)  # an orphan, most likely: no need to keep its body in memory
-                    if e.state is TxnState.PREPARED and e.group is None:
+                    if e.state is TxnState.PREPARED and e.group is None and (
+                        e.last_check_ms is None or e.last_check_ms + retry_ms <= now_ms
+                    ):
                         due.append(h)
             return due
 
@@ -410,20 +413,27 @@ class TransactionService:
             entry = self.pending.get(half_offset)
             if entry is None or entry.state is not TxnState.PREPARED or entry.due_ms > now_ms:
                 return None
+            if entry.last_check_ms is not None and entry.last_check_ms + self.config.retry_ms > now_ms:
+                return None  # its last check may still be answered: do not spend another
             return entry
 
     def check_view(self, entry: PendingTxn) -> MessageView:
         return check_view(self.read_half(entry.half_offset, entry.half_end), entry)
 
     def record_check(self, half_offset: int, now_ms: int) -> int | None:
-        """Count a check that reached a producer; the new count (None if decided meanwhile)."""
+        """Count a check that reached a producer; the new count (None if decided meanwhile).
+
+        The next check waits ``config.retry_ms`` from when this one was taken
+        (the later of ``now_ms`` and the clock: a long scan hands checks over
+        after its start time).
+        """
         with self._lock:
             entry = self.pending.get(half_offset)
             if entry is None or entry.state is not TxnState.PREPARED:
                 return None
             entry.state = next_state(entry.state, TxnEvent.CHECK_SENT)
             entry.checks += 1
-            entry.last_check_ms = now_ms
+            entry.last_check_ms = max(now_ms, self.clock.now_ms())
             self._op_buffer.append(Op(OpKind.CHECKED, half_offset, checks=entry.checks))
             self.counters.checks_sent_total += 1
             self._dirty = True
@@ -482,6 +492,7 @@ class TransactionService:
             self._append([op_message(Op(OpKind.RESUMED, half_offset, source="operator"))])
             entry.state = new
             entry.checks = 0
+            entry.last_check_ms = None
             entry.due_ms = self.clock.now_ms()
             return self._info(entry, self.clock.now_ms())
 
