@@ -322,12 +322,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         A send of ordinary messages to a topic that exists validates, appends to
         the commit log's page-cache mapping and returns (durability is awaited
         separately): tens of microseconds, less than the two thread hand-offs
-        of a worker call. The first send to a topic may create it (metadata
-        written to disk) and a transactional send takes the transaction lock
-        that check scans hold: those stay on the worker threads.
+        of a worker call. Half messages too: the transaction lock they take is
+        held by a check scan one message at a time. The first send to a topic
+        may create it (metadata written to disk) and a transaction group
+        member may need a key-index lookup (is its group decided?): those stay
+        on the worker threads.
         """
         known = self._sent_topics
-        if all(m.topic in known and m.message_type is not _TRANSACTION for m in outgoing):
+        if all(m.topic in known and (m.message_type is not _TRANSACTION or m.transaction_group is None) for m in outgoing):
             try:
                 return self.broker.send(outgoing)
             except HalfmoonError:
@@ -368,10 +370,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             await self._call(self.broker.end_transaction_group, group, resolution, source)
             return svc.EndTransactionResponse(status=ok())
         topic = _name(request.topic, "topic")
-        result = await self._call(end, topic, request.message_id, request.transaction_id, resolution, source)
+        service = getattr(self.broker, "transactions", None)
+        if service is not None and service.ends_cheaply(request.transaction_id):
+            # Pending or recently decided: an append (or nothing), like a plain send; no thread hop.
+            result = end(topic, request.message_id, request.transaction_id, resolution, source)
+        else:  # may look the decision up in the key index
+            result = await self._call(end, topic, request.message_id, request.transaction_id, resolution, source)
         if getattr(result, "end_offset", None):
             # The decision is acknowledged only once durable (it may publish the message).
-            await asyncio.wrap_future(self.store.durable(result.end_offset))
+            await self._until_durable(result.end_offset)
         return svc.EndTransactionResponse(status=ok())
 
     @_unary(svc.RecallMessageResponse)

@@ -272,6 +272,19 @@ class TransactionService:
             end_offset = self._decide(entry, new, source)
             return EndResult(new, end_offset, True)
 
+    def ends_cheaply(self, transaction_id: str) -> bool:
+        """True when :meth:`end` for this id needs no index lookup: pending (not a group member) or
+        recently decided. The server then runs it on its event loop (the rest needs a worker thread).
+        """
+        try:
+            half_offset = decode_transaction_id(transaction_id)
+        except InvalidTransactionId:
+            return False  # the worker path raises the error
+        entry = self.pending.get(half_offset)
+        if entry is not None:
+            return entry.group is None
+        return half_offset in self._decided
+
     def _decide(self, entry: PendingTxn, state: TxnState, source: str) -> int:
         """Append the decision of one transaction (and its real message); forget it. Locked."""
         if state is TxnState.COMMITTED:  # the real message is the commit record: one append
