@@ -1,15 +1,23 @@
 """The check service: ask a live producer about every transaction left open.
 
-Algorithm (driven by :meth:`CheckService.tick`, which the broker calls every
-~100 ms with its clock's time; only the per-tick work budget is real time):
+Algorithm (driven by :meth:`CheckService.tick`, which the broker's tick thread
+calls with its clock's time, every ``server.tick_interval`` (100 ms) and at
+once again while a scan is unfinished; only the per-tick work budget is real
+time):
 
 1. Once every ``transaction.check_interval_ms`` (default 30 s; the first scan
    one interval after the broker opens), take the list of half messages that
    are PREPARED, not members of a transaction group (their group decides),
-   and due: stored more than ``transaction.timeout_ms`` ago (default 6 s), or
-   more than their check immunity ago when the producer gave one
-   (``orphaned_transaction_recovery_duration``, capped at
-   ``transaction.max_immunity_ms``, default 1 h).
+   due (stored more than ``transaction.timeout_ms`` ago, default 6 s, or
+   more than their check immunity ago when the producer gave one:
+   ``orphaned_transaction_recovery_duration``, capped at
+   ``transaction.max_immunity_ms``, default 1 h), and whose last counted
+   check, if any, is at least ``transaction.check_retry_ms`` old (default:
+   ``timeout_ms``). A producer that answers within that time is asked once
+   per transaction however often scans run: an unanswered check does not
+   burn the check budget (RocketMQ checks a half message at most once per
+   check interval; checking again at every scan would park the transactions
+   of a slow but live producer).
 2. For each, in order, each one in its own ``try`` (an error is logged and
    counted and the scan goes on: RocketMQ's scan stalls on one bad message,
    its issue 9500):
@@ -19,18 +27,25 @@ Algorithm (driven by :meth:`CheckService.tick`, which the broker calls every
    b. if it already got ``transaction.check_max`` checks (default 15), park
       it: copy it to ``TRANS_CHECK_MAX_TIME_TOPIC``, record ``parked``, log
       it; an operator lists, decides or resumes it;
-   c. otherwise hand it to the :class:`CheckSender`, which sends a
-      RecoverOrphanedTransactionCommand to one live producer stream of its
-      producer group (round robin, dead streams skipped). Only when a stream
-      took it does the check count (RocketMQ counts checks it never
-      delivered: issue 1694); when no producer is live it is simply tried
-      again next round.
-3. Buffered check counts are appended to the op topic after each tick's
-   share of the work, so a restart keeps them.
+   c. otherwise read the half record and add a :class:`CheckRequest` to the
+      batch.
+3. Every :data:`CHECK_BATCH` (256) requests, and at the end of the tick's
+   share of the work, re-read each state once more (the last look before
+   asking), then hand the batch to :meth:`CheckSender.send_checks` in one
+   call: it sends each a RecoverOrphanedTransactionCommand on one live
+   producer stream of its producer group (round robin, dead streams
+   skipped) and says which were taken. Only a taken check counts (RocketMQ
+   counts checks it never delivered: issue 1694) and starts its retry time;
+   when no producer is live it is simply tried again next round. A batch
+   whose hand-off raises counts one error per check.
+4. Buffered check counts are appended to the op topic after each tick's
+   share of the work, so a restart keeps them (a restart forgets the retry
+   times: the first scan after it checks every due transaction).
 
 A scan shares the broker's tick thread with the delay timer: each tick works
 on it for at most ``transaction.check_tick_budget_ms`` (default 50 ms of real
-time, at least one message) and the scan carries on at the next tick; a new
+time, at least one message) and the scan carries on at the next tick, which
+the tick thread runs without sleeping while the scan is unfinished; a new
 scan starts only once the previous one is done. The due time used is the one
 of the tick that started the scan.
 
