@@ -48,6 +48,7 @@ import os
 import re
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -73,6 +74,8 @@ log = logging.getLogger("halfmoon.spark.sink")
 MARKER_TOPIC = "halfmoon-spark-commits"
 PROPERTY_MARKER = "hm_spark_marker"  # "<sink>:<batch>" on a commit marker
 PROPERTY_DATA_GROUP = "hm_spark_group"  # the data group a marker commits
+SINK_GROUP = "halfmoon-spark-sink"  # the consumer group marker reads are made as
+MARKER_TIMEOUT = 30.0
 SEND_CHUNK = 256
 SEND_CHUNK_BYTES = 3 * 1024 * 1024
 _SINK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -235,18 +238,24 @@ class CommitProtocol:
         return winner
 
     def committed_group(self, queue: Queue, key: str, offset: int) -> str:
-        """The data group named by the first committed marker of ``key`` at or after ``offset``."""
+        """The data group named by the first committed marker of ``key`` at or after ``offset``.
+
+        The broker publishes a committed message into its queue just after the
+        decision returns, so the marker may take a moment to appear: read on,
+        long-polling, until it does or ``MARKER_TIMEOUT`` passes.
+        """
         selector = _tag_selector(key)
-        end = self.wire.query_offset(queue, "latest")
-        while offset < end:
-            answer = self.wire.pull("halfmoon-spark-sink", queue, offset, 1024, selector)
+        deadline = time.monotonic() + MARKER_TIMEOUT
+        while time.monotonic() < deadline:
+            answer = self.wire.pull(SINK_GROUP, queue, offset, 1024, selector, wait=1.0)
             for message in answer.messages:
                 if message.user_properties.get(PROPERTY_MARKER) == key:
                     return message.user_properties[PROPERTY_DATA_GROUP]
-            if answer.next_offset <= offset:
-                break
-            offset = answer.next_offset
-        raise SinkError(f"batch {key} is committed on the broker but its commit marker was not found in {self.options.marker_topic!r}")
+            offset = max(offset, answer.next_offset)
+        raise SinkError(
+            f"batch {key} is committed on the broker but its commit marker did not appear in "
+            f"{self.options.marker_topic!r} within {MARKER_TIMEOUT:.0f}s; the batch is retried when the query restarts"
+        )
 
     def abort(self, data_group: str, topic: str) -> None:
         try:
