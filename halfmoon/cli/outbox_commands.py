@@ -1,12 +1,14 @@
 """``halfmoon outbox relay|status``: run the outbox relay, inspect an outbox table.
 
     halfmoon outbox relay --db postgresql+psycopg://app@db/app \\
-        --target halfmoon://127.0.0.1:8081 --workers 4 --batch 200 --poll 500ms
+        --target halfmoon://127.0.0.1:8081 --workers 2 --processes 2 --batch 500 --poll 500ms
     halfmoon outbox status --db sqlite:///app.db
 
 ``relay`` runs until SIGTERM/SIGINT, then finishes the batches in flight.
-Run as many relay processes as you like: they share the work and keep each
-aggregate's order.
+``--processes N`` runs N child processes of ``--workers`` threads each (one
+GIL per process, so the workers use every core) and restarts a child that
+dies. Run as many relay commands as you like, too: they share the work and
+keep each aggregate's order.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     relay = add_command(sub, "relay", run_relay, "publish outbox rows to halfmoon or RabbitMQ", admin=False)
     relay.add_argument("--db", required=True, metavar="URL", help="SQLAlchemy URL of the database holding the outbox")
     relay.add_argument("--target", required=True, metavar="URL", help="halfmoon://HOST:PORT or amqp://USER:PASS@HOST:PORT/VHOST")
-    relay.add_argument("--workers", type=positive_int, default=1, help="worker threads in this process (default 1)")
+    relay.add_argument("--workers", type=positive_int, default=1, help="worker threads per process (default 1)")
+    relay.add_argument("--processes", type=positive_int, default=1, help="relay processes (default 1: the workers run in this process)")
     relay.add_argument("--batch", type=positive_int, default=100, help="rows claimed per batch (default 100)")
     relay.add_argument("--poll", type=duration, default=0.5, help="idle polling interval (default 500ms; NOTIFY wakes sooner on PostgreSQL)")
     relay.add_argument("--max-attempts", type=positive_int, default=10, help="publish attempts before a message is marked failed (default 10)")
@@ -74,23 +77,19 @@ def _open_outbox(url: str, prefix: str, pool_size: int = 5) -> Any:
 
 
 def run_relay(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if args.processes > 1:
+        return _run_relay_processes(args)
     from halfmoon.outbox.relay import Relay
     from halfmoon.outbox.targets import target_for_url
 
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     outbox = _open_outbox(args.db, args.table_prefix, pool_size=args.workers + 2)
     try:
         if args.create_tables:
             outbox.create_tables()
         target = target_for_url(args.target)
-        relay = Relay(
-            outbox, target,
-            workers=args.workers, batch_size=args.batch, poll_interval=args.poll,
-            max_attempts=args.max_attempts, failed_blocks_aggregate=not args.no_failed_block,
-        )  # fmt: skip
-        stop = threading.Event()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: stop.set())
+        relay = Relay(outbox, target, **_relay_options(args))
+        stop = _stop_on_signals()
         relay.start()
     except HalfmoonError as exc:
         raise CliError(exc.message, exc.code) from None
@@ -99,6 +98,44 @@ def run_relay(args: argparse.Namespace) -> int:
     relay.stop()
     stats = relay.stats()
     print(f"outbox relay stopped: published={stats.published} failed={stats.failed} pending={stats.pending}", flush=True)
+    return 0
+
+
+def _relay_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "workers": args.workers, "batch_size": args.batch, "poll_interval": args.poll,
+        "max_attempts": args.max_attempts, "failed_blocks_aggregate": not args.no_failed_block,
+    }  # fmt: skip
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    return stop
+
+
+def _run_relay_processes(args: argparse.Namespace) -> int:
+    from halfmoon.outbox.relay import RelayProcesses
+    from halfmoon.outbox.targets import target_for_url
+
+    outbox = _open_outbox(args.db, args.table_prefix)
+    try:
+        target_for_url(args.target)  # a bad URL fails here, once, not in every child
+        if args.create_tables:
+            outbox.create_tables()
+        outbox.engine.dispose()  # the children open their own connections
+        group = RelayProcesses(args.db, args.target, processes=args.processes, table_prefix=args.table_prefix, **_relay_options(args))
+        stop = _stop_on_signals()
+        group.start()
+    except HalfmoonError as exc:
+        raise CliError(exc.message, exc.code) from None
+    except RuntimeError as exc:
+        raise CliError(f"{exc}; see the log above", "OUTBOX_RELAY_START_FAILED") from None
+    print(f"outbox relay running: processes={args.processes} workers={args.workers} batch={args.batch} target={args.target.split('://')[0]}", flush=True)
+    group.supervise(stop)
+    group.stop()
+    print(f"outbox relay stopped: published={group.published} restarts={group.restarts} pending={outbox.status().pending}", flush=True)
     return 0
 
 
