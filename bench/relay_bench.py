@@ -12,6 +12,9 @@ at ``HALFMOON_TEST_AMQP``), in the same run:
   empty outbox; ``--messages`` rows over ``--aggregates`` aggregates then
   arrive in one transaction, and the clock runs from its commit until the
   relay has published them all;
+- **target ceiling**: the same messages published by 4 threads straight to
+  the target, no database: what the relay could reach if claiming and
+  marking were free;
 - **naive loop**: the pattern most hand-written relays start as — select
   pending rows, publish each one, update it, commit — one worker;
 - **latency**: rows inserted one per transaction at ``--rate`` per second
@@ -94,6 +97,35 @@ def run_relay(outbox: Outbox, target_url: str, topic: str, count: int, aggregate
     return count / elapsed
 
 
+def run_publish_only(make: Callable[[], PublishTarget], topic: str, count: int, batch: int, threads: int, routing_key: str = "") -> float:
+    """The target's own ceiling: ``threads`` threads publishing batches with no database at all."""
+    import threading
+
+    target = make()
+    target.start()
+    body = b"x" * 256
+    per_thread = count // threads
+    records = [[OutboxRecord(t * per_thread + i, uuid.uuid4().hex, "bench", str(i), topic, routing_key, [], None, None, {}, body, 0, 0)
+                for i in range(per_thread)] for t in range(threads)]  # fmt: skip
+    failures = []
+
+    def publish(mine: list[OutboxRecord]) -> None:
+        for start in range(0, len(mine), batch):
+            failures.extend(r for r in target.publish(mine[start : start + batch]) if r is not None)
+
+    workers = [threading.Thread(target=publish, args=(mine,)) for mine in records]
+    started = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    elapsed = time.perf_counter() - started
+    target.close()
+    if failures:
+        raise RuntimeError(f"publish-only run failed: {failures[0]!r}")
+    return per_thread * threads / elapsed
+
+
 def run_naive(outbox: Outbox, target: PublishTarget, count: int) -> float:
     """SELECT pending LIMIT 100; for each: publish, UPDATE sent; COMMIT."""
     t = outbox.table
@@ -151,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=20000)
     parser.add_argument("--aggregates", type=int, default=10000)
-    parser.add_argument("--batch", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--naive-messages", type=int, default=3000)
     parser.add_argument("--latency-count", type=int, default=300)
     parser.add_argument("--rate", type=float, default=100.0)
@@ -176,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
             shape = f"{workers} thread{'s' if workers > 1 else ''}" if not processes else f"{processes} processes x {workers} thread{'s' if workers > 1 else ''}"
             rows.append((name, f"relay, {max(processes, 1) * workers} worker{'s' if max(processes, 1) * workers > 1 else ''} ({shape})", f"{rate:,.0f} msgs/s"))
             log(f"{name} relay {shape}: {rate:,.0f}/s")
+        rate = run_publish_only(make, topic, args.messages, args.batch, 4, routing_key)
+        rows.append((name, "target ceiling: publish only, no database (4 threads)", f"{rate:,.0f} msgs/s"))
+        log(f"{name} publish only: {rate:,.0f}/s")
         if args.no_naive:
             return
         reset(outbox)
