@@ -11,7 +11,6 @@ request can take the server down.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import logging
 import time
@@ -123,8 +122,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         # Topics a send reached before: a send to one of them (not transactional) is an
         # append to memory and runs on the event loop (see _send).
         self._sent_topics: set[str] = set()
-        # store.durable futures being waited on -> their one asyncio wrapper (see _until_durable).
-        self._durable_waits: dict[concurrent.futures.Future[None], asyncio.Future[None]] = {}
         self.max_body_size = getattr(getattr(broker, "config", None), "max_body_size", 4 * 1024 * 1024)
         self.default_invisible_ms = getattr(getattr(broker, "config", None), "default_invisible_ms", 30_000)
         self.broker_name = getattr(getattr(broker, "config", None), "name", "halfmoon")
@@ -299,22 +296,17 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return svc.SendMessageResponse(status=_OK, entries=entries)
 
     async def _until_durable(self, end_offset: int) -> None:
-        """Wait for ``store.durable(end_offset)`` with one loop wake-up per fsync, not per waiter.
+        """Wait for ``store.durable(end_offset)``; no loop wake-up when it already is (async flush).
 
-        The store hands every waiter of one group commit the same future;
-        wrapping it once and shielding each waiter (a cancelled RPC must not
-        cancel the others' wait) makes the fsync's completion a single
-        ``call_soon_threadsafe`` instead of one per sender.
+        Each waiter wraps the store's future itself. Sharing one wrapper per
+        fsync (shielded per RPC) was measured: sequential sync-flush sends got
+        ~100 ms p99 outliers that the plain wrap does not have.
         """
         durable = self.store.durable(end_offset)
-        if durable.done():  # async flush: always; wrap_future would still cost a loop wake-up
+        if durable.done():
             durable.result()
             return
-        shared = self._durable_waits.get(durable)
-        if shared is None:
-            shared = self._durable_waits[durable] = asyncio.wrap_future(durable)
-            shared.add_done_callback(lambda _: self._durable_waits.pop(durable, None))
-        await asyncio.shield(shared)
+        await asyncio.wrap_future(durable)
 
     async def _send(self, outgoing: list[Any]) -> list[Any]:
         """``broker.send``, on the event loop when it cannot block, else on a worker thread.
