@@ -56,7 +56,7 @@ from pathlib import Path
 from zlib import crc32
 
 from halfmoon.errors import InvalidArgument
-from halfmoon.store.consumequeue import fsync_directory, make_directory
+from halfmoon.store.consumequeue import fsync_directory, fsync_file, make_directory
 
 log = logging.getLogger("halfmoon.store")
 
@@ -465,12 +465,17 @@ class KeyIndex:
     # -- durability ----------------------------------------------------------
 
     def flush(self) -> None:
+        # Header under the lock; the fsync outside it and with the GIL released
+        # (see ConsumeQueues.flush for why not mmap.flush).
         with self._lock:
+            paths = []
             for f in self._files:
                 if f.dirty and f.mm is not None:
                     _HEADER_TAIL.pack_into(f.mm, _HEADER_TAIL_AT, f.end_timestamp, f.end_offset, f.count)
-                    f.mm.flush()
+                    paths.append(f.path)
                     f.dirty = False
+        for path in paths:
+            fsync_file(path)
 
     def close(self) -> None:
         with self._lock:
