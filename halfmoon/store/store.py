@@ -294,13 +294,17 @@ class MessageStore:
             return
         pending, visible, known = self._pending, self._visible, self._next_offsets
         ready = []
-        while pending and pending[0].end_offset <= position:
-            result = pending.popleft()
-            key = (result.topic, result.queue_id)
-            if key in known:  # not deleted meanwhile
-                visible[key] = result.queue_offset + 1
-            ready.append(result)
-        self._visible_position = position
+        # Under the append lock: the fsync may cover a record whose append is still between
+        # its write and adding it to ``pending``; unlocked, that record was skipped here, then
+        # durable (acknowledged) but invisible, its consumers not woken, until the next fsync.
+        with self._lock:
+            while pending and pending[0].end_offset <= position:
+                result = pending.popleft()
+                key = (result.topic, result.queue_id)
+                if key in known:  # not deleted meanwhile
+                    visible[key] = result.queue_offset + 1
+                ready.append(result)
+            self._visible_position = position
         if ready and self._listeners:
             self._notify(ready)
 
