@@ -38,9 +38,7 @@ from halfmoon.spark import build_session  # noqa: E402
 from halfmoon.spark.sink import MARKER_TOPIC  # noqa: E402
 from halfmoon.spark.wire import Wire  # noqa: E402
 
-# The demo's own server acknowledges after the write (async flush): with sync flush, a group
-# commit's messages currently stay unpublished until the next write reaches the store.
-EXTRA: list[str] = ["--set", "store.flush=async"]
+EXTRA: list[str] = []  # more --set flags for the demo's own server
 IN_TOPIC, OUT_TOPIC = "order-events", "revenue-per-minute"
 
 
