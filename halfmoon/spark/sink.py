@@ -217,7 +217,7 @@ class CommitProtocol:
         marker = Message(
             self.options.marker_topic,
             json.dumps({"sink": sink, "batch": batch_id, "group": data_group}).encode(),
-            tag=_tag(key),
+            tag=marker_tag(key),
             keys=[key],
             properties={PROPERTY_MARKER: key, PROPERTY_DATA_GROUP: data_group},
         )
@@ -244,7 +244,7 @@ class CommitProtocol:
         decision returns, so the marker may take a moment to appear: read on,
         long-polling, until it does or ``MARKER_TIMEOUT`` passes.
         """
-        selector = _tag_selector(key)
+        selector = _marker_selector(key)
         deadline = time.monotonic() + MARKER_TIMEOUT
         while time.monotonic() < deadline:
             answer = self.wire.pull(SINK_GROUP, queue, offset, 1024, selector, wait=1.0)
@@ -265,14 +265,14 @@ class CommitProtocol:
                 raise
 
 
-def _tag(key: str) -> str:
+def marker_tag(key: str) -> str:
     return "m." + key.replace(":", ".")
 
 
-def _tag_selector(key: str):  # type: ignore[no-untyped-def]
+def _marker_selector(key: str):  # type: ignore[no-untyped-def]
     from halfmoon.spark.options import selector_wire
 
-    return selector_wire(("TAG", _tag(key)))
+    return selector_wire(("TAG", marker_tag(key)))
 
 
 def failpoint(name: str) -> None:
