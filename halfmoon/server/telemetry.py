@@ -27,6 +27,8 @@ from typing import Any
 
 from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
+from halfmoon.server.check_pacing import OutstandingChecks
+
 log = logging.getLogger("halfmoon.server.telemetry")
 
 ClientType = definition_pb2.ClientType
@@ -266,13 +268,36 @@ class TelemetryCheckSender:
     the event loop once per batch and waits at most ``timeout`` for the
     answer to "which did a live stream take?" (one hop per message cost
     ~0.8 ms each on a busy loop: a third of a 100,000-orphan scan).
+
+    Checks are paced to the producers (:mod:`halfmoon.server.check_pacing`):
+    a stream with ``max_outstanding`` unanswered checks takes no more, round
+    robin picks among the streams with room, and a transaction whose check
+    is still outstanding at a live stream is not sent again; both answer
+    "not taken". :meth:`answered` (wired to every EndTransaction by the check
+    service) clears a check; :meth:`pace_checks` sets the limits.
     """
 
-    def __init__(self, registry: ClientRegistry, timeout: float = 1.0, alive_within: float = 30.0) -> None:
+    def __init__(
+        self,
+        registry: ClientRegistry,
+        timeout: float = 1.0,
+        alive_within: float = 30.0,
+        max_outstanding: int = 2_000,
+        lost_after_ms: int = 6_000,
+    ) -> None:
         self._registry = registry
         self._timeout = timeout
         self._alive_within = alive_within
         self._round_robin = itertools.count()
+        self.outstanding = OutstandingChecks(max_outstanding, lost_after_ms)
+
+    def pace_checks(self, *, max_outstanding: int, lost_after_ms: int, clock: Callable[[], int] | None = None) -> None:
+        """Unanswered checks one stream may hold, and when one counts as lost (the check service's clock)."""
+        self.outstanding.configure(max_per_stream=max_outstanding, lost_after_ms=lost_after_ms, clock=clock)
+
+    def answered(self, transaction_id: str) -> None:
+        """An EndTransaction arrived for ``transaction_id`` (any thread): its check is answered."""
+        self.outstanding.answered(transaction_id)
 
     def live_producers(self, topic: str, group: str | None = None) -> list[ClientSession]:
         """Loop thread: producers of ``topic`` (of ``group`` when given) with a live stream."""
@@ -283,21 +308,45 @@ class TelemetryCheckSender:
             if now - s.last_seen <= self._alive_within
         ]
 
-    def _send_on_loop(self, command: service_pb2.TelemetryCommand, topic: str, group: str | None) -> str | None:
+    def _prune_on_loop(self) -> None:
+        """Release the checks of streams that ended or went silent; clear the lost ones."""
+        now = time.monotonic()
+        for stream, client_id in self.outstanding.streams().items():
+            session = self._registry.get(client_id)
+            if session is None or session.outbox is not stream or now - session.last_seen > self._alive_within:
+                released = self.outstanding.release(stream)
+                log.info("event=checks_released client_id=%s checks=%d", client_id, released)
+        self.outstanding.expire()
+
+    def _send_on_loop(
+        self, command: service_pb2.TelemetryCommand, topic: str, group: str | None, transaction_id: str
+    ) -> str | None:
+        outstanding = self.outstanding
+        if outstanding.holder(transaction_id) is not None:
+            return None  # still outstanding at a live stream (pruned just before): wait for its answer
         candidates = self.live_producers(topic, group) if group else []
         if not candidates:
             candidates = self.live_producers(topic)
+        candidates = [s for s in candidates if outstanding.has_room(s.outbox)]
         if not candidates:
             return None
         session = candidates[next(self._round_robin) % len(candidates)]
-        return session.client_id if self._registry.send_command(session.client_id, command) else None
+        stream = session.outbox
+        if not self._registry.send_command(session.client_id, command):
+            return None
+        outstanding.sent(transaction_id, stream, session.client_id)
+        return session.client_id
+
+    def _send_batch_on_loop(self, commands: list[tuple[service_pb2.TelemetryCommand, str, str | None, str]]) -> list[bool]:
+        self._prune_on_loop()
+        return [self._send_on_loop(*c) is not None for c in commands]
 
     def send_checks(self, checks: Sequence[Any]) -> list[bool]:
         """Hand a batch of checks (``CheckRequest``s) to live producer streams in one loop hop.
 
         The wire messages are built here, on the caller's thread; the event
         loop only picks a stream for each and queues the command. Per check,
-        True only if a live stream took it. When the loop does not answer
+        True only if a live stream with room took it (see the class docs). When the loop does not answer
         within ``timeout`` the whole batch counts as not sent (retried next
         round; a command queued after all reaches the producer as one extra,
         uncounted check, which it answers like any other).
@@ -307,10 +356,15 @@ class TelemetryCheckSender:
         if not checks:
             return []
         commands = [
-            (recover_orphaned_transaction_command(wire_message(c.message), c.transaction_id), c.topic, c.producer_group)
+            (
+                recover_orphaned_transaction_command(wire_message(c.message), c.transaction_id),
+                c.topic,
+                c.producer_group,
+                c.transaction_id,
+            )
             for c in checks
         ]
-        future = self._registry._run_threadsafe(lambda: [self._send_on_loop(*c) is not None for c in commands])
+        future = self._registry._run_threadsafe(lambda: self._send_batch_on_loop(commands))
         try:
             taken = future.result(timeout=self._timeout)
         except TimeoutError:

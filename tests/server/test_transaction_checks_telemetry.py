@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 from rocketmq.grpc_protocol import definition_pb2
@@ -31,9 +32,11 @@ async def scenario(body) -> None:
         _, outboxes[client_id] = registry.open_stream(client_id)
         registry.note_topic(client_id, "orders")
     sender = TelemetryCheckSender(registry, alive_within=30.0)
+    ids = itertools.count(1)
 
     async def check(group: str | None, topic: str = "orders") -> bool:
-        return await asyncio.to_thread(sender.send_check, group, topic, view(topic), "T1")
+        # A new transaction each time: a second check of one still outstanding is not sent.
+        return await asyncio.to_thread(sender.send_check, group, topic, view(topic), f"T{next(ids)}")
 
     await body(registry, outboxes, check)
 
@@ -42,7 +45,7 @@ def taken(outbox: asyncio.Queue) -> int:
     n = 0
     while not outbox.empty():
         command = outbox.get_nowait()
-        assert command.recover_orphaned_transaction_command.transaction_id == "T1"
+        assert command.recover_orphaned_transaction_command.transaction_id.startswith("T")
         assert command.recover_orphaned_transaction_command.message.system_properties.message_id == "m1"
         n += 1
     return n
@@ -83,9 +86,9 @@ def test_a_batch_goes_in_one_hop_and_says_which_checks_were_taken() -> None:
         registry.remove("c")
         batch = [
             CheckRequest("pg", "orders", view("orders"), "T1"),
-            CheckRequest(None, "unknown-topic", view("unknown-topic"), "T1"),  # nobody publishes there
-            CheckRequest("pg", "orders", view("orders"), "T1"),
-            CheckRequest(None, "orders", view("orders"), "T1"),
+            CheckRequest(None, "unknown-topic", view("unknown-topic"), "T2"),  # nobody publishes there
+            CheckRequest("pg", "orders", view("orders"), "T3"),
+            CheckRequest(None, "orders", view("orders"), "T4"),
         ]
         assert await asyncio.to_thread(sender.send_checks, batch) == [True, False, True, True]
         assert taken(outboxes["a"]) + taken(outboxes["b"]) == 3

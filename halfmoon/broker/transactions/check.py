@@ -37,10 +37,23 @@ time):
    skipped) and says which were taken. Only a taken check counts (RocketMQ
    counts checks it never delivered: issue 1694) and starts its retry time;
    when no producer is live it is simply tried again next round. A batch
-   whose hand-off raises counts one error per check.
+   whose hand-off raises counts one error per check. The sender paces checks
+   to the producers: a stream holding
+   ``transaction.max_outstanding_checks_per_producer`` unanswered checks
+   (default 2,000) takes no more, and a transaction whose check is still
+   outstanding at a live stream is not sent again; those are "not taken"
+   too. Every EndTransaction (any source) tells the sender its check was
+   answered (``service.on_end``); a check unanswered for ``check_retry_ms``
+   at a stream that answered nothing meanwhile counts as lost.
 4. Buffered check counts are appended to the op topic after each tick's
    share of the work, so a restart keeps them (a restart forgets the retry
    times: the first scan after it checks every due transaction).
+
+When a scan had checks taken and others not (a producer is live but its
+stream was full), the next scan starts ``check_retry_ms / 2`` after it began
+(at most one interval, at least 100 ms) instead of a whole interval later, so
+a producer gets new checks as it answers rather than idling until the next
+interval.
 
 A scan shares the broker's tick thread with the delay timer: each tick works
 on it for at most ``transaction.check_tick_budget_ms`` (default 50 ms of real
@@ -122,7 +135,16 @@ class CheckService:
         self.last_report: ScanReport | None = None
 
     def set_sender(self, sender: CheckSender | None) -> None:
+        """Use ``sender``; one that paces checks (``pace_checks``, ``answered``) gets the limits and answers."""
         self._sender = sender
+        pace = getattr(sender, "pace_checks", None)
+        if pace is not None:
+            pace(
+                max_outstanding=self._config.max_outstanding_checks_per_producer,
+                lost_after_ms=self._config.retry_ms,
+                clock=self._service.clock.now_ms,
+            )
+        self._service.on_end = getattr(sender, "answered", None)
 
     @property
     def scanning(self) -> bool:
@@ -183,6 +205,9 @@ class CheckService:
             log.exception("event=check_counts_not_saved")
         if todo:
             return None
+        if report.sent and report.unsent:  # a live producer's stream was full: refill it soon
+            refill_ms = max(min(self._config.retry_ms // 2, self._config.check_interval_ms), 100)
+            self._next_scan_ms = min(self._next_scan_ms, self._scan_now_ms + refill_ms)
         report.elapsed_ms = int((time.monotonic() - self._started) * 1000)
         self._report = None
         self.last_report = report

@@ -23,6 +23,9 @@ class TransactionConfig:
     # A producer that answers within it is never checked twice for one transaction, however
     # often scans run, so a slow but live producer does not run out of checks and get parked.
     check_retry_ms: int | None = None
+    # Checks one producer stream may hold unanswered; more wait for the next round, uncounted, so
+    # a producer's backlog stays shorter than check_retry_ms at the rate it answers (~420/s each).
+    max_outstanding_checks_per_producer: int = 2_000
     # Ceiling on a producer's per-message check immunity (orphaned transaction recovery duration).
     max_immunity_ms: int = 3_600_000
     # Real time one broker tick may spend on a check scan before leaving the rest to the next tick.
@@ -47,6 +50,8 @@ class TransactionConfig:
             problems.append("check_interval_ms and snapshot_interval_ms must be positive")
         if self.check_max < 1:
             problems.append("check_max must be at least 1")
+        if self.max_outstanding_checks_per_producer < 1:
+            problems.append("max_outstanding_checks_per_producer must be at least 1")
         if self.check_tick_budget_ms < 0:
             problems.append("check_tick_budget_ms must be >= 0")
         if self.check_retry_ms is not None and self.check_retry_ms < 0:

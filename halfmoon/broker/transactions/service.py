@@ -35,7 +35,7 @@ import bisect
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -169,6 +169,9 @@ class TransactionService:
         self._dirty = False
         self._last_snapshot_ms = clock.now_ms()
         self.counters = TransactionStats()
+        # Told the id of every EndTransaction (any source, any resolution): the check sender
+        # clears the producer's outstanding check with it. Must be cheap and not raise.
+        self.on_end: Callable[[str], None] | None = None
         self._latency = [0] * (len(LATENCY_BUCKETS_MS) + 1)
         from halfmoon.broker.transactions.recovery import recover
 
@@ -248,6 +251,8 @@ class TransactionService:
         event = _event(resolution)
         _check_source(source)
         half_offset = decode_transaction_id(transaction_id)
+        if self.on_end is not None:
+            self.on_end(transaction_id)
         with self._lock:
             entry = self.pending.get(half_offset)
             if entry is not None and entry.group in self.groups.unfinished:
