@@ -78,7 +78,8 @@ class SourceOptions:
     pull_batch_size: int
 
 
-def _get(options: Mapping[str, str], name: str) -> str | None:
+def option_value(options: Mapping[str, str], name: str) -> str | None:
+    """The option ``name`` (matched case-insensitively), or None."""
     # Spark passes a case-insensitive dict; plain dicts (tests, jobs) may not be.
     value = options.get(name)
     if value is None:
@@ -87,7 +88,7 @@ def _get(options: Mapping[str, str], name: str) -> str | None:
 
 
 def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
-    value = _get(options, name)
+    value = option_value(options, name)
     if value is None:
         return default
     if value.strip().lower() in ("true", "1", "yes"):
@@ -98,7 +99,7 @@ def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 def _positive(options: Mapping[str, str], name: str, default: int | None) -> int | None:
-    value = _get(options, name)
+    value = option_value(options, name)
     if value is None:
         return default
     try:
@@ -111,7 +112,7 @@ def _positive(options: Mapping[str, str], name: str, default: int | None) -> int
 
 
 def endpoint_of(options: Mapping[str, str]) -> str:
-    endpoint = (_get(options, "endpoint") or "").strip()
+    endpoint = (option_value(options, "endpoint") or "").strip()
     host, _, port = endpoint.rpartition(":")
     if not host or not port.isdigit():
         raise SparkOptionError(f"option endpoint must be host:port of a halfmoon server, got {endpoint!r}")
@@ -139,10 +140,10 @@ def offset_spec(text: str, name: str) -> OffsetSpec:
 
 
 def filter_of(options: Mapping[str, str]) -> tuple[str, str] | None:
-    expression = _get(options, "filter")
+    expression = option_value(options, "filter")
     if expression is None or not expression.strip():
         return None
-    kind = (_get(options, "filterType") or "tag").strip().lower()
+    kind = (option_value(options, "filterType") or "tag").strip().lower()
     if kind == "tag":
         return ("TAG", expression.strip())
     if kind in ("sql92", "sql"):
@@ -160,19 +161,19 @@ def selector_wire(spec: tuple[str, str] | None) -> pb.FilterExpression | None:
 
 def source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
     """Parse and check the reader options (``streaming`` picks the defaults)."""
-    names = _get(options, "topics") or _get(options, "topic") or ""
+    names = option_value(options, "topics") or option_value(options, "topic") or ""
     topics = tuple(t.strip() for t in names.split(",") if t.strip())
     if not topics:
         raise SparkOptionError("option topic (or topics, comma-separated) is required to read from halfmoon")
-    queues_text = _get(options, "queues")
+    queues_text = option_value(options, "queues")
     queues = None
     if queues_text:
         try:
             queues = frozenset(int(q) for q in queues_text.split(",") if q.strip())
         except ValueError:
             raise SparkOptionError(f"option queues must be comma-separated queue ids, got {queues_text!r}") from None
-    starting = offset_spec(_get(options, "startingOffsets") or ("latest" if streaming else "earliest"), "startingOffsets")
-    ending_text = _get(options, "endingOffsets")
+    starting = offset_spec(option_value(options, "startingOffsets") or ("latest" if streaming else "earliest"), "startingOffsets")
+    ending_text = option_value(options, "endingOffsets")
     if streaming and ending_text is not None:
         raise SparkOptionError("option endingOffsets is for batch reads; a stream has no end (use a trigger instead)")
     ending = offset_spec(ending_text or "latest", "endingOffsets")
@@ -190,7 +191,7 @@ def source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOpti
         max_records_per_trigger=max_per_trigger,
         fail_on_data_loss=_bool(options, "failOnDataLoss", True),
         filter=filter_of(options),
-        group=(_get(options, "group") or DEFAULT_GROUP).strip(),
+        group=(option_value(options, "group") or DEFAULT_GROUP).strip(),
         commit_offsets=_bool(options, "commitOffsets", False),
         max_records_per_partition=_positive(options, "maxRecordsPerPartition", 200_000) or 200_000,
         pull_batch_size=min(_positive(options, "pullBatchSize", 1024) or 1024, 1024),

@@ -66,8 +66,8 @@ from pyspark.sql.types import StructType
 from halfmoon.client.errors import ClientError
 from halfmoon.client.message import Message
 from halfmoon.errors import HalfmoonError
-from halfmoon.spark.options import SparkOptionError, _get, endpoint_of
-from halfmoon.spark.wire import Queue, Wire, group_decided
+from halfmoon.spark.options import SparkOptionError, endpoint_of, option_value, selector_wire
+from halfmoon.spark.wire import Queue, Wire, group_decided, pb
 
 log = logging.getLogger("halfmoon.spark.sink")
 
@@ -110,14 +110,14 @@ class SinkCommit(WriterCommitMessage):
 
 
 def sink_options(options: Mapping[str, str]) -> SinkOptions:
-    sink_id = _get(options, "sinkId") or _checkpoint_query_id(_get(options, "checkpointLocation"))
+    sink_id = option_value(options, "sinkId") or _checkpoint_query_id(option_value(options, "checkpointLocation"))
     if sink_id is not None and not _SINK_ID.match(sink_id):
         raise SparkOptionError(f"option sinkId must be 1 to 64 letters, digits, '_', '.' or '-', got {sink_id!r}")
     return SinkOptions(
         endpoint=endpoint_of(options),
-        topic=(_get(options, "topic") or "").strip() or None,
+        topic=(option_value(options, "topic") or "").strip() or None,
         sink_id=sink_id,
-        marker_topic=(_get(options, "markerTopic") or MARKER_TOPIC).strip(),
+        marker_topic=(option_value(options, "markerTopic") or MARKER_TOPIC).strip(),
     )
 
 
@@ -269,9 +269,7 @@ def marker_tag(key: str) -> str:
     return "m." + key.replace(":", ".")
 
 
-def _marker_selector(key: str):  # type: ignore[no-untyped-def]
-    from halfmoon.spark.options import selector_wire
-
+def _marker_selector(key: str) -> pb.FilterExpression | None:
     return selector_wire(("TAG", marker_tag(key)))
 
 
