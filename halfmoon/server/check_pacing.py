@@ -94,6 +94,26 @@ class OutstandingChecks:
         """The stream a check of this transaction is outstanding at, if any."""
         return self._holder.get(transaction_id)
 
+    def awaiting(self, transaction_id: str) -> tuple[object, str] | None:
+        """(stream, client id) of this transaction's check if outstanding and not lost yet; any thread.
+
+        Read-only: lets the check scan skip a transaction before reading its
+        half record; the next hand-off prunes and expires for real.
+        """
+        with self._lock:
+            stream = self._holder.get(transaction_id)
+            entry = self._streams.get(stream) if stream is not None else None
+            if entry is None:
+                return None
+            sent_ms = entry.checks.get(transaction_id)
+            if sent_ms is None:
+                return None
+            now = self.clock()
+            stalled = now - entry.progress_ms >= self.lost_after_ms
+            if sent_ms <= now - self.lost_after_ms * (1 if stalled else LOST_CEILING):
+                return None
+            return stream, entry.client_id
+
     def sent(self, transaction_id: str, stream: object, client_id: str) -> None:
         with self._lock:
             now = self.clock()

@@ -299,6 +299,19 @@ class TelemetryCheckSender:
         """An EndTransaction arrived for ``transaction_id`` (any thread): its check is answered."""
         self.outstanding.answered(transaction_id)
 
+    def awaiting_answer(self, transaction_id: str) -> bool:
+        """True when a live stream holds an unanswered, not yet lost check of it (any thread).
+
+        The scan then skips the transaction without reading its half record;
+        ``send_checks`` would refuse it anyway.
+        """
+        found = self.outstanding.awaiting(transaction_id)
+        if found is None:
+            return False
+        stream, client_id = found
+        session = self._registry.get(client_id)  # read from another thread: a stale answer costs one round
+        return session is not None and session.outbox is stream and time.monotonic() - session.last_seen <= self._alive_within
+
     def live_producers(self, topic: str, group: str | None = None) -> list[ClientSession]:
         """Loop thread: producers of ``topic`` (of ``group`` when given) with a live stream."""
         now = time.monotonic()

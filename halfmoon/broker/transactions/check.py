@@ -44,7 +44,12 @@ time):
    outstanding at a live stream is not sent again; those are "not taken"
    too. Every EndTransaction (any source) tells the sender its check was
    answered (``service.on_end``); a check unanswered for ``check_retry_ms``
-   at a stream that answered nothing meanwhile counts as lost.
+   at a stream that answered nothing meanwhile counts as lost. So that a
+   scan does not read thousands of half records only to have them refused,
+   a transaction the sender says is awaiting an answer
+   (``awaiting_answer``) is skipped before its record is read, and once a
+   whole batch of one (producer group, topic) was refused, the scan's other
+   checks of that pair are counted unsent without being prepared.
 4. Buffered check counts are appended to the op topic after each tick's
    share of the work, so a restart keeps them (a restart forgets the retry
    times: the first scan after it checks every due transaction).
@@ -132,6 +137,7 @@ class CheckService:
         self._report: ScanReport | None = None
         self._scan_now_ms = 0
         self._started = 0.0
+        self._refused: set[tuple[str | None, str]] = set()  # (producer group, topic) with no room this scan
         self.last_report: ScanReport | None = None
 
     def set_sender(self, sender: CheckSender | None) -> None:
@@ -177,6 +183,7 @@ class CheckService:
     def _begin(self, now_ms: int) -> None:
         self._scan_now_ms = now_ms
         self._started = time.monotonic()
+        self._refused.clear()
         self._todo.extend(self._service.check_candidates(now_ms))
         self._report = ScanReport(candidates=len(self._todo))
 
@@ -237,6 +244,13 @@ class CheckService:
             else:
                 report.skipped += 1
             return None
+        awaiting = getattr(self._sender, "awaiting_answer", None)
+        if (entry.producer_group, entry.topic) in self._refused or (
+            awaiting is not None and awaiting(entry.transaction_id)
+        ):
+            report.unsent += 1  # the producer has not answered its last check / has no room yet
+            service.counters.checks_unsent_total += 1
+            return None
         try:
             view = service.check_view(entry)
         except NotFound:  # retention removed the half record: nothing left to ask about or publish
@@ -271,6 +285,12 @@ class CheckService:
                 raise RuntimeError(f"CheckSender answered {len(taken)} results for {len(wanted)} checks")
         else:
             taken = self._send_one_by_one(sender, wanted, report)
+        took_by_pair: dict[tuple[str | None, str], bool] = {}
+        for (_, request), took in zip(wanted, taken, strict=True):
+            if took is not None:  # None: failed, says nothing about room
+                pair = (request.producer_group, request.topic)
+                took_by_pair[pair] = took_by_pair.get(pair, False) or took
+        self._refused.update(pair for pair, took in took_by_pair.items() if not took)
         for (half_offset, _), took in zip(wanted, taken, strict=True):
             if took is None:
                 continue  # failed: already counted as an error
