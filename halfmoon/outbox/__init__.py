@@ -24,7 +24,7 @@ from halfmoon.outbox.outbox import (
     OutboxStatus,
     UnsupportedDatabase,
 )
-from halfmoon.outbox.relay import Relay, RelayStats
+from halfmoon.outbox.relay import Relay, RelayProcesses, RelayStats
 from halfmoon.outbox.saga import Saga, SagaCompensationFailed, SagaResult
 from halfmoon.outbox.schema import OutboxTables, outbox_tables
 from halfmoon.outbox.targets import (
@@ -68,6 +68,7 @@ __all__ = [
     "PublishTarget",
     "RabbitTarget",
     "Relay",
+    "RelayProcesses",
     "RelayStats",
     "UnroutableMessage",
     "UnsupportedDatabase",

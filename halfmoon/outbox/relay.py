@@ -342,23 +342,30 @@ class Relay:
 
 
 def _relay_process(db_url: str, target_url: str, table_prefix: str, options: dict[str, Any], stop: Any, running: Any, published: Any, slot: int) -> None:
-    """A child process: one Relay until ``stop`` is set; publishes its counter into ``published[slot]``."""
+    """A child process: one Relay until ``stop.value`` is set; publishes its counter into ``published[slot]``.
+
+    The shared state is lock-free on purpose (one writer per slot, a flag the
+    parent sets): a child SIGKILLed while holding a ``multiprocessing`` lock, or
+    while waiting on a ``multiprocessing.Event``, leaves that lock taken or the
+    event's condition counting a sleeper that never wakes, and the parent's
+    next read or ``set()`` blocks forever.
+    """
     import signal
 
     from halfmoon.outbox.dialects import make_engine
     from halfmoon.outbox.targets import target_for_url
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: setattr(stop, "value", 1))
     workers = int(options.get("workers", 1))
     outbox = Outbox(make_engine(db_url, pool_size=workers + 2), table_prefix=table_prefix)
     relay = Relay(outbox, target_for_url(target_url), **options)
     relay.start()
     relay.wait_listening(10.0)
-    with running.get_lock():
-        running.value += 1
+    running[slot] = 1
     try:
-        while not stop.wait(0.05):
+        while not stop.value:
+            time.sleep(0.05)  # the poll interval of the stop flag and the counter
             published[slot] = relay.published
     finally:
         relay.stop()
@@ -388,9 +395,11 @@ class RelayProcesses:
         self.processes = processes
         self.table_prefix = table_prefix
         self.options = relay_options
-        self._stop = self._mp.Event()
-        self._running = self._mp.Value("i", 0)
-        self._published = self._mp.Array("q", processes)
+        # Lock-free shared memory: see _relay_process for why a SIGKILL forbids locks here.
+        self._stop = self._mp.RawValue("b", 0)
+        self._running = self._mp.RawArray("b", processes)
+        self._published = self._mp.RawArray("q", processes)
+        self._published_by_dead = 0  # counts of children that died, whose slot a replacement reuses
         self._children: list[Any] = [None] * processes
         self.restarts = 0
 
@@ -402,36 +411,40 @@ class RelayProcesses:
 
     def start(self, timeout: float = 60.0) -> RelayProcesses:
         """Start the children; wait until each runs its relay (or raise if one dies first)."""
-        self._stop.clear()
+        self._stop.value = 0
         for slot in range(self.processes):
+            self._running[slot] = 0
             self._spawn(slot)
         deadline = time.monotonic() + timeout
-        while self._running.value < self.processes:
+        while sum(self._running[:]) < self.processes:
             dead = [c for c in self._children if c is not None and c.exitcode is not None]
             if dead or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"outbox relay process failed to start (exit codes {[c.exitcode for c in dead]})")
-            self._stop.wait(0.05)
+            time.sleep(0.05)  # poll interval of the start-up check
         log.info("event=outbox_relay_processes_started processes=%d options=%r", self.processes, self.options)
         return self
 
     @property
     def published(self) -> int:
         """Messages published by all children (each updates its count every 50 ms)."""
-        return sum(self._published[:])
+        return self._published_by_dead + sum(self._published[:])
 
     def supervise(self, stop: threading.Event, interval: float = 1.0) -> None:
         """Until ``stop`` is set, restart any child that died."""
         while not stop.wait(interval):
             for slot, child in enumerate(self._children):
-                if child is not None and child.exitcode is not None and not self._stop.is_set():
+                if child is not None and child.exitcode is not None and not self._stop.value:
                     log.warning("event=outbox_relay_process_died slot=%d exitcode=%s; restarting", slot, child.exitcode)
                     self.restarts += 1
+                    # The dead child writes no more; its replacement counts from zero in the same slot.
+                    self._published_by_dead += self._published[slot]
+                    self._published[slot] = 0
                     self._spawn(slot)
 
     def stop(self, timeout: float = 15.0) -> None:
         """Ask every child to finish its batches in flight; kill the ones still running at ``timeout``."""
-        self._stop.set()
+        self._stop.value = 1
         deadline = time.monotonic() + timeout
         for child in self._children:
             if child is not None:
