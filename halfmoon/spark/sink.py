@@ -32,9 +32,13 @@ The protocol (docs/spark.md has the failure cases worked through):
   its checkpoint on restart); speculative execution must stay off.
 
 Group members are not checked by the broker (their owner decides), so a
-run that died before its commit point leaves an undecided data group: its
-rows stay invisible for good, and ``halfmoon transaction list`` shows them
-until an operator rolls the group back (docs/spark.md).
+run that died before its commit point leaves an undecided data group. With
+the ``admin`` option (the admin API's URL) the driver clears them itself:
+after committing batch N it lists the data topic's pending transactions,
+and rolls back every group ``<sink>:<b>:<run>`` with ``b <= N`` written by
+another application that no committed marker of ``<sink>:<b>`` names (see
+``OrphanSweep``). Without it, ``halfmoon transaction list`` shows them until
+an operator rolls the group back (docs/spark.md).
 
 Batch writes (``df.write``) are one transaction group per job, committed by
 the driver when every task succeeded and rolled back otherwise.
@@ -49,6 +53,8 @@ import re
 import signal
 import threading
 import time
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -76,6 +82,8 @@ PROPERTY_MARKER = "hm_spark_marker"  # "<sink>:<batch>" on a commit marker
 PROPERTY_DATA_GROUP = "hm_spark_group"  # the data group a marker commits
 SINK_GROUP = "halfmoon-spark-sink"  # the consumer group marker reads are made as
 MARKER_TIMEOUT = 30.0
+ORPHAN_LIST_LIMIT = 10_000  # pending transactions read per sweep; the oldest (orphans) come first
+ADMIN_TIMEOUT = 10.0
 SEND_CHUNK = 256
 SEND_CHUNK_BYTES = 3 * 1024 * 1024
 _SINK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -96,6 +104,7 @@ class SinkOptions:
     topic: str | None
     sink_id: str | None
     marker_topic: str
+    admin: str | None = None  # admin API URL: when set, the driver rolls back dead runs' groups
 
 
 @dataclass
@@ -118,7 +127,17 @@ def sink_options(options: Mapping[str, str]) -> SinkOptions:
         topic=(option_value(options, "topic") or "").strip() or None,
         sink_id=sink_id,
         marker_topic=(option_value(options, "markerTopic") or MARKER_TOPIC).strip(),
+        admin=_admin_url(option_value(options, "admin")),
     )
+
+
+def _admin_url(value: str | None) -> str | None:
+    if value is None or not value.strip():
+        return None
+    parsed = urllib.parse.urlsplit(value.strip())
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise SparkOptionError(f"option admin must be the admin API's URL, http://HOST:PORT, got {value!r}")
+    return value.strip().rstrip("/")
 
 
 def _checkpoint_query_id(location: str | None) -> str | None:
@@ -235,6 +254,8 @@ class CommitProtocol:
         self.wire.end_group(winner, topic, commit=True)
         if winner != data_group:
             self.wire.end_group(data_group, topic, commit=False)
+        if self.options.admin is not None:
+            OrphanSweep(self, queue).run(sink, batch_id, data_group, topic)
         return winner
 
     def committed_group(self, queue: Queue, key: str, offset: int) -> str:
@@ -257,12 +278,87 @@ class CommitProtocol:
             f"{self.options.marker_topic!r} within {MARKER_TIMEOUT:.0f}s; the batch is retried when the query restarts"
         )
 
+    def named_groups(self, queue: Queue, key: str) -> set[str]:
+        """Every data group a committed marker of ``key`` names (reads the marker queue once, no waiting)."""
+        selector = _marker_selector(key)
+        offset, end = self.wire.query_offset(queue, "earliest"), self.wire.query_offset(queue, "latest")
+        named: set[str] = set()
+        while offset < end:
+            answer = self.wire.pull(SINK_GROUP, queue, offset, 1024, selector)
+            named |= {m.user_properties[PROPERTY_DATA_GROUP] for m in answer.messages if m.user_properties.get(PROPERTY_MARKER) == key}
+            if answer.next_offset <= offset:
+                break
+            offset = answer.next_offset
+        return named
+
     def abort(self, data_group: str, topic: str) -> None:
         try:
             self.wire.end_group(data_group, topic, commit=False)
         except ClientError as exc:
             if group_decided(exc) != "committed":
                 raise
+
+
+class OrphanSweep:
+    """Roll back the undecided data groups that runs of this sink left when they died before their commit point.
+
+    Runs on the driver just after batch N committed. A pending group
+    ``<sink>:<b>:<run>`` is an orphan when ``b <= N`` (Spark finished or
+    replaced batch b: every later run of b went into a group of its own) and
+    it was written by another application (``run`` starts with the
+    application's submit time, so the current run's groups are never
+    touched) and no committed marker of ``<sink>:<b>`` names it (that group
+    is the batch's output: it is committed, never rolled back). Finding the
+    groups needs the admin API's list of pending transactions; the gRPC
+    protocol has no such listing. A failed sweep is logged and retried at
+    the next commit: the batch itself is already committed.
+    """
+
+    def __init__(self, protocol: CommitProtocol, marker_queue: Queue) -> None:
+        self.protocol = protocol
+        self.marker_queue = marker_queue
+
+    def run(self, sink: str, batch_id: int, data_group: str, topic: str) -> list[str]:
+        """Roll back the orphans of ``sink`` up to ``batch_id``; returns the groups rolled back."""
+        try:
+            return self._sweep(sink, batch_id, data_group, topic)
+        except (OSError, ValueError, KeyError, TypeError, HalfmoonError) as exc:
+            log.warning("event=spark_sink_orphan_sweep_failed sink=%s batch=%d error=%s", sink, batch_id, exc)
+            return []
+
+    def _sweep(self, sink: str, batch_id: int, data_group: str, topic: str) -> list[str]:
+        current_app = _run_application(data_group)
+        candidates: dict[str, int] = {}
+        for group in self._pending_groups(None if topic == "-" else topic):
+            parts = group.split(":")
+            if len(parts) != 3 or parts[0] != sink or not parts[1].isdigit():
+                continue  # another sink's group, or a batch write (<sink>:<uuid>)
+            if int(parts[1]) <= batch_id and _run_application(group) != current_app:
+                candidates[group] = int(parts[1])
+        rolled_back = []
+        named: dict[int, set[str]] = {}
+        for group, batch in sorted(candidates.items()):
+            if batch not in named:
+                named[batch] = self.protocol.named_groups(self.marker_queue, f"{sink}:{batch}")
+            if group in named[batch]:
+                continue  # the batch's output: whoever replays the batch commits it
+            self.protocol.abort(group, topic)
+            rolled_back.append(group)
+            log.info("event=spark_sink_orphan_rolled_back sink=%s batch=%d group=%s", sink, batch, group)
+        return rolled_back
+
+    def _pending_groups(self, topic: str | None) -> set[str]:
+        query = {"limit": str(ORPHAN_LIST_LIMIT), **({"topic": topic} if topic else {})}
+        url = f"{self.protocol.options.admin}/v1/transactions?{urllib.parse.urlencode(query)}"
+        request = urllib.request.Request(url, headers={"accept": "application/json"})
+        with urllib.request.urlopen(request, timeout=ADMIN_TIMEOUT) as answer:
+            transactions = json.loads(answer.read())["transactions"]
+        return {t["transaction_group"] for t in transactions if t.get("transaction_group")}
+
+
+def _run_application(group: str) -> str:
+    # A stream run is "<submit time>s<stage>": the submit time names the application.
+    return group.rpartition(":")[2].partition("s")[0]
 
 
 def marker_tag(key: str) -> str:
@@ -321,6 +417,7 @@ class HalfmoonStreamWriter(DataSourceStreamArrowWriter):
         if len(groups) != 1:
             raise SinkError(f"batch {batchId} was written into several transaction groups {sorted(groups)}; refusing to commit")
         group = groups.pop()
+        failpoint("before-marker")
         winner = CommitProtocol(self.options).commit(commits[0].sink, batchId, group, self.topic)
         rows = sum(m.count for m in commits)
         log.info("event=spark_sink_commit sink=%s batch=%d group=%s rows=%d replay=%s", commits[0].sink, batchId, winner, rows, winner != group)
