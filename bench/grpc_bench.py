@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
@@ -41,7 +39,7 @@ from typing import Any, TextIO
 
 from bench.amqp_peer import AmqpPeer, amqp_url
 from bench.halfmoon_peer import GrpcPeer, official_client_produce
-from bench.load import Throughput, percentile
+from bench.load import Throughput, machine_info, percentile
 from bench.server_proc import Flush, HalfmoonServer
 
 RABBITMQ = AmqpPeer.name
@@ -293,16 +291,6 @@ def targets(report: Report, settings: Settings) -> list[Target]:
 
 
 # -- output -----------------------------------------------------------------------
-
-
-def machine_info() -> dict[str, Any]:
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "load_average_at_start": " ".join(f"{x:.2f}" for x in load),
-    }
 
 
 def format_rows(rows: list[Row]) -> str:

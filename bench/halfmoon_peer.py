@@ -29,6 +29,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
+from bench import rawstub
 from bench.load import (
     BODY_SIZE,
     Arrivals,
@@ -39,6 +40,7 @@ from bench.load import (
     sequential_latencies,
     timed_producers,
 )
+from bench.rawstub import check_status
 from bench.server_proc import HalfmoonServer
 
 QUEUES = 8
@@ -47,15 +49,6 @@ INVISIBLE_SECONDS = 30
 LONG_POLL_SECONDS = 5
 RPC_TIMEOUT = 15.0
 _names = itertools.count()
-
-
-class RequestFailed(RuntimeError):
-    """The server answered a request with a non-OK status."""
-
-
-def _check(status: pb.Status, rpc: str) -> None:
-    if status.code != pb.Code.OK:
-        raise RequestFailed(f"{rpc} answered {pb.Code.Name(status.code)}: {status.message}")
 
 
 class GrpcPeer:
@@ -106,53 +99,19 @@ class GrpcPeer:
         response = await self._stub.SendMessage(
             request, metadata=self._metadata, timeout=RPC_TIMEOUT
         )
-        _check(response.status, "SendMessage")
+        check_status(response.status, "SendMessage")
         return len(response.entries)
 
     async def _receive(
         self, group: str, topic: str, batch: int, long_poll: float
     ) -> list[pb.Message]:
-        request = svc.ReceiveMessageRequest(
-            group=pb.Resource(name=group),
-            message_queue=pb.MessageQueue(
-                topic=pb.Resource(name=topic), id=-1, permission=pb.Permission.READ_WRITE
-            ),
-            filter_expression=pb.FilterExpression(type=pb.FilterType.TAG, expression="*"),
-            batch_size=batch,
-            auto_renew=False,
-        )
-        request.invisible_duration.seconds = INVISIBLE_SECONDS
-        request.long_polling_timeout.FromMilliseconds(int(long_poll * 1000))
-        messages = []
-        call = self._stub.ReceiveMessage(
-            request, metadata=self._metadata, timeout=long_poll + RPC_TIMEOUT
-        )
-        async for response in call:
-            kind = response.WhichOneof("content")
-            if kind == "message":
-                messages.append(response.message)
-            elif kind == "status" and response.status.code not in (
-                pb.Code.OK,
-                pb.Code.MESSAGE_NOT_FOUND,
-            ):
-                _check(response.status, "ReceiveMessage")
-        return messages
+        return await rawstub.receive(
+            self._stub, self._metadata, group, topic, batch=batch,
+            invisible_seconds=INVISIBLE_SECONDS, long_poll=long_poll, rpc_timeout=RPC_TIMEOUT,
+        )  # fmt: skip
 
     async def _ack(self, group: str, topic: str, messages: list[pb.Message]) -> None:
-        entries = [
-            svc.AckMessageEntry(
-                message_id=m.system_properties.message_id,
-                receipt_handle=m.system_properties.receipt_handle,
-            )
-            for m in messages
-        ]
-        request = svc.AckMessageRequest(
-            group=pb.Resource(name=group), topic=pb.Resource(name=topic), entries=entries
-        )
-        response = await self._stub.AckMessage(
-            request, metadata=self._metadata, timeout=RPC_TIMEOUT
-        )
-        _check(response.status, "AckMessage")
+        await rawstub.ack(self._stub, self._metadata, group, topic, messages, rpc_timeout=RPC_TIMEOUT)
 
     # -- scenarios ----------------------------------------------------------------
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import platform
 import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 BODY_SIZE = 1024
 # Latency runs send this many untimed messages first (connections, caches, the JIT-less
@@ -139,3 +140,14 @@ class EndpointPeer(Protocol):
     async def consume(self, messages: int, consumers: int) -> Throughput: ...
 
     async def close(self) -> None: ...
+
+
+def machine_info() -> dict[str, Any]:
+    """What a results table needs to say about where it was measured."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load_average_at_start": " ".join(f"{x:.2f}" for x in load),
+    }

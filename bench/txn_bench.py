@@ -45,7 +45,6 @@ import asyncio
 import itertools
 import json
 import os
-import platform
 import re
 import sys
 import time
@@ -58,7 +57,18 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from bench.load import BODY_SIZE, Arrivals, Throughput, body, percentile, seq_of, timed_producers
+from bench import rawstub
+from bench.load import (
+    BODY_SIZE,
+    Arrivals,
+    Throughput,
+    body,
+    machine_info,
+    percentile,
+    seq_of,
+    timed_producers,
+)
+from bench.rawstub import check_status
 from bench.server_proc import Flush, HalfmoonServer
 
 PRODUCERS = 16
@@ -103,15 +113,6 @@ QUICK = Settings(seconds=1.0, rounds=1, latency_count=200, orphans=2_000)
 # -- raw protocol client -------------------------------------------------------------
 
 
-class RequestFailed(RuntimeError):
-    """The server answered with a non-OK status."""
-
-
-def _check(status: pb.Status, rpc: str) -> None:
-    if status.code != pb.Code.OK:
-        raise RequestFailed(f"{rpc} answered {pb.Code.Name(status.code)}: {status.message}")
-
-
 class RawClient:
     """The protocol stubs on one channel, the requests the official clients send."""
 
@@ -144,7 +145,7 @@ class RawClient:
         response = await self._stub.SendMessage(
             svc.SendMessageRequest(messages=messages), metadata=self._metadata, timeout=RPC_TIMEOUT
         )
-        _check(response.status, "SendMessage")
+        check_status(response.status, "SendMessage")
         return list(response.entries)
 
     async def commit(self, topic: str, entry: svc.SendResultEntry) -> None:
@@ -158,50 +159,16 @@ class RawClient:
         response = await self._stub.EndTransaction(
             request, metadata=self._metadata, timeout=RPC_TIMEOUT
         )
-        _check(response.status, "EndTransaction")
+        check_status(response.status, "EndTransaction")
 
     async def receive(self, group: str, topic: str) -> list[pb.Message]:
-        request = svc.ReceiveMessageRequest(
-            group=pb.Resource(name=group),
-            message_queue=pb.MessageQueue(
-                topic=pb.Resource(name=topic), id=-1, permission=pb.Permission.READ_WRITE
-            ),
-            filter_expression=pb.FilterExpression(type=pb.FilterType.TAG, expression="*"),
-            batch_size=32,
-            auto_renew=False,
-        )
-        request.invisible_duration.seconds = 30
-        request.long_polling_timeout.FromMilliseconds(int(LONG_POLL_SECONDS * 1000))
-        messages = []
-        call = self._stub.ReceiveMessage(
-            request, metadata=self._metadata, timeout=LONG_POLL_SECONDS + RPC_TIMEOUT
-        )
-        async for response in call:
-            kind = response.WhichOneof("content")
-            if kind == "message":
-                messages.append(response.message)
-            elif kind == "status" and response.status.code not in (
-                pb.Code.OK,
-                pb.Code.MESSAGE_NOT_FOUND,
-            ):
-                _check(response.status, "ReceiveMessage")
-        return messages
+        return await rawstub.receive(
+            self._stub, self._metadata, group, topic, batch=32, invisible_seconds=30,
+            long_poll=LONG_POLL_SECONDS, rpc_timeout=RPC_TIMEOUT,
+        )  # fmt: skip
 
     async def ack(self, group: str, topic: str, messages: list[pb.Message]) -> None:
-        entries = [
-            svc.AckMessageEntry(
-                message_id=m.system_properties.message_id,
-                receipt_handle=m.system_properties.receipt_handle,
-            )
-            for m in messages
-        ]
-        request = svc.AckMessageRequest(
-            group=pb.Resource(name=group), topic=pb.Resource(name=topic), entries=entries
-        )
-        response = await self._stub.AckMessage(
-            request, metadata=self._metadata, timeout=RPC_TIMEOUT
-        )
-        _check(response.status, "AckMessage")
+        await rawstub.ack(self._stub, self._metadata, group, topic, messages, rpc_timeout=RPC_TIMEOUT)
 
 
 def _fresh_topic(server: HalfmoonServer, what: str, message_type: str) -> str:
@@ -630,16 +597,6 @@ def targets(report: Report, settings: Settings) -> list[Target]:
 
 
 # -- output ------------------------------------------------------------------------------------------
-
-
-def machine_info() -> dict[str, Any]:
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "load_average_at_start": " ".join(f"{x:.2f}" for x in load),
-    }
 
 
 def format_result(r: Result) -> str:
