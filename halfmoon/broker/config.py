@@ -9,10 +9,11 @@ a crash leaves either the old or the new version, never half of one.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from halfmoon.store.fsutil import replace_atomically
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -38,18 +39,7 @@ class BrokerConfig:
 def write_json_atomic(path: Path, data: Any) -> None:
     """Replace ``path`` with ``data`` as JSON so a crash leaves the old or the new file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    payload = json.dumps(data, indent=1, sort_keys=True).encode("utf-8")
-    with open(tmp, "wb") as f:
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    replace_atomically(path, json.dumps(data, indent=1, sort_keys=True).encode("utf-8"))
 
 
 def read_json(path: Path) -> Any | None:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import heapq
 import json
-import os
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from halfmoon.errors import CorruptionError
+from halfmoon.store.fsutil import replace_atomically
 
 SNAPSHOT_VERSION = 1
 # Rebuild the lazy structures once stale entries exceed live ones by this.
@@ -251,17 +251,7 @@ def write_snapshot(path: Path, receipt_key: bytes, next_epoch: int, topics: list
     }
     data = json.dumps(document, separators=(",", ":")).encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(path.name + ".tmp")
-    with open(temp, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    replace_atomically(path, data)
 
 
 def read_snapshot(path: Path) -> Snapshot | None:

@@ -25,13 +25,12 @@ crashed.
 from __future__ import annotations
 
 import logging
-import os
 import struct
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from halfmoon.store.commitlog import fsync_directory
+from halfmoon.store.fsutil import fsync_directory, replace_atomically
 
 log = logging.getLogger("halfmoon.store")
 
@@ -103,17 +102,7 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
 
 def write_checkpoint(directory: Path, checkpoint: Checkpoint) -> None:
     """Replace the checkpoint atomically and durably."""
-    path = directory / CHECKPOINT_FILE
-    temporary = directory / (CHECKPOINT_FILE + ".tmp")
-    data = encode_checkpoint(checkpoint)
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temporary, path)
-    fsync_directory(directory)
+    replace_atomically(directory / CHECKPOINT_FILE, encode_checkpoint(checkpoint))
 
 
 def read_checkpoint(directory: Path) -> Checkpoint | None:

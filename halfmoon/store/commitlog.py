@@ -27,6 +27,7 @@ from zlib import crc32
 
 from halfmoon.errors import CorruptionError
 from halfmoon.store import record
+from halfmoon.store.fsutil import fsync_directory
 from halfmoon.store.message import StoredMessage
 
 _FRAME = struct.Struct(">II")
@@ -44,15 +45,6 @@ class OffsetGone(LookupError):
 
 def segment_name(start: int) -> str:
     return f"{start:020d}"
-
-
-def fsync_directory(path: Path) -> None:
-    """Make a file creation, rename or deletion in ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Segment:

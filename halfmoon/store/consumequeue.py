@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from halfmoon.errors import InvalidArgument, StorageError
+from halfmoon.store.fsutil import fsync_directory, fsync_file, make_directory
 
 log = logging.getLogger("halfmoon.store")
 
@@ -203,38 +204,6 @@ class _MapCache:
 
     def open_count(self) -> int:
         return len(self._ring)
-
-
-def fsync_file(path: Path) -> None:
-    """fsync a file by path; a file deleted meanwhile (retention) needs nothing."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def make_directory(path: Path) -> None:
-    """Create ``path`` (and parents) and fsync each new entry into its parent."""
-    if path.is_dir():
-        return
-    make_directory(path.parent)
-    try:
-        path.mkdir()
-    except FileExistsError:
-        return
-    fsync_directory(path.parent)
 
 
 def _check_topic(topic: str) -> None:

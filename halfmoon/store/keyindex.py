@@ -56,7 +56,7 @@ from pathlib import Path
 from zlib import crc32
 
 from halfmoon.errors import InvalidArgument
-from halfmoon.store.consumequeue import fsync_directory, fsync_file, make_directory
+from halfmoon.store.fsutil import fsync_directory, fsync_file, make_directory
 
 log = logging.getLogger("halfmoon.store")
 
