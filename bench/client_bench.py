@@ -124,7 +124,10 @@ class Report:
                 {
                     "key": r.key,
                     "scenario": r.scenario,
-                    "measurements": [{**asdict(m), "msgs_per_s": m.per_second, "vs_official": r.ratio(m.system)} for m in r.measurements],
+                    "measurements": [
+                        {**asdict(m), "msgs_per_s": m.per_second, "vs_official": r.ratio(m.system)}
+                        for m in r.measurements
+                    ],
                 }
                 for r in self.rows
             ],
@@ -230,7 +233,9 @@ async def halfmoon_send(producer: Producer, topic: str, senders: int, seconds: f
     return Throughput(sum(counts), time.perf_counter() - started)
 
 
-async def halfmoon_receive(consumer: SimpleConsumer, expected: int, *, ack_together: bool) -> Throughput:
+async def halfmoon_receive(
+    consumer: SimpleConsumer, expected: int, *, ack_together: bool
+) -> Throughput:
     done = 0
     finished = asyncio.Event()
     finished_at = 0.0
@@ -262,7 +267,9 @@ def _turns(systems: tuple[str, ...], round_index: int) -> tuple[str, ...]:
     return systems if round_index % 2 == 0 else tuple(reversed(systems))
 
 
-async def send_rows(server: HalfmoonServer, settings: Settings, log: Callable[[str], None]) -> list[Row]:
+async def send_rows(
+    server: HalfmoonServer, settings: Settings, log: Callable[[str], None]
+) -> list[Row]:
     from rocketmq import Producer as OfficialProducer
 
     topics = {system: f"client-bench-send-{next(_names)}" for system in SEND_SYSTEMS}
@@ -281,21 +288,33 @@ async def send_rows(server: HalfmoonServer, settings: Settings, log: Callable[[s
         await coalescing.send(Message(topics[HALFMOON], b"warm"))
         await plain.send(Message(topics[HALFMOON_NO_COALESCE], b"warm"))
         runs: dict[str, Callable[[int], Awaitable[Throughput]]] = {
-            OFFICIAL: lambda n: asyncio.to_thread(official_send, official, topics[OFFICIAL], n, settings.seconds),
+            OFFICIAL: lambda n: asyncio.to_thread(
+                official_send, official, topics[OFFICIAL], n, settings.seconds
+            ),
             HALFMOON: lambda n: halfmoon_send(coalescing, topics[HALFMOON], n, settings.seconds),
-            HALFMOON_NO_COALESCE: lambda n: halfmoon_send(plain, topics[HALFMOON_NO_COALESCE], n, settings.seconds),
+            HALFMOON_NO_COALESCE: lambda n: halfmoon_send(
+                plain, topics[HALFMOON_NO_COALESCE], n, settings.seconds
+            ),
         }
         for senders in SENDERS:
-            row = Row(f"send_s{senders}", f"send, {senders} concurrent sender{'s' if senders > 1 else ''}, 1 KiB", [Measurement(s) for s in SEND_SYSTEMS])
+            row = Row(
+                f"send_s{senders}",
+                f"send, {senders} concurrent sender{'s' if senders > 1 else ''}, 1 KiB",
+                [Measurement(s) for s in SEND_SYSTEMS],
+            )
             before = (coalescing.stats.requests, coalescing.stats.messages)
             for round_index in range(settings.rounds):
                 for system in _turns(SEND_SYSTEMS, round_index):
                     result = await runs[system](senders)
                     row.of(system).add(result)
-                    log(f"{row.key} round {round_index + 1} {system}: {result.per_second:,.0f} msgs/s")
+                    log(
+                        f"{row.key} round {round_index + 1} {system}: {result.per_second:,.0f} msgs/s"
+                    )
             requests = coalescing.stats.requests - before[0]
             messages = coalescing.stats.messages - before[1]
-            row.of(HALFMOON).note = f"{messages / requests:.1f} messages per request" if requests else ""
+            row.of(HALFMOON).note = (
+                f"{messages / requests:.1f} messages per request" if requests else ""
+            )
             rows.append(row)
     finally:
         await coalescing.close()
@@ -313,16 +332,24 @@ async def _backlog(server: HalfmoonServer, count: int) -> tuple[str, str]:
     return topic, group
 
 
-async def receive_row(server: HalfmoonServer, settings: Settings, log: Callable[[str], None]) -> Row:
+async def receive_row(
+    server: HalfmoonServer, settings: Settings, log: Callable[[str], None]
+) -> Row:
     from rocketmq import FilterExpression
     from rocketmq import SimpleConsumer as OfficialSimpleConsumer
 
     count = settings.receive_messages
-    row = Row("receive", f"receive, {CONSUMERS} consumers, batches of {RECEIVE_BATCH} + ack each, 1 KiB", [Measurement(s) for s in RECEIVE_SYSTEMS])
+    row = Row(
+        "receive",
+        f"receive, {CONSUMERS} consumers, batches of {RECEIVE_BATCH} + ack each, 1 KiB",
+        [Measurement(s) for s in RECEIVE_SYSTEMS],
+    )
 
     async def official_run() -> Throughput:
         topic, group = await _backlog(server, count)
-        consumer = OfficialSimpleConsumer(_official_config(server), group, {topic: FilterExpression()}, await_duration=1)
+        consumer = OfficialSimpleConsumer(
+            _official_config(server), group, {topic: FilterExpression()}, await_duration=1
+        )
         await asyncio.to_thread(consumer.startup)
         try:
             return await asyncio.to_thread(official_receive, consumer, count)
@@ -360,7 +387,10 @@ def machine_info() -> dict[str, Any]:
 
 
 async def run_all(settings: Settings, log: Callable[[str], None]) -> Report:
-    report = Report(machine_info(), asdict(settings) | {"body_bytes": BODY_SIZE, "flush": "async", "queues": QUEUES})
+    report = Report(
+        machine_info(),
+        asdict(settings) | {"body_bytes": BODY_SIZE, "flush": "async", "queues": QUEUES},
+    )
     with HalfmoonServer(flush="async") as server:
         report.rows.extend(await send_rows(server, settings, log))
         report.rows.append(await receive_row(server, settings, log))
@@ -376,7 +406,9 @@ def format_rows(rows: list[Row]) -> str:
         for m in row.measurements:
             ratio = row.ratio(m.system)
             shown = "" if m.system == OFFICIAL or ratio is None else f"{ratio:.2f}x"
-            lines.append(f"{row.scenario:<56} {m.system:<30} {m.per_second:>10,.0f} {shown:>12}  {m.note}")
+            lines.append(
+                f"{row.scenario:<56} {m.system:<30} {m.per_second:>10,.0f} {shown:>12}  {m.note}"
+            )
     return "\n".join(lines)
 
 
@@ -386,12 +418,16 @@ def print_report(report: Report, out: TextIO) -> None:
     out.write(format_rows(report.rows) + "\n\n")
     ratio = report.row("send_s16").ratio(HALFMOON) or 0.0
     verdict = "PASS" if ratio >= TARGET_RATIO else "MISS"
-    out.write(f"target: halfmoon >= {TARGET_RATIO:.0f}x the official client, 16 senders, 1 KiB: {ratio:.2f}x  {verdict}\n")
+    out.write(
+        f"target: halfmoon >= {TARGET_RATIO:.0f}x the official client, 16 senders, 1 KiB: {ratio:.2f}x  {verdict}\n"
+    )
     out.flush()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.client_bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.client_bench", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--quick", action="store_true", help="a short run (about 20 s)")
     parser.add_argument("--seconds", type=float, help="seconds per send run, client and round")
     parser.add_argument("--rounds", type=int, help="turns each client takes per scenario")

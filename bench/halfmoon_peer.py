@@ -111,7 +111,9 @@ class GrpcPeer:
         )  # fmt: skip
 
     async def _ack(self, group: str, topic: str, messages: list[pb.Message]) -> None:
-        await rawstub.ack(self._stub, self._metadata, group, topic, messages, rpc_timeout=RPC_TIMEOUT)
+        await rawstub.ack(
+            self._stub, self._metadata, group, topic, messages, rpc_timeout=RPC_TIMEOUT
+        )
 
     # -- scenarios ----------------------------------------------------------------
 

@@ -53,13 +53,22 @@ from halfmoon.outbox.outbox import now_ms
 from halfmoon.outbox.relay import RelayProcesses
 from halfmoon.outbox.targets import target_for_url
 
-POSTGRES = os.environ.get("HALFMOON_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+POSTGRES = os.environ.get(
+    "HALFMOON_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
 TOPIC = "RelayBench"
 # (processes, worker threads each); 0 processes: threads in the benchmark's process.
 SHAPES = ((0, 1), (0, 4), (2, 2), (4, 1))
 
 
-def fill(outbox: Outbox, topic: str, count: int, aggregates: int, routing_key: str = "", chunk: int = 2000) -> None:
+def fill(
+    outbox: Outbox,
+    topic: str,
+    count: int,
+    aggregates: int,
+    routing_key: str = "",
+    chunk: int = 2000,
+) -> None:
     """``count`` rows over ``aggregates`` aggregates, ``chunk`` rows per transaction."""
     body = b"x" * 256
     for start in range(0, count, chunk):
@@ -73,16 +82,34 @@ def reset(outbox: Outbox) -> None:
         conn.execute(outbox.table.delete())
 
 
-def run_relay(outbox: Outbox, target_url: str, topic: str, count: int, aggregates: int, processes: int, workers: int, batch: int, routing_key: str = "") -> float:
+def run_relay(
+    outbox: Outbox,
+    target_url: str,
+    topic: str,
+    count: int,
+    aggregates: int,
+    processes: int,
+    workers: int,
+    batch: int,
+    routing_key: str = "",
+) -> float:
     """Throughput with ``processes`` x ``workers`` (0 processes: threads in this process).
 
     The relay starts on an empty outbox and idles; the rows then arrive in one
     transaction, and the clock runs from its commit until the relay has published
     every row (a counter, not a query: polling the table would load PostgreSQL).
     """
-    options = {"workers": workers, "batch_size": batch, "poll_interval": 0.02, "sent_retention": None, "listen": False}
+    options = {
+        "workers": workers,
+        "batch_size": batch,
+        "poll_interval": 0.02,
+        "sent_retention": None,
+        "listen": False,
+    }
     if processes:
-        group: Relay | RelayProcesses = RelayProcesses(POSTGRES, target_url, processes=processes, table_prefix=outbox.tables.prefix, **options)
+        group: Relay | RelayProcesses = RelayProcesses(
+            POSTGRES, target_url, processes=processes, table_prefix=outbox.tables.prefix, **options
+        )
     else:
         group = Relay(outbox, target_for_url(target_url), **options)  # type: ignore[arg-type]
     group.start()
@@ -97,7 +124,14 @@ def run_relay(outbox: Outbox, target_url: str, topic: str, count: int, aggregate
     return count / elapsed
 
 
-def run_publish_only(make: Callable[[], PublishTarget], topic: str, count: int, batch: int, threads: int, routing_key: str = "") -> float:
+def run_publish_only(
+    make: Callable[[], PublishTarget],
+    topic: str,
+    count: int,
+    batch: int,
+    threads: int,
+    routing_key: str = "",
+) -> float:
     """The target's own ceiling: ``threads`` threads publishing batches with no database at all."""
     import threading
 
@@ -134,18 +168,29 @@ def run_naive(outbox: Outbox, target: PublishTarget, count: int) -> float:
     started = time.perf_counter()
     while published < count:
         with outbox.engine.begin() as conn:
-            rows = conn.execute(select(t).where(t.c.status == "pending").order_by(t.c.id).limit(100)).all()
+            rows = conn.execute(
+                select(t).where(t.c.status == "pending").order_by(t.c.id).limit(100)
+            ).all()
             for row in rows:
                 (error,) = target.publish([OutboxRecord.from_row(row)])
                 if error is None:
-                    conn.execute(update(t).where(t.c.id == row.id).values(status="sent", sent_at=now_ms()))
+                    conn.execute(
+                        update(t).where(t.c.id == row.id).values(status="sent", sent_at=now_ms())
+                    )
                     published += 1
     elapsed = time.perf_counter() - started
     target.close()
     return count / elapsed
 
 
-def run_latency(outbox: Outbox, target: PublishTarget, topic: str, count: int, rate: float, routing_key: str = "") -> tuple[float, float]:
+def run_latency(
+    outbox: Outbox,
+    target: PublishTarget,
+    topic: str,
+    count: int,
+    rate: float,
+    routing_key: str = "",
+) -> tuple[float, float]:
     relay = Relay(outbox, target, workers=1, poll_interval=1.0, sent_retention=None)
     relay.start()
     relay.wait_listening(10)
@@ -153,7 +198,10 @@ def run_latency(outbox: Outbox, target: PublishTarget, topic: str, count: int, r
     next_at = time.perf_counter()
     for i in range(count):
         with outbox.engine.begin() as conn:
-            outbox.add(conn, OutboxMessage(topic, b"latency", routing_key=routing_key, aggregate_id=f"l{i}"))
+            outbox.add(
+                conn,
+                OutboxMessage(topic, b"latency", routing_key=routing_key, aggregate_id=f"l{i}"),
+            )
         next_at += interval
         time.sleep(max(next_at - time.perf_counter(), 0))  # pacing the producer, not synchronising
     while relay.stats().published < count:
@@ -180,7 +228,9 @@ def declare_queue(url: str, name: str, delete: bool = False) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--messages", type=int, default=20000)
     parser.add_argument("--aggregates", type=int, default=10000)
     parser.add_argument("--batch", type=int, default=500)
@@ -188,7 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-count", type=int, default=300)
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--targets", default="halfmoon,rabbitmq")
-    parser.add_argument("--shapes", default=",".join(f"{p}x{w}" for p, w in SHAPES), help="PROCESSESxTHREADS list; 0 processes: threads in this process")
+    parser.add_argument(
+        "--shapes",
+        default=",".join(f"{p}x{w}" for p, w in SHAPES),
+        help="PROCESSESxTHREADS list; 0 processes: threads in this process",
+    )
     parser.add_argument("--no-naive", action="store_true")
     parser.add_argument("--no-latency", action="store_true")
     args = parser.parse_args(argv)
@@ -201,15 +255,39 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    def scenarios(name: str, make: Callable[[], PublishTarget], url: str, topic: str, routing_key: str) -> None:
+    def scenarios(
+        name: str, make: Callable[[], PublishTarget], url: str, topic: str, routing_key: str
+    ) -> None:
         for processes, workers in shapes:
             reset(outbox)
-            rate = run_relay(outbox, url, topic, args.messages, args.aggregates, processes, workers, args.batch, routing_key)
-            shape = f"{workers} thread{'s' if workers > 1 else ''}" if not processes else f"{processes} processes x {workers} thread{'s' if workers > 1 else ''}"
-            rows.append((name, f"relay, {max(processes, 1) * workers} worker{'s' if max(processes, 1) * workers > 1 else ''} ({shape})", f"{rate:,.0f} msgs/s"))
+            rate = run_relay(
+                outbox,
+                url,
+                topic,
+                args.messages,
+                args.aggregates,
+                processes,
+                workers,
+                args.batch,
+                routing_key,
+            )
+            shape = (
+                f"{workers} thread{'s' if workers > 1 else ''}"
+                if not processes
+                else f"{processes} processes x {workers} thread{'s' if workers > 1 else ''}"
+            )
+            rows.append(
+                (
+                    name,
+                    f"relay, {max(processes, 1) * workers} worker{'s' if max(processes, 1) * workers > 1 else ''} ({shape})",
+                    f"{rate:,.0f} msgs/s",
+                )
+            )
             log(f"{name} relay {shape}: {rate:,.0f}/s")
         rate = run_publish_only(make, topic, args.messages, args.batch, 4, routing_key)
-        rows.append((name, "target ceiling: publish only, no database (4 threads)", f"{rate:,.0f} msgs/s"))
+        rows.append(
+            (name, "target ceiling: publish only, no database (4 threads)", f"{rate:,.0f} msgs/s")
+        )
         log(f"{name} publish only: {rate:,.0f}/s")
         if args.no_naive:
             return
@@ -222,7 +300,13 @@ def main(argv: list[str] | None = None) -> int:
             return
         reset(outbox)
         p50, p99 = run_latency(outbox, make(), topic, args.latency_count, args.rate, routing_key)
-        rows.append((name, f"insert-to-publish latency with NOTIFY ({args.rate:.0f}/s)", f"p50 {p50:.1f} ms, p99 {p99:.1f} ms"))
+        rows.append(
+            (
+                name,
+                f"insert-to-publish latency with NOTIFY ({args.rate:.0f}/s)",
+                f"p50 {p50:.1f} ms, p99 {p99:.1f} ms",
+            )
+        )
         log(f"{name} latency: p50 {p50:.1f} ms p99 {p99:.1f} ms")
 
     try:
@@ -241,7 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         outbox.drop_tables()
 
-    tree = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
+    tree = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True
+    ).stdout.strip()
     print(f"outbox relay benchmark — PostgreSQL, {args.messages} messages over {args.aggregates} aggregates, batch {args.batch}, "
           f"{os.cpu_count()} CPUs, Python {platform.python_version()}, tree {tree}")  # fmt: skip
     width = max(len(r[1]) for r in rows)

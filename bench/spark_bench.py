@@ -68,7 +68,12 @@ def fill(endpoint: str, topic: str, count: int, size: int) -> None:
     body = os.urandom(size)
     with SyncProducer(endpoint) as producer:
         for start in range(0, count, 1000):
-            producer.send_batch([Message(topic, body, keys=[f"k{start + i}"]) for i in range(min(1000, count - start))])
+            producer.send_batch(
+                [
+                    Message(topic, body, keys=[f"k{start + i}"])
+                    for i in range(min(1000, count - start))
+                ]
+            )
 
 
 async def client_read(endpoint: str, topic: str, count: int) -> Result:
@@ -103,9 +108,21 @@ def task_code_read(endpoint: str, topic: str) -> Result:
 
 
 def spark_stream_read(spark: Any, endpoint: str, topic: str, checkpoint: str, label: str) -> Result:
-    stream = spark.readStream.format("halfmoon").option("endpoint", endpoint).option("topic", topic).option("startingOffsets", "earliest").option("maxRecordsPerPartition", "100000").load()
+    stream = (
+        spark.readStream.format("halfmoon")
+        .option("endpoint", endpoint)
+        .option("topic", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxRecordsPerPartition", "100000")
+        .load()
+    )
     began = time.perf_counter()
-    query = stream.writeStream.format("noop").option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+    query = (
+        stream.writeStream.format("noop")
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination()
     seconds = time.perf_counter() - began
     rows = sum(p["numInputRows"] for p in query.recentProgress)
@@ -114,12 +131,25 @@ def spark_stream_read(spark: Any, endpoint: str, topic: str, checkpoint: str, la
 
 def spark_batch_read(spark: Any, endpoint: str, topic: str) -> Result:
     began = time.perf_counter()
-    rows = spark.read.format("halfmoon").option("endpoint", endpoint).option("topic", topic).load().count()
+    rows = (
+        spark.read.format("halfmoon")
+        .option("endpoint", endpoint)
+        .option("topic", topic)
+        .load()
+        .count()
+    )
     return Result("spark batch read -> count()", rows, time.perf_counter() - began)
 
 
 def spark_sink(spark: Any, endpoint: str, source: str, target: str, checkpoint: str) -> Result:
-    stream = spark.readStream.format("halfmoon").option("endpoint", endpoint).option("topic", source).option("startingOffsets", "earliest").option("maxRecordsPerTrigger", "100000").load()
+    stream = (
+        spark.readStream.format("halfmoon")
+        .option("endpoint", endpoint)
+        .option("topic", source)
+        .option("startingOffsets", "earliest")
+        .option("maxRecordsPerTrigger", "100000")
+        .load()
+    )
     began = time.perf_counter()
     query = (
         stream.select("body", "keys").writeStream.format("halfmoon").option("endpoint", endpoint).option("topic", target)
@@ -133,13 +163,21 @@ def spark_sink(spark: Any, endpoint: str, source: str, target: str, checkpoint: 
 
 def tree() -> str:
     try:
-        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        return subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except OSError:
         return "?"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Spark connector throughput beside the Python client")
+    parser = argparse.ArgumentParser(
+        description="Spark connector throughput beside the Python client"
+    )
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--size", type=int, default=256, help="body bytes (default 256)")
     parser.add_argument("--master", default="local[2]")
@@ -167,11 +205,27 @@ def main(argv: list[str] | None = None) -> int:
 
         spark = build_session("halfmoon-spark-bench", args.master)
         spark.sparkContext.setLogLevel("ERROR")
-        spark_stream_read(spark, server.grpc, "warmup", f"{scratch.name}/warm", "warm-up")  # JVM and workers warm
+        spark_stream_read(
+            spark, server.grpc, "warmup", f"{scratch.name}/warm", "warm-up"
+        )  # JVM and workers warm
         for label, run in (
-            ("stream", lambda: spark_stream_read(spark, server.grpc, "bench-in", f"{scratch.name}/noop", f"spark stream read -> noop ({args.master})")),
+            (
+                "stream",
+                lambda: spark_stream_read(
+                    spark,
+                    server.grpc,
+                    "bench-in",
+                    f"{scratch.name}/noop",
+                    f"spark stream read -> noop ({args.master})",
+                ),
+            ),
             ("batch", lambda: spark_batch_read(spark, server.grpc, "bench-in")),
-            ("sink", lambda: spark_sink(spark, server.grpc, "bench-in", "bench-out", f"{scratch.name}/sink")),
+            (
+                "sink",
+                lambda: spark_sink(
+                    spark, server.grpc, "bench-in", "bench-out", f"{scratch.name}/sink"
+                ),
+            ),
         ):
             results.append(run())
             log(f"{label}: {results[-1].per_second:,.0f} msgs/s")
@@ -183,13 +237,28 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'scenario':<52} {'messages':>9} {'seconds':>8} {'msgs/s':>9} {'vs client':>9}")
     print("-" * 92)
     for r in results:
-        print(f"{r.scenario:<52} {r.messages:>9,} {r.seconds:>8.2f} {r.per_second:>9,.0f} {r.per_second / client_rate:>8.2f}x")
+        print(
+            f"{r.scenario:<52} {r.messages:>9,} {r.seconds:>8.2f} {r.per_second:>9,.0f} {r.per_second / client_rate:>8.2f}x"
+        )
     stream_rate = next(r.per_second for r in results if r.scenario.startswith("spark stream"))
-    print(f"\ntarget: stream read into Spark >= {TARGET_READ:,} msgs/s: {'PASS' if stream_rate >= TARGET_READ else 'MISS'} ({stream_rate:,.0f})")
-    print(f"machine: {platform.platform()}, {os.cpu_count()} cpus, python {platform.python_version()}; tree {tree()}; load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(
+        f"\ntarget: stream read into Spark >= {TARGET_READ:,} msgs/s: {'PASS' if stream_rate >= TARGET_READ else 'MISS'} ({stream_rate:,.0f})"
+    )
+    print(
+        f"machine: {platform.platform()}, {os.cpu_count()} cpus, python {platform.python_version()}; tree {tree()}; load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({"results": [asdict(r) | {"per_second": r.per_second} for r in results], "load": load, "tree": tree(), "settings": vars(args)}, out, indent=2)
+            json.dump(
+                {
+                    "results": [asdict(r) | {"per_second": r.per_second} for r in results],
+                    "load": load,
+                    "tree": tree(),
+                    "settings": vars(args),
+                },
+                out,
+                indent=2,
+            )
     return 0
 
 

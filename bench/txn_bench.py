@@ -168,7 +168,9 @@ class RawClient:
         )  # fmt: skip
 
     async def ack(self, group: str, topic: str, messages: list[pb.Message]) -> None:
-        await rawstub.ack(self._stub, self._metadata, group, topic, messages, rpc_timeout=RPC_TIMEOUT)
+        await rawstub.ack(
+            self._stub, self._metadata, group, topic, messages, rpc_timeout=RPC_TIMEOUT
+        )
 
 
 def _fresh_topic(server: HalfmoonServer, what: str, message_type: str) -> str:

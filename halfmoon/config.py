@@ -245,7 +245,9 @@ def convert_value(name: str, tp: Any, value: Any) -> Any:
                 return choice
         raise ValueError(f"expected {describe_form(name, tp)}")
     if origin in (list, tuple, set, frozenset):
-        items = [s.strip() for s in value.split(",") if s.strip()] if isinstance(value, str) else value
+        items = (
+            [s.strip() for s in value.split(",") if s.strip()] if isinstance(value, str) else value
+        )
         if not isinstance(items, list | tuple):
             raise ValueError(f"expected {describe_form(name, tp)}")
         args = [a for a in typing.get_args(tp) if a is not Ellipsis]
@@ -254,7 +256,8 @@ def convert_value(name: str, tp: Any, value: Any) -> Any:
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         for member in tp:
             if value == member.value or (
-                isinstance(value, str) and value.lower() in (str(member.value).lower(), member.name.lower())
+                isinstance(value, str)
+                and value.lower() in (str(member.value).lower(), member.name.lower())
             ):
                 return member
         raise ValueError(f"expected {describe_form(name, tp)}")
@@ -351,7 +354,9 @@ class _Layers:
     def set(self, key: str, raw: Any, source: str) -> None:
         info = self.keys.get(key)
         if info is None:
-            raise ConfigError(f"unknown configuration key {key!r} (from {source}); {self._hint(key)}")
+            raise ConfigError(
+                f"unknown configuration key {key!r} (from {source}); {self._hint(key)}"
+            )
         try:
             self.values[key] = info.convert(raw)
         except ValueError as exc:
@@ -413,7 +418,9 @@ def parse_assignment(text: str) -> tuple[str, str]:
     """``"broker.default_queue_count=4"`` → (key, value); raises ConfigError."""
     key, sep, value = text.partition("=")
     if not sep or not key.strip() or "." not in key:
-        raise ConfigError(f"bad --set {text!r}: expected section.key=value, e.g. broker.default_queue_count=4")
+        raise ConfigError(
+            f"bad --set {text!r}: expected section.key=value, e.g. broker.default_queue_count=4"
+        )
     return key.strip(), value.strip()
 
 

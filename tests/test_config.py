@@ -69,8 +69,17 @@ def load(**kwargs):
 
 @pytest.mark.parametrize(
     ("text", "ms"),
-    [("500ms", 500), ("6s", 6000), ("1.5s", 1500), ("1m", 60_000), ("2h", 7_200_000),
-     ("1d", 86_400_000), ("250", 250), (42, 42), (" 3S ", 3000)],
+    [
+        ("500ms", 500),
+        ("6s", 6000),
+        ("1.5s", 1500),
+        ("1m", 60_000),
+        ("2h", 7_200_000),
+        ("1d", 86_400_000),
+        ("250", 250),
+        (42, 42),
+        (" 3S ", 3000),
+    ],
 )
 def test_durations_read_as_milliseconds(text, ms):
     assert parse_duration_ms(text) == ms
@@ -89,8 +98,16 @@ def test_bare_numbers_are_in_the_fields_unit():
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("512", 512), ("4MiB", 4 * 1024**2), ("1GiB", 1024**3), ("64KiB", 65536), ("1KB", 1000),
-     ("2mb", 2_000_000), ("1.5KiB", 1536), (100, 100)],
+    [
+        ("512", 512),
+        ("4MiB", 4 * 1024**2),
+        ("1GiB", 1024**3),
+        ("64KiB", 65536),
+        ("1KB", 1000),
+        ("2mb", 2_000_000),
+        ("1.5KiB", 1536),
+        (100, 100),
+    ],
 )
 def test_sizes_read_as_bytes(text, size):
     assert parse_size(text) == size
@@ -176,8 +193,11 @@ def test_precedence_defaults_file_env_flags_set(tmp_path):
     cfg = load(
         file=toml,
         env=env,
-        flags={"broker.name": "from-flag", "broker.default_queue_count": None,
-               "store.flush_interval_ms": "5s"},
+        flags={
+            "broker.name": "from-flag",
+            "broker.default_queue_count": None,
+            "store.flush_interval_ms": "5s",
+        },
         overrides=["store.flush_interval_ms=6s"],
     )
     assert cfg.broker.name == "from-flag"  # flag beats env and file

@@ -37,7 +37,9 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     proc = ServerProcess(tmp_path_factory.mktemp("readme")).start()
     try:
         # The README's CLI lines, against this server's admin API.
-        for line in re.search(r"## Using it.*?```sh\n(.*?)```", README, flags=re.S).group(1).splitlines():
+        for line in (
+            re.search(r"## Using it.*?```sh\n(.*?)```", README, flags=re.S).group(1).splitlines()
+        ):
             if line.startswith(".venv/bin/halfmoon "):
                 result = proc.cli(*line.split()[1:])
                 assert result.returncode == 0, result.stderr

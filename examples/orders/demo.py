@@ -79,7 +79,14 @@ class Broker:
         self.grpc, self.admin = f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{admin_port}"
         cmd = [sys.executable, "-m", "halfmoon", "serve", "--data-dir", self.tmp.name, "--listen", self.grpc, "--admin-listen", f"127.0.0.1:{admin_port}",
                "--set", "store.segment_size=16MiB", "--set", "transaction.check_interval_ms=1000", "--set", "transaction.timeout_ms=1000"]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
         ready = threading.Event()
         lines: list[str] = []
 
@@ -133,11 +140,19 @@ async def run(args: argparse.Namespace) -> int:
         run_tag = prefix.rstrip("_")
         topic = {name: f"{run_tag}-{name}" for name in ALL_TOPICS}
         for name in topic.values():
-            admin.post("/v1/topics", {"name": name, "message_type": "transaction", "queue_count": 2})
+            admin.post(
+                "/v1/topics", {"name": name, "message_type": "transaction", "queue_count": 2}
+            )
         for name in (ORDER_CREATED, STOCK_RESERVED, PAYMENT_DONE):
             admin.post("/v1/groups", {"name": f"{run_tag}-{name}-g", "consume_from": "earliest"})
+
         def producer(service: str, log: Any, sends: list[str]) -> TransactionProducer:
-            return TransactionProducer(broker.grpc, f"{run_tag}-{service}", TransactionLogChecker(engine, log), topics=[topic[t] for t in sends])
+            return TransactionProducer(
+                broker.grpc,
+                f"{run_tag}-{service}",
+                TransactionLogChecker(engine, log),
+                topics=[topic[t] for t in sends],
+            )
 
         order_p = producer("orders", schema.order_log, [ORDER_CREATED])
         inventory_p = producer("inventory", schema.inventory_log, [STOCK_RESERVED, COMPENSATIONS])
@@ -150,11 +165,18 @@ async def run(args: argparse.Namespace) -> int:
 
             rabbit_connection = await aio_pika.connect_robust(args.amqp)
             channel = await rabbit_connection.channel(publisher_confirms=True)
-            rabbit = {target: RabbitRetryQueue(channel, f"{run_tag}.compensate-{target}", tiers=(1, 5, 30, 180)) for target in ("orders", "inventory")}
+            rabbit = {
+                target: RabbitRetryQueue(
+                    channel, f"{run_tag}.compensate-{target}", tiers=(1, 5, 30, 180)
+                )
+                for target in ("orders", "inventory")
+            }
             for queue in rabbit.values():
                 await queue.declare()
         orders_svc = OrderService(engine, schema, order_p, topic, stats)
-        inventory_svc = InventoryService(engine, schema, inventory_p, Compensations(topic, rabbit), stats)
+        inventory_svc = InventoryService(
+            engine, schema, inventory_p, Compensations(topic, rabbit), stats
+        )
         payment_svc = PaymentService(engine, schema, payment_p, Compensations(topic, rabbit), stats)
 
         compensation_consumers: list[Any] = []
@@ -173,19 +195,56 @@ async def run(args: argparse.Namespace) -> int:
             # the dead-letter topic), dispatching on the target service.
             group = f"{run_tag}-{COMPENSATIONS}-g"
             create_compensation_group(broker.admin, group)
-            handlers = {"orders": orders_svc.on_compensation, "inventory": inventory_svc.on_compensation}
-            consumer = PushConsumer(broker.grpc, group, {topic[COMPENSATIONS]: MessageSelector.all()}, compensation_listener(lambda comp, message: handlers[comp.target_service](comp)))
+            handlers = {
+                "orders": orders_svc.on_compensation,
+                "inventory": inventory_svc.on_compensation,
+            }
+            consumer = PushConsumer(
+                broker.grpc,
+                group,
+                {topic[COMPENSATIONS]: MessageSelector.all()},
+                compensation_listener(lambda comp, message: handlers[comp.target_service](comp)),
+            )
             await consumer.start()
             compensation_consumers.append(consumer)
 
         placed = orders_to_place(args.orders, args.seed)
-        committed = [o for o in placed if await orders_svc.place(o["order_id"], "widget", o["qty"], o["amount"], fail_locally=o["fail_locally"])]
-        print(f"placed {len(placed)} orders: {len(committed)} committed, {len(placed) - len(committed)} rolled back with their messages")
+        committed = [
+            o
+            for o in placed
+            if await orders_svc.place(
+                o["order_id"], "widget", o["qty"], o["amount"], fail_locally=o["fail_locally"]
+            )
+        ]
+        print(
+            f"placed {len(placed)} orders: {len(committed)} committed, {len(placed) - len(committed)} rolled back with their messages"
+        )
 
         consumers = [
-            (SimpleConsumer(broker.grpc, f"{run_tag}-{ORDER_CREATED}-g", {topic[ORDER_CREATED]: MessageSelector.all()}), inventory_svc.on_order_created),
-            (SimpleConsumer(broker.grpc, f"{run_tag}-{STOCK_RESERVED}-g", {topic[STOCK_RESERVED]: MessageSelector.all()}), payment_svc.on_stock_reserved),
-            (SimpleConsumer(broker.grpc, f"{run_tag}-{PAYMENT_DONE}-g", {topic[PAYMENT_DONE]: MessageSelector.all()}), orders_svc.on_payment_done),
+            (
+                SimpleConsumer(
+                    broker.grpc,
+                    f"{run_tag}-{ORDER_CREATED}-g",
+                    {topic[ORDER_CREATED]: MessageSelector.all()},
+                ),
+                inventory_svc.on_order_created,
+            ),
+            (
+                SimpleConsumer(
+                    broker.grpc,
+                    f"{run_tag}-{STOCK_RESERVED}-g",
+                    {topic[STOCK_RESERVED]: MessageSelector.all()},
+                ),
+                payment_svc.on_stock_reserved,
+            ),
+            (
+                SimpleConsumer(
+                    broker.grpc,
+                    f"{run_tag}-{PAYMENT_DONE}-g",
+                    {topic[PAYMENT_DONE]: MessageSelector.all()},
+                ),
+                orders_svc.on_payment_done,
+            ),
         ]
         for consumer, _ in consumers:
             await consumer.start()
@@ -233,25 +292,43 @@ def settled(engine: Any, schema: Schema) -> bool:
 
     o, r = schema.orders, schema.reservations
     with engine.connect() as conn:
-        pending = conn.execute(select(func.count()).select_from(o).where(o.c.status == "pending")).scalar()
-        held = conn.execute(select(func.count()).select_from(r.join(o, r.c.order_id == o.c.id)).where(and_(o.c.status == "cancelled", r.c.status == "reserved"))).scalar()
+        pending = conn.execute(
+            select(func.count()).select_from(o).where(o.c.status == "pending")
+        ).scalar()
+        held = conn.execute(
+            select(func.count())
+            .select_from(r.join(o, r.c.order_id == o.c.id))
+            .where(and_(o.c.status == "cancelled", r.c.status == "reserved"))
+        ).scalar()
     return pending == 0 and held == 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="The orders example: transactional messages, inbox, compensations, and a consistency report.")
+    parser = argparse.ArgumentParser(
+        description="The orders example: transactional messages, inbox, compensations, and a consistency report."
+    )
     parser.add_argument("--db", help="SQLAlchemy URL (default: SQLite in a temporary directory)")
-    parser.add_argument("--amqp", help="send compensations through RabbitMQ retry queues at this URL instead of halfmoon topics")
-    parser.add_argument("--broker", help="an existing halfmoon gRPC endpoint HOST:PORT (default: start one)")
+    parser.add_argument(
+        "--amqp",
+        help="send compensations through RabbitMQ retry queues at this URL instead of halfmoon topics",
+    )
+    parser.add_argument(
+        "--broker", help="an existing halfmoon gRPC endpoint HOST:PORT (default: start one)"
+    )
     parser.add_argument("--admin", help="its admin API http://HOST:PORT (with --broker)")
     parser.add_argument("--orders", type=int, default=20)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for every order to settle")
+    parser.add_argument(
+        "--timeout", type=float, default=90.0, help="seconds to wait for every order to settle"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the tables afterwards")
     args = parser.parse_args(argv)
     if bool(args.broker) != bool(args.admin):
         parser.error("--broker and --admin go together")
-    logging.basicConfig(level=logging.DEBUG if os.environ.get("ORDERS_DEBUG") else logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if os.environ.get("ORDERS_DEBUG") else logging.WARNING,
+        format="%(levelname)s %(name)s %(message)s",
+    )
     return asyncio.run(run(args))
 
 

@@ -8,7 +8,9 @@ from services import Schema, Stats
 from sqlalchemy import Engine, select
 
 
-def consistency_report(engine: Engine, s: Schema, placed: list[dict[str, Any]], initial_stock: int, stats: Stats) -> tuple[bool, list[str]]:
+def consistency_report(
+    engine: Engine, s: Schema, placed: list[dict[str, Any]], initial_stock: int, stats: Stats
+) -> tuple[bool, list[str]]:
     with engine.connect() as conn:
         orders = {r.id: r for r in conn.execute(select(s.orders)).all()}
         reservations = {r.order_id: r for r in conn.execute(select(s.reservations)).all()}

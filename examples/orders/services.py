@@ -68,7 +68,12 @@ class Schema:
             Column("status", String(16), nullable=False),
             Column("version", Integer, nullable=False),
         )  # fmt: skip
-        self.stock = Table(f"{prefix}stock", md, Column("sku", String(32), primary_key=True), Column("qty", Integer, nullable=False))
+        self.stock = Table(
+            f"{prefix}stock",
+            md,
+            Column("sku", String(32), primary_key=True),
+            Column("qty", Integer, nullable=False),
+        )
         self.reservations = Table(
             f"{prefix}reservations", md,
             Column("order_id", String(32), primary_key=True),
@@ -76,7 +81,12 @@ class Schema:
             Column("status", String(16), nullable=False),
             Column("version", Integer, nullable=False),
         )  # fmt: skip
-        self.payments = Table(f"{prefix}payments", md, Column("order_id", String(32), primary_key=True), Column("amount", Integer, nullable=False))
+        self.payments = Table(
+            f"{prefix}payments",
+            md,
+            Column("order_id", String(32), primary_key=True),
+            Column("amount", Integer, nullable=False),
+        )
         self.order_log = TransactionLog(table_prefix=f"{prefix}orders_", metadata=md)
         self.inventory_log = TransactionLog(table_prefix=f"{prefix}inventory_", metadata=md)
         self.payment_log = TransactionLog(table_prefix=f"{prefix}payment_", metadata=md)
@@ -102,16 +112,35 @@ class Compensations:
 
 
 class OrderService:
-    def __init__(self, engine: Engine, schema: Schema, producer: TransactionProducer, topics: dict[str, str], stats: Stats) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        schema: Schema,
+        producer: TransactionProducer,
+        topics: dict[str, str],
+        stats: Stats,
+    ) -> None:
         self.engine, self.s, self.stats, self.topics = engine, schema, stats, topics
         self.sender = TransactionalSender(producer, schema.order_log)
 
-    async def place(self, order_id: str, sku: str, qty: int, amount: int, *, fail_locally: bool = False) -> bool:
+    async def place(
+        self, order_id: str, sku: str, qty: int, amount: int, *, fail_locally: bool = False
+    ) -> bool:
         """Order row and ORDER_CREATED together; ``fail_locally`` rolls both back after the send."""
         try:
             async with self.sender.atransaction(self.engine) as tx:
-                tx.conn.execute(insert(self.s.orders).values(id=order_id, sku=sku, qty=qty, amount=amount, status="pending", version=1))
-                await tx.send_async(Message(self.topics[ORDER_CREATED], body(order_id=order_id, sku=sku, qty=qty, amount=amount, version=1), keys=[order_id]))
+                tx.conn.execute(
+                    insert(self.s.orders).values(
+                        id=order_id, sku=sku, qty=qty, amount=amount, status="pending", version=1
+                    )
+                )
+                await tx.send_async(
+                    Message(
+                        self.topics[ORDER_CREATED],
+                        body(order_id=order_id, sku=sku, qty=qty, amount=amount, version=1),
+                        keys=[order_id],
+                    )
+                )
                 if fail_locally:
                     raise ValueError("address validation failed")
         except ValueError:
@@ -125,7 +154,11 @@ class OrderService:
         @self.s.orders_inbox.handler(self.engine, key=lambda m: f"payment-done:{event['order_id']}")
         def confirm(conn: Any, m: MessageView) -> None:
             self.stats.seen_orders.add(event["order_id"])
-            conn.execute(update(o).where(o.c.id == event["order_id"], o.c.status == "pending").values(status="confirmed", version=o.c.version + 1))
+            conn.execute(
+                update(o)
+                .where(o.c.id == event["order_id"], o.c.status == "pending")
+                .values(status="confirmed", version=o.c.version + 1)
+            )
 
         self.stats.count("orders", confirm(message))
 
@@ -134,7 +167,14 @@ class OrderService:
 
         @self.s.orders_inbox.handler(self.engine, key=lambda c: c.idempotency_key)
         def cancel(conn: Any, c: Compensation) -> None:
-            applied = apply_if_version(conn, o, key={"id": c.business_key}, version_column="version", expected_version=c.state_version, values={"status": "cancelled"})
+            applied = apply_if_version(
+                conn,
+                o,
+                key={"id": c.business_key},
+                version_column="version",
+                expected_version=c.state_version,
+                values={"status": "cancelled"},
+            )
             if not applied:
                 self.stats.stale += 1
 
@@ -142,7 +182,14 @@ class OrderService:
 
 
 class InventoryService:
-    def __init__(self, engine: Engine, schema: Schema, producer: TransactionProducer, compensations: Compensations, stats: Stats) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        schema: Schema,
+        producer: TransactionProducer,
+        compensations: Compensations,
+        stats: Stats,
+    ) -> None:
         self.engine, self.s, self.stats, self.compensations = engine, schema, stats, compensations
         self.topics = compensations.topics
         self.sender = TransactionalSender(producer, schema.inventory_log)
@@ -161,10 +208,23 @@ class InventoryService:
                 update(s.stock).where(s.stock.c.sku == event["sku"], s.stock.c.qty >= event["qty"]).values(qty=s.stock.c.qty - event["qty"])
             ).rowcount  # fmt: skip
             if deducted:
-                tx.conn.execute(insert(s.reservations).values(order_id=order_id, qty=event["qty"], status="reserved", version=1))
-                await tx.send_async(Message(self.topics[STOCK_RESERVED], body(**event), keys=[order_id]))
+                tx.conn.execute(
+                    insert(s.reservations).values(
+                        order_id=order_id, qty=event["qty"], status="reserved", version=1
+                    )
+                )
+                await tx.send_async(
+                    Message(self.topics[STOCK_RESERVED], body(**event), keys=[order_id])
+                )
             else:
-                comp = Compensation.new("orders", "cancel_order", order_id, event["version"], "inventory.out_of_stock", original_event_id=message.message_id)
+                comp = Compensation.new(
+                    "orders",
+                    "cancel_order",
+                    order_id,
+                    event["version"],
+                    "inventory.out_of_stock",
+                    original_event_id=message.message_id,
+                )
                 await self.compensations.send(tx, comp)
 
     def on_compensation(self, comp: Compensation) -> None:
@@ -174,7 +234,14 @@ class InventoryService:
         def release(conn: Any, c: Compensation) -> None:
             r = s.reservations
             qty = conn.execute(select(r.c.qty).where(r.c.order_id == c.business_key)).scalar()
-            if qty is None or not apply_if_version(conn, r, key={"order_id": c.business_key}, version_column="version", expected_version=c.state_version, values={"status": "released"}):
+            if qty is None or not apply_if_version(
+                conn,
+                r,
+                key={"order_id": c.business_key},
+                version_column="version",
+                expected_version=c.state_version,
+                values={"status": "released"},
+            ):
                 self.stats.stale += 1
                 return
             conn.execute(update(s.stock).values(qty=s.stock.c.qty + qty))
@@ -183,7 +250,14 @@ class InventoryService:
 
 
 class PaymentService:
-    def __init__(self, engine: Engine, schema: Schema, producer: TransactionProducer, compensations: Compensations, stats: Stats) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        schema: Schema,
+        producer: TransactionProducer,
+        compensations: Compensations,
+        stats: Stats,
+    ) -> None:
         self.engine, self.s, self.stats, self.compensations = engine, schema, stats, compensations
         self.topics = compensations.topics
         self.sender = TransactionalSender(producer, schema.payment_log)
@@ -197,9 +271,33 @@ class PaymentService:
                 return
             self.stats.count("payment", None)
             if event["amount"] <= PAYMENT_LIMIT:
-                tx.conn.execute(insert(self.s.payments).values(order_id=order_id, amount=event["amount"]))
-                await tx.send_async(Message(self.topics[PAYMENT_DONE], body(order_id=order_id), keys=[order_id]))
+                tx.conn.execute(
+                    insert(self.s.payments).values(order_id=order_id, amount=event["amount"])
+                )
+                await tx.send_async(
+                    Message(self.topics[PAYMENT_DONE], body(order_id=order_id), keys=[order_id])
+                )
             else:
                 trace = message.message_id
-                await self.compensations.send(tx, Compensation.new("orders", "cancel_order", order_id, event["version"], "payment.declined", original_event_id=trace))
-                await self.compensations.send(tx, Compensation.new("inventory", "release_stock", order_id, 1, "payment.declined", original_event_id=trace))
+                await self.compensations.send(
+                    tx,
+                    Compensation.new(
+                        "orders",
+                        "cancel_order",
+                        order_id,
+                        event["version"],
+                        "payment.declined",
+                        original_event_id=trace,
+                    ),
+                )
+                await self.compensations.send(
+                    tx,
+                    Compensation.new(
+                        "inventory",
+                        "release_stock",
+                        order_id,
+                        1,
+                        "payment.declined",
+                        original_event_id=trace,
+                    ),
+                )

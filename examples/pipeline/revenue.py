@@ -26,7 +26,9 @@ WATERMARK = "2 minutes"
 WINDOW = "1 minute"
 
 
-def revenue_per_minute(spark: SparkSession, endpoint: str, topic: str, max_per_trigger: int = 100) -> DataFrame:
+def revenue_per_minute(
+    spark: SparkSession, endpoint: str, topic: str, max_per_trigger: int = 100
+) -> DataFrame:
     events = (
         spark.readStream.format("halfmoon")
         .option("endpoint", endpoint)
@@ -42,12 +44,28 @@ def revenue_per_minute(spark: SparkSession, endpoint: str, topic: str, max_per_t
     # filtered out: Spark pushes filters below the watermark, which would then never see them.
     return (
         events.groupBy(F.window("event_time", WINDOW).alias("minute"))
-        .agg(F.round(F.sum("amount"), 2).alias("revenue"), F.count_if(F.col("kind") == "order").alias("orders"))
-        .select(F.col("minute.start").alias("minute_start"), F.col("minute.end").alias("minute_end"), "revenue", "orders")
+        .agg(
+            F.round(F.sum("amount"), 2).alias("revenue"),
+            F.count_if(F.col("kind") == "order").alias("orders"),
+        )
+        .select(
+            F.col("minute.start").alias("minute_start"),
+            F.col("minute.end").alias("minute_end"),
+            "revenue",
+            "orders",
+        )
     )
 
 
-def start_outputs(revenue: DataFrame, endpoint: str, out_topic: str, parquet_dir: str, checkpoints: str, *, available_now: bool = True) -> list[StreamingQuery]:
+def start_outputs(
+    revenue: DataFrame,
+    endpoint: str,
+    out_topic: str,
+    parquet_dir: str,
+    checkpoints: str,
+    *,
+    available_now: bool = True,
+) -> list[StreamingQuery]:
     """The two exactly-once outputs of the revenue stream."""
     as_messages = revenue.select(
         F.to_json(F.struct("minute_start", "minute_end", "revenue", "orders")).alias("body"),
@@ -69,7 +87,13 @@ def start_outputs(revenue: DataFrame, endpoint: str, out_topic: str, parquet_dir
     )
     if available_now:
         # Drains what is there and stops; the watermark's last move is applied only by a later run.
-        to_topic, to_parquet = to_topic.trigger(availableNow=True), to_parquet.trigger(availableNow=True)
+        to_topic, to_parquet = (
+            to_topic.trigger(availableNow=True),
+            to_parquet.trigger(availableNow=True),
+        )
     else:
-        to_topic, to_parquet = to_topic.trigger(processingTime="1 second"), to_parquet.trigger(processingTime="1 second")
+        to_topic, to_parquet = (
+            to_topic.trigger(processingTime="1 second"),
+            to_parquet.trigger(processingTime="1 second"),
+        )
     return [to_topic.start(), to_parquet.start()]

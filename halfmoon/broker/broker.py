@@ -186,7 +186,9 @@ class Broker:
                 self._last_drained_check_ms = now
                 for topic in self.topics.all():
                     if topic.read_queue_count > topic.queue_count:
-                        self.topics.drop_drained_queues(topic.name, self._queue_has_messages(topic.name))
+                        self.topics.drop_drained_queues(
+                            topic.name, self._queue_has_messages(topic.name)
+                        )
 
     # -- topics ------------------------------------------------------------------
     def create_topic(
@@ -246,7 +248,9 @@ class Broker:
             if high > low:
                 got = self.store.get(name, queue_id, high - 1, max_messages=1)
                 last = got.messages[0].store_timestamp if got.messages else None
-            statuses.append(QueueStatus(name, queue_id, low, high, last, topic.queue_perm(queue_id)))
+            statuses.append(
+                QueueStatus(name, queue_id, low, high, last, topic.queue_perm(queue_id))
+            )
         return statuses
 
     # -- groups ------------------------------------------------------------------
@@ -302,7 +306,9 @@ class Broker:
             for queue_id, (committed, inflight) in sorted(seen.items()):
                 high = self.store.max_offset(name, queue_id)
                 out.append(
-                    QueueProgress(group, name, queue_id, committed, high, max(0, high - committed), inflight)
+                    QueueProgress(
+                        group, name, queue_id, committed, high, max(0, high - committed), inflight
+                    )
                 )
         return out
 
@@ -311,10 +317,14 @@ class Broker:
         """Validate every message, store them; returns once written (see the module docs)."""
         if not messages:
             return []
-        planned = plan_send(list(messages), self.get_topic, self._selector, self.config, self.clock.now_ms())
+        planned = plan_send(
+            list(messages), self.get_topic, self._selector, self.config, self.clock.now_ms()
+        )
         transaction_ids: list[str | None] = [None] * len(planned)
         if any(m.message_type is MessageType.TRANSACTION for m in messages):
-            appended, transaction_ids = self.transactions.append(messages, planned)  # halves: invisible
+            appended, transaction_ids = self.transactions.append(
+                messages, planned
+            )  # halves: invisible
         else:
             appended = self.store.append([p.record for p in planned])
         self._in.add(len(planned))
@@ -324,7 +334,9 @@ class Broker:
                 message_id=p.message_id,
                 topic=p.topic,
                 queue_id=p.queue_id,
-                queue_offset=-1 if p.delayed else r.queue_offset,  # a half message: its half-queue offset
+                queue_offset=-1
+                if p.delayed
+                else r.queue_offset,  # a half message: its half-queue offset
                 commit_log_offset=r.commit_log_offset,
                 end_offset=r.end_offset,
                 transaction_id=txn,
@@ -347,9 +359,18 @@ class Broker:
         self.timer.cancel(handle.timer_key, handle.message_id)
         return handle.message_id
 
-    def _recall_handle(self, topic: str, message_id: str, record: Message, appended: AppendResult) -> str:
+    def _recall_handle(
+        self, topic: str, message_id: str, record: Message, appended: AppendResult
+    ) -> str:
         due = int(record.properties[PROPERTY_DELIVERY_TIME])
-        handle = RecallHandle(self.config.name, topic, appended.queue_offset, appended.commit_log_offset, due, message_id)
+        handle = RecallHandle(
+            self.config.name,
+            topic,
+            appended.queue_offset,
+            appended.commit_log_offset,
+            due,
+            message_id,
+        )
         return encode_recall_handle(handle)
 
     # -- transactions (halfmoon/broker/transactions) -------------------------------
@@ -367,7 +388,9 @@ class Broker:
         ``resolution``: commit|rollback|unknown; ``source``: client|check|operator.
         Repeating a decision is a no-op; the opposite raises TransactionAlreadyEnded.
         """
-        result = self.end_transaction_nowait(topic, message_id, transaction_id, resolution, source, producer_group)
+        result = self.end_transaction_nowait(
+            topic, message_id, transaction_id, resolution, source, producer_group
+        )
         if result.end_offset:
             self.store.wait_durable(result.end_offset)
         return result.state
@@ -382,7 +405,9 @@ class Broker:
         producer_group: str | None = None,
     ) -> EndResult:
         """As :meth:`end_transaction`, returning once written: await store.durable(result.end_offset)."""
-        return self.transactions.end(transaction_id, resolution, source, message_id=message_id, topic=topic)
+        return self.transactions.end(
+            transaction_id, resolution, source, message_id=message_id, topic=topic
+        )
 
     def end_transaction_group(self, group_id: str, resolution: str, source: str = "client") -> int:
         """Commit or roll back every member of a transaction group atomically; members decided now."""
@@ -391,7 +416,9 @@ class Broker:
             self.store.wait_durable(end_offset)
         return count
 
-    def list_transactions(self, topic: str | None = None, limit: int = 1000) -> list[TransactionInfo]:
+    def list_transactions(
+        self, topic: str | None = None, limit: int = 1000
+    ) -> list[TransactionInfo]:
         """Undecided transactions (prepared and parked), oldest first."""
         return self.transactions.list(topic=topic, limit=limit)
 
@@ -422,7 +449,11 @@ class Broker:
         self._check_consumable(group, topic)
         compiled = self._filters.get(filter)
         views = self._pop.receive(
-            group, topic, compiled.compiled, batch_size, invisible_ms or self.config.default_invisible_ms
+            group,
+            topic,
+            compiled.compiled,
+            batch_size,
+            invisible_ms or self.config.default_invisible_ms,
         )
         self._out.add(len(views))
         self.statistics.record_out(group, topic, len(views))
@@ -436,7 +467,9 @@ class Broker:
     def ack(self, group: str, topic: str, receipt_handle: str) -> None:
         self._pop.ack(group, topic, receipt_handle)
 
-    def change_invisible_duration(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
+    def change_invisible_duration(
+        self, group: str, topic: str, receipt_handle: str, invisible_ms: int
+    ) -> str:
         return self._pop.change_invisible_duration(group, topic, receipt_handle, invisible_ms)
 
     def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> None:
@@ -447,7 +480,13 @@ class Broker:
 
     # -- pull --------------------------------------------------------------------
     def pull(
-        self, group: str, topic: str, queue_id: int, offset: int, batch_size: int, filter: FilterSpec
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        batch_size: int,
+        filter: FilterSpec,
     ) -> PullResult:
         config = self._check_consumable(group, topic)
         self._check_queue(config, queue_id)
@@ -457,7 +496,12 @@ class Broker:
             raise InvalidArgument(f"batch size must be 1 to {MAX_PULL_BATCH}, got {batch_size}")
         compiled = self._filters.get(filter)
         got = self.store.get(
-            topic, queue_id, offset, batch_size, tag_hashes=compiled.tag_hashes, predicate=compiled.predicate
+            topic,
+            queue_id,
+            offset,
+            batch_size,
+            tag_hashes=compiled.tag_hashes,
+            predicate=compiled.predicate,
         )
         status = got.status
         if status is GetStatus.NO_SUCH_QUEUE:  # a queue of a known topic that has no data yet
@@ -483,10 +527,14 @@ class Broker:
         self._check_queue(self.get_topic(topic), queue_id)
         high = self.store.max_offset(topic, queue_id)
         if not 0 <= offset <= high:
-            raise IllegalOffset(f"offset {offset} is outside queue {queue_id} of {topic!r} (0 to {high})")
+            raise IllegalOffset(
+                f"offset {offset} is outside queue {queue_id} of {topic!r} (0 to {high})"
+            )
         self.offsets.set(group, topic, queue_id, offset)
 
-    def query_offset(self, topic: str, queue_id: int, policy: str, timestamp: int | None = None) -> int:
+    def query_offset(
+        self, topic: str, queue_id: int, policy: str, timestamp: int | None = None
+    ) -> int:
         """``beginning`` (min offset), ``end`` (max offset) or ``timestamp`` (first stored at/after it)."""
         self._check_queue(self.get_topic(topic), queue_id)
         if policy == "beginning":
@@ -515,7 +563,10 @@ class Broker:
     def route(self, topic: str) -> list[QueueRoute]:
         config = self.get_topic(topic)
         accepted = config.accepted_types()
-        return [QueueRoute(topic, q, config.queue_perm(q), list(accepted)) for q in config.readable_queues()]
+        return [
+            QueueRoute(topic, q, config.queue_perm(q), list(accepted))
+            for q in config.readable_queues()
+        ]
 
     def add_arrival_listener(self, callback: Callable[[str, int], None]) -> None:
         self._listeners.append(callback)

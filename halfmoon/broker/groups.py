@@ -159,7 +159,10 @@ def check_group_name(name: str) -> None:
 
 
 def _checked(group: GroupConfig) -> GroupConfig:
-    if not isinstance(group.max_delivery_attempts, int) or not 1 <= group.max_delivery_attempts <= 1000:
+    if (
+        not isinstance(group.max_delivery_attempts, int)
+        or not 1 <= group.max_delivery_attempts <= 1000
+    ):
         raise InvalidArgument(
             f"illegal max delivery attempts {group.max_delivery_attempts!r}: use 1 to 1000"
         )

@@ -93,7 +93,9 @@ def verify_body_digest(body: bytes, algorithm: str, expected: str) -> None:
         )
 
 
-def _check_fields(msg: OutgoingMessage, topic: TopicConfig, now_ms: int, config: BrokerConfig) -> None:
+def _check_fields(
+    msg: OutgoingMessage, topic: TopicConfig, now_ms: int, config: BrokerConfig
+) -> None:
     kind = msg.message_type
     if not topic.writable:
         raise PermissionDenied(f"topic {topic.name!r} is not writable (perm {topic.perm!r})")
@@ -107,7 +109,9 @@ def _check_fields(msg: OutgoingMessage, topic: TopicConfig, now_ms: int, config:
     if kind is MessageType.FIFO and not msg.message_group:
         raise MessageTypeMismatch("a FIFO message needs a message group; set one on the message")
     if kind is not MessageType.FIFO and msg.message_group:
-        raise MessageTypeMismatch(f"a {kind.value} message cannot have a message group; send it as FIFO")
+        raise MessageTypeMismatch(
+            f"a {kind.value} message cannot have a message group; send it as FIFO"
+        )
     if msg.message_group is not None and (
         not msg.message_group.strip() or len(msg.message_group) > config.max_message_group_length
     ):
@@ -117,7 +121,9 @@ def _check_fields(msg: OutgoingMessage, topic: TopicConfig, now_ms: int, config:
     if kind is MessageType.DELAY and msg.delivery_timestamp is None:
         raise MessageTypeMismatch("a delay message needs a delivery timestamp")
     if kind is not MessageType.DELAY and msg.delivery_timestamp is not None:
-        raise MessageTypeMismatch(f"a {kind.value} message cannot have a delivery timestamp; send it as delay")
+        raise MessageTypeMismatch(
+            f"a {kind.value} message cannot have a delivery timestamp; send it as delay"
+        )
     if msg.delivery_timestamp is not None and (
         msg.delivery_timestamp < 0 or msg.delivery_timestamp > now_ms + config.max_delay_ms
     ):

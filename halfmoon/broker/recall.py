@@ -110,7 +110,9 @@ def decode(text: str) -> RecallHandle:
         raise bad
     version, timer_offset, commit_log_offset, due_ms = _HEADER.unpack_from(payload)
     if version != VERSION:
-        raise IllegalRecallHandle(f"recall handle version {version} is not supported (this broker reads {VERSION})")
+        raise IllegalRecallHandle(
+            f"recall handle version {version} is not supported (this broker reads {VERSION})"
+        )
     texts = []
     at = _HEADER.size
     try:
@@ -151,7 +153,9 @@ def check_handle(text: str, topic: str, broker: str, store: Store) -> RecallHand
     """
     handle = decode(text)
     if handle.topic != topic:
-        raise IllegalRecallHandle(f"the recall handle belongs to topic {handle.topic!r}, not {topic!r}; recall it there")
+        raise IllegalRecallHandle(
+            f"the recall handle belongs to topic {handle.topic!r}, not {topic!r}; recall it there"
+        )
     if handle.broker != broker:
         raise IllegalRecallHandle(
             f"the recall handle was issued by broker {handle.broker!r}, not {broker!r}; "

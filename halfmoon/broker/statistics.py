@@ -53,7 +53,9 @@ class MinuteRing:
         """The count over the ``minutes`` (default: all) minutes ending with ``now_minute``."""
         span = len(self.counts) if minutes is None else min(minutes, len(self.counts))
         oldest = now_minute - span
-        return sum(c for c, m in zip(self.counts, self.minutes, strict=True) if oldest < m <= now_minute)
+        return sum(
+            c for c, m in zip(self.counts, self.minutes, strict=True) if oldest < m <= now_minute
+        )
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,9 @@ class TrafficStatistics:
         previous_share = 1.0 - into / MINUTE_MS
         rows = []
         with self._lock:
-            for key in [k for k, r in self._series.items() if minute - r.last_minute >= self._window]:
+            for key in [
+                k for k, r in self._series.items() if minute - r.last_minute >= self._window
+            ]:
                 del self._series[key]
             for (series_topic, series_group), ring in self._series.items():
                 if topic is not None and series_topic != topic:

@@ -223,7 +223,9 @@ class DelayTimer:
 
     def _drain(self, now_ms: int) -> None:
         heap = self._heap
-        while heap and heap[0][0] <= now_ms and (self._far_min is None or heap[0][:2] < self._far_min):
+        while (
+            heap and heap[0][0] <= now_ms and (self._far_min is None or heap[0][:2] < self._far_min)
+        ):
             due, offset, clo = heapq.heappop(heap)
             try:
                 stored = self._store.read_at(clo)
@@ -323,7 +325,9 @@ class DelayTimer:
         self._dirty = True
         self.delivered_total += 1
         if queue_id is None:
-            log.warning("dropping delay message %s: topic %r no longer exists", stored.unique_id, topic)
+            log.warning(
+                "dropping delay message %s: topic %r no longer exists", stored.unique_id, topic
+            )
             return
         message = Message(
             topic=topic,

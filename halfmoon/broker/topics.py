@@ -104,7 +104,12 @@ class TopicConfig:
 
     def accepted_types(self) -> list[MessageType]:
         if self.message_type is MessageType.MIXED:
-            return [MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY, MessageType.TRANSACTION]
+            return [
+                MessageType.NORMAL,
+                MessageType.FIFO,
+                MessageType.DELAY,
+                MessageType.TRANSACTION,
+            ]
         return [self.message_type]
 
     def queue_perm(self, queue_id: int) -> str:
@@ -259,7 +264,9 @@ class TopicRegistry:
         with self._lock:
             topic = self.get(name)
             if is_internal_topic(name):
-                raise IllegalTopic(f"topic {name!r} is internal to the broker and cannot be deleted")
+                raise IllegalTopic(
+                    f"topic {name!r} is internal to the broker and cannot be deleted"
+                )
             del self._topics[name]
             self._save()
             return topic

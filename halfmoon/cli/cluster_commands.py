@@ -49,7 +49,9 @@ STATUS_FIRST = [
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    cluster = commands.add_parser("cluster", help="brokers, broker status and runtime configuration")
+    cluster = commands.add_parser(
+        "cluster", help="brokers, broker status and runtime configuration"
+    )
     sub = cluster.add_subparsers(dest="cluster_command", metavar="ACTION", required=True)
     add_command(sub, "list", list_brokers, "list the brokers and their addresses")
     add_command(sub, "status", broker_status, "TPS in/out, disk, pending transactions and more")
@@ -94,7 +96,13 @@ def config_get(args: argparse.Namespace) -> None:
         emit(args, match[0], lambda: readable(match[0]["key"], match[0]["value"]))
         return
     rows = [{**k, "value": readable(k["key"], k["value"])} for k in keys]
-    emit(args, keys, lambda: render_table(rows, [("key", "KEY"), ("value", "VALUE"), ("description", "DESCRIPTION")]))
+    emit(
+        args,
+        keys,
+        lambda: render_table(
+            rows, [("key", "KEY"), ("value", "VALUE"), ("description", "DESCRIPTION")]
+        ),
+    )
 
 
 def readable(key: str, value: Any) -> str:
@@ -116,6 +124,10 @@ def config_set(args: argparse.Namespace) -> None:
         changes[key.strip()] = value.strip()
     answer = client(args).patch("/v1/runtime-config", {"changes": changes})
     values = {k["key"]: k["value"] for k in answer["keys"]}
-    emit(args, answer, lambda: "\n".join(
-        f"set {key} = {readable(key, values[key])} (until restart)" for key in answer["changed"]
-    ))
+    emit(
+        args,
+        answer,
+        lambda: "\n".join(
+            f"set {key} = {readable(key, values[key])} (until restart)" for key in answer["changed"]
+        ),
+    )

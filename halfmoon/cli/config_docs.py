@@ -201,8 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--check"]:
         current = Path(argv[1]).read_text(encoding="utf-8") if len(argv) > 1 else ""
         if current != text:
-            print(f"{argv[1] if len(argv) > 1 else '?'} is stale: regenerate it with "
-                  "python -m halfmoon.cli.config_docs", file=sys.stderr)
+            print(
+                f"{argv[1] if len(argv) > 1 else '?'} is stale: regenerate it with "
+                "python -m halfmoon.cli.config_docs",
+                file=sys.stderr,
+            )
             return 1
         return 0
     sys.stdout.write(text)

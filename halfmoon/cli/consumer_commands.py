@@ -38,21 +38,33 @@ CLIENT_COLUMNS = [
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    consumer = commands.add_parser("consumer", help="consumer progress, connected clients, offset reset")
+    consumer = commands.add_parser(
+        "consumer", help="consumer progress, connected clients, offset reset"
+    )
     sub = consumer.add_subparsers(dest="consumer_command", metavar="ACTION", required=True)
 
-    progress = add_command(sub, "progress", show_progress, "lag per queue and per client, consume rate")
+    progress = add_command(
+        sub, "progress", show_progress, "lag per queue and per client, consume rate"
+    )
     progress.add_argument("group", metavar="GROUP")
     progress.add_argument("--topic", default=None, help="only this topic's queues")
 
     status = add_command(sub, "status", show_status, "who is connected and what they subscribe to")
     status.add_argument("group", metavar="GROUP")
 
-    reset = add_command(sub, "reset-offset", reset_offset, "move the group to a point in time in a topic")
+    reset = add_command(
+        sub, "reset-offset", reset_offset, "move the group to a point in time in a topic"
+    )
     reset.add_argument("group", metavar="GROUP")
     reset.add_argument("--topic", required=True)
-    reset.add_argument("--time", dest="timestamp", type=parse_time_ms, required=True, metavar="TIME",
-                       help=f"the first message stored at or after it is consumed next: {TIME_HELP}")
+    reset.add_argument(
+        "--time",
+        dest="timestamp",
+        type=parse_time_ms,
+        required=True,
+        metavar="TIME",
+        help=f"the first message stored at or after it is consumed next: {TIME_HELP}",
+    )
 
 
 def _client_rows(clients: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -60,14 +72,17 @@ def _client_rows(clients: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for c in clients:
         subs = c.get("subscriptions") or []
         text = ", ".join(
-            f"{s['topic']}({s['filter'] if s.get('filter_type') == 'tag' else 'sql: ' + s['filter']})" for s in subs
+            f"{s['topic']}({s['filter'] if s.get('filter_type') == 'tag' else 'sql: ' + s['filter']})"
+            for s in subs
         )
-        rows.append({
-            **c,
-            "client_type": str(c.get("client_type", "")).lower().replace("_consumer", ""),
-            "subscribes": text or "-",
-            "idle": f"{float(c.get('idle_seconds') or 0):.0f}s",
-        })
+        rows.append(
+            {
+                **c,
+                "client_type": str(c.get("client_type", "")).lower().replace("_consumer", ""),
+                "subscribes": text or "-",
+                "idle": f"{float(c.get('idle_seconds') or 0):.0f}s",
+            }
+        )
     return rows
 
 
@@ -120,10 +135,15 @@ def show_status(args: argparse.Namespace) -> None:
 
 def reset_offset(args: argparse.Namespace) -> None:
     answer = client(args).post(
-        f"/v1/groups/{quote(args.group)}/reset-offset", {"topic": args.topic, "timestamp_ms": args.timestamp}
+        f"/v1/groups/{quote(args.group)}/reset-offset",
+        {"topic": args.topic, "timestamp_ms": args.timestamp},
     )
     queues = answer["queues"]
-    emit(args, answer, lambda: (
-        f"reset group '{args.group}' in '{args.topic}' to {format_ms(args.timestamp)}\n\n"
-        + render_table(queues, [("queue_id", "QUEUE"), ("offset", "NEW OFFSET")])
-    ))
+    emit(
+        args,
+        answer,
+        lambda: (
+            f"reset group '{args.group}' in '{args.topic}' to {format_ms(args.timestamp)}\n\n"
+            + render_table(queues, [("queue_id", "QUEUE"), ("offset", "NEW OFFSET")])
+        ),
+    )

@@ -33,34 +33,97 @@ PROGRESS_COLUMNS = [
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    group = commands.add_parser("group", help="create, list, describe, update and delete consumer groups")
+    group = commands.add_parser(
+        "group", help="create, list, describe, update and delete consumer groups"
+    )
     sub = group.add_subparsers(dest="group_command", metavar="ACTION", required=True)
 
     create = add_command(sub, "create", create_group, "create a consumer group")
     create.add_argument("name", metavar="NAME")
     create.add_argument("--fifo", action="store_true", help="deliver each message group in order")
-    create.add_argument("--max-attempts", type=positive_int, default=None, help="deliveries before the dead-letter topic (default 17)")
-    create.add_argument("--from", dest="consume_from", choices=("earliest", "latest"), default=None, help="where a new group starts (default latest)")
+    create.add_argument(
+        "--max-attempts",
+        type=positive_int,
+        default=None,
+        help="deliveries before the dead-letter topic (default 17)",
+    )
+    create.add_argument(
+        "--from",
+        dest="consume_from",
+        choices=("earliest", "latest"),
+        default=None,
+        help="where a new group starts (default latest)",
+    )
 
     add_command(sub, "list", list_groups, "list consumer groups")
 
-    describe = add_command(sub, "describe", describe_group, "show a group and its progress (lag per queue)")
+    describe = add_command(
+        sub, "describe", describe_group, "show a group and its progress (lag per queue)"
+    )
     describe.add_argument("name", metavar="NAME")
     describe.add_argument("--topic", default=None, help="only this topic's queues")
 
-    update = add_command(sub, "update", update_group, "change a group's consuming, start, broadcast or retries")
+    update = add_command(
+        sub, "update", update_group, "change a group's consuming, start, broadcast or retries"
+    )
     update.add_argument("name", metavar="NAME")
     enabled = update.add_mutually_exclusive_group()
-    enabled.add_argument("--enable", dest="consume_enabled", action="store_const", const=True, default=None, help="allow consuming")
-    enabled.add_argument("--disable", dest="consume_enabled", action="store_const", const=False, help="refuse consuming (receive and pull fail)")
-    update.add_argument("--from", dest="consume_from", choices=("earliest", "latest"), default=None, help="where the group starts in a topic it has not consumed (earliest: the min offset)")
+    enabled.add_argument(
+        "--enable",
+        dest="consume_enabled",
+        action="store_const",
+        const=True,
+        default=None,
+        help="allow consuming",
+    )
+    enabled.add_argument(
+        "--disable",
+        dest="consume_enabled",
+        action="store_const",
+        const=False,
+        help="refuse consuming (receive and pull fail)",
+    )
+    update.add_argument(
+        "--from",
+        dest="consume_from",
+        choices=("earliest", "latest"),
+        default=None,
+        help="where the group starts in a topic it has not consumed (earliest: the min offset)",
+    )
     broadcast = update.add_mutually_exclusive_group()
-    broadcast.add_argument("--broadcast", dest="broadcast", action="store_const", const=True, default=None, help="every consumer gets every message")
-    broadcast.add_argument("--clustering", dest="broadcast", action="store_const", const=False, help="each message goes to one consumer of the group")
-    update.add_argument("--max-attempts", type=positive_int, default=None, help="deliveries before the dead-letter topic (retry count + 1)")
+    broadcast.add_argument(
+        "--broadcast",
+        dest="broadcast",
+        action="store_const",
+        const=True,
+        default=None,
+        help="every consumer gets every message",
+    )
+    broadcast.add_argument(
+        "--clustering",
+        dest="broadcast",
+        action="store_const",
+        const=False,
+        help="each message goes to one consumer of the group",
+    )
+    update.add_argument(
+        "--max-attempts",
+        type=positive_int,
+        default=None,
+        help="deliveries before the dead-letter topic (retry count + 1)",
+    )
     fifo = update.add_mutually_exclusive_group()
-    fifo.add_argument("--fifo", dest="fifo", action="store_const", const=True, default=None, help="deliver each message group in order")
-    fifo.add_argument("--no-fifo", dest="fifo", action="store_const", const=False, help="deliver concurrently")
+    fifo.add_argument(
+        "--fifo",
+        dest="fifo",
+        action="store_const",
+        const=True,
+        default=None,
+        help="deliver each message group in order",
+    )
+    fifo.add_argument(
+        "--no-fifo", dest="fifo", action="store_const", const=False, help="deliver concurrently"
+    )
 
     delete = add_command(sub, "delete", delete_group, "delete a consumer group")
     delete.add_argument("name", metavar="NAME")

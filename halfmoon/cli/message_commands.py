@@ -67,7 +67,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     query.add_argument("--topic", required=True)
     query.add_argument("--key", required=True)
     _time_range(query)
-    query.add_argument("--limit", type=positive_int, default=64, help="at most this many (default 64)")
+    query.add_argument(
+        "--limit", type=positive_int, default=64, help="at most this many (default 64)"
+    )
 
     read = add_command(sub, "read", read_message, "show the message at a queue offset")
     read.add_argument("--topic", required=True)
@@ -81,41 +83,76 @@ def register(commands: argparse._SubParsersAction) -> None:
     body.add_argument("--body-file", type=Path, help="read the body from this file ('-': stdin)")
     send.add_argument("--key", dest="keys", action="append", default=[], help="a key (repeatable)")
     send.add_argument("--tag", default=None)
-    send.add_argument("--queue", type=int, default=None, help="this queue (default: the broker picks)")
-    send.add_argument("--property", dest="properties", action="append", default=[], metavar="NAME=VALUE",
-                      help="a user property (repeatable)")
+    send.add_argument(
+        "--queue", type=int, default=None, help="this queue (default: the broker picks)"
+    )
+    send.add_argument(
+        "--property",
+        dest="properties",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a user property (repeatable)",
+    )
 
-    consume = add_command(sub, "consume", consume_messages, "read messages from an offset or a time, no group involved")
+    consume = add_command(
+        sub,
+        "consume",
+        consume_messages,
+        "read messages from an offset or a time, no group involved",
+    )
     consume.add_argument("--topic", required=True)
-    consume.add_argument("--queue", type=int, default=None, help="only this queue (needed with --offset)")
+    consume.add_argument(
+        "--queue", type=int, default=None, help="only this queue (needed with --offset)"
+    )
     consume.add_argument("--offset", type=int, default=None, help="start at this offset of --queue")
     _time_range(consume)
-    consume.add_argument("--count", type=positive_int, default=32, help="at most this many (default 32)")
+    consume.add_argument(
+        "--count", type=positive_int, default=32, help="at most this many (default 32)"
+    )
     _filters(consume)
 
-    print_ = add_command(sub, "print", print_messages, "print every message in a time range, with tag counts")
+    print_ = add_command(
+        sub, "print", print_messages, "print every message in a time range, with tag counts"
+    )
     print_.add_argument("--topic", required=True)
     print_.add_argument("--queue", type=int, default=None, help="only this queue")
     _time_range(print_)
     _filters(print_)
     print_.add_argument("--no-bodies", dest="bodies", action="store_false", help="headers only")
-    print_.add_argument("--tag-counts", action="store_true", help="count messages per tag instead of printing them")
+    print_.add_argument(
+        "--tag-counts", action="store_true", help="count messages per tag instead of printing them"
+    )
 
 
 def _time_range(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--begin", type=parse_time_ms, default=None, metavar="TIME", help=f"from this store time: {TIME_HELP}")
-    parser.add_argument("--end", type=parse_time_ms, default=None, metavar="TIME", help="up to this store time")
+    parser.add_argument(
+        "--begin",
+        type=parse_time_ms,
+        default=None,
+        metavar="TIME",
+        help=f"from this store time: {TIME_HELP}",
+    )
+    parser.add_argument(
+        "--end", type=parse_time_ms, default=None, metavar="TIME", help="up to this store time"
+    )
 
 
 def _filters(parser: argparse.ArgumentParser) -> None:
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--filter", default=None, metavar="TAGS", help="tag expression, e.g. 'created || paid'")
-    which.add_argument("--sql", default=None, metavar="EXPR", help="SQL92 expression over user properties")
+    which.add_argument(
+        "--filter", default=None, metavar="TAGS", help="tag expression, e.g. 'created || paid'"
+    )
+    which.add_argument(
+        "--sql", default=None, metavar="EXPR", help="SQL92 expression over user properties"
+    )
 
 
 def _check_range(args: argparse.Namespace) -> None:
     if args.begin is not None and args.end is not None and args.end < args.begin:
-        raise UsageError(f"--end ({format_ms(args.end)}) is before --begin ({format_ms(args.begin)})", "USAGE")
+        raise UsageError(
+            f"--end ({format_ms(args.end)}) is before --begin ({format_ms(args.begin)})", "USAGE"
+        )
 
 
 # -- rendering -------------------------------------------------------------------------
@@ -167,18 +204,30 @@ def get_message(args: argparse.Namespace) -> None:
 def query_messages(args: argparse.Namespace) -> None:
     _check_range(args)
     answer = client(args).get(
-        f"/v1/topics/{quote(args.topic)}/messages", key=args.key, begin_ms=args.begin, end_ms=args.end,
+        f"/v1/topics/{quote(args.topic)}/messages",
+        key=args.key,
+        begin_ms=args.begin,
+        end_ms=args.end,
         limit=args.limit,
     )
     messages = answer["messages"]
-    emit(args, messages, lambda: render_table(messages, QUERY_COLUMNS) if messages
-         else f"no message with key '{args.key}' in '{args.topic}' in that time range")
+    emit(
+        args,
+        messages,
+        lambda: (
+            render_table(messages, QUERY_COLUMNS)
+            if messages
+            else f"no message with key '{args.key}' in '{args.topic}' in that time range"
+        ),
+    )
 
 
 def read_message(args: argparse.Namespace) -> None:
     if args.queue < 0 or args.offset < 0:
         raise UsageError("--queue and --offset must be >= 0", "USAGE")
-    message = client(args).get(f"/v1/topics/{quote(args.topic)}/queues/{args.queue}/offsets/{args.offset}")
+    message = client(args).get(
+        f"/v1/topics/{quote(args.topic)}/queues/{args.queue}/offsets/{args.offset}"
+    )
     emit(args, message, lambda: render_message(message))
 
 
@@ -194,10 +243,14 @@ def send_message(args: argparse.Namespace) -> None:
     if args.queue is not None:
         body["queue_id"] = args.queue
     result = client(args).post(f"/v1/topics/{quote(args.topic)}/messages", body)
-    emit(args, result, lambda: (
-        f"sent message {result['message_id']} to '{result['topic']}' queue {result['queue_id']} "
-        f"offset {result['queue_offset']}"
-    ))
+    emit(
+        args,
+        result,
+        lambda: (
+            f"sent message {result['message_id']} to '{result['topic']}' queue {result['queue_id']} "
+            f"offset {result['queue_offset']}"
+        ),
+    )
 
 
 def _read_body(args: argparse.Namespace) -> bytes:
@@ -209,7 +262,9 @@ def _read_body(args: argparse.Namespace) -> bytes:
         try:
             payload = args.body_file.read_bytes()
         except OSError as exc:
-            raise CliError(f"cannot read the body file {args.body_file}: {exc.strerror}", "BAD_REQUEST") from None
+            raise CliError(
+                f"cannot read the body file {args.body_file}: {exc.strerror}", "BAD_REQUEST"
+            ) from None
     if not payload:
         raise UsageError("the message body is empty; send at least one byte", "USAGE")
     return payload
@@ -225,14 +280,24 @@ def _properties(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def scan_pages(api: AdminClient, args: argparse.Namespace, *, limit: int | None, bodies: bool = True,
-               messages: bool = True, start_offset: int | None = None) -> Iterator[dict[str, Any]]:
+def scan_pages(
+    api: AdminClient,
+    args: argparse.Namespace,
+    *,
+    limit: int | None,
+    bodies: bool = True,
+    messages: bool = True,
+    start_offset: int | None = None,
+) -> Iterator[dict[str, Any]]:
     """Each page of a scan, queue by queue, until ``limit`` messages (None: the whole range)."""
     topic = api.get(f"/v1/topics/{quote(args.topic)}/status")
     queues = [q["queue_id"] for q in topic["queues"]]
     if args.queue is not None:
         if args.queue not in queues:
-            raise CliError(f"topic '{args.topic}' has no queue {args.queue} (0 to {len(queues) - 1})", "BAD_REQUEST")
+            raise CliError(
+                f"topic '{args.topic}' has no queue {args.queue} (0 to {len(queues) - 1})",
+                "BAD_REQUEST",
+            )
         queues = [args.queue]
     filter_type, expression = ("sql92", args.sql) if args.sql else ("tag", args.filter)
     left = limit
@@ -240,9 +305,16 @@ def scan_pages(api: AdminClient, args: argparse.Namespace, *, limit: int | None,
         offset = start_offset
         while left is None or left > 0:
             page = api.get(
-                f"/v1/topics/{quote(args.topic)}/scan", queue=queue_id, offset=offset, begin_ms=args.begin,
-                end_ms=args.end, limit=min(PAGE, left or PAGE), filter_type=filter_type, filter=expression,
-                bodies=str(bodies).lower(), messages=str(messages).lower(),
+                f"/v1/topics/{quote(args.topic)}/scan",
+                queue=queue_id,
+                offset=offset,
+                begin_ms=args.begin,
+                end_ms=args.end,
+                limit=min(PAGE, left or PAGE),
+                filter_type=filter_type,
+                filter=expression,
+                bodies=str(bodies).lower(),
+                messages=str(messages).lower(),
             )
             yield page
             if left is not None:
@@ -265,7 +337,11 @@ def consume_messages(args: argparse.Namespace) -> None:
             found.extend(page["messages"])
             bar.update(len(found))
     found = found[: args.count]
-    emit(args, found, lambda: "\n".join(one_line(m) for m in found) if found else "no messages in that range")
+    emit(
+        args,
+        found,
+        lambda: "\n".join(one_line(m) for m in found) if found else "no messages in that range",
+    )
 
 
 def print_messages(args: argparse.Namespace) -> None:
@@ -275,17 +351,35 @@ def print_messages(args: argparse.Namespace) -> None:
     tag_counts: dict[str, int] = {}
     matched = 0
     with ProgressBar(None, "scanning") as bar:
-        for page in scan_pages(api, args, limit=None, bodies=args.bodies, messages=not args.tag_counts):
+        for page in scan_pages(
+            api, args, limit=None, bodies=args.bodies, messages=not args.tag_counts
+        ):
             found.extend(page["messages"])
             matched += page["matched"]
             for tag, count in page["tag_counts"].items():
                 tag_counts[tag] = tag_counts.get(tag, 0) + count
             bar.update(matched)
-    tags = [{"tag": tag, "count": count} for tag, count in sorted(tag_counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    tags = [
+        {"tag": tag, "count": count}
+        for tag, count in sorted(tag_counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]
     if args.tag_counts:
-        emit(args, {"topic": args.topic, "matched": matched, "tags": tags},
-             lambda: (render_table(tags, [("tag", "TAG"), ("count", "COUNT")]) + f"\n\ntotal: {matched}")
-             if tags else "no messages in that range")
+        emit(
+            args,
+            {"topic": args.topic, "matched": matched, "tags": tags},
+            lambda: (
+                (render_table(tags, [("tag", "TAG"), ("count", "COUNT")]) + f"\n\ntotal: {matched}")
+                if tags
+                else "no messages in that range"
+            ),
+        )
         return
-    emit(args, found, lambda: "\n".join([*(one_line(m) for m in found), f"\ntotal: {matched}"])
-         if found else "no messages in that range")
+    emit(
+        args,
+        found,
+        lambda: (
+            "\n".join([*(one_line(m) for m in found), f"\ntotal: {matched}"])
+            if found
+            else "no messages in that range"
+        ),
+    )

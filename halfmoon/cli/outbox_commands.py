@@ -38,30 +38,75 @@ def duration(text: str) -> float:
         else:
             value = float(raw)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a duration like 500ms or 2s, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a duration like 500ms or 2s, got {text!r}"
+        ) from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive duration, got {text!r}")
     return value
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    outbox = commands.add_parser("outbox", help="run the transactional outbox relay; show an outbox's state")
+    outbox = commands.add_parser(
+        "outbox", help="run the transactional outbox relay; show an outbox's state"
+    )
     sub = outbox.add_subparsers(dest="outbox_command", metavar="ACTION", required=True)
 
-    relay = add_command(sub, "relay", run_relay, "publish outbox rows to halfmoon or RabbitMQ", admin=False)
-    relay.add_argument("--db", required=True, metavar="URL", help="SQLAlchemy URL of the database holding the outbox")
-    relay.add_argument("--target", required=True, metavar="URL", help="halfmoon://HOST:PORT or amqp://USER:PASS@HOST:PORT/VHOST")
-    relay.add_argument("--workers", type=positive_int, default=1, help="worker threads per process (default 1)")
-    relay.add_argument("--processes", type=positive_int, default=1, help="relay processes (default 1: the workers run in this process)")
-    relay.add_argument("--batch", type=positive_int, default=100, help="rows claimed per batch (default 100)")
-    relay.add_argument("--poll", type=duration, default=0.5, help="idle polling interval (default 500ms; NOTIFY wakes sooner on PostgreSQL)")
-    relay.add_argument("--max-attempts", type=positive_int, default=10, help="publish attempts before a message is marked failed (default 10)")
-    relay.add_argument("--table-prefix", default="hm_", help="prefix of the outbox tables (default hm_)")
-    relay.add_argument("--create-tables", action="store_true", help="create the outbox tables if they are missing")
-    relay.add_argument("--no-failed-block", action="store_true", help="let an aggregate's later messages pass one marked failed")
+    relay = add_command(
+        sub, "relay", run_relay, "publish outbox rows to halfmoon or RabbitMQ", admin=False
+    )
+    relay.add_argument(
+        "--db",
+        required=True,
+        metavar="URL",
+        help="SQLAlchemy URL of the database holding the outbox",
+    )
+    relay.add_argument(
+        "--target",
+        required=True,
+        metavar="URL",
+        help="halfmoon://HOST:PORT or amqp://USER:PASS@HOST:PORT/VHOST",
+    )
+    relay.add_argument(
+        "--workers", type=positive_int, default=1, help="worker threads per process (default 1)"
+    )
+    relay.add_argument(
+        "--processes",
+        type=positive_int,
+        default=1,
+        help="relay processes (default 1: the workers run in this process)",
+    )
+    relay.add_argument(
+        "--batch", type=positive_int, default=100, help="rows claimed per batch (default 100)"
+    )
+    relay.add_argument(
+        "--poll",
+        type=duration,
+        default=0.5,
+        help="idle polling interval (default 500ms; NOTIFY wakes sooner on PostgreSQL)",
+    )
+    relay.add_argument(
+        "--max-attempts",
+        type=positive_int,
+        default=10,
+        help="publish attempts before a message is marked failed (default 10)",
+    )
+    relay.add_argument(
+        "--table-prefix", default="hm_", help="prefix of the outbox tables (default hm_)"
+    )
+    relay.add_argument(
+        "--create-tables", action="store_true", help="create the outbox tables if they are missing"
+    )
+    relay.add_argument(
+        "--no-failed-block",
+        action="store_true",
+        help="let an aggregate's later messages pass one marked failed",
+    )
     relay.add_argument("--log-level", default="INFO", help="log level (default INFO)")
 
-    status = add_command(sub, "status", show_status, "pending, sent and failed counts and the oldest pending age")
+    status = add_command(
+        sub, "status", show_status, "pending, sent and failed counts and the oldest pending age"
+    )
     status.add_argument("--db", required=True, metavar="URL")
     status.add_argument("--table-prefix", default="hm_")
 
@@ -77,7 +122,11 @@ def _open_outbox(url: str, prefix: str, pool_size: int = 5) -> Any:
 
 
 def run_relay(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
     if args.processes > 1:
         return _run_relay_processes(args)
     from halfmoon.outbox.relay import Relay
@@ -93,11 +142,17 @@ def run_relay(args: argparse.Namespace) -> int:
         relay.start()
     except HalfmoonError as exc:
         raise CliError(exc.message, exc.code) from None
-    print(f"outbox relay running: workers={args.workers} batch={args.batch} target={target.name}", flush=True)
+    print(
+        f"outbox relay running: workers={args.workers} batch={args.batch} target={target.name}",
+        flush=True,
+    )
     stop.wait()
     relay.stop()
     stats = relay.stats()
-    print(f"outbox relay stopped: published={stats.published} failed={stats.failed} pending={stats.pending}", flush=True)
+    print(
+        f"outbox relay stopped: published={stats.published} failed={stats.failed} pending={stats.pending}",
+        flush=True,
+    )
     return 0
 
 
@@ -125,17 +180,29 @@ def _run_relay_processes(args: argparse.Namespace) -> int:
         if args.create_tables:
             outbox.create_tables()
         outbox.engine.dispose()  # the children open their own connections
-        group = RelayProcesses(args.db, args.target, processes=args.processes, table_prefix=args.table_prefix, **_relay_options(args))
+        group = RelayProcesses(
+            args.db,
+            args.target,
+            processes=args.processes,
+            table_prefix=args.table_prefix,
+            **_relay_options(args),
+        )
         stop = _stop_on_signals()
         group.start()
     except HalfmoonError as exc:
         raise CliError(exc.message, exc.code) from None
     except RuntimeError as exc:
         raise CliError(f"{exc}; see the log above", "OUTBOX_RELAY_START_FAILED") from None
-    print(f"outbox relay running: processes={args.processes} workers={args.workers} batch={args.batch} target={args.target.split('://')[0]}", flush=True)
+    print(
+        f"outbox relay running: processes={args.processes} workers={args.workers} batch={args.batch} target={args.target.split('://')[0]}",
+        flush=True,
+    )
     group.supervise(stop)
     group.stop()
-    print(f"outbox relay stopped: published={group.published} restarts={group.restarts} pending={outbox.status().pending}", flush=True)
+    print(
+        f"outbox relay stopped: published={group.published} restarts={group.restarts} pending={outbox.status().pending}",
+        flush=True,
+    )
     return 0
 
 
@@ -145,7 +212,15 @@ def show_status(args: argparse.Namespace) -> int:
         status = outbox.status()
     except Exception as exc:  # noqa: BLE001
         cause = " ".join(str(getattr(exc, "orig", exc)).split())[:300]
-        raise CliError(f"cannot read the outbox table {outbox.table.name!r} ({cause}); check --db and --table-prefix, or create it with 'outbox relay --create-tables'", "OUTBOX_UNREADABLE") from None
-    data = {"pending": status.pending, "sent": status.sent, "failed": status.failed, "oldest_pending_age_seconds": round(status.oldest_pending_age, 3)}
+        raise CliError(
+            f"cannot read the outbox table {outbox.table.name!r} ({cause}); check --db and --table-prefix, or create it with 'outbox relay --create-tables'",
+            "OUTBOX_UNREADABLE",
+        ) from None
+    data = {
+        "pending": status.pending,
+        "sent": status.sent,
+        "failed": status.failed,
+        "oldest_pending_age_seconds": round(status.oldest_pending_age, 3),
+    }
     emit(args, data, lambda: "\n".join(f"{k:<28}{v}" for k, v in data.items()))
     return 0

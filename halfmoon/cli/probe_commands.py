@@ -28,21 +28,46 @@ GRPC_ENV = "HALFMOON_GRPC"
 MAX_PROBE_SIZE = 4 * 1024 * 1024
 PERCENTILES = (50, 90, 99, 99.9)
 _SIZE = re.compile(r"^\s*(\d+)\s*(b|k|kib|kb|m|mib|mb)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {None: 1, "b": 1, "k": 1024, "kib": 1024, "kb": 1000, "m": 1024**2, "mib": 1024**2, "mb": 1000**2}
+_SIZE_UNITS = {
+    None: 1,
+    "b": 1,
+    "k": 1024,
+    "kib": 1024,
+    "kb": 1000,
+    "m": 1024**2,
+    "mib": 1024**2,
+    "mb": 1000**2,
+}
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     probe = commands.add_parser("probe", help="measure send round trips through the gRPC endpoint")
     sub = probe.add_subparsers(dest="probe_command", metavar="ACTION", required=True)
-    send = add_command(sub, "send", probe_send, "send N messages of size S; report round-trip percentiles")
-    send.add_argument("--topic", required=True, help="an existing topic that accepts normal messages")
-    send.add_argument("--count", type=positive_int, default=100, help="messages to send (default 100)")
-    send.add_argument("--size", type=parse_size, default=1024, help="body size: 512, 1KiB, 1MiB (default 1KiB)")
-    send.add_argument("--concurrency", type=positive_int, default=1, help="senders in parallel (default 1)")
-    send.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for each send (default 3)")
+    send = add_command(
+        sub, "send", probe_send, "send N messages of size S; report round-trip percentiles"
+    )
+    send.add_argument(
+        "--topic", required=True, help="an existing topic that accepts normal messages"
+    )
+    send.add_argument(
+        "--count", type=positive_int, default=100, help="messages to send (default 100)"
+    )
+    send.add_argument(
+        "--size", type=parse_size, default=1024, help="body size: 512, 1KiB, 1MiB (default 1KiB)"
+    )
+    send.add_argument(
+        "--concurrency", type=positive_int, default=1, help="senders in parallel (default 1)"
+    )
+    send.add_argument(
+        "--timeout", type=float, default=3.0, help="seconds to wait for each send (default 3)"
+    )
     send.add_argument("--tag", default="probe", help="tag of the probe messages (default probe)")
-    send.add_argument("--grpc", default=None, metavar="HOST:PORT",
-                      help=f"gRPC address (default: ${GRPC_ENV}, else the broker's address from the admin API)")
+    send.add_argument(
+        "--grpc",
+        default=None,
+        metavar="HOST:PORT",
+        help=f"gRPC address (default: ${GRPC_ENV}, else the broker's address from the admin API)",
+    )
 
 
 def parse_size(text: str) -> int:
@@ -63,7 +88,9 @@ def percentile(sorted_values: list[float], pct: float) -> float:
     return sorted_values[min(len(sorted_values), int(rank)) - 1]
 
 
-def summarize(latencies_ms: list[float], failures: int, elapsed_s: float, size: int) -> dict[str, Any]:
+def summarize(
+    latencies_ms: list[float], failures: int, elapsed_s: float, size: int
+) -> dict[str, Any]:
     ordered = sorted(latencies_ms)
     sent = len(ordered)
     report: dict[str, Any] = {
@@ -76,7 +103,9 @@ def summarize(latencies_ms: list[float], failures: int, elapsed_s: float, size: 
         "rt_avg": round(sum(ordered) / sent, 3) if sent else None,
     }
     for pct in PERCENTILES:
-        report[f"rt_p{pct:g}".replace(".", "_")] = round(percentile(ordered, pct), 3) if ordered else None
+        report[f"rt_p{pct:g}".replace(".", "_")] = (
+            round(percentile(ordered, pct), 3) if ordered else None
+        )
     report["rt_max"] = round(ordered[-1], 3) if ordered else None
     return report
 
@@ -88,11 +117,15 @@ def grpc_address(args: argparse.Namespace) -> str:
         return os.environ[GRPC_ENV]
     brokers = client(args).get("/v1/cluster")["brokers"]
     if not brokers:
-        raise CliError(f"the admin API knows no broker; pass --grpc HOST:PORT or set {GRPC_ENV}", "UNAVAILABLE")
+        raise CliError(
+            f"the admin API knows no broker; pass --grpc HOST:PORT or set {GRPC_ENV}", "UNAVAILABLE"
+        )
     return str(brokers[0]["grpc"])
 
 
-async def run_probe(address: str, args: argparse.Namespace, bar: ProgressBar) -> tuple[list[float], list[str], float]:
+async def run_probe(
+    address: str, args: argparse.Namespace, bar: ProgressBar
+) -> tuple[list[float], list[str], float]:
     import asyncio
 
     from halfmoon.client import ClientError, Message, Producer
@@ -115,12 +148,18 @@ async def run_probe(address: str, args: argparse.Namespace, bar: ProgressBar) ->
             bar.update(len(latencies) + len(errors))
 
     try:
-        async with Producer(address, topics=[args.topic], max_attempts=1, request_timeout=args.timeout) as producer:
+        async with Producer(
+            address, topics=[args.topic], max_attempts=1, request_timeout=args.timeout
+        ) as producer:
             started = time.perf_counter()
-            await asyncio.gather(*(sender(producer) for _ in range(min(args.concurrency, args.count))))
+            await asyncio.gather(
+                *(sender(producer) for _ in range(min(args.concurrency, args.count)))
+            )
             elapsed = time.perf_counter() - started
     except ClientError as exc:
-        raise CliError(f"cannot probe '{args.topic}' at {address}: {exc}", getattr(exc, "code", None)) from None
+        raise CliError(
+            f"cannot probe '{args.topic}' at {address}: {exc}", getattr(exc, "code", None)
+        ) from None
     return latencies, errors, elapsed
 
 
@@ -130,19 +169,38 @@ def probe_send(args: argparse.Namespace) -> None:
 
     with ProgressBar(args.count, f"probing {address}") as bar:
         latencies, errors, elapsed = asyncio.run(run_probe(address, args, bar))
-    report = {"topic": args.topic, "address": address, "concurrency": args.concurrency,
-              **summarize(latencies, len(errors), elapsed, args.size)}
+    report = {
+        "topic": args.topic,
+        "address": address,
+        "concurrency": args.concurrency,
+        **summarize(latencies, len(errors), elapsed, args.size),
+    }
 
     def human() -> str:
-        shown = {k: (f"{v:.2f} ms" if k.startswith("rt_") and v is not None else v) for k, v in report.items()}
+        shown = {
+            k: (f"{v:.2f} ms" if k.startswith("rt_") and v is not None else v)
+            for k, v in report.items()
+        }
         shown["elapsed_s"] = f"{report['elapsed_s']:.2f} s"
         shown["size"] = f"{args.size} B"
         shown["throughput_per_s"] = f"{report['throughput_per_s']:.1f} messages/s"
         named = {"elapsed_s": "elapsed", "throughput_per_s": "throughput"}
-        labels = [(k, named.get(k) or (k.replace("rt_", "rt ").replace("_", ".") if k.startswith("rt_p")
-                                       else k.replace("_", " "))) for k in report]
+        labels = [
+            (
+                k,
+                named.get(k)
+                or (
+                    k.replace("rt_", "rt ").replace("_", ".")
+                    if k.startswith("rt_p")
+                    else k.replace("_", " ")
+                ),
+            )
+            for k in report
+        ]
         return render_record(shown, labels)
 
     emit(args, report, human)
     if errors:
-        raise CliError(f"{len(errors)} of {args.count} sends failed; first: {errors[0]}", "SEND_FAILED")
+        raise CliError(
+            f"{len(errors)} of {args.count} sends failed; first: {errors[0]}", "SEND_FAILED"
+        )

@@ -18,8 +18,13 @@ REDRAW_SECONDS = 0.1
 class ProgressBar:
     """``with ProgressBar(total, "sending") as bar: bar.update(done)``; total may be unknown (None)."""
 
-    def __init__(self, total: int | None, label: str, stream: IO[str] | None = None,
-                 enabled: bool | None = None) -> None:
+    def __init__(
+        self,
+        total: int | None,
+        label: str,
+        stream: IO[str] | None = None,
+        enabled: bool | None = None,
+    ) -> None:
         self.total = total
         self.label = label
         self.stream = stream if stream is not None else sys.stderr

@@ -26,12 +26,24 @@ FLAG_KEYS: dict[str, str] = {
 
 def register(commands: argparse._SubParsersAction) -> None:
     serve = add_command(
-        commands, "serve", run_serve, "run the broker, its gRPC endpoint and the admin API", admin=False
+        commands,
+        "serve",
+        run_serve,
+        "run the broker, its gRPC endpoint and the admin API",
+        admin=False,
     )
     serve.add_argument("--data-dir", metavar="DIR", help="where messages and metadata live")
-    serve.add_argument("--listen", metavar="HOST:PORT", help="gRPC endpoint (default 127.0.0.1:8081)")
-    serve.add_argument("--admin-listen", metavar="HOST:PORT", help="admin HTTP API (default 127.0.0.1:8082)")
-    serve.add_argument("--flush", choices=("sync", "async"), help="sync: acknowledge after fsync; async: after the write")
+    serve.add_argument(
+        "--listen", metavar="HOST:PORT", help="gRPC endpoint (default 127.0.0.1:8081)"
+    )
+    serve.add_argument(
+        "--admin-listen", metavar="HOST:PORT", help="admin HTTP API (default 127.0.0.1:8082)"
+    )
+    serve.add_argument(
+        "--flush",
+        choices=("sync", "async"),
+        help="sync: acknowledge after fsync; async: after the write",
+    )
     serve.add_argument("--config", metavar="FILE", help="a TOML configuration file")
     serve.add_argument(
         "--set",

@@ -20,30 +20,78 @@ EXIT_INCONSISTENT = 1
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    spark = commands.add_parser("spark", help="data pipeline jobs on Spark (audit, stats)", description="data pipeline jobs on Spark")
+    spark = commands.add_parser(
+        "spark",
+        help="data pipeline jobs on Spark (audit, stats)",
+        description="data pipeline jobs on Spark",
+    )
     jobs = spark.add_subparsers(dest="spark_command", metavar="JOB", required=True)
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--endpoint", default="127.0.0.1:8081", help="halfmoon gRPC endpoint HOST:PORT (default 127.0.0.1:8081)")
+    common.add_argument(
+        "--endpoint",
+        default="127.0.0.1:8081",
+        help="halfmoon gRPC endpoint HOST:PORT (default 127.0.0.1:8081)",
+    )
     common.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     common.add_argument("--json", action="store_true", help="print JSON for scripts")
 
-    audit = jobs.add_parser("audit", parents=[common], help="reconcile a database table with a topic's committed messages")
-    audit.add_argument("--database", required=True, metavar="URL", help="SQLAlchemy URL of the database (sqlite:///app.db, postgresql+psycopg://...)")
-    audit.add_argument("--table", required=True, help="the table holding one row per message that should exist")
-    audit.add_argument("--key-column", required=True, help="the column whose value is the message key")
+    audit = jobs.add_parser(
+        "audit",
+        parents=[common],
+        help="reconcile a database table with a topic's committed messages",
+    )
+    audit.add_argument(
+        "--database",
+        required=True,
+        metavar="URL",
+        help="SQLAlchemy URL of the database (sqlite:///app.db, postgresql+psycopg://...)",
+    )
+    audit.add_argument(
+        "--table", required=True, help="the table holding one row per message that should exist"
+    )
+    audit.add_argument(
+        "--key-column", required=True, help="the column whose value is the message key"
+    )
     audit.add_argument("--topic", required=True, help="the topic the rows were published to")
-    audit.add_argument("--primary-key", default=None, help="integer column to split the table read by (default: the key column)")
-    audit.add_argument("--key-property", default=None, help="match on this message user property instead of the message's first key")
+    audit.add_argument(
+        "--primary-key",
+        default=None,
+        help="integer column to split the table read by (default: the key column)",
+    )
+    audit.add_argument(
+        "--key-property",
+        default=None,
+        help="match on this message user property instead of the message's first key",
+    )
     audit.add_argument("--where", default=None, help="only rows matching this SQL condition")
-    audit.add_argument("--partitions", type=positive_int, default=4, help="parallel reads of the table (default 4)")
+    audit.add_argument(
+        "--partitions", type=positive_int, default=4, help="parallel reads of the table (default 4)"
+    )
     audit.set_defaults(handler=run_audit_command)
 
-    stats = jobs.add_parser("stats", parents=[common], help="messages in/out per topic and group over time windows")
-    stats.add_argument("--topic", action="append", required=True, help="topic to count (repeatable)")
-    stats.add_argument("--group", action="append", default=[], help="consumer group whose consumption to count (repeatable)")
-    stats.add_argument("--window", default="1 minute", help="window length, Spark syntax (default '1 minute')")
-    stats.add_argument("--since", type=positive_int, default=None, metavar="MINUTES", help="only messages stored in the last MINUTES")
+    stats = jobs.add_parser(
+        "stats", parents=[common], help="messages in/out per topic and group over time windows"
+    )
+    stats.add_argument(
+        "--topic", action="append", required=True, help="topic to count (repeatable)"
+    )
+    stats.add_argument(
+        "--group",
+        action="append",
+        default=[],
+        help="consumer group whose consumption to count (repeatable)",
+    )
+    stats.add_argument(
+        "--window", default="1 minute", help="window length, Spark syntax (default '1 minute')"
+    )
+    stats.add_argument(
+        "--since",
+        type=positive_int,
+        default=None,
+        metavar="MINUTES",
+        help="only messages stored in the last MINUTES",
+    )
     stats.set_defaults(handler=run_stats_command)
 
 
@@ -51,7 +99,9 @@ def _session(args: argparse.Namespace, name: str):  # type: ignore[no-untyped-de
     try:
         from halfmoon.spark import build_session
     except ImportError as exc:
-        raise CliError(f"pyspark is not installed ({exc}); install halfmoon[spark]", "SPARK_MISSING") from None
+        raise CliError(
+            f"pyspark is not installed ({exc}); install halfmoon[spark]", "SPARK_MISSING"
+        ) from None
     spark = build_session(name, args.master)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
@@ -104,5 +154,7 @@ def run_stats_command(args: argparse.Namespace) -> int:
         return 0
     print(f"{'WINDOW START':<20} {'TOPIC':<24} {'GROUP (- = in)':<24} MESSAGES")
     for row in rows:
-        print(f"{row['window_start'][:19]:<20} {row['topic']:<24} {row['group']:<24} {row['messages']}")
+        print(
+            f"{row['window_start'][:19]:<20} {row['topic']:<24} {row['group']:<24} {row['messages']}"
+        )
     return 0

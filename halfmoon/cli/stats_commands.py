@@ -24,7 +24,12 @@ STATS_COLUMNS = [
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    stats = add_command(commands, "stats", show_stats, "messages in/out per second and over 24 h, per topic and group")
+    stats = add_command(
+        commands,
+        "stats",
+        show_stats,
+        "messages in/out per second and over 24 h, per topic and group",
+    )
     stats.add_argument("--topic", default=None, help="only this topic")
     stats.add_argument("--group", default=None, help="only this consumer group (its out rows)")
 

@@ -33,7 +33,8 @@ def render_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column]) -
     """Left-aligned text columns (numbers right-aligned), two spaces apart."""
     texts = [[cell(row.get(key), key) for key, _ in columns] for row in rows]
     numeric = [
-        bool(rows) and all(_is_plain_number(key, row.get(key)) for row in rows) for key, _ in columns
+        bool(rows) and all(_is_plain_number(key, row.get(key)) for row in rows)
+        for key, _ in columns
     ]
     widths = [
         max([len(header)] + [len(t[i]) for t in texts]) for i, (_, header) in enumerate(columns)
@@ -63,7 +64,9 @@ def render_record(record: Mapping[str, Any], fields: Sequence[Column] | None = N
     pairs = fields or [(key, header_for(key).lower()) for key in record if record[key] != {}]
     present = [(key, header) for key, header in pairs if key in record]
     width = max((len(header) for _, header in present), default=0) + 1
-    return "\n".join(f"{(header + ':').ljust(width)}  {cell(record[key], key)}" for key, header in present)
+    return "\n".join(
+        f"{(header + ':').ljust(width)}  {cell(record[key], key)}" for key, header in present
+    )
 
 
 def columns_for(rows: Sequence[Mapping[str, Any]], preferred: Sequence[Column]) -> list[Column]:
@@ -98,7 +101,9 @@ def header_for(key: str) -> str:
 
 
 def _by_key(key: str, value: Any) -> str | None:
-    if isinstance(value, int) and (key.endswith(("created_ms", "_timestamp")) or key == "timestamp"):
+    if isinstance(value, int) and (
+        key.endswith(("created_ms", "_timestamp")) or key == "timestamp"
+    ):
         return format_ms(value)
     if isinstance(value, int) and key.endswith("_ms"):
         return format_duration_ms(value)

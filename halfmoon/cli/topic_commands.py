@@ -36,21 +36,42 @@ HIDDEN_QUEUE_KEYS = ("topic", "last_store_timestamp")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    topic = commands.add_parser("topic", help="create, list, describe, update and delete topics; offsets and routes")
+    topic = commands.add_parser(
+        "topic", help="create, list, describe, update and delete topics; offsets and routes"
+    )
     sub = topic.add_subparsers(dest="topic_command", metavar="ACTION", required=True)
 
     create = add_command(sub, "create", create_topic, "create a topic")
     create.add_argument("name", metavar="NAME")
-    create.add_argument("--type", choices=TOPIC_TYPES, default="normal", help="message type it accepts (default normal)")
-    create.add_argument("--queues", type=positive_int, default=None, help="number of queues (default: the broker's default_queue_count)")
-    create.add_argument("--perm", choices=PERMS, default="rw", help="permissions: rw, r (read only) or w (write only)")
+    create.add_argument(
+        "--type",
+        choices=TOPIC_TYPES,
+        default="normal",
+        help="message type it accepts (default normal)",
+    )
+    create.add_argument(
+        "--queues",
+        type=positive_int,
+        default=None,
+        help="number of queues (default: the broker's default_queue_count)",
+    )
+    create.add_argument(
+        "--perm",
+        choices=PERMS,
+        default="rw",
+        help="permissions: rw, r (read only) or w (write only)",
+    )
 
     add_command(sub, "list", list_topics, "list topics")
 
-    describe = add_command(sub, "describe", describe_topic, "show a topic and the offsets of its queues")
+    describe = add_command(
+        sub, "describe", describe_topic, "show a topic and the offsets of its queues"
+    )
     describe.add_argument("name", metavar="NAME")
 
-    update = add_command(sub, "update", update_topic, "change a topic's queues, permissions or type")
+    update = add_command(
+        sub, "update", update_topic, "change a topic's queues, permissions or type"
+    )
     update.add_argument("name", metavar="NAME")
     update.add_argument("--queues", type=positive_int, default=None)
     update.add_argument("--perm", choices=PERMS, default=None)
@@ -59,10 +80,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     delete = add_command(sub, "delete", delete_topic, "delete a topic")
     delete.add_argument("name", metavar="NAME")
 
-    status = add_command(sub, "status", topic_status, "min/max offset and last store time per queue")
+    status = add_command(
+        sub, "status", topic_status, "min/max offset and last store time per queue"
+    )
     status.add_argument("name", metavar="NAME")
 
-    route = add_command(sub, "route", topic_route, "which broker serves each queue, and its permissions")
+    route = add_command(
+        sub, "route", topic_route, "which broker serves each queue, and its permissions"
+    )
     route.add_argument("name", metavar="NAME")
 
 
@@ -114,9 +139,16 @@ def topic_status(args: argparse.Namespace) -> None:
 
 def topic_route(args: argparse.Namespace) -> None:
     answer = client(args).get(f"/v1/topics/{quote(args.name)}/route")
-    queues = [{**q, "accepted_types": ",".join(q.get("accepted_types") or [])} for q in answer["queues"]]
-    columns = [("broker", "BROKER"), ("address", "ADDRESS"), ("queue_id", "QUEUE"), ("perm", "PERM"),
-               ("accepted_types", "ACCEPTS")]
+    queues = [
+        {**q, "accepted_types": ",".join(q.get("accepted_types") or [])} for q in answer["queues"]
+    ]
+    columns = [
+        ("broker", "BROKER"),
+        ("address", "ADDRESS"),
+        ("queue_id", "QUEUE"),
+        ("perm", "PERM"),
+        ("accepted_types", "ACCEPTS"),
+    ]
     emit(args, answer, lambda: render_table(queues, columns))
 
 

@@ -38,22 +38,35 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     listing = add_command(sub, "list", list_transactions, "undecided transactions, oldest first")
     listing.add_argument("--topic", default=None, help="only this topic's")
-    listing.add_argument("--limit", type=positive_int, default=None, help="at most this many (default 1000)")
+    listing.add_argument(
+        "--limit", type=positive_int, default=None, help="at most this many (default 1000)"
+    )
 
     parked = add_command(sub, "parked", list_parked, "transactions parked after the check limit")
-    parked.add_argument("--limit", type=positive_int, default=None, help="at most this many (default 1000)")
+    parked.add_argument(
+        "--limit", type=positive_int, default=None, help="at most this many (default 1000)"
+    )
 
     for name, what in (("commit", "commit a transaction (publish its message)"),
                        ("rollback", "roll back a transaction (discard its message)")):  # fmt: skip
         decide = add_command(sub, name, decide_transaction, what)
-        decide.add_argument("transaction_id", metavar="ID", help="the transaction id (see 'transaction list')")
+        decide.add_argument(
+            "transaction_id", metavar="ID", help="the transaction id (see 'transaction list')"
+        )
         decide.set_defaults(resolution=name)
 
-    resume = add_command(sub, "resume", resume_transaction, "put a parked transaction back under checks")
+    resume = add_command(
+        sub, "resume", resume_transaction, "put a parked transaction back under checks"
+    )
     resume.add_argument("transaction_id", metavar="ID")
 
     for name, resolution in (("group-commit", "commit"), ("group-rollback", "rollback")):
-        group = add_command(sub, name, decide_group, f"{'roll back' if resolution == 'rollback' else resolution} every member of a transaction group")
+        group = add_command(
+            sub,
+            name,
+            decide_group,
+            f"{'roll back' if resolution == 'rollback' else resolution} every member of a transaction group",
+        )
         group.add_argument("group", metavar="GROUP", help="the transaction group id")
         group.set_defaults(resolution=resolution)
 
@@ -71,7 +84,11 @@ def _table(transactions: Sequence[Mapping[str, Any]], empty: str) -> str:
     if not transactions:
         return empty
     rows = _rows(transactions)
-    columns = [c for c in TRANSACTION_COLUMNS if c[0] != "transaction_group" or any(r.get(c[0]) for r in rows)]
+    columns = [
+        c
+        for c in TRANSACTION_COLUMNS
+        if c[0] != "transaction_group" or any(r.get(c[0]) for r in rows)
+    ]
     return render_table(rows, columns)
 
 
@@ -97,8 +114,10 @@ def resume_transaction(args: argparse.Namespace) -> None:
     emit(
         args,
         info,
-        lambda: f"transaction {args.transaction_id} is checked again from the next scan\n\n"
-        + render_record(_rows([info])[0]),
+        lambda: (
+            f"transaction {args.transaction_id} is checked again from the next scan\n\n"
+            + render_record(_rows([info])[0])
+        ),
     )
 
 
@@ -108,5 +127,7 @@ def decide_group(args: argparse.Namespace) -> None:
     emit(
         args,
         answer,
-        lambda: f"transaction group {args.group} is {state} ({answer.get('members_decided', 0)} members decided now)",
+        lambda: (
+            f"transaction group {args.group} is {state} ({answer.get('members_decided', 0)} members decided now)"
+        ),
     )

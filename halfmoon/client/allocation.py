@@ -36,11 +36,15 @@ def _hash(text: str) -> int:
     return int.from_bytes(hashlib.md5(text.encode(), usedforsecurity=False).digest()[:8], "big")
 
 
-def allocate_consistent_hash(queues: Sequence[str], members: Sequence[str], me: str, virtual_nodes: int = 16) -> list[str]:
+def allocate_consistent_hash(
+    queues: Sequence[str], members: Sequence[str], me: str, virtual_nodes: int = 16
+) -> list[str]:
     """Queues for ``me`` on a hash ring with ``virtual_nodes`` points per member."""
     if me not in members or not queues:
         return []
-    ring = sorted((_hash(f"{member}#{i}"), member) for member in set(members) for i in range(virtual_nodes))
+    ring = sorted(
+        (_hash(f"{member}#{i}"), member) for member in set(members) for i in range(virtual_nodes)
+    )
     points = [point for point, _ in ring]
     mine = []
     for queue in sorted(queues):
@@ -63,4 +67,6 @@ def strategy_named(name: str | AllocationStrategy) -> AllocationStrategy:
     try:
         return STRATEGIES[name]
     except KeyError:
-        raise ValueError(f"unknown allocation strategy {name!r}; use one of {sorted(STRATEGIES)}") from None
+        raise ValueError(
+            f"unknown allocation strategy {name!r}; use one of {sorted(STRATEGIES)}"
+        ) from None

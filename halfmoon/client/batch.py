@@ -32,7 +32,9 @@ def framed_size(message: definition_pb2.Message) -> int:
     return 1 + _varint_size(payload) + payload
 
 
-def split_batch(messages: Sequence[definition_pb2.Message], max_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> Iterator[list[definition_pb2.Message]]:
+def split_batch(
+    messages: Sequence[definition_pb2.Message], max_bytes: int = DEFAULT_MAX_BATCH_BYTES
+) -> Iterator[list[definition_pb2.Message]]:
     """Consecutive runs of ``messages`` whose framed size stays within ``max_bytes``.
 
     A single message larger than ``max_bytes`` on its own cannot be sent in any

@@ -34,7 +34,9 @@ def as_config(config: ClientConfig | str, **overrides: Any) -> ClientConfig:
     if isinstance(config, str):
         return ClientConfig(endpoints=config, **overrides)
     if overrides:
-        raise TypeError("pass options either in a ClientConfig or as keywords with an endpoints string, not both")
+        raise TypeError(
+            "pass options either in a ClientConfig or as keywords with an endpoints string, not both"
+        )
     return config
 
 
@@ -71,7 +73,9 @@ class BaseClient:
         except BaseException:
             await self.close()
             raise
-        self._background.append(asyncio.create_task(self._maintenance(), name=f"halfmoon-maintenance-{self.client_id}"))
+        self._background.append(
+            asyncio.create_task(self._maintenance(), name=f"halfmoon-maintenance-{self.client_id}")
+        )
 
     async def _on_started(self) -> None:
         """Subclass hook after settings arrived (e.g. start consuming)."""
@@ -90,9 +94,16 @@ class BaseClient:
         self._background.clear()
         if self._started:
             group = self._group_resource()
-            request = svc.NotifyClientTerminationRequest(group=group) if group is not None else svc.NotifyClientTerminationRequest()
+            request = (
+                svc.NotifyClientTerminationRequest(group=group)
+                if group is not None
+                else svc.NotifyClientTerminationRequest()
+            )
             await asyncio.gather(
-                *(c.call("NotifyClientTermination", request, timeout=1.0) for c in self._pool.all()),
+                *(
+                    c.call("NotifyClientTermination", request, timeout=1.0)
+                    for c in self._pool.all()
+                ),
                 return_exceptions=True,
             )
         await asyncio.gather(*(s.close() for s in self._telemetry.values()), return_exceptions=True)
@@ -113,7 +124,9 @@ class BaseClient:
         if self._closed:
             raise ClientClosed(f"{type(self).__name__} is closed; create a new one")
         if not self._started:
-            raise ClientClosed(f"{type(self).__name__} is not started; call start() or use 'async with'")
+            raise ClientClosed(
+                f"{type(self).__name__} is not started; call start() or use 'async with'"
+            )
 
     @property
     def closed(self) -> bool:
@@ -126,7 +139,12 @@ class BaseClient:
         settings = pb.Settings(
             client_type=self.client_type,
             access_point=endpoints_pb(self._pool.access_point.target),
-            user_agent=pb.UA(language=pb.Language.PYTHON, version=CLIENT_VERSION, platform=platform.platform(), hostname=socket.gethostname()),
+            user_agent=pb.UA(
+                language=pb.Language.PYTHON,
+                version=CLIENT_VERSION,
+                platform=platform.platform(),
+                hostname=socket.gethostname(),
+            ),
         )
         settings.request_timeout.FromMilliseconds(int(self.config.request_timeout * 1000))
         return settings
@@ -137,12 +155,18 @@ class BaseClient:
 
     async def _on_command(self, endpoint: str, command: svc.TelemetryCommand) -> None:
         """A server command on the telemetry stream (subclasses handle theirs)."""
-        log.info("event=telemetry_command_ignored endpoint=%s kind=%s", endpoint, command.WhichOneof("command"))
+        log.info(
+            "event=telemetry_command_ignored endpoint=%s kind=%s",
+            endpoint,
+            command.WhichOneof("command"),
+        )
 
     def _open_telemetry(self, endpoint: str) -> TelemetrySession:
         session = self._telemetry.get(endpoint)
         if session is None:
-            session = TelemetrySession(self._pool.get(endpoint), self._settings, self._apply_settings, self._on_command)
+            session = TelemetrySession(
+                self._pool.get(endpoint), self._settings, self._apply_settings, self._on_command
+            )
             self._telemetry[endpoint] = session
         return session
 
@@ -173,12 +197,19 @@ class BaseClient:
         if group is not None:
             request.group.CopyFrom(group)
         connections = self._pool.all() or [self._pool.access_point]
-        results = await asyncio.gather(*(c.call("Heartbeat", request) for c in connections), return_exceptions=True)
+        results = await asyncio.gather(
+            *(c.call("Heartbeat", request) for c in connections), return_exceptions=True
+        )
         for connection, result in zip(connections, results, strict=True):
             if isinstance(result, BaseException):
                 log.info("event=heartbeat_failed endpoint=%s error=%r", connection.target, result)
             elif result.status.code != pb.Code.OK:
-                log.warning("event=heartbeat_refused endpoint=%s code=%s message=%s", connection.target, result.status.code, result.status.message)
+                log.warning(
+                    "event=heartbeat_refused endpoint=%s code=%s message=%s",
+                    connection.target,
+                    result.status.code,
+                    result.status.message,
+                )
 
     async def _maintenance(self) -> None:
         loop = asyncio.get_running_loop()

@@ -90,7 +90,9 @@ class CoalescingStats:
 class SendCoalescer:
     """Per-topic lanes that pack concurrent sends into shared requests (see the module docs)."""
 
-    def __init__(self, send_request: SendRequest, *, max_entries: int = DEFAULT_MAX_ENTRIES, max_bytes: int) -> None:
+    def __init__(
+        self, send_request: SendRequest, *, max_entries: int = DEFAULT_MAX_ENTRIES, max_bytes: int
+    ) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
         self._send_request = send_request
@@ -99,7 +101,9 @@ class SendCoalescer:
         self.stats = CoalescingStats()
         self._lanes: dict[str, _Lane] = {}
 
-    def submit(self, topic: str, wire: pb.Message, *, retry: bool = True, timeout: float | None = None) -> asyncio.Future[SendReceipt]:
+    def submit(
+        self, topic: str, wire: pb.Message, *, retry: bool = True, timeout: float | None = None
+    ) -> asyncio.Future[SendReceipt]:
         """Queue one message; the future resolves to its receipt or its own error.
 
         Synchronous on purpose: the order of ``submit`` calls is the order on the wire.
@@ -213,7 +217,9 @@ class SendCoalescer:
     async def _request(self, topic: str, batch: list[_Pending]) -> list[Outcome]:
         timeouts = [p.timeout for p in batch if p.timeout is not None]
         retry = any(p.retry for p in batch)
-        return await self._send_request(topic, [p.wire for p in batch], min(timeouts) if timeouts else None, retry)
+        return await self._send_request(
+            topic, [p.wire for p in batch], min(timeouts) if timeouts else None, retry
+        )
 
 
 def _settle(pending: _Pending, outcome: SendReceipt | BaseException) -> None:

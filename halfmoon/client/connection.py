@@ -84,7 +84,9 @@ class ClientConfig:
 
     def __post_init__(self) -> None:
         if not self.endpoints or not self.endpoints.strip():
-            raise ValueError("endpoints is empty; pass the server's gRPC address, e.g. '127.0.0.1:8081'")
+            raise ValueError(
+                "endpoints is empty; pass the server's gRPC address, e.g. '127.0.0.1:8081'"
+            )
         if not self.client_id:
             self.client_id = new_client_id()
 
@@ -149,7 +151,9 @@ class Connection:
         self.target = target
         self.config = config
         if config.tls:
-            self.channel = grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(), options=_CHANNEL_OPTIONS)
+            self.channel = grpc.aio.secure_channel(
+                target, grpc.ssl_channel_credentials(), options=_CHANNEL_OPTIONS
+            )
         else:
             self.channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
         self.stub = service_pb2_grpc.MessagingServiceStub(self.channel)
@@ -175,7 +179,14 @@ class Connection:
             ("x-mq-date-time", self._date.now()),
         )
 
-    async def call(self, rpc: str, request: Any, *, timeout: float | None = None, retry_unavailable: bool = False) -> Any:
+    async def call(
+        self,
+        rpc: str,
+        request: Any,
+        *,
+        timeout: float | None = None,
+        retry_unavailable: bool = False,
+    ) -> Any:
         """Invoke the unary ``rpc`` (e.g. ``"SendMessage"``); transport errors become typed errors.
 
         With ``retry_unavailable`` (idempotent RPCs only), an unreachable server is
@@ -201,7 +212,11 @@ class Connection:
             except grpc.aio.AioRpcError as exc:
                 error = error_for_rpc_error(exc, rpc, self.target)
                 pause = self.config.reconnect_backoff.delay(attempt)
-                if not isinstance(error, ConnectionFailed) or loop.time() + pause >= deadline or self.closed:
+                if (
+                    not isinstance(error, ConnectionFailed)
+                    or loop.time() + pause >= deadline
+                    or self.closed
+                ):
                     raise error from None
                 await asyncio.sleep(pause)
 
@@ -209,7 +224,11 @@ class Connection:
         """A server-streaming call (ReceiveMessage, PullMessage); iterate it for the responses."""
         if self.closed:
             raise ClientClosed(f"the connection to {self.target} is closed", rpc=rpc)
-        return _typed_stream(getattr(self.stub, rpc)(request, timeout=timeout, metadata=self.metadata()), rpc, self.target)
+        return _typed_stream(
+            getattr(self.stub, rpc)(request, timeout=timeout, metadata=self.metadata()),
+            rpc,
+            self.target,
+        )
 
     def telemetry(self, requests: AsyncIterator[Any]) -> Any:
         """Open the bidirectional Telemetry stream fed by ``requests``."""

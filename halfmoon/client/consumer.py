@@ -37,7 +37,26 @@ class RetryPolicy:
 
     max_attempts: int = 17
     kind: str = "customized"
-    delays: tuple[float, ...] = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+    delays: tuple[float, ...] = (
+        1,
+        5,
+        10,
+        30,
+        60,
+        120,
+        180,
+        240,
+        300,
+        360,
+        420,
+        480,
+        540,
+        600,
+        1200,
+        1800,
+        3600,
+        7200,
+    )
     initial: float = 1.0
     maximum: float = 7200.0
     multiplier: float = 2.0
@@ -54,9 +73,20 @@ class RetryPolicy:
         attempts = policy.max_attempts or 17
         if policy.HasField("exponential_backoff"):
             exp = policy.exponential_backoff
-            return cls(attempts, "exponential", (), exp.initial.ToMilliseconds() / 1000, exp.max.ToMilliseconds() / 1000, exp.multiplier or 2.0)
+            return cls(
+                attempts,
+                "exponential",
+                (),
+                exp.initial.ToMilliseconds() / 1000,
+                exp.max.ToMilliseconds() / 1000,
+                exp.multiplier or 2.0,
+            )
         if policy.HasField("customized_backoff") and policy.customized_backoff.next:
-            return cls(attempts, "customized", tuple(d.ToMilliseconds() / 1000 for d in policy.customized_backoff.next))
+            return cls(
+                attempts,
+                "customized",
+                tuple(d.ToMilliseconds() / 1000 for d in policy.customized_backoff.next),
+            )
         return cls(attempts)
 
 
@@ -69,7 +99,12 @@ def _duration(seconds: float) -> duration_pb2.Duration:
 class ConsumerBase(BaseClient):
     """A client of one consumer group with topic subscriptions."""
 
-    def __init__(self, config: ClientConfig, group: str, subscriptions: Mapping[str, MessageSelector] | None = None) -> None:
+    def __init__(
+        self,
+        config: ClientConfig,
+        group: str,
+        subscriptions: Mapping[str, MessageSelector] | None = None,
+    ) -> None:
         super().__init__(config)
         if not group:
             raise ValueError("a consumer needs a consumer group name")
@@ -91,7 +126,9 @@ class ConsumerBase(BaseClient):
         sub = settings.subscription
         sub.group.CopyFrom(self._group_pb)
         for topic, selector in self.subscriptions.items():
-            sub.subscriptions.append(pb.SubscriptionEntry(topic=self._topic(topic), expression=selector.to_wire()))
+            sub.subscriptions.append(
+                pb.SubscriptionEntry(topic=self._topic(topic), expression=selector.to_wire())
+            )
         return settings
 
     def _apply_settings(self, settings: pb.Settings) -> None:
@@ -126,7 +163,9 @@ class ConsumerBase(BaseClient):
 
     # -- pop consumption ----------------------------------------------------------------
 
-    async def _receive(self, topic: str, selector: MessageSelector, batch: int, invisible: float, wait: float) -> list[MessageView]:
+    async def _receive(
+        self, topic: str, selector: MessageSelector, batch: int, invisible: float, wait: float
+    ) -> list[MessageView]:
         route = await self.routes.get(topic)
         endpoint = route.queues[0].endpoint if route.queues else self._pool.access_point.target
         request = svc.ReceiveMessageRequest(
@@ -140,7 +179,9 @@ class ConsumerBase(BaseClient):
         request.long_polling_timeout.FromMilliseconds(int(wait * 1000))
         views: list[MessageView] = []
         connection = self._pool.get(endpoint)
-        async for response in connection.stream("ReceiveMessage", request, timeout=wait + self.config.request_timeout):
+        async for response in connection.stream(
+            "ReceiveMessage", request, timeout=wait + self.config.request_timeout
+        ):
             kind = response.WhichOneof("content")
             if kind == "status":
                 if response.status.code == pb.Code.MESSAGE_NOT_FOUND:
@@ -154,9 +195,13 @@ class ConsumerBase(BaseClient):
         request = svc.AckMessageRequest(
             group=self._group_pb,
             topic=self._topic(message.topic),
-            entries=[svc.AckMessageEntry(message_id=message.message_id, receipt_handle=_handle(message))],
+            entries=[
+                svc.AckMessageEntry(message_id=message.message_id, receipt_handle=_handle(message))
+            ],
         )
-        response = await self._pool.get(message.endpoint or self._pool.access_point.target).call("AckMessage", request)
+        response = await self._pool.get(message.endpoint or self._pool.access_point.target).call(
+            "AckMessage", request
+        )
         if response.status.code != pb.Code.OK:
             for entry in response.entries:
                 raise_for_status(entry.status, "AckMessage")
@@ -170,7 +215,9 @@ class ConsumerBase(BaseClient):
             invisible_duration=_duration(seconds),
             message_id=message.message_id,
         )
-        response = await self._pool.get(message.endpoint or self._pool.access_point.target).call("ChangeInvisibleDuration", request)
+        response = await self._pool.get(message.endpoint or self._pool.access_point.target).call(
+            "ChangeInvisibleDuration", request
+        )
         raise_for_status(response.status, "ChangeInvisibleDuration")
         message.receipt_handle = response.receipt_handle
         return response.receipt_handle
@@ -184,12 +231,16 @@ class ConsumerBase(BaseClient):
             delivery_attempt=message.delivery_attempt,
             max_delivery_attempts=max_attempts,
         )
-        response = await self._pool.get(message.endpoint or self._pool.access_point.target).call("ForwardMessageToDeadLetterQueue", request)
+        response = await self._pool.get(message.endpoint or self._pool.access_point.target).call(
+            "ForwardMessageToDeadLetterQueue", request
+        )
         raise_for_status(response.status, "ForwardMessageToDeadLetterQueue")
 
     # -- offset consumption -------------------------------------------------------------
 
-    async def _pull(self, queue: QueueInfo, offset: int, batch: int, selector: MessageSelector, wait: float) -> tuple[list[MessageView], int]:
+    async def _pull(
+        self, queue: QueueInfo, offset: int, batch: int, selector: MessageSelector, wait: float
+    ) -> tuple[list[MessageView], int]:
         """Messages at ``offset`` of ``queue`` and the offset to continue from."""
         request = svc.PullMessageRequest(
             group=self._group_pb,
@@ -202,7 +253,9 @@ class ConsumerBase(BaseClient):
         views: list[MessageView] = []
         next_offset = offset
         error = None
-        async for response in self._pool.get(queue.endpoint).stream("PullMessage", request, timeout=wait + self.config.request_timeout):
+        async for response in self._pool.get(queue.endpoint).stream(
+            "PullMessage", request, timeout=wait + self.config.request_timeout
+        ):
             kind = response.WhichOneof("content")
             if kind == "status":
                 code = response.status.code
@@ -216,7 +269,9 @@ class ConsumerBase(BaseClient):
             raise error
         return views, next_offset
 
-    async def _query_offset(self, queue: QueueInfo, policy: str, timestamp_ms: int | None = None) -> int:
+    async def _query_offset(
+        self, queue: QueueInfo, policy: str, timestamp_ms: int | None = None
+    ) -> int:
         request = svc.QueryOffsetRequest(message_queue=queue.to_wire(self.config.namespace))
         if policy == "earliest":
             request.query_offset_policy = pb.QueryOffsetPolicy.BEGINNING
@@ -225,25 +280,37 @@ class ConsumerBase(BaseClient):
         else:
             request.query_offset_policy = pb.QueryOffsetPolicy.TIMESTAMP
             request.timestamp.FromMilliseconds(int(timestamp_ms or 0))
-        response = await self._pool.get(queue.endpoint).call("QueryOffset", request, retry_unavailable=True)
+        response = await self._pool.get(queue.endpoint).call(
+            "QueryOffset", request, retry_unavailable=True
+        )
         raise_for_status(response.status, "QueryOffset")
         return response.offset
 
     async def _get_offset(self, queue: QueueInfo) -> int:
-        request = svc.GetOffsetRequest(group=self._group_pb, message_queue=queue.to_wire(self.config.namespace))
-        response = await self._pool.get(queue.endpoint).call("GetOffset", request, retry_unavailable=True)
+        request = svc.GetOffsetRequest(
+            group=self._group_pb, message_queue=queue.to_wire(self.config.namespace)
+        )
+        response = await self._pool.get(queue.endpoint).call(
+            "GetOffset", request, retry_unavailable=True
+        )
         raise_for_status(response.status, "GetOffset")
         return response.offset
 
     async def _update_offset(self, queue: QueueInfo, offset: int) -> None:
-        request = svc.UpdateOffsetRequest(group=self._group_pb, message_queue=queue.to_wire(self.config.namespace), offset=offset)
-        response = await self._pool.get(queue.endpoint).call("UpdateOffset", request, retry_unavailable=True)
+        request = svc.UpdateOffsetRequest(
+            group=self._group_pb, message_queue=queue.to_wire(self.config.namespace), offset=offset
+        )
+        response = await self._pool.get(queue.endpoint).call(
+            "UpdateOffset", request, retry_unavailable=True
+        )
         raise_for_status(response.status, "UpdateOffset")
 
 
 def _handle(message: MessageView) -> str:
     if not message.receipt_handle:
-        raise InvalidReceiptHandle(f"message {message.message_id} has no receipt handle (it was pulled by offset, not received)")
+        raise InvalidReceiptHandle(
+            f"message {message.message_id} has no receipt handle (it was pulled by offset, not received)"
+        )
     return message.receipt_handle
 
 

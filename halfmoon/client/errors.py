@@ -220,7 +220,12 @@ def raise_for_status(status: definition_pb2.Status, rpc: str = "") -> None:
 
 
 _TRANSPORT_TIMEOUT = {grpc.StatusCode.DEADLINE_EXCEEDED}
-_TRANSPORT_DOWN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.ABORTED}
+_TRANSPORT_DOWN = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.ABORTED,
+}
 
 
 def error_for_rpc_error(exc: grpc.RpcError, rpc: str, target: str) -> ClientError:
@@ -228,12 +233,22 @@ def error_for_rpc_error(exc: grpc.RpcError, rpc: str, target: str) -> ClientErro
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
     if code in _TRANSPORT_TIMEOUT:
-        return RequestTimeout(f"{rpc} to {target} got no answer in time; the server may be overloaded", rpc=rpc)
+        return RequestTimeout(
+            f"{rpc} to {target} got no answer in time; the server may be overloaded", rpc=rpc
+        )
     if code in _TRANSPORT_DOWN:
-        return ConnectionFailed(f"{rpc} to {target} failed: {details}; is the server running?", rpc=rpc)
+        return ConnectionFailed(
+            f"{rpc} to {target} failed: {details}; is the server running?", rpc=rpc
+        )
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return BadRequest(f"{rpc} to {target} was too large for the transport: {details}", code="PAYLOAD_TOO_LARGE", rpc=rpc)
+        return BadRequest(
+            f"{rpc} to {target} was too large for the transport: {details}",
+            code="PAYLOAD_TOO_LARGE",
+            rpc=rpc,
+        )
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return Unsupported(f"{rpc} is not implemented by the server at {target}", rpc=rpc)
     name = code.name if code is not None else "UNKNOWN"
-    return ServerError(f"{rpc} to {target} failed with {name}: {details}", code="INTERNAL_ERROR", rpc=rpc)
+    return ServerError(
+        f"{rpc} to {target} failed with {name}: {details}", code="INTERNAL_ERROR", rpc=rpc
+    )

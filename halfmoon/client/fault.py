@@ -41,7 +41,9 @@ class LatencyFaultPolicy:
 class LatencyFaultTolerance:
     """Per-broker "avoid until" times, fed by every send's outcome."""
 
-    def __init__(self, policy: LatencyFaultPolicy | None = None, now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, policy: LatencyFaultPolicy | None = None, now: Callable[[], float] = time.monotonic
+    ) -> None:
         self.policy = policy or LatencyFaultPolicy()
         self._now = now
         self._avoid_until: dict[str, float] = {}

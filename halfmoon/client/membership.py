@@ -39,7 +39,9 @@ MEMBERS_TOPIC = "HALFMOON_PULL_MEMBERS"
 class TopicMembership:
     """Heartbeats of one member and the live member set of its group."""
 
-    def __init__(self, consumer: PullConsumer, topic: str = MEMBERS_TOPIC, interval: float = 1.0) -> None:
+    def __init__(
+        self, consumer: PullConsumer, topic: str = MEMBERS_TOPIC, interval: float = 1.0
+    ) -> None:
         self.consumer = consumer
         self.topic = topic
         self.interval = interval
@@ -64,7 +66,9 @@ class TopicMembership:
         await self.poll(wait=0.0)
 
     async def beat(self, state: str) -> None:
-        message = Message(self.topic, state.encode(), tag=self.consumer.group, keys=[self.consumer.client_id])
+        message = Message(
+            self.topic, state.encode(), tag=self.consumer.group, keys=[self.consumer.client_id]
+        )
         await self.consumer._membership_producer.send(message)
 
     async def poll(self, wait: float) -> bool:
@@ -74,7 +78,9 @@ class TopicMembership:
         route = await self.consumer.routes.get(self.topic)
         for queue in route.readable():
             offset = self._offsets.get(queue.key, 0)
-            messages, next_offset = await self.consumer._pull(queue, offset, 256, selector, wait if len(route.readable()) == 1 else 0.0)
+            messages, next_offset = await self.consumer._pull(
+                queue, offset, 256, selector, wait if len(route.readable()) == 1 else 0.0
+            )
             for message in messages:
                 member = message.keys[0] if message.keys else ""
                 if not member or member == self.consumer.client_id:
@@ -82,7 +88,9 @@ class TopicMembership:
                 if message.body == b"leaving":
                     self._last_seen.pop(member, None)
                 else:
-                    self._last_seen[member] = max(self._last_seen.get(member, 0.0), message.store_timestamp / 1000)
+                    self._last_seen[member] = max(
+                        self._last_seen.get(member, 0.0), message.store_timestamp / 1000
+                    )
             self._offsets[queue.key] = next_offset
         return self.members() != before
 
@@ -98,7 +106,9 @@ class TopicMembership:
                 if await self.poll(wait=max(min(next_beat - loop.time(), self.interval), 0.0)):
                     self.changed.set()
                 elif any(time.time() - seen >= self.ttl for seen in self._last_seen.values()):
-                    self._last_seen = {m: s for m, s in self._last_seen.items() if time.time() - s < self.ttl}
+                    self._last_seen = {
+                        m: s for m, s in self._last_seen.items() if time.time() - s < self.ttl
+                    }
                     self.changed.set()
             except asyncio.CancelledError:
                 raise

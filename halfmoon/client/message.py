@@ -54,7 +54,9 @@ class Message:
         if not self.body:
             raise ValueError("message body is empty; send at least one byte")
         if self.message_group is not None and self.delivery_timestamp is not None:
-            raise ValueError("a message is either FIFO (message_group) or delayed (delivery_timestamp), not both")
+            raise ValueError(
+                "a message is either FIFO (message_group) or delayed (delivery_timestamp), not both"
+            )
 
     def with_delay(self, seconds: float) -> Message:
         """Set the delivery time ``seconds`` from now (a delay message); returns self."""
@@ -120,15 +122,21 @@ def view_of(message: pb.Message, endpoint: str = "") -> MessageView:
         tag=sp.tag if sp.HasField("tag") and sp.tag else None,
         keys=list(sp.keys),
         properties=dict(message.user_properties),
-        message_group=sp.message_group if sp.HasField("message_group") and sp.message_group else None,
-        delivery_timestamp=timestamp_ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None,
+        message_group=sp.message_group
+        if sp.HasField("message_group") and sp.message_group
+        else None,
+        delivery_timestamp=timestamp_ms(sp.delivery_timestamp)
+        if sp.HasField("delivery_timestamp")
+        else None,
         born_timestamp=timestamp_ms(sp.born_timestamp),
         store_timestamp=timestamp_ms(sp.store_timestamp),
         born_host=sp.born_host,
         queue_id=sp.queue_id,
         queue_offset=sp.queue_offset,
         delivery_attempt=sp.delivery_attempt,
-        message_type=WireType.Name(sp.message_type) if sp.message_type in WireType.values() else "NORMAL",
+        message_type=WireType.Name(sp.message_type)
+        if sp.message_type in WireType.values()
+        else "NORMAL",
         receipt_handle=sp.receipt_handle if sp.HasField("receipt_handle") else None,
         endpoint=endpoint,
     )
@@ -157,7 +165,9 @@ def born_host() -> str:
     return _BORN_HOST
 
 
-def to_wire(message: Message, message_id: str, namespace: str = "", *, transactional: bool = False) -> pb.Message:
+def to_wire(
+    message: Message, message_id: str, namespace: str = "", *, transactional: bool = False
+) -> pb.Message:
     """The protocol Message for ``message`` with id ``message_id``."""
     sp = pb.SystemProperties(
         message_id=message_id,

@@ -97,7 +97,11 @@ class Producer(BaseClient):
         self._round_robin = itertools.count()
         self._inflight: set[asyncio.Task[Any]] = set()
         self._coalescer = (
-            SendCoalescer(self._send_coalesced, max_entries=max_coalesced_messages, max_bytes=max_batch_bytes) if coalesce else None
+            SendCoalescer(
+                self._send_coalesced, max_entries=max_coalesced_messages, max_bytes=max_batch_bytes
+            )
+            if coalesce
+            else None
         )
 
     @property
@@ -109,7 +113,9 @@ class Producer(BaseClient):
 
     def _settings(self) -> pb.Settings:
         settings = super()._settings()
-        settings.publishing.topics.extend(pb.Resource(name=t, resource_namespace=self.config.namespace) for t in self.topics)
+        settings.publishing.topics.extend(
+            pb.Resource(name=t, resource_namespace=self.config.namespace) for t in self.topics
+        )
         settings.publishing.validate_message_type = True
         return settings
 
@@ -156,14 +162,22 @@ class Producer(BaseClient):
         receipts = await self._send(message.topic, [wire], timeout=timeout)
         return receipts[0]
 
-    def send_async(self, message: Message, callback: SendCallback | None = None, *, timeout: float | None = None) -> asyncio.Task[SendReceipt]:
+    def send_async(
+        self,
+        message: Message,
+        callback: SendCallback | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> asyncio.Task[SendReceipt]:
         """Start sending; returns a task to await. ``callback(receipt, error)`` runs when done."""
         self._check_open()
         # Queue (or start) the send now, not when the task first runs: a close() right
         # after send_async() must still send it.
         wire = self._wire(message)
         if self._coalescer is not None:
-            task = asyncio.ensure_future(_receipt_of(self._coalescer.submit(message.topic, wire, timeout=timeout)))
+            task = asyncio.ensure_future(
+                _receipt_of(self._coalescer.submit(message.topic, wire, timeout=timeout))
+            )
         else:
             task = asyncio.ensure_future(_first(self._send(message.topic, [wire], timeout=timeout)))
         self._track(task)
@@ -176,13 +190,17 @@ class Producer(BaseClient):
         self._check_open()
         wire = self._wire(message)
         if self._coalescer is not None:
-            self._coalescer.submit(message.topic, wire, retry=False).add_done_callback(_log_oneway_failure)
+            self._coalescer.submit(message.topic, wire, retry=False).add_done_callback(
+                _log_oneway_failure
+            )
             return
         task = asyncio.ensure_future(self._send(message.topic, [wire], retry=False))
         self._track(task)
         task.add_done_callback(_log_oneway_failure)
 
-    async def send_batch(self, messages: Sequence[Message], *, timeout: float | None = None) -> list[SendReceipt]:
+    async def send_batch(
+        self, messages: Sequence[Message], *, timeout: float | None = None
+    ) -> list[SendReceipt]:
         """Send many messages of one topic; split into requests under ``max_batch_bytes`` (4 MiB).
 
         Receipts come back in the order of ``messages``. Each request is retried
@@ -204,7 +222,9 @@ class Producer(BaseClient):
             except ClientError as exc:
                 if not receipts:
                     raise
-                raise ProducerError(f"batch send failed after {len(receipts)} of {len(messages)} messages were sent: {exc.message}") from exc
+                raise ProducerError(
+                    f"batch send failed after {len(receipts)} of {len(messages)} messages were sent: {exc.message}"
+                ) from exc
         return receipts
 
     # -- internals ----------------------------------------------------------------------
@@ -219,7 +239,9 @@ class Producer(BaseClient):
                 f"message body is {len(message.body)} bytes, above the server's {self.max_body_size}-byte limit; "
                 "send smaller bodies or raise the server's max_body_size"
             )
-        return to_wire(message, message_ids.next(), self.config.namespace, transactional=transactional)
+        return to_wire(
+            message, message_ids.next(), self.config.namespace, transactional=transactional
+        )
 
     async def _route(self, topic: str) -> TopicRoute:
         route = self.routes.cached(topic)
@@ -230,7 +252,12 @@ class Producer(BaseClient):
     def _candidates(self, route: TopicRoute) -> list[QueueInfo]:
         queues = route.writable()
         if not queues:
-            raise error_for_status(pb.Status(code=pb.Code.FORBIDDEN, message=f"topic {route.topic!r} has no writable queue"), "SendMessage")
+            raise error_for_status(
+                pb.Status(
+                    code=pb.Code.FORBIDDEN, message=f"topic {route.topic!r} has no writable queue"
+                ),
+                "SendMessage",
+            )
         return queues
 
     def _pick(self, queues: list[QueueInfo], tried: set[str]) -> QueueInfo:
@@ -251,17 +278,36 @@ class Producer(BaseClient):
             if wire.system_properties.message_type not in accepted:
                 names = ", ".join(sorted(pb.MessageType.Name(t) for t in accepted))
                 kind = pb.MessageType.Name(wire.system_properties.message_type)
-                raise MessageTypeMismatch(f"topic {route.topic!r} accepts {names} messages, not {kind}; send to a topic of that type")
+                raise MessageTypeMismatch(
+                    f"topic {route.topic!r} accepts {names} messages, not {kind}; send to a topic of that type"
+                )
 
-    async def _send(self, topic: str, wires: Sequence[pb.Message], *, timeout: float | None = None, retry: bool = True) -> list[SendReceipt]:
+    async def _send(
+        self,
+        topic: str,
+        wires: Sequence[pb.Message],
+        *,
+        timeout: float | None = None,
+        retry: bool = True,
+    ) -> list[SendReceipt]:
         # Without ``partial`` every outcome is a receipt: a failed entry raises.
-        return cast(list[SendReceipt], await self._send_request(topic, wires, timeout=timeout, retry=retry))
+        return cast(
+            list[SendReceipt], await self._send_request(topic, wires, timeout=timeout, retry=retry)
+        )
 
-    async def _send_coalesced(self, topic: str, wires: Sequence[pb.Message], timeout: float | None, retry: bool) -> list[Outcome]:
+    async def _send_coalesced(
+        self, topic: str, wires: Sequence[pb.Message], timeout: float | None, retry: bool
+    ) -> list[Outcome]:
         return await self._send_request(topic, wires, timeout=timeout, retry=retry, partial=True)
 
     async def _send_request(
-        self, topic: str, wires: Sequence[pb.Message], *, timeout: float | None = None, retry: bool = True, partial: bool = False
+        self,
+        topic: str,
+        wires: Sequence[pb.Message],
+        *,
+        timeout: float | None = None,
+        retry: bool = True,
+        partial: bool = False,
     ) -> list[Outcome]:
         """One request with retries; with ``partial``, a per-entry failure is returned in its place, not raised."""
         route = await self._route(topic)
@@ -287,7 +333,10 @@ class Producer(BaseClient):
                 if not exc.retryable or attempt >= attempts or self._closed:
                     self.stats.failures += 1
                     if attempt > 1 and exc.retryable:
-                        raise ProducerError(f"send to {topic!r} failed after {attempt} attempts: {exc.message}", code=exc.code) from exc
+                        raise ProducerError(
+                            f"send to {topic!r} failed after {attempt} attempts: {exc.message}",
+                            code=exc.code,
+                        ) from exc
                     raise
                 self.stats.retries += 1
                 log.info("event=send_retry topic=%s attempt=%d error=%s", topic, attempt, exc.code)
@@ -301,7 +350,9 @@ class Producer(BaseClient):
             return receipts
 
 
-def _receipts(response: svc.SendMessageResponse, expected: int, endpoint: str, *, partial: bool = False) -> list[Outcome]:
+def _receipts(
+    response: svc.SendMessageResponse, expected: int, endpoint: str, *, partial: bool = False
+) -> list[Outcome]:
     status = response.status
     if status.code not in (pb.Code.OK, pb.Code.MULTIPLE_RESULTS):
         raise error_for_status(status, "SendMessage")
@@ -312,9 +363,19 @@ def _receipts(response: svc.SendMessageResponse, expected: int, endpoint: str, *
                 receipts.append(error_for_status(entry.status, "SendMessage"))
                 continue
             raise error_for_status(entry.status, "SendMessage")
-        receipts.append(SendReceipt(entry.message_id, entry.offset, entry.transaction_id, entry.recall_handle, endpoint))
+        receipts.append(
+            SendReceipt(
+                entry.message_id, entry.offset, entry.transaction_id, entry.recall_handle, endpoint
+            )
+        )
     if len(receipts) != expected:
-        raise error_for_status(pb.Status(code=pb.Code.INTERNAL_SERVER_ERROR, message=f"server answered {len(receipts)} receipts for {expected} messages"), "SendMessage")
+        raise error_for_status(
+            pb.Status(
+                code=pb.Code.INTERNAL_SERVER_ERROR,
+                message=f"server answered {len(receipts)} receipts for {expected} messages",
+            ),
+            "SendMessage",
+        )
     return receipts
 
 
@@ -341,4 +402,3 @@ def _run_callback(callback: SendCallback, task: asyncio.Task[SendReceipt]) -> No
 def _log_oneway_failure(task: asyncio.Future[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.warning("event=oneway_send_failed error=%r", task.exception())
-

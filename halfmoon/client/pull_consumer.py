@@ -99,13 +99,19 @@ class PullConsumer(ConsumerBase):
         if self._membership is not None:
             return
         producer_config = ClientConfig(**{**self.config.__dict__, "client_id": new_client_id()})
-        self._membership_producer = Producer(producer_config, topics=[self.membership_topic], max_attempts=2)
+        self._membership_producer = Producer(
+            producer_config, topics=[self.membership_topic], max_attempts=2
+        )
         await self._membership_producer.start()
         self._membership = TopicMembership(self, self.membership_topic, self.membership_interval)
         await self._membership.start()
         await self.rebalance()
-        self._tasks.append(asyncio.create_task(self._membership.run(), name=f"halfmoon-members-{self.group}"))
-        self._tasks.append(asyncio.create_task(self._rebalance_loop(), name=f"halfmoon-rebalance-{self.group}"))
+        self._tasks.append(
+            asyncio.create_task(self._membership.run(), name=f"halfmoon-members-{self.group}")
+        )
+        self._tasks.append(
+            asyncio.create_task(self._rebalance_loop(), name=f"halfmoon-rebalance-{self.group}")
+        )
 
     async def _on_closing(self) -> None:
         await cancel_and_wait(self._tasks)
@@ -155,7 +161,12 @@ class PullConsumer(ConsumerBase):
             mine = self.allocate(sorted(everything), self._membership.members(), self.client_id)
             if set(mine) != set(self._assigned):
                 self.rebalances += 1
-                log.info("event=rebalance group=%s members=%d queues=%s", self.group, len(self._membership.members()), sorted(mine))
+                log.info(
+                    "event=rebalance group=%s members=%d queues=%s",
+                    self.group,
+                    len(self._membership.members()),
+                    sorted(mine),
+                )
             await self._set_assignment({k: everything[k] for k in mine})
 
     async def _set_assignment(self, wanted: dict[str, QueueInfo]) -> None:
@@ -208,7 +219,11 @@ class PullConsumer(ConsumerBase):
                     if task.exception() is None:
                         messages.extend(task.result())
                     else:
-                        log.info("event=pull_failed queue=%s error=%s", queue_key(pulls[task]), task.exception())
+                        log.info(
+                            "event=pull_failed queue=%s error=%s",
+                            queue_key(pulls[task]),
+                            task.exception(),
+                        )
         finally:
             for task in pending:
                 task.cancel()
@@ -279,7 +294,10 @@ class PullConsumer(ConsumerBase):
         self._last_commit = asyncio.get_running_loop().time()
 
     async def _maybe_auto_commit(self) -> None:
-        if self.auto_commit and asyncio.get_running_loop().time() - self._last_commit >= self.auto_commit_interval:
+        if (
+            self.auto_commit
+            and asyncio.get_running_loop().time() - self._last_commit >= self.auto_commit_interval
+        ):
             try:
                 await self.commit()
             except ClientError as exc:

@@ -90,7 +90,9 @@ class PushConsumer(ConsumerBase):
     ) -> None:
         super().__init__(as_config(config, **options), group, subscriptions)
         if message_model not in (CLUSTERING, BROADCASTING):
-            raise ValueError(f"message_model must be {CLUSTERING!r} or {BROADCASTING!r}, not {message_model!r}")
+            raise ValueError(
+                f"message_model must be {CLUSTERING!r} or {BROADCASTING!r}, not {message_model!r}"
+            )
         if consume_from not in ("latest", "earliest"):
             raise ValueError("consume_from must be 'latest' or 'earliest'")
         if not subscriptions:
@@ -146,7 +148,11 @@ class PushConsumer(ConsumerBase):
             self.ready.set()
         else:
             for topic, selector in self.subscriptions.items():
-                self._loops.append(asyncio.create_task(self._receive_loop(topic, selector), name=f"halfmoon-push-{topic}"))
+                self._loops.append(
+                    asyncio.create_task(
+                        self._receive_loop(topic, selector), name=f"halfmoon-push-{topic}"
+                    )
+                )
             self.ready.set()
 
     async def _on_closing(self) -> None:
@@ -170,7 +176,12 @@ class PushConsumer(ConsumerBase):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a failing listener means "later"
-            log.info("event=listener_failed message_id=%s attempt=%d error=%r", message.message_id, message.delivery_attempt, exc)
+            log.info(
+                "event=listener_failed message_id=%s attempt=%d error=%r",
+                message.message_id,
+                message.delivery_attempt,
+                exc,
+            )
             return ConsumeResult.LATER
         return ConsumeResult.LATER if result is ConsumeResult.LATER else ConsumeResult.SUCCESS
 
@@ -183,8 +194,15 @@ class PushConsumer(ConsumerBase):
                 await self._slots.acquire()
                 self._slots.release()
                 free = self._slots._value  # noqa: SLF001 - how many workers are idle
-                batch = max(1, min(self._batch_size_option or self.receive_batch_size, free if free > 0 else 1))
-                messages = await self._receive(topic, selector, batch, self.invisible_duration, self.long_polling_timeout)
+                batch = max(
+                    1,
+                    min(
+                        self._batch_size_option or self.receive_batch_size, free if free > 0 else 1
+                    ),
+                )
+                messages = await self._receive(
+                    topic, selector, batch, self.invisible_duration, self.long_polling_timeout
+                )
             except asyncio.CancelledError:
                 raise
             except ClientClosed:
@@ -198,7 +216,9 @@ class PushConsumer(ConsumerBase):
             if self.orderly:
                 by_group: dict[str, list[MessageView]] = {}
                 for message in messages:
-                    by_group.setdefault(message.message_group or message.message_id, []).append(message)
+                    by_group.setdefault(message.message_group or message.message_id, []).append(
+                        message
+                    )
                 for group_messages in by_group.values():
                     await self._slots.acquire()
                     self._spawn(self._consume_in_order(group_messages))
@@ -240,13 +260,24 @@ class PushConsumer(ConsumerBase):
             elif message.delivery_attempt >= self.max_attempts:
                 await self._forward_to_dead_letter(message, self.max_attempts)
                 self.dead_lettered += 1
-                log.info("event=dead_lettered message_id=%s attempts=%d", message.message_id, message.delivery_attempt)
+                log.info(
+                    "event=dead_lettered message_id=%s attempts=%d",
+                    message.message_id,
+                    message.delivery_attempt,
+                )
             else:
-                await self._change_invisible(message, self.retry_policy.delay(message.delivery_attempt))
+                await self._change_invisible(
+                    message, self.retry_policy.delay(message.delivery_attempt)
+                )
                 self.retried += 1
         except ClientError as exc:
             # The message comes back after its invisible time anyway: at-least-once holds.
-            log.warning("event=settle_failed message_id=%s result=%s error=%s", message.message_id, result.value, exc)
+            log.warning(
+                "event=settle_failed message_id=%s result=%s error=%s",
+                message.message_id,
+                result.value,
+                exc,
+            )
 
     # -- broadcasting ------------------------------------------------------------------------
 
@@ -258,14 +289,18 @@ class PushConsumer(ConsumerBase):
         key = self._offset_key(queue)
         if key not in self.offsets:
             self.offsets[key] = await self._query_offset(queue, self.consume_from)
-        self._loops.append(asyncio.create_task(self._pull_loop(queue, selector), name=f"halfmoon-broadcast-{key}"))
+        self._loops.append(
+            asyncio.create_task(self._pull_loop(queue, selector), name=f"halfmoon-broadcast-{key}")
+        )
 
     async def _pull_loop(self, queue: QueueInfo, selector: MessageSelector) -> None:
         key = self._offset_key(queue)
         batch = self._batch_size_option or self.receive_batch_size
         while not self._closed:
             try:
-                messages, next_offset = await self._pull(queue, self.offsets[key], batch, selector, self.long_polling_timeout)
+                messages, next_offset = await self._pull(
+                    queue, self.offsets[key], batch, selector, self.long_polling_timeout
+                )
             except asyncio.CancelledError:
                 raise
             except ClientClosed:
@@ -288,7 +323,11 @@ class PushConsumer(ConsumerBase):
                 self.retried += 1
                 await asyncio.sleep(self.retry_policy.delay(attempt))
         self.dead_lettered += 1
-        log.warning("event=broadcast_message_skipped message_id=%s attempts=%d", message.message_id, self.max_attempts)
+        log.warning(
+            "event=broadcast_message_skipped message_id=%s attempts=%d",
+            message.message_id,
+            self.max_attempts,
+        )
 
     def _load_offsets(self) -> None:
         if self.offset_store is None or not self.offset_store.exists():

@@ -76,7 +76,9 @@ class TopicRoute:
         return sorted({q.endpoint for q in self.queues})
 
 
-def route_of(topic: str, response: service_pb2.QueryRouteResponse, fallback_endpoint: str) -> TopicRoute:
+def route_of(
+    topic: str, response: service_pb2.QueryRouteResponse, fallback_endpoint: str
+) -> TopicRoute:
     queues = []
     for mq in response.message_queues:
         endpoint = endpoint_of(mq.broker.endpoints) or fallback_endpoint
@@ -97,7 +99,12 @@ def route_of(topic: str, response: service_pb2.QueryRouteResponse, fallback_endp
 class RouteCache:
     """Cached :class:`TopicRoute` per topic; ``on_endpoint`` hears of each new endpoint."""
 
-    def __init__(self, pool: ConnectionPool, namespace: str = "", on_endpoint: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        namespace: str = "",
+        on_endpoint: Callable[[str], None] | None = None,
+    ) -> None:
         self._pool = pool
         self._namespace = namespace
         self._routes: dict[str, TopicRoute] = {}
@@ -152,7 +159,11 @@ class RouteCache:
         raise_for_status(response.status, "QueryRoute")
         route = route_of(topic, response, connection.target)
         if not route.queues:
-            raise TopicNotFound(f"QueryRoute: topic {topic!r} has no queues", code="TOPIC_NOT_FOUND", rpc="QueryRoute")
+            raise TopicNotFound(
+                f"QueryRoute: topic {topic!r} has no queues",
+                code="TOPIC_NOT_FOUND",
+                rpc="QueryRoute",
+            )
         return route
 
     async def refresh_all(self) -> None:

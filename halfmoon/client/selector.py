@@ -32,7 +32,7 @@ class MessageSelector:
     def by_sql(cls, expression: str) -> MessageSelector:
         """An SQL92 condition over user properties (``"a > 5 AND b = 'x'"``)."""
         if not expression.strip():
-            raise ValueError("an SQL92 selector needs a condition, e.g. \"a > 5\"")
+            raise ValueError('an SQL92 selector needs a condition, e.g. "a > 5"')
         return cls("SQL92", expression.strip())
 
     @classmethod

@@ -46,7 +46,14 @@ class SimpleConsumer(ConsumerBase):
         self.await_duration = await_duration
         self._next_topic = itertools.count()
 
-    async def receive(self, max_messages: int = 16, invisible_duration: float = 30.0, *, topic: str | None = None, wait: float | None = None) -> list[MessageView]:
+    async def receive(
+        self,
+        max_messages: int = 16,
+        invisible_duration: float = 30.0,
+        *,
+        topic: str | None = None,
+        wait: float | None = None,
+    ) -> list[MessageView]:
         """Up to ``max_messages`` messages, invisible to others for ``invisible_duration`` seconds.
 
         Without ``topic`` the subscribed topics are taken in turn. Waits up to
@@ -54,7 +61,9 @@ class SimpleConsumer(ConsumerBase):
         """
         self._check_open()
         if not self.subscriptions:
-            raise ValueError("the consumer has no subscription; pass subscriptions or call subscribe()")
+            raise ValueError(
+                "the consumer has no subscription; pass subscriptions or call subscribe()"
+            )
         if max_messages <= 0:
             raise ValueError("max_messages must be positive")
         if topic is None:
@@ -63,14 +72,22 @@ class SimpleConsumer(ConsumerBase):
         selector = self.subscriptions.get(topic)
         if selector is None:
             raise ValueError(f"topic {topic!r} is not subscribed; call subscribe({topic!r}) first")
-        return await self._receive(topic, selector, max_messages, invisible_duration, self.await_duration if wait is None else wait)
+        return await self._receive(
+            topic,
+            selector,
+            max_messages,
+            invisible_duration,
+            self.await_duration if wait is None else wait,
+        )
 
     async def ack(self, message: MessageView) -> None:
         """Consume ``message`` for good (raises InvalidReceiptHandle if its invisible time ran out)."""
         self._check_open()
         await self._ack(message)
 
-    async def change_invisible_duration(self, message: MessageView, invisible_duration: float) -> MessageView:
+    async def change_invisible_duration(
+        self, message: MessageView, invisible_duration: float
+    ) -> MessageView:
         """Keep ``message`` invisible for ``invisible_duration`` more seconds; its receipt handle is renewed in place."""
         self._check_open()
         await self._change_invisible(message, invisible_duration)

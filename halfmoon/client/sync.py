@@ -123,10 +123,20 @@ class SyncProducer(_SyncClient):
 class SyncTransactionProducer(SyncProducer):
     """Blocking :class:`~halfmoon.client.transaction.TransactionProducer`."""
 
-    def __init__(self, config: ClientConfig | str, producer_group: str, listener: TransactionListener | None = None, **options: Any) -> None:
-        self._client: TransactionProducer = _build(TransactionProducer, config, producer_group, listener, **options)
+    def __init__(
+        self,
+        config: ClientConfig | str,
+        producer_group: str,
+        listener: TransactionListener | None = None,
+        **options: Any,
+    ) -> None:
+        self._client: TransactionProducer = _build(
+            TransactionProducer, config, producer_group, listener, **options
+        )
 
-    def send_message_in_transaction(self, message: Message, arg: Any = None) -> TransactionSendResult:
+    def send_message_in_transaction(
+        self, message: Message, arg: Any = None
+    ) -> TransactionSendResult:
         """Half message, local transaction, decision (see the async method)."""
         return run_sync(self._client.send_message_in_transaction(message, arg))
 
@@ -143,31 +153,51 @@ class SyncTransactionProducer(SyncProducer):
     def rollback(self, transaction: Transaction) -> None:
         run_sync(transaction.rollback())
 
-    def end_transaction(self, topic: str, message_id: str, transaction_id: str, resolution: TransactionResolution) -> None:
+    def end_transaction(
+        self, topic: str, message_id: str, transaction_id: str, resolution: TransactionResolution
+    ) -> None:
         run_sync(self._client.end_transaction(topic, message_id, transaction_id, resolution))
 
 
 class SyncSimpleConsumer(_SyncClient):
     """Blocking :class:`~halfmoon.client.SimpleConsumer`."""
 
-    def __init__(self, config: ClientConfig | str, group: str, subscriptions: Mapping[str, MessageSelector] | None = None, **options: Any) -> None:
-        self._client: SimpleConsumer = _build(SimpleConsumer, config, group, subscriptions, **options)
+    def __init__(
+        self,
+        config: ClientConfig | str,
+        group: str,
+        subscriptions: Mapping[str, MessageSelector] | None = None,
+        **options: Any,
+    ) -> None:
+        self._client: SimpleConsumer = _build(
+            SimpleConsumer, config, group, subscriptions, **options
+        )
 
-    def receive(self, max_messages: int = 16, invisible_duration: float = 30.0, *, wait: float | None = None) -> list[MessageView]:
+    def receive(
+        self, max_messages: int = 16, invisible_duration: float = 30.0, *, wait: float | None = None
+    ) -> list[MessageView]:
         """Up to ``max_messages`` messages (see the async method)."""
         return run_sync(self._client.receive(max_messages, invisible_duration, wait=wait))
 
     def ack(self, message: MessageView) -> None:
         run_sync(self._client.ack(message))
 
-    def change_invisible_duration(self, message: MessageView, invisible_duration: float) -> MessageView:
+    def change_invisible_duration(
+        self, message: MessageView, invisible_duration: float
+    ) -> MessageView:
         return run_sync(self._client.change_invisible_duration(message, invisible_duration))
 
 
 class SyncPullConsumer(_SyncClient):
     """Blocking :class:`~halfmoon.client.pull_consumer.PullConsumer` (Spark executors read through this)."""
 
-    def __init__(self, config: ClientConfig | str, group: str, subscriptions: Mapping[str, MessageSelector] | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        config: ClientConfig | str,
+        group: str,
+        subscriptions: Mapping[str, MessageSelector] | None = None,
+        **options: Any,
+    ) -> None:
         self._client: PullConsumer = _build(PullConsumer, config, group, subscriptions, **options)
 
     def fetch_queues(self, topic: str) -> list[QueueInfo]:
@@ -198,5 +228,14 @@ class SyncPullConsumer(_SyncClient):
 class SyncPushConsumer(_SyncClient):
     """:class:`~halfmoon.client.PushConsumer` started and stopped from synchronous code."""
 
-    def __init__(self, config: ClientConfig | str, group: str, subscriptions: Mapping[str, MessageSelector], listener: MessageListener, **options: Any) -> None:
-        self._client: PushConsumer = _build(PushConsumer, config, group, subscriptions, listener, **options)
+    def __init__(
+        self,
+        config: ClientConfig | str,
+        group: str,
+        subscriptions: Mapping[str, MessageSelector],
+        listener: MessageListener,
+        **options: Any,
+    ) -> None:
+        self._client: PushConsumer = _build(
+            PushConsumer, config, group, subscriptions, listener, **options
+        )

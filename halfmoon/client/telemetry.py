@@ -61,13 +61,21 @@ class TelemetrySession:
         """Open the stream and wait for the server's settings answer (raises if it refuses)."""
         loop = asyncio.get_running_loop()
         self._first_answer = loop.create_future()
-        self._task = asyncio.create_task(self._run(), name=f"halfmoon-telemetry-{self.connection.target}")
+        self._task = asyncio.create_task(
+            self._run(), name=f"halfmoon-telemetry-{self.connection.target}"
+        )
         try:
             return await asyncio.wait_for(asyncio.shield(self._first_answer), timeout)
         except TimeoutError:
             if self._last_error is not None:
                 raise self._last_error from None
-            raise error_for_status(pb.Status(code=pb.Code.REQUEST_TIMEOUT, message=f"no settings answer from {self.connection.target} within {timeout}s"), "Telemetry") from None
+            raise error_for_status(
+                pb.Status(
+                    code=pb.Code.REQUEST_TIMEOUT,
+                    message=f"no settings answer from {self.connection.target} within {timeout}s",
+                ),
+                "Telemetry",
+            ) from None
 
     def send(self, command: svc.TelemetryCommand) -> None:
         """Queue ``command`` for the server (settings updates, diagnostics replies)."""
@@ -77,7 +85,9 @@ class TelemetrySession:
         """Announce changed settings (e.g. a new subscription)."""
         self.send(svc.TelemetryCommand(settings=self._settings()))
 
-    async def _requests(self, outbox: asyncio.Queue[svc.TelemetryCommand | None]) -> AsyncIterator[svc.TelemetryCommand]:
+    async def _requests(
+        self, outbox: asyncio.Queue[svc.TelemetryCommand | None]
+    ) -> AsyncIterator[svc.TelemetryCommand]:
         while True:
             command = await outbox.get()
             if command is None:
@@ -98,10 +108,14 @@ class TelemetrySession:
                 raise
             except grpc.aio.AioRpcError as exc:
                 self._last_error = error_for_rpc_error(exc, "Telemetry", self.connection.target)
-                log.info("event=telemetry_broken endpoint=%s code=%s", self.connection.target, exc.code())
+                log.info(
+                    "event=telemetry_broken endpoint=%s code=%s", self.connection.target, exc.code()
+                )
             except Exception as exc:  # noqa: BLE001 - the stream must come back
                 self._fail_first(exc)
-                log.warning("event=telemetry_failed endpoint=%s error=%r", self.connection.target, exc)
+                log.warning(
+                    "event=telemetry_failed endpoint=%s error=%r", self.connection.target, exc
+                )
             if self._closed:
                 return
             # A fresh outbox: the old request iterator belongs to the dead call.
@@ -112,7 +126,11 @@ class TelemetrySession:
 
     def _fail_first(self, exc: BaseException) -> None:
         first = self._first_answer
-        if first is not None and not first.done() and not isinstance(exc, ClientError | grpc.aio.AioRpcError):
+        if (
+            first is not None
+            and not first.done()
+            and not isinstance(exc, ClientError | grpc.aio.AioRpcError)
+        ):
             first.set_exception(exc)
 
     async def _handle(self, command: svc.TelemetryCommand) -> None:
@@ -124,7 +142,9 @@ class TelemetrySession:
                 if first is not None and not first.done():
                     first.set_exception(error)
                 else:
-                    log.warning("event=settings_refused endpoint=%s error=%s", self.connection.target, error)
+                    log.warning(
+                        "event=settings_refused endpoint=%s error=%s", self.connection.target, error
+                    )
                 return
             if kind == "settings":
                 self._on_settings(command.settings)
@@ -132,10 +152,23 @@ class TelemetrySession:
                     first.set_result(command.settings)
             return
         if kind == "print_thread_stack_trace_command":
-            self.send(svc.TelemetryCommand(thread_stack_trace=svc.ThreadStackTrace(nonce=command.print_thread_stack_trace_command.nonce, thread_stack_trace=_stacks())))
+            self.send(
+                svc.TelemetryCommand(
+                    thread_stack_trace=svc.ThreadStackTrace(
+                        nonce=command.print_thread_stack_trace_command.nonce,
+                        thread_stack_trace=_stacks(),
+                    )
+                )
+            )
             return
         if kind == "verify_message_command":
-            self.send(svc.TelemetryCommand(verify_message_result=svc.VerifyMessageResult(nonce=command.verify_message_command.nonce)))
+            self.send(
+                svc.TelemetryCommand(
+                    verify_message_result=svc.VerifyMessageResult(
+                        nonce=command.verify_message_command.nonce
+                    )
+                )
+            )
             return
         if kind == "reconnect_endpoints_command":
             self._outbox.put_nowait(None)  # ends our half; _run reopens

@@ -54,11 +54,15 @@ class TransactionResolution(enum.Enum):
 class TransactionListener(Protocol):
     """The two questions a transactional producer answers (sync or async methods)."""
 
-    def execute_local_transaction(self, message: Message, arg: Any) -> TransactionResolution | Awaitable[TransactionResolution]:
+    def execute_local_transaction(
+        self, message: Message, arg: Any
+    ) -> TransactionResolution | Awaitable[TransactionResolution]:
         """Run the local transaction for the half message just stored; say how it ended."""
         ...
 
-    def check_local_transaction(self, message: MessageView) -> TransactionResolution | Awaitable[TransactionResolution]:
+    def check_local_transaction(
+        self, message: MessageView
+    ) -> TransactionResolution | Awaitable[TransactionResolution]:
         """The server asks about a transaction left undecided: how did it end?"""
         ...
 
@@ -89,7 +93,9 @@ class Transaction:
     async def send(self, message: Message) -> SendReceipt:
         """Store ``message`` as a half message of this transaction (invisible until commit)."""
         if self.ended:
-            raise ClientError("this transaction has ended; begin a new one", code="TRANSACTION_ENDED")
+            raise ClientError(
+                "this transaction has ended; begin a new one", code="TRANSACTION_ENDED"
+            )
         if self.group is not None:
             message.properties[PROPERTY_TRANSACTION_GROUP] = self.group
         receipt = await self.producer.send_half(message)
@@ -110,9 +116,16 @@ class Transaction:
         if self.group is not None:
             if self.receipts:
                 topic = self.receipts[0][0]
-                await self.producer.end_transaction(topic, "", GROUP_ID_PREFIX + self.group, resolution)
+                await self.producer.end_transaction(
+                    topic, "", GROUP_ID_PREFIX + self.group, resolution
+                )
         else:
-            await asyncio.gather(*(self.producer.end_transaction(topic, r.message_id, r.transaction_id, resolution) for topic, r in self.receipts))
+            await asyncio.gather(
+                *(
+                    self.producer.end_transaction(topic, r.message_id, r.transaction_id, resolution)
+                    for topic, r in self.receipts
+                )
+            )
         self.ended = True
 
 
@@ -130,7 +143,9 @@ class TransactionProducer(Producer):
     ) -> None:
         super().__init__(config, **options)
         if not producer_group:
-            raise ValueError("a transactional producer needs a producer group (the server checks its members)")
+            raise ValueError(
+                "a transactional producer needs a producer group (the server checks its members)"
+            )
         self.producer_group = producer_group
         self.listener = listener
         self._checks = asyncio.Semaphore(max(check_workers, 1))
@@ -146,7 +161,9 @@ class TransactionProducer(Producer):
         receipts = await self._send(message.topic, [self._wire(message, transactional=True)])
         return receipts[0]
 
-    async def send_message_in_transaction(self, message: Message, arg: Any = None) -> TransactionSendResult:
+    async def send_message_in_transaction(
+        self, message: Message, arg: Any = None
+    ) -> TransactionSendResult:
         """Half message, then ``listener.execute_local_transaction(message, arg)``, then its decision.
 
         An exception in the local transaction rolls the message back and is re-raised.
@@ -157,10 +174,17 @@ class TransactionProducer(Producer):
         try:
             resolution = await _call(self.listener.execute_local_transaction, message, arg)
         except Exception:
-            await self.end_transaction(message.topic, receipt.message_id, receipt.transaction_id, TransactionResolution.ROLLBACK)
+            await self.end_transaction(
+                message.topic,
+                receipt.message_id,
+                receipt.transaction_id,
+                TransactionResolution.ROLLBACK,
+            )
             raise
         if resolution is not TransactionResolution.UNKNOWN:
-            await self.end_transaction(message.topic, receipt.message_id, receipt.transaction_id, resolution)
+            await self.end_transaction(
+                message.topic, receipt.message_id, receipt.transaction_id, resolution
+            )
         return TransactionSendResult(receipt, resolution)
 
     def begin(self, *, group: str | None = None) -> Transaction:
@@ -172,7 +196,15 @@ class TransactionProducer(Producer):
         """A transaction group with a fresh id: many messages, one atomic commit."""
         return self.begin(group=uuid.uuid4().hex)
 
-    async def end_transaction(self, topic: str, message_id: str, transaction_id: str, resolution: TransactionResolution, *, from_check: bool = False) -> None:
+    async def end_transaction(
+        self,
+        topic: str,
+        message_id: str,
+        transaction_id: str,
+        resolution: TransactionResolution,
+        *,
+        from_check: bool = False,
+    ) -> None:
         """Commit or roll back one transaction (UNKNOWN does nothing: the server will check)."""
         if resolution is TransactionResolution.UNKNOWN:
             return
@@ -181,7 +213,9 @@ class TransactionProducer(Producer):
             message_id=message_id,
             transaction_id=transaction_id,
             resolution=_WIRE_RESOLUTION[resolution],
-            source=pb.TransactionSource.SOURCE_SERVER_CHECK if from_check else pb.TransactionSource.SOURCE_CLIENT,
+            source=pb.TransactionSource.SOURCE_SERVER_CHECK
+            if from_check
+            else pb.TransactionSource.SOURCE_CLIENT,
         )
         response = await self._pool.access_point.call("EndTransaction", request)
         raise_for_status(response.status, "EndTransaction")
@@ -191,17 +225,23 @@ class TransactionProducer(Producer):
             await super()._on_command(endpoint, command)
             return
         recover = command.recover_orphaned_transaction_command
-        task = asyncio.ensure_future(self._answer_check(view_of(recover.message, endpoint), recover.transaction_id))
+        task = asyncio.ensure_future(
+            self._answer_check(view_of(recover.message, endpoint), recover.transaction_id)
+        )
         self._track(task)
 
     async def _answer_check(self, message: MessageView, transaction_id: str) -> None:
         if self.listener is None:
-            log.warning("event=check_unanswered transaction_id=%s reason=no_listener", transaction_id)
+            log.warning(
+                "event=check_unanswered transaction_id=%s reason=no_listener", transaction_id
+            )
             return
         async with self._checks:
             try:
                 resolution = await _call(self.listener.check_local_transaction, message)
-                await self.end_transaction(message.topic, message.message_id, transaction_id, resolution, from_check=True)
+                await self.end_transaction(
+                    message.topic, message.message_id, transaction_id, resolution, from_check=True
+                )
                 self.checks_answered += 1
             except Exception as exc:  # noqa: BLE001 - the server checks again later
                 log.warning("event=check_failed transaction_id=%s error=%r", transaction_id, exc)
@@ -215,5 +255,7 @@ async def _call(fn: Any, *args: Any) -> TransactionResolution:
         if inspect.isawaitable(result):
             result = await result
     if not isinstance(result, TransactionResolution):
-        raise TypeError(f"a transaction listener must return a TransactionResolution, not {result!r}")
+        raise TypeError(
+            f"a transaction listener must return a TransactionResolution, not {result!r}"
+        )
     return result

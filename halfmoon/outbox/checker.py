@@ -55,7 +55,14 @@ class TransactionLogChecker:
     answers checks for messages that carry no log id (sent some other way).
     """
 
-    def __init__(self, engine: Engine, log: TransactionLog, *, lock_timeout: float = 5.0, fallback: Any = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        log: TransactionLog,
+        *,
+        lock_timeout: float = 5.0,
+        fallback: Any = None,
+    ) -> None:
         self.engine = engine
         self.log = log
         self.lock_timeout = lock_timeout
@@ -73,11 +80,18 @@ class TransactionLogChecker:
         if not log_id:
             if self.fallback is not None:
                 return self.fallback.check_local_transaction(message)
-            log.warning("event=check_without_log_id message_id=%s answer=UNKNOWN", message.message_id)
+            log.warning(
+                "event=check_without_log_id message_id=%s answer=UNKNOWN", message.message_id
+            )
             return TransactionResolution.UNKNOWN
         answer = self.resolve(log_id)
         self.answers[answer] += 1
-        log.info("event=txlog_check log_id=%s message_id=%s answer=%s", log_id, message.message_id, answer.value)
+        log.info(
+            "event=txlog_check log_id=%s message_id=%s answer=%s",
+            log_id,
+            message.message_id,
+            answer.value,
+        )
         return answer
 
     def resolve(self, log_id: str) -> TransactionResolution:
@@ -85,14 +99,28 @@ class TransactionLogChecker:
         try:
             with self.engine.connect() as conn, _lock_timeout(conn, self.lock_timeout):
                 try:
-                    inserted = insert_if_absent(conn, self.log.table, {"id": log_id, "topic": "", "message_keys": "", "producer_group": "", "created_at": now_ms()})
+                    inserted = insert_if_absent(
+                        conn,
+                        self.log.table,
+                        {
+                            "id": log_id,
+                            "topic": "",
+                            "message_keys": "",
+                            "producer_group": "",
+                            "created_at": now_ms(),
+                        },
+                    )
                 finally:
                     # The probe row must never stay: it only proved the key was free.
                     conn.rollback()
         except DBAPIError as exc:
             # Lock timeout (the transaction is still open), deadlock victim, lost
             # connection: none of these says how the transaction ended.
-            log.info("event=txlog_check_undecided log_id=%s error=%s", log_id, type(exc.orig).__name__ if exc.orig else exc)
+            log.info(
+                "event=txlog_check_undecided log_id=%s error=%s",
+                log_id,
+                type(exc.orig).__name__ if exc.orig else exc,
+            )
             return TransactionResolution.UNKNOWN
         return TransactionResolution.ROLLBACK if inserted else TransactionResolution.COMMIT
 
@@ -115,8 +143,12 @@ class _lock_timeout:
         if self.kind == "postgresql":
             self.conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(self.seconds * 1000)}ms'")
         elif self.kind == "mysql":
-            self.previous = self.conn.exec_driver_sql("SELECT @@SESSION.innodb_lock_wait_timeout").scalar()
-            self.conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {max(1, round(self.seconds))}")
+            self.previous = self.conn.exec_driver_sql(
+                "SELECT @@SESSION.innodb_lock_wait_timeout"
+            ).scalar()
+            self.conn.exec_driver_sql(
+                f"SET SESSION innodb_lock_wait_timeout = {max(1, round(self.seconds))}"
+            )
         elif self.kind == "sqlite":
             self.previous = self.conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
             self.conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(self.seconds * 1000)}")
@@ -126,7 +158,9 @@ class _lock_timeout:
             return
         try:
             if self.kind == "mysql":
-                self.conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {int(self.previous)}")
+                self.conn.exec_driver_sql(
+                    f"SET SESSION innodb_lock_wait_timeout = {int(self.previous)}"
+                )
             elif self.kind == "sqlite":
                 self.conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(self.previous)}")
             self.conn.commit()
@@ -134,7 +168,14 @@ class _lock_timeout:
             log.debug("event=lock_timeout_restore_failed error=%r", exc)
 
 
-def cleanup_transaction_log(engine: Engine, log: TransactionLog, *, older_than: timedelta = timedelta(days=1), batch_size: int = 1000, max_batches: int | None = None) -> int:
+def cleanup_transaction_log(
+    engine: Engine,
+    log: TransactionLog,
+    *,
+    older_than: timedelta = timedelta(days=1),
+    batch_size: int = 1000,
+    max_batches: int | None = None,
+) -> int:
     """Delete log rows older than ``older_than`` in batches of ``batch_size``; the count.
 
     Each batch is its own short transaction, so the cleanup never holds many
@@ -151,7 +192,16 @@ def cleanup_transaction_log(engine: Engine, log: TransactionLog, *, older_than: 
     batches = 0
     while max_batches is None or batches < max_batches:
         with engine.begin() as conn:
-            ids = conn.execute(select(table.c.id).where(table.c.created_at < cutoff).order_by(table.c.created_at).limit(batch_size)).scalars().all()
+            ids = (
+                conn.execute(
+                    select(table.c.id)
+                    .where(table.c.created_at < cutoff)
+                    .order_by(table.c.created_at)
+                    .limit(batch_size)
+                )
+                .scalars()
+                .all()
+            )
             if not ids:
                 break
             deleted += conn.execute(delete(table).where(table.c.id.in_(ids))).rowcount

@@ -79,17 +79,41 @@ class Compensation:
             value = getattr(self, f.name)
             if f.name in ("state_version", "timestamp_ms"):
                 if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                    raise InvalidCompensation(f"compensation field {f.name!r} must be a non-negative integer, not {value!r}")
+                    raise InvalidCompensation(
+                        f"compensation field {f.name!r} must be a non-negative integer, not {value!r}"
+                    )
             elif not isinstance(value, str) or len(value) > MAX_FIELD_LENGTH:
-                raise InvalidCompensation(f"compensation field {f.name!r} must be a string of at most {MAX_FIELD_LENGTH} characters")
+                raise InvalidCompensation(
+                    f"compensation field {f.name!r} must be a string of at most {MAX_FIELD_LENGTH} characters"
+                )
         for required in ("trace_id", "target_service", "action", "business_key", "original_event"):
             if not getattr(self, required):
-                raise InvalidCompensation(f"compensation field {required!r} is empty; every compensation names it")
+                raise InvalidCompensation(
+                    f"compensation field {required!r} is empty; every compensation names it"
+                )
 
     @classmethod
-    def new(cls, target_service: str, action: str, business_key: str, state_version: int, original_event: str, *, original_event_id: str = "", trace_id: str | None = None) -> Compensation:
+    def new(
+        cls,
+        target_service: str,
+        action: str,
+        business_key: str,
+        state_version: int,
+        original_event: str,
+        *,
+        original_event_id: str = "",
+        trace_id: str | None = None,
+    ) -> Compensation:
         """A compensation with a fresh trace id (or the given one) and the current time."""
-        return cls(trace_id or uuid.uuid4().hex, target_service, action, business_key, state_version, original_event, original_event_id)
+        return cls(
+            trace_id or uuid.uuid4().hex,
+            target_service,
+            action,
+            business_key,
+            state_version,
+            original_event,
+            original_event_id,
+        )
 
     @property
     def idempotency_key(self) -> str:
@@ -97,7 +121,9 @@ class Compensation:
         return f"compensation:{self.target_service}:{self.action}:{self.business_key}:{self.state_version}"
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"v": FORMAT_VERSION, **asdict(self)}, separators=(",", ":"), sort_keys=True).encode()
+        return json.dumps(
+            {"v": FORMAT_VERSION, **asdict(self)}, separators=(",", ":"), sort_keys=True
+        ).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Compensation:
@@ -111,7 +137,9 @@ class Compensation:
         unknown = sorted(set(raw) - known)
         if unknown:
             # Extra fields are how business data creeps into compensations: refuse them.
-            raise InvalidCompensation(f"unknown compensation field(s) {', '.join(unknown)}; the format is fixed")
+            raise InvalidCompensation(
+                f"unknown compensation field(s) {', '.join(unknown)}; the format is fixed"
+            )
         try:
             return cls(**raw)
         except TypeError as exc:
@@ -119,7 +147,13 @@ class Compensation:
 
     def to_message(self, topic: str) -> Message:
         """A halfmoon message: tagged with the action, keyed by business key and trace id."""
-        return Message(topic, self.to_bytes(), tag=self.action, keys=[self.business_key, self.trace_id], properties={"content_type": CONTENT_TYPE, "target_service": self.target_service})
+        return Message(
+            topic,
+            self.to_bytes(),
+            tag=self.action,
+            keys=[self.business_key, self.trace_id],
+            properties={"content_type": CONTENT_TYPE, "target_service": self.target_service},
+        )
 
     @classmethod
     def from_message(cls, message: MessageView) -> Compensation:
@@ -132,7 +166,15 @@ class StaleCompensation(HalfmoonError):
     code = "STALE_COMPENSATION"
 
 
-def apply_if_version(conn: Connection, table: Table, *, key: Mapping[str, Any], version_column: str, expected_version: int, values: Mapping[str, Any]) -> bool:
+def apply_if_version(
+    conn: Connection,
+    table: Table,
+    *,
+    key: Mapping[str, Any],
+    version_column: str,
+    expected_version: int,
+    values: Mapping[str, Any],
+) -> bool:
     """Update the row at ``key`` with ``values`` only if it is still at ``expected_version``.
 
     Bumps the version by one. False (nothing changed) when the row moved on
@@ -164,7 +206,13 @@ def retry_settings(tiers: Sequence[float] = DEFAULT_BACKOFF) -> dict[str, Any]:
     }
 
 
-def create_compensation_group(admin_url: str, group: str, *, tiers: Sequence[float] = DEFAULT_BACKOFF, consume_from: str = "earliest") -> dict[str, Any]:
+def create_compensation_group(
+    admin_url: str,
+    group: str,
+    *,
+    tiers: Sequence[float] = DEFAULT_BACKOFF,
+    consume_from: str = "earliest",
+) -> dict[str, Any]:
     """Create (or update) ``group`` with the compensation retry policy through the admin API."""
     from halfmoon.cli.admin_client import AdminClient, CliError, quote
 
@@ -178,7 +226,9 @@ def create_compensation_group(admin_url: str, group: str, *, tiers: Sequence[flo
     return admin.patch(f"/v1/groups/{quote(group)}", settings)
 
 
-def compensation_listener(handler: Callable[[Compensation, MessageView], Any]) -> Callable[[MessageView], ConsumeResult]:
+def compensation_listener(
+    handler: Callable[[Compensation, MessageView], Any],
+) -> Callable[[MessageView], ConsumeResult]:
     """A push-consumer listener: decode, call ``handler``; an exception means retry later.
 
     A body that is not a compensation is retried too, and so ends in the
@@ -189,7 +239,12 @@ def compensation_listener(handler: Callable[[Compensation, MessageView], Any]) -
         try:
             handler(Compensation.from_message(message), message)
         except Exception as exc:  # noqa: BLE001 - any failure is retried by the group's policy
-            log.warning("event=compensation_failed message_id=%s attempt=%d error=%s", message.message_id, message.delivery_attempt, type(exc).__name__)
+            log.warning(
+                "event=compensation_failed message_id=%s attempt=%d error=%s",
+                message.message_id,
+                message.delivery_attempt,
+                type(exc).__name__,
+            )
             return ConsumeResult.LATER
         return ConsumeResult.SUCCESS
 
@@ -215,9 +270,18 @@ class RabbitRetryQueue:
     the duplicate effect), never loses it.
     """
 
-    def __init__(self, channel: Any, queue: str, *, tiers: Sequence[float] = DEFAULT_BACKOFF, alert_queue: str | None = None) -> None:
+    def __init__(
+        self,
+        channel: Any,
+        queue: str,
+        *,
+        tiers: Sequence[float] = DEFAULT_BACKOFF,
+        alert_queue: str | None = None,
+    ) -> None:
         if not tiers or any(t <= 0 for t in tiers):
-            raise InvalidArgument("RabbitMQ retry tiers must be a non-empty list of positive seconds")
+            raise InvalidArgument(
+                "RabbitMQ retry tiers must be a non-empty list of positive seconds"
+            )
         self.channel = channel
         self.queue = queue
         self.tiers = tuple(tiers)
@@ -230,14 +294,20 @@ class RabbitRetryQueue:
     async def declare(self) -> None:
         import aio_pika
 
-        exchange = await self.channel.declare_exchange(self.requeue_exchange, aio_pika.ExchangeType.DIRECT, durable=True)
+        exchange = await self.channel.declare_exchange(
+            self.requeue_exchange, aio_pika.ExchangeType.DIRECT, durable=True
+        )
         work = await self.channel.declare_queue(self.queue, durable=True)
         await work.bind(exchange, routing_key=self.queue)
         for name, delay in zip(self.tier_queues, self.tiers, strict=True):
             await self.channel.declare_queue(
                 name,
                 durable=True,
-                arguments={"x-message-ttl": int(delay * 1000), "x-dead-letter-exchange": self.requeue_exchange, "x-dead-letter-routing-key": self.queue},
+                arguments={
+                    "x-message-ttl": int(delay * 1000),
+                    "x-dead-letter-exchange": self.requeue_exchange,
+                    "x-dead-letter-routing-key": self.queue,
+                },
             )
         await self.channel.declare_queue(self.alert_queue, durable=True)
 
@@ -247,20 +317,48 @@ class RabbitRetryQueue:
             await self.channel.queue_delete(name)
         await self.channel.exchange_delete(self.requeue_exchange)
 
-    async def publish(self, body: bytes, *, headers: Mapping[str, Any] | None = None, message_id: str | None = None, content_type: str | None = None) -> None:
+    async def publish(
+        self,
+        body: bytes,
+        *,
+        headers: Mapping[str, Any] | None = None,
+        message_id: str | None = None,
+        content_type: str | None = None,
+    ) -> None:
         """Publish to the work queue (persistent; awaits the publisher confirm)."""
         await self._publish(self.queue, body, dict(headers or {}), message_id, content_type)
 
     async def publish_compensation(self, compensation: Compensation) -> None:
-        await self.publish(compensation.to_bytes(), message_id=compensation.idempotency_key, content_type=CONTENT_TYPE)
+        await self.publish(
+            compensation.to_bytes(),
+            message_id=compensation.idempotency_key,
+            content_type=CONTENT_TYPE,
+        )
 
-    async def _publish(self, routing_key: str, body: bytes, headers: dict[str, Any], message_id: str | None, content_type: str | None) -> None:
+    async def _publish(
+        self,
+        routing_key: str,
+        body: bytes,
+        headers: dict[str, Any],
+        message_id: str | None,
+        content_type: str | None,
+    ) -> None:
         import aio_pika
 
-        message = aio_pika.Message(body, headers=headers, message_id=message_id, content_type=content_type, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
-        await self.channel.default_exchange.publish(message, routing_key=routing_key, mandatory=True)
+        message = aio_pika.Message(
+            body,
+            headers=headers,
+            message_id=message_id,
+            content_type=content_type,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        await self.channel.default_exchange.publish(
+            message, routing_key=routing_key, mandatory=True
+        )
 
-    async def consume(self, handler: Callable[[Any, int], Awaitable[None]], *, prefetch: int = 16) -> str:
+    async def consume(
+        self, handler: Callable[[Any, int], Awaitable[None]], *, prefetch: int = 16
+    ) -> str:
         """Consume the work queue with ``handler(message, attempts_before)``; the consumer tag.
 
         ``attempts_before`` is 0 on the first delivery. Returning acks the
@@ -292,7 +390,12 @@ class RabbitRetryQueue:
         else:
             target = self.alert_queue
             self.alerted += 1
-            log.warning("event=compensation_alert queue=%s message_id=%s attempts=%d", self.queue, message.message_id, attempts)
+            log.warning(
+                "event=compensation_alert queue=%s message_id=%s attempts=%d",
+                self.queue,
+                message.message_id,
+                attempts,
+            )
         await self._publish(target, message.body, headers, message.message_id, message.content_type)
         await message.ack()
 

@@ -57,7 +57,9 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     """An engine configured for the outbox: SQLite in WAL mode with a busy timeout."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT, "check_same_thread": False})
+        engine = create_engine(
+            url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT, "check_same_thread": False}
+        )
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -118,14 +120,11 @@ def _heads_query(tables: OutboxTables, now_ms: int, batch: int, failed_blocks: b
     o = tables.outbox.alias("o")
     p = tables.outbox.alias("p")
     blocking = (PENDING, FAILED) if failed_blocks else (PENDING,)
-    older = (
-        select(p.c.id)
-        .where(
-            p.c.aggregate_type == o.c.aggregate_type,
-            p.c.aggregate_id == o.c.aggregate_id,
-            p.c.id < o.c.id,
-            p.c.status.in_(blocking),
-        )
+    older = select(p.c.id).where(
+        p.c.aggregate_type == o.c.aggregate_type,
+        p.c.aggregate_id == o.c.aggregate_id,
+        p.c.id < o.c.id,
+        p.c.status.in_(blocking),
     )
     query = (
         select(o)
@@ -136,14 +135,29 @@ def _heads_query(tables: OutboxTables, now_ms: int, batch: int, failed_blocks: b
     return o, query
 
 
-def _write_outcomes(conn: Connection, tables: OutboxTables, outcomes: Sequence[Outcome], now_ms: int, owner: str | None) -> None:
+def _write_outcomes(
+    conn: Connection,
+    tables: OutboxTables,
+    outcomes: Sequence[Outcome],
+    now_ms: int,
+    owner: str | None,
+) -> None:
     t = tables.outbox
     sent = [o.id for o in outcomes if o.error is None]
     if sent:
         stmt = update(t).where(t.c.id.in_(sent), t.c.status == PENDING)
         if owner is not None:
             stmt = stmt.where(t.c.lease_owner == owner)
-        conn.execute(stmt.values(status=SENT, sent_at=now_ms, attempts=t.c.attempts + 1, lease_owner=None, lease_until=None, last_error=None))
+        conn.execute(
+            stmt.values(
+                status=SENT,
+                sent_at=now_ms,
+                attempts=t.c.attempts + 1,
+                lease_owner=None,
+                lease_until=None,
+                last_error=None,
+            )
+        )
     for outcome in outcomes:
         if outcome.error is None:
             continue
@@ -174,7 +188,9 @@ class _LockedClaim(Claim):
 
 
 class _LeasedClaim(Claim):
-    def __init__(self, engine: Engine, tables: OutboxTables, rows: Sequence[Row], owner: str) -> None:
+    def __init__(
+        self, engine: Engine, tables: OutboxTables, rows: Sequence[Row], owner: str
+    ) -> None:
         self.engine = engine
         self.tables = tables
         self.rows = rows
@@ -205,7 +221,14 @@ _PG_CLAIM_SETTINGS = text(
 class Claimer:
     """Claims batches of head-of-aggregate rows for one engine and table prefix."""
 
-    def __init__(self, engine: Engine, tables: OutboxTables, *, lease_seconds: float = 60.0, failed_blocks_aggregate: bool = True) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        tables: OutboxTables,
+        *,
+        lease_seconds: float = 60.0,
+        failed_blocks_aggregate: bool = True,
+    ) -> None:
         self.engine = engine
         self.tables = tables
         self.lease_ms = int(lease_seconds * 1000)
@@ -255,7 +278,9 @@ class Claimer:
                 .values(lease_owner=owner, lease_until=until)
             )
             rows = conn.execute(
-                select(t).where(t.c.id.in_(ids), t.c.lease_owner == owner, t.c.lease_until == until).order_by(t.c.id)
+                select(t)
+                .where(t.c.id.in_(ids), t.c.lease_owner == owner, t.c.lease_until == until)
+                .order_by(t.c.id)
             ).all()
         return _LeasedClaim(self.engine, self.tables, rows, owner)
 
@@ -279,7 +304,12 @@ def insert_if_absent(conn: Connection, tables: OutboxTables, key: str, now_ms: i
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 
         # RETURNING rather than rowcount: psycopg reports -1 for ON CONFLICT through SQLAlchemy.
-        stmt = pg_insert(t).values(**values).on_conflict_do_nothing(index_elements=[t.c.id]).returning(t.c.id)
+        stmt = (
+            pg_insert(t)
+            .values(**values)
+            .on_conflict_do_nothing(index_elements=[t.c.id])
+            .returning(t.c.id)
+        )
         return conn.execute(stmt).first() is not None
     if kind == "mysql":
         stmt = insert(t).values(**values).prefix_with("IGNORE")
@@ -300,7 +330,11 @@ def install_notify_trigger(conn: Connection, tables: OutboxTables) -> None:
         f"BEGIN PERFORM pg_notify('{tables.notify_channel}', ''); RETURN NULL; END $$"
     ))  # fmt: skip
     conn.execute(text(f"DROP TRIGGER IF EXISTS {table}_notify ON {table}"))
-    conn.execute(text(f"CREATE TRIGGER {table}_notify AFTER INSERT ON {table} FOR EACH STATEMENT EXECUTE FUNCTION {function}()"))
+    conn.execute(
+        text(
+            f"CREATE TRIGGER {table}_notify AFTER INSERT ON {table} FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
+        )
+    )
 
 
 def drop_notify_trigger(conn: Connection, tables: OutboxTables) -> None:

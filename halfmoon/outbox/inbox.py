@@ -104,7 +104,9 @@ def insert_if_absent(conn: Connection, table: Table, values: Mapping[str, Any]) 
     elif kind == "sqlite":
         stmt = insert(table).values(**values).prefix_with("OR IGNORE")
     else:
-        raise NotImplementedError(f"no insert-if-absent for database {kind!r} (SQLite, PostgreSQL and MariaDB/MySQL are supported)")
+        raise NotImplementedError(
+            f"no insert-if-absent for database {kind!r} (SQLite, PostgreSQL and MariaDB/MySQL are supported)"
+        )
     return conn.execute(stmt).rowcount == 1
 
 
@@ -131,11 +133,20 @@ class Inbox:
     own ``consumer`` rows only.
     """
 
-    def __init__(self, consumer: str, *, table_prefix: str = "hm_", metadata: MetaData | None = None, retention: timedelta = timedelta(days=7)) -> None:
+    def __init__(
+        self,
+        consumer: str,
+        *,
+        table_prefix: str = "hm_",
+        metadata: MetaData | None = None,
+        retention: timedelta = timedelta(days=7),
+    ) -> None:
         if not consumer:
             raise ValueError("an inbox needs a consumer name (it scopes the idempotency keys)")
         if not table_prefix.replace("_", "").isalnum():
-            raise ValueError(f"table prefix {table_prefix!r} must be letters, digits and underscores")
+            raise ValueError(
+                f"table prefix {table_prefix!r} must be letters, digits and underscores"
+            )
         self.consumer = consumer
         self.retention = retention
         self.metadata = metadata if metadata is not None else MetaData()
@@ -160,12 +171,23 @@ class Inbox:
         """Record ``key`` as processed in ``conn``'s transaction; False if it already was."""
         if not key:
             raise ValueError("an empty idempotency key cannot deduplicate anything")
-        return insert_if_absent(conn, self.table, {"consumer": self.consumer, "idempotency_key": key, "processed_at": _now_ms()})
+        return insert_if_absent(
+            conn,
+            self.table,
+            {"consumer": self.consumer, "idempotency_key": key, "processed_at": _now_ms()},
+        )
 
     def seen(self, conn: Connection, key: str) -> bool:
         """Whether ``key`` was processed (committed) by this consumer."""
         t = self.table
-        return conn.execute(select(t.c.idempotency_key).where(t.c.consumer == self.consumer, t.c.idempotency_key == key)).first() is not None
+        return (
+            conn.execute(
+                select(t.c.idempotency_key).where(
+                    t.c.consumer == self.consumer, t.c.idempotency_key == key
+                )
+            ).first()
+            is not None
+        )
 
     @contextlib.contextmanager
     def once(self, bind: Engine | Connection, key: str) -> Iterator[Delivery]:
@@ -182,7 +204,9 @@ class Inbox:
             return
         yield Delivery(bind, key, self.claim(bind, key))
 
-    def handler(self, bind: Engine, *, key: Callable[..., str]) -> Callable[[Callable[..., R]], Callable[..., R | _Duplicate]]:
+    def handler(
+        self, bind: Engine, *, key: Callable[..., str]
+    ) -> Callable[[Callable[..., R]], Callable[..., R | _Duplicate]]:
         """Decorate ``fn(conn, *args)`` to run once per ``key(*args)``; callers pass ``*args``.
 
         The decorated function returns ``fn``'s result, or :data:`DUPLICATE`
@@ -201,7 +225,14 @@ class Inbox:
 
         return decorate
 
-    def cleanup(self, engine: Engine, *, older_than: timedelta | None = None, batch_size: int = 1000, max_batches: int | None = None) -> int:
+    def cleanup(
+        self,
+        engine: Engine,
+        *,
+        older_than: timedelta | None = None,
+        batch_size: int = 1000,
+        max_batches: int | None = None,
+    ) -> int:
         """Delete this consumer's rows older than ``older_than`` (default: ``retention``); the count."""
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -216,7 +247,9 @@ class Inbox:
                 ).scalars().all()  # fmt: skip
                 if not keys:
                     break
-                deleted += conn.execute(delete(t).where(t.c.consumer == self.consumer, t.c.idempotency_key.in_(keys))).rowcount
+                deleted += conn.execute(
+                    delete(t).where(t.c.consumer == self.consumer, t.c.idempotency_key.in_(keys))
+                ).rowcount
             batches += 1
             if len(keys) < batch_size:
                 break

@@ -58,7 +58,14 @@ ROUTING_KEY_HEADER = "halfmoon-routing-key"
 class IntermediatePublisher:
     """The writer's half: ``publish(conn, exchange=..., routing_key=..., body=...)`` inside a transaction."""
 
-    def __init__(self, amqp_url: str, *, table_prefix: str = "hm_", queue: str = DEFAULT_QUEUE, confirm_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        amqp_url: str,
+        *,
+        table_prefix: str = "hm_",
+        queue: str = DEFAULT_QUEUE,
+        confirm_timeout: float = 10.0,
+    ) -> None:
         self.amqp_url = amqp_url
         self.tables = outbox_tables(table_prefix)
         self.queue = queue
@@ -76,8 +83,13 @@ class IntermediatePublisher:
             if self._channel is None or self._channel.is_closed or self._connection.is_closed:
                 if self._connection is not None and not self._connection.is_closed:
                     await self._connection.close()
-                self._connection = await aio_pika.connect(self.amqp_url, client_properties={"connection_name": "halfmoon-intermediate-publisher"})
-                self._channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+                self._connection = await aio_pika.connect(
+                    self.amqp_url,
+                    client_properties={"connection_name": "halfmoon-intermediate-publisher"},
+                )
+                self._channel = await self._connection.channel(
+                    publisher_confirms=True, on_return_raises=True
+                )
                 await self._channel.declare_queue(self.queue, durable=True)
             return self._channel
 
@@ -96,20 +108,33 @@ class IntermediatePublisher:
         Raises if the intermediate publish is not confirmed: let it roll the transaction back.
         """
         key = message_id or uuid.uuid4().hex
-        connection_or_session.execute(self.tables.intermediate.insert().values(id=key, created_at=now_ms()))
+        connection_or_session.execute(
+            self.tables.intermediate.insert().values(id=key, created_at=now_ms())
+        )
         run_sync(self._publish(key, exchange, routing_key, body, dict(headers or {})))
         return key
 
-    async def _publish(self, key: str, exchange: str, routing_key: str, body: bytes, headers: dict[str, str]) -> None:
+    async def _publish(
+        self, key: str, exchange: str, routing_key: str, body: bytes, headers: dict[str, str]
+    ) -> None:
         import aio_pika
 
         channel = await self._ensure()
         headers = {**headers, EXCHANGE_HEADER: exchange, ROUTING_KEY_HEADER: routing_key}
-        message = aio_pika.Message(body=body, headers=headers, message_id=key, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+        message = aio_pika.Message(
+            body=body,
+            headers=headers,
+            message_id=key,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
         try:
-            await channel.default_exchange.publish(message, routing_key=self.queue, mandatory=True, timeout=self.confirm_timeout)
+            await channel.default_exchange.publish(
+                message, routing_key=self.queue, mandatory=True, timeout=self.confirm_timeout
+            )
         except aio_pika.exceptions.PublishError as exc:
-            raise UnroutableMessage(f"intermediate queue {self.queue!r} does not exist; start a mover or declare it") from exc
+            raise UnroutableMessage(
+                f"intermediate queue {self.queue!r} does not exist; start a mover or declare it"
+            ) from exc
 
     def close(self) -> None:
         if self._connection is not None:
@@ -140,7 +165,11 @@ class IntermediateMover:
         lock_timeout: float = 30.0,
         confirm_timeout: float = 10.0,
     ) -> None:
-        self.engine = dialects.make_engine(engine_or_url, pool_size=prefetch) if isinstance(engine_or_url, str) else engine_or_url
+        self.engine = (
+            dialects.make_engine(engine_or_url, pool_size=prefetch)
+            if isinstance(engine_or_url, str)
+            else engine_or_url
+        )
         self.amqp_url = amqp_url
         self.tables = outbox_tables(table_prefix)
         self.queue = queue
@@ -174,7 +203,9 @@ class IntermediateMover:
         import aio_pika
 
         self._stop = asyncio.Event()
-        connection = await aio_pika.connect_robust(self.amqp_url, client_properties={"connection_name": "halfmoon-intermediate-mover"})
+        connection = await aio_pika.connect_robust(
+            self.amqp_url, client_properties={"connection_name": "halfmoon-intermediate-mover"}
+        )
         try:
             channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             await channel.set_qos(prefetch_count=self.prefetch)
@@ -225,11 +256,22 @@ class IntermediateMover:
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         )
         try:
-            target = channel.default_exchange if exchange == "" else await channel.get_exchange(exchange, ensure=False)
-            await target.publish(forward, routing_key=routing_key, mandatory=True, timeout=self.confirm_timeout)
+            target = (
+                channel.default_exchange
+                if exchange == ""
+                else await channel.get_exchange(exchange, ensure=False)
+            )
+            await target.publish(
+                forward, routing_key=routing_key, mandatory=True, timeout=self.confirm_timeout
+            )
         except aio_pika.exceptions.PublishError:
             self.stats.unroutable += 1
-            log.error("event=intermediate_unroutable id=%s exchange=%r routing_key=%r", key, exchange, routing_key)
+            log.error(
+                "event=intermediate_unroutable id=%s exchange=%r routing_key=%r",
+                key,
+                exchange,
+                routing_key,
+            )
             await message.reject(requeue=False)
             return
         await asyncio.to_thread(self._forget, key)
@@ -243,7 +285,9 @@ class IntermediateMover:
             if kind == "postgresql":
                 conn.execute(text(f"SET LOCAL lock_timeout = '{int(self.lock_timeout * 1000)}ms'"))
             elif kind == "mysql":
-                conn.execute(text(f"SET SESSION innodb_lock_wait_timeout = {max(int(self.lock_timeout), 1)}"))
+                conn.execute(
+                    text(f"SET SESSION innodb_lock_wait_timeout = {max(int(self.lock_timeout), 1)}")
+                )
             inserted = dialects.insert_if_absent(conn, self.tables, key, now_ms())
             # Either way nothing of ours stays: a rolled-back writer leaves no row.
             tx.rollback()
@@ -251,7 +295,9 @@ class IntermediateMover:
 
     def _forget(self, key: str) -> None:
         with self.engine.begin() as conn:
-            conn.execute(delete(self.tables.intermediate).where(self.tables.intermediate.c.id == key))
+            conn.execute(
+                delete(self.tables.intermediate).where(self.tables.intermediate.c.id == key)
+            )
 
     def cleanup(self, older_than: float = 7 * 86400.0, batch: int = 1000) -> int:
         """Delete ids older than ``older_than`` seconds whose message never reached a mover.
@@ -262,7 +308,12 @@ class IntermediateMover:
         t = self.tables.intermediate
         cutoff = now_ms() - int(older_than * 1000)
         with self.engine.begin() as conn:
-            ids = [r.id for r in conn.execute(t.select().with_only_columns(t.c.id).where(t.c.created_at < cutoff).limit(batch))]
+            ids = [
+                r.id
+                for r in conn.execute(
+                    t.select().with_only_columns(t.c.id).where(t.c.created_at < cutoff).limit(batch)
+                )
+            ]
             return conn.execute(delete(t).where(t.c.id.in_(ids))).rowcount if ids else 0
 
 

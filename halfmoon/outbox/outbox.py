@@ -79,7 +79,9 @@ class OutboxMessage:
         if isinstance(self.keys, str):
             self.keys = [self.keys]
         if not isinstance(self.topic, str):
-            raise InvalidOutboxMessage("outbox message topic must be a string (a halfmoon topic or RabbitMQ exchange)")
+            raise InvalidOutboxMessage(
+                "outbox message topic must be a string (a halfmoon topic or RabbitMQ exchange)"
+            )
         if not self.message_id:
             self.message_id = uuid.uuid4().hex
 
@@ -138,7 +140,9 @@ class Outbox:
     """The outbox tables of one database and ``table_prefix``."""
 
     def __init__(self, engine_or_url: Engine | str, *, table_prefix: str = "hm_") -> None:
-        self.engine = dialects.make_engine(engine_or_url) if isinstance(engine_or_url, str) else engine_or_url
+        self.engine = (
+            dialects.make_engine(engine_or_url) if isinstance(engine_or_url, str) else engine_or_url
+        )
         self.tables: OutboxTables = outbox_tables(table_prefix)
         self.table = self.tables.outbox
 
@@ -165,7 +169,9 @@ class Outbox:
         self.add_many(connection_or_session, [message])
         return message.message_id
 
-    def add_many(self, connection_or_session: Executor, messages: Iterable[OutboxMessage]) -> list[str]:
+    def add_many(
+        self, connection_or_session: Executor, messages: Iterable[OutboxMessage]
+    ) -> list[str]:
         """Write several messages (one INSERT) in the caller's transaction, in the given order."""
         rows = [self._row(m) for m in messages]
         if rows:
@@ -199,7 +205,9 @@ class Outbox:
         t = self.table
         with self.engine.connect() as conn:
             counts = dict(conn.execute(select(t.c.status, func.count()).group_by(t.c.status)).all())
-            oldest = conn.execute(select(func.min(t.c.created_at)).where(t.c.status == PENDING)).scalar()
+            oldest = conn.execute(
+                select(func.min(t.c.created_at)).where(t.c.status == PENDING)
+            ).scalar()
         age = max(now_ms() - oldest, 0) / 1000 if oldest is not None else 0.0
         return OutboxStatus(counts.get(PENDING, 0), counts.get(SENT, 0), counts.get(FAILED, 0), age)
 
@@ -210,7 +218,9 @@ class Outbox:
         if message_ids is not None:
             stmt = stmt.where(t.c.message_id.in_(list(message_ids)))
         with self.engine.begin() as conn:
-            return conn.execute(stmt.values(status=PENDING, attempts=0, next_attempt_at=now_ms())).rowcount
+            return conn.execute(
+                stmt.values(status=PENDING, attempts=0, next_attempt_at=now_ms())
+            ).rowcount
 
 
 def _string_map(headers: Mapping[str, Any]) -> dict[str, str]:

@@ -119,7 +119,12 @@ class Relay:
         self.sent_retention = sent_retention
         self.cleanup_interval = cleanup_interval
         self.cleanup_batch = cleanup_batch
-        self.claimer = Claimer(outbox.engine, outbox.tables, lease_seconds=lease_seconds, failed_blocks_aggregate=failed_blocks_aggregate)
+        self.claimer = Claimer(
+            outbox.engine,
+            outbox.tables,
+            lease_seconds=lease_seconds,
+            failed_blocks_aggregate=failed_blocks_aggregate,
+        )
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._listen = listen and outbox.backend == "postgresql"
         self._listener: NotifyListener | None = None
@@ -145,17 +150,30 @@ class Relay:
         self.target.start()
         self._stopping.clear()
         if self._listen:
-            self._listener = NotifyListener(self.outbox.engine, self.outbox.tables.notify_channel, self.wake)
+            self._listener = NotifyListener(
+                self.outbox.engine, self.outbox.tables.notify_channel, self.wake
+            )
             self._listener.start()
         for n in range(self.workers):
-            thread = threading.Thread(target=self._work, args=(f"{self.instance}:{n}",), name=f"outbox-relay-{n}", daemon=True)
+            thread = threading.Thread(
+                target=self._work,
+                args=(f"{self.instance}:{n}",),
+                name=f"outbox-relay-{n}",
+                daemon=True,
+            )
             thread.start()
             self._threads.append(thread)
         if self.sent_retention is not None:
             thread = threading.Thread(target=self._cleanup_loop, name="outbox-cleanup", daemon=True)
             thread.start()
             self._threads.append(thread)
-        log.info("event=outbox_relay_started workers=%d batch=%d target=%s listen=%s", self.workers, self.batch_size, self.target.name, self._listen)
+        log.info(
+            "event=outbox_relay_started workers=%d batch=%d target=%s listen=%s",
+            self.workers,
+            self.batch_size,
+            self.target.name,
+            self._listen,
+        )
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -227,7 +245,9 @@ class Relay:
         self._account(records, results, time.monotonic() - started, published_at)
         return len(records)
 
-    def _outcomes(self, records: Sequence[OutboxRecord], results: Sequence[BaseException | None], now: int) -> list[Outcome]:
+    def _outcomes(
+        self, records: Sequence[OutboxRecord], results: Sequence[BaseException | None], now: int
+    ) -> list[Outcome]:
         outcomes: list[Outcome] = []
         for record, error in zip(records, results, strict=True):
             if error is None:
@@ -244,13 +264,29 @@ class Relay:
             else:
                 delay = min(self.backoff_max, self.backoff_initial * 2 ** (attempts - 1))
                 outcomes.append(Outcome(record.id, text, now + int(delay * 1000)))
-                log.info("event=outbox_publish_retry message_id=%s attempts=%d delay=%.1fs error=%r", record.message_id, attempts, delay, text)
+                log.info(
+                    "event=outbox_publish_retry message_id=%s attempts=%d delay=%.1fs error=%r",
+                    record.message_id,
+                    attempts,
+                    delay,
+                    text,
+                )
         return outcomes
 
-    def _account(self, records: Sequence[OutboxRecord], results: Sequence[BaseException | None], publish_seconds: float, published_at: int) -> None:
+    def _account(
+        self,
+        records: Sequence[OutboxRecord],
+        results: Sequence[BaseException | None],
+        publish_seconds: float,
+        published_at: int,
+    ) -> None:
         sent = sum(1 for r in results if r is None)
         errors = len(results) - sent
-        gave_up = sum(1 for rec, r in zip(records, results, strict=True) if r is not None and rec.attempts + 1 >= self.max_attempts)
+        gave_up = sum(
+            1
+            for rec, r in zip(records, results, strict=True)
+            if r is not None and rec.attempts + 1 >= self.max_attempts
+        )
         with self._lock:
             self._batches += 1
             self._published += sent
@@ -287,9 +323,19 @@ class Relay:
         for _ in range(max_batches):
             # Two statements: MariaDB refuses LIMIT in an IN-subquery on the deleted table.
             with self.outbox.engine.begin() as conn:
-                ids = [r.id for r in conn.execute(select(t.c.id).where(t.c.status == SENT, t.c.sent_at <= cutoff).order_by(t.c.id).limit(self.cleanup_batch)).all()]
+                ids = [
+                    r.id
+                    for r in conn.execute(
+                        select(t.c.id)
+                        .where(t.c.status == SENT, t.c.sent_at <= cutoff)
+                        .order_by(t.c.id)
+                        .limit(self.cleanup_batch)
+                    ).all()
+                ]
                 if ids:
-                    deleted += conn.execute(delete(t).where(t.c.id.in_(ids), t.c.status == SENT)).rowcount
+                    deleted += conn.execute(
+                        delete(t).where(t.c.id.in_(ids), t.c.status == SENT)
+                    ).rowcount
             if len(ids) < self.cleanup_batch or self._stopping.is_set():
                 break
         if deleted:
@@ -322,26 +368,57 @@ class Relay:
             )
 
     def _register_metrics(self, registry: MetricsRegistry) -> None:
-        self._m_published = registry.counter("halfmoon_outbox_published_total", "Outbox messages published by this process.")
-        self._m_errors = registry.counter("halfmoon_outbox_publish_errors_total", "Failed publish attempts (each retried or given up).")
-        self._m_failed = registry.counter("halfmoon_outbox_failed_total", "Outbox messages marked failed after their last attempt.")
-        self._m_publish_sum = registry.counter("halfmoon_outbox_publish_seconds_sum", "Time spent in publish calls.")
-        self._m_publish_count = registry.counter("halfmoon_outbox_publish_seconds_count", "Publish calls (batches).")
+        self._m_published = registry.counter(
+            "halfmoon_outbox_published_total", "Outbox messages published by this process."
+        )
+        self._m_errors = registry.counter(
+            "halfmoon_outbox_publish_errors_total",
+            "Failed publish attempts (each retried or given up).",
+        )
+        self._m_failed = registry.counter(
+            "halfmoon_outbox_failed_total",
+            "Outbox messages marked failed after their last attempt.",
+        )
+        self._m_publish_sum = registry.counter(
+            "halfmoon_outbox_publish_seconds_sum", "Time spent in publish calls."
+        )
+        self._m_publish_count = registry.counter(
+            "halfmoon_outbox_publish_seconds_count", "Publish calls (batches)."
+        )
         registry.add_collector(self._collect)
 
     def _collect(self) -> list[MetricFamily]:
         stats = self.stats()
         return [
-            MetricFamily("halfmoon_outbox_pending", "gauge", "Pending outbox rows.").add(stats.pending),
-            MetricFamily("halfmoon_outbox_oldest_pending_age_seconds", "gauge", "Age of the oldest pending outbox row.").add(stats.oldest_pending_age),
-            MetricFamily("halfmoon_outbox_publish_latency_p50_seconds", "gauge", "Median time from insert to publish (recent messages).").add(stats.delivery_latency_p50),
+            MetricFamily("halfmoon_outbox_pending", "gauge", "Pending outbox rows.").add(
+                stats.pending
+            ),
+            MetricFamily(
+                "halfmoon_outbox_oldest_pending_age_seconds",
+                "gauge",
+                "Age of the oldest pending outbox row.",
+            ).add(stats.oldest_pending_age),
+            MetricFamily(
+                "halfmoon_outbox_publish_latency_p50_seconds",
+                "gauge",
+                "Median time from insert to publish (recent messages).",
+            ).add(stats.delivery_latency_p50),
         ]
 
 
 # -- several processes ------------------------------------------------------------------------
 
 
-def _relay_process(db_url: str, target_url: str, table_prefix: str, options: dict[str, Any], stop: Any, running: Any, published: Any, slot: int) -> None:
+def _relay_process(
+    db_url: str,
+    target_url: str,
+    table_prefix: str,
+    options: dict[str, Any],
+    stop: Any,
+    running: Any,
+    published: Any,
+    slot: int,
+) -> None:
     """A child process: one Relay until ``stop.value`` is set; publishes its counter into ``published[slot]``.
 
     The shared state is lock-free on purpose (one writer per slot, a flag the
@@ -355,7 +432,9 @@ def _relay_process(db_url: str, target_url: str, table_prefix: str, options: dic
     from halfmoon.outbox.dialects import make_engine
     from halfmoon.outbox.targets import target_for_url
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent decides
+    signal.signal(
+        signal.SIGINT, signal.SIG_IGN
+    )  # Ctrl-C reaches the whole group: the parent decides
     signal.signal(signal.SIGTERM, lambda *_: setattr(stop, "value", 1))
     workers = int(options.get("workers", 1))
     outbox = Outbox(make_engine(db_url, pool_size=workers + 2), table_prefix=table_prefix)
@@ -383,7 +462,15 @@ class RelayProcesses:
     come back to the others: locks end with its connection, leases expire).
     """
 
-    def __init__(self, db_url: str, target_url: str, *, processes: int = 2, table_prefix: str = "hm_", **relay_options: Any) -> None:
+    def __init__(
+        self,
+        db_url: str,
+        target_url: str,
+        *,
+        processes: int = 2,
+        table_prefix: str = "hm_",
+        **relay_options: Any,
+    ) -> None:
         import multiprocessing
 
         if processes < 1:
@@ -404,8 +491,19 @@ class RelayProcesses:
         self.restarts = 0
 
     def _spawn(self, slot: int) -> None:
-        args = (self.db_url, self.target_url, self.table_prefix, self.options, self._stop, self._running, self._published, slot)
-        child = self._mp.Process(target=_relay_process, args=args, name=f"outbox-relay-process-{slot}", daemon=True)
+        args = (
+            self.db_url,
+            self.target_url,
+            self.table_prefix,
+            self.options,
+            self._stop,
+            self._running,
+            self._published,
+            slot,
+        )
+        child = self._mp.Process(
+            target=_relay_process, args=args, name=f"outbox-relay-process-{slot}", daemon=True
+        )
         child.start()
         self._children[slot] = child
 
@@ -420,9 +518,15 @@ class RelayProcesses:
             dead = [c for c in self._children if c is not None and c.exitcode is not None]
             if dead or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"outbox relay process failed to start (exit codes {[c.exitcode for c in dead]})")
+                raise RuntimeError(
+                    f"outbox relay process failed to start (exit codes {[c.exitcode for c in dead]})"
+                )
             time.sleep(0.05)  # poll interval of the start-up check
-        log.info("event=outbox_relay_processes_started processes=%d options=%r", self.processes, self.options)
+        log.info(
+            "event=outbox_relay_processes_started processes=%d options=%r",
+            self.processes,
+            self.options,
+        )
         return self
 
     @property
@@ -435,7 +539,11 @@ class RelayProcesses:
         while not stop.wait(interval):
             for slot, child in enumerate(self._children):
                 if child is not None and child.exitcode is not None and not self._stop.value:
-                    log.warning("event=outbox_relay_process_died slot=%d exitcode=%s; restarting", slot, child.exitcode)
+                    log.warning(
+                        "event=outbox_relay_process_died slot=%d exitcode=%s; restarting",
+                        slot,
+                        child.exitcode,
+                    )
                     self.restarts += 1
                     # The dead child writes no more; its replacement counts from zero in the same slot.
                     self._published_by_dead += self._published[slot]

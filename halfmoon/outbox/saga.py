@@ -67,7 +67,9 @@ class SagaResult:
 class Saga:
     """Steps run forward; on a failure, the completed ones are compensated in reverse order."""
 
-    def __init__(self, name: str, engine: Engine, inbox: Inbox, steps: Sequence[SagaStep] = ()) -> None:
+    def __init__(
+        self, name: str, engine: Engine, inbox: Inbox, steps: Sequence[SagaStep] = ()
+    ) -> None:
         self.name = name
         self.engine = engine
         self.inbox = inbox
@@ -99,11 +101,19 @@ class Saga:
         if not aborted:
             for step in self.steps:
                 try:
-                    with self.inbox.once(self.engine, self._key(saga_id, step.name, "done")) as delivery:
+                    with self.inbox.once(
+                        self.engine, self._key(saga_id, step.name, "done")
+                    ) as delivery:
                         if delivery:
                             step.action(delivery.conn, ctx)
                 except Exception as exc:  # noqa: BLE001 - the saga's answer to a failed step is to compensate
-                    log.info("event=saga_step_failed saga=%s id=%s step=%s error=%s", self.name, saga_id, step.name, type(exc).__name__)
+                    log.info(
+                        "event=saga_step_failed saga=%s id=%s step=%s error=%s",
+                        self.name,
+                        saga_id,
+                        step.name,
+                        type(exc).__name__,
+                    )
                     result.failed_step, result.error = step.name, exc
                     with self.inbox.once(self.engine, self._key(saga_id, "aborted")):
                         pass
@@ -117,13 +127,17 @@ class Saga:
 
     def _compensate(self, saga_id: str, ctx: dict[str, Any], result: SagaResult) -> None:
         with self.engine.connect() as conn:
-            done = [s for s in self.steps if self.inbox.seen(conn, self._key(saga_id, s.name, "done"))]
+            done = [
+                s for s in self.steps if self.inbox.seen(conn, self._key(saga_id, s.name, "done"))
+            ]
         result.completed = [s.name for s in done]
         for step in reversed(done):
             if step.compensation is None:
                 continue
             try:
-                with self.inbox.once(self.engine, self._key(saga_id, step.name, "undone")) as delivery:
+                with self.inbox.once(
+                    self.engine, self._key(saga_id, step.name, "undone")
+                ) as delivery:
                     if delivery:
                         step.compensation(delivery.conn, ctx)
             except Exception as exc:

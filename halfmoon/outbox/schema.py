@@ -97,7 +97,12 @@ def outbox_tables(prefix: str = "hm_") -> OutboxTables:
     # sent history. The relay plans claims per execution (custom plans), so the
     # predicates are provable. SQLite cannot prove them for bound parameters and
     # MariaDB has no partial indexes: both keep the full ones.
-    Index(f"{prefix}outbox_claim", outbox.c.status, outbox.c.id, postgresql_where=outbox.c.status == PENDING)
+    Index(
+        f"{prefix}outbox_claim",
+        outbox.c.status,
+        outbox.c.id,
+        postgresql_where=outbox.c.status == PENDING,
+    )
     Index(
         f"{prefix}outbox_aggregate", outbox.c.aggregate_type, outbox.c.aggregate_id, outbox.c.id,
         postgresql_where=outbox.c.status.in_([PENDING, FAILED]),

@@ -140,8 +140,15 @@ class HalfmoonTarget(PublishTarget):
                 if len(messages) == 1:
                     results[ok[0]] = exc
                     return
-                log.info("event=outbox_batch_send_failed topic=%s size=%d error=%r; sending one by one", messages[0].topic, len(messages), exc)
-            singles = await asyncio.gather(*(producer.send(m, timeout=self.timeout) for m in messages), return_exceptions=True)
+                log.info(
+                    "event=outbox_batch_send_failed topic=%s size=%d error=%r; sending one by one",
+                    messages[0].topic,
+                    len(messages),
+                    exc,
+                )
+            singles = await asyncio.gather(
+                *(producer.send(m, timeout=self.timeout) for m in messages), return_exceptions=True
+            )
             for i, outcome in zip(ok, singles, strict=True):
                 results[i] = outcome if isinstance(outcome, BaseException) else None
 
@@ -182,7 +189,9 @@ class RabbitTarget(PublishTarget):
 
     name = "rabbitmq"
 
-    def __init__(self, url: str, *, confirm_timeout: float = 10.0, connection_name: str | None = None) -> None:
+    def __init__(
+        self, url: str, *, confirm_timeout: float = 10.0, connection_name: str | None = None
+    ) -> None:
         if urlsplit(url).scheme not in ("amqp", "amqps"):
             raise InvalidTarget(f"RabbitMQ target {url!r} must be an amqp:// or amqps:// URL")
         self.url = url
@@ -205,8 +214,12 @@ class RabbitTarget(PublishTarget):
         async with self._lock:
             if self._channel is None or self._channel.is_closed or self._connection.is_closed:
                 await self._drop()
-                self._connection = await aio_pika.connect(self.url, client_properties={"connection_name": self.connection_name})
-                self._channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+                self._connection = await aio_pika.connect(
+                    self.url, client_properties={"connection_name": self.connection_name}
+                )
+                self._channel = await self._connection.channel(
+                    publisher_confirms=True, on_return_raises=True
+                )
                 if self._generation:
                     self.reconnects += 1  # every connection after the first
                 self._generation += 1
@@ -245,7 +258,9 @@ class RabbitTarget(PublishTarget):
                 underlay, outcomes = None, [exc] * len(todo)
             if underlay is not None:
                 # Every publish goes out before any confirm is awaited: one round trip per batch.
-                outcomes = await asyncio.gather(*(self._publish_one(underlay, records[i]) for i in todo), return_exceptions=True)
+                outcomes = await asyncio.gather(
+                    *(self._publish_one(underlay, records[i]) for i in todo), return_exceptions=True
+                )
             broken: list[int] = []
             for i, outcome in zip(todo, outcomes, strict=True):
                 results[i] = outcome if isinstance(outcome, BaseException) else None
@@ -279,11 +294,17 @@ class RabbitTarget(PublishTarget):
                 mandatory=True, timeout=self.confirm_timeout, wait=False,
             )  # fmt: skip
         except aiormq.exceptions.PublishError as exc:
-            raise UnroutableMessage(f"RabbitMQ returned message {record.message_id}: no queue bound to exchange {record.topic!r} with routing key {record.routing_key!r}") from exc
+            raise UnroutableMessage(
+                f"RabbitMQ returned message {record.message_id}: no queue bound to exchange {record.topic!r} with routing key {record.routing_key!r}"
+            ) from exc
         if isinstance(result, aiormq.abc.DeliveredMessage):
-            raise UnroutableMessage(f"RabbitMQ returned message {record.message_id}: no queue bound to exchange {record.topic!r} with routing key {record.routing_key!r}")
+            raise UnroutableMessage(
+                f"RabbitMQ returned message {record.message_id}: no queue bound to exchange {record.topic!r} with routing key {record.routing_key!r}"
+            )
         if not isinstance(result, aiormq.spec.Basic.Ack):
-            raise OutboxError(f"RabbitMQ did not confirm message {record.message_id} ({type(result).__name__})")
+            raise OutboxError(
+                f"RabbitMQ did not confirm message {record.message_id} ({type(result).__name__})"
+            )
 
     def close(self) -> None:
         if self._connection is not None:
@@ -296,7 +317,16 @@ def _connection_problem(exc: BaseException) -> bool:
 
     if isinstance(exc, UnroutableMessage | aio_pika.exceptions.DeliveryError):
         return False
-    return isinstance(exc, aiormq.exceptions.AMQPConnectionError | aiormq.exceptions.ChannelInvalidStateError | ConnectionError | asyncio.TimeoutError | asyncio.CancelledError | RuntimeError | aiormq.exceptions.ChannelClosed)
+    return isinstance(
+        exc,
+        aiormq.exceptions.AMQPConnectionError
+        | aiormq.exceptions.ChannelInvalidStateError
+        | ConnectionError
+        | asyncio.TimeoutError
+        | asyncio.CancelledError
+        | RuntimeError
+        | aiormq.exceptions.ChannelClosed,
+    )
 
 
 def target_for_url(url: str) -> PublishTarget:
@@ -306,4 +336,6 @@ def target_for_url(url: str) -> PublishTarget:
         return HalfmoonTarget(url)
     if scheme in ("amqp", "amqps"):
         return RabbitTarget(url)
-    raise InvalidTarget(f"unknown target {url!r}; use halfmoon://HOST:PORT or amqp://USER:PASS@HOST:PORT/VHOST")
+    raise InvalidTarget(
+        f"unknown target {url!r}; use halfmoon://HOST:PORT or amqp://USER:PASS@HOST:PORT/VHOST"
+    )

@@ -112,7 +112,9 @@ class TransactionLog:
     def drop(self, bind: Engine | Connection) -> None:
         self.metadata.drop_all(bind, tables=[self.table])
 
-    def record(self, conn: Connection, log_id: str, topic: str, keys: list[str], producer_group: str = "") -> None:
+    def record(
+        self, conn: Connection, log_id: str, topic: str, keys: list[str], producer_group: str = ""
+    ) -> None:
         """Insert the row for one half message on ``conn`` (in its transaction)."""
         conn.execute(
             insert(self.table).values(
@@ -144,7 +146,9 @@ class BoundTransaction:
         log_id = uuid.uuid4().hex
         message.properties[TXLOG_ID_PROPERTY] = log_id
         # The row first: its key lock is what makes an early check wait (module docstring).
-        self._sender.log.record(self.conn, log_id, message.topic, message.keys, self._sender.producer_group)
+        self._sender.log.record(
+            self.conn, log_id, message.topic, message.keys, self._sender.producer_group
+        )
         self.log_ids.append(log_id)
         return log_id
 
@@ -174,7 +178,13 @@ class TransactionalSender:
     routes checks to producers that declared the topic).
     """
 
-    def __init__(self, producer: SyncTransactionProducer | TransactionProducer, log: TransactionLog, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        producer: SyncTransactionProducer | TransactionProducer,
+        log: TransactionLog,
+        *,
+        timeout: float = 30.0,
+    ) -> None:
         self.producer = producer
         self.log = log
         self.timeout = timeout
@@ -191,7 +201,9 @@ class TransactionalSender:
         current transaction, begun or autobegun, is committed here).
         """
         if not isinstance(self.producer, SyncTransactionProducer):
-            raise TransactionLogError("transaction() needs a SyncTransactionProducer; with an asyncio TransactionProducer use `async with sender.atransaction(conn)`")
+            raise TransactionLogError(
+                "transaction() needs a SyncTransactionProducer; with an asyncio TransactionProducer use `async with sender.atransaction(conn)`"
+            )
         with _connection(bind) as conn:
             tx = BoundTransaction(conn, self, self._client.begin())
             try:
@@ -207,7 +219,9 @@ class TransactionalSender:
     async def atransaction(self, bind: Connection | Engine) -> AsyncIterator[BoundTransaction]:
         """As :meth:`transaction` for an asyncio producer; use ``await tx.send_async(message)``."""
         if isinstance(self.producer, SyncTransactionProducer):
-            raise TransactionLogError("atransaction() needs an asyncio TransactionProducer; with a SyncTransactionProducer use `with sender.transaction(conn)`")
+            raise TransactionLogError(
+                "atransaction() needs an asyncio TransactionProducer; with a SyncTransactionProducer use `with sender.transaction(conn)`"
+            )
         with _connection(bind) as conn:
             tx = BoundTransaction(conn, self, self._client.begin())
             try:
@@ -226,7 +240,9 @@ class TransactionalSender:
             # A failed COMMIT may still have committed (connection lost after the
             # server applied it). Only the check can tell: leave the messages to it.
             tx.outcome = "left_to_check"
-            log.warning("event=txlog_commit_failed log_ids=%s decision=left_to_check", ",".join(tx.log_ids))
+            log.warning(
+                "event=txlog_commit_failed log_ids=%s decision=left_to_check", ",".join(tx.log_ids)
+            )
             raise
 
     def _settle(self, tx: BoundTransaction, *, commit: bool) -> None:
@@ -238,7 +254,12 @@ class TransactionalSender:
             tx.outcome = "committed" if commit else "rolled_back"
         except Exception as exc:  # noqa: BLE001 - the database already decided; the check settles the message
             tx.outcome = "left_to_check"
-            log.warning("event=txlog_end_failed commit=%s log_ids=%s error=%r", commit, ",".join(tx.log_ids), exc)
+            log.warning(
+                "event=txlog_end_failed commit=%s log_ids=%s error=%r",
+                commit,
+                ",".join(tx.log_ids),
+                exc,
+            )
 
     async def _settle_async(self, tx: BoundTransaction, *, commit: bool) -> None:
         if not tx.receipts:
@@ -249,7 +270,12 @@ class TransactionalSender:
             tx.outcome = "committed" if commit else "rolled_back"
         except Exception as exc:  # noqa: BLE001 - see _settle
             tx.outcome = "left_to_check"
-            log.warning("event=txlog_end_failed commit=%s log_ids=%s error=%r", commit, ",".join(tx.log_ids), exc)
+            log.warning(
+                "event=txlog_end_failed commit=%s log_ids=%s error=%r",
+                commit,
+                ",".join(tx.log_ids),
+                exc,
+            )
 
 
 @contextlib.contextmanager
@@ -259,7 +285,9 @@ def _connection(bind: Connection | Engine) -> Iterator[Connection]:
             yield conn
         return
     if bind.in_nested_transaction():
-        raise TransactionLogError("transaction() cannot run inside a SAVEPOINT: it must own the outer COMMIT")
+        raise TransactionLogError(
+            "transaction() cannot run inside a SAVEPOINT: it must own the outer COMMIT"
+        )
     yield bind
 
 

@@ -159,8 +159,14 @@ def take(
     return value
 
 
-_JSON_TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false", dict: "an object",
-                    float: "a number", list: "an array"}
+_JSON_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    bool: "true or false",
+    dict: "an object",
+    float: "a number",
+    list: "an array",
+}
 
 
 def reject_unknown(body: dict[str, Any], known: set[str]) -> None:
@@ -337,7 +343,9 @@ async def update_group(request: web.Request) -> web.Response:
     reject_unknown(body, {"retry_policy", *GROUP_FIELDS})
     changes = group_settings(body)
     if not changes:
-        raise ApiError(f"nothing to change: give any of {', '.join([*GROUP_FIELDS, 'retry_policy'])}")
+        raise ApiError(
+            f"nothing to change: give any of {', '.join([*GROUP_FIELDS, 'retry_policy'])}"
+        )
     name = request.match_info["group"]
     return reply(await call(broker_of(request).update_group, name, **changes))
 
@@ -384,14 +392,18 @@ async def list_transactions(request: web.Request) -> web.Response:
 
 
 async def parked_transactions(request: web.Request) -> web.Response:
-    return reply({"transactions": await call(broker_of(request).parked_transactions, _limit(request))})
+    return reply(
+        {"transactions": await call(broker_of(request).parked_transactions, _limit(request))}
+    )
 
 
 async def decide_transaction(request: web.Request) -> web.Response:
     """An operator's commit or rollback; answered once the decision is durable."""
     transaction_id = request.match_info["transaction_id"]
     resolution = request.match_info["resolution"]
-    state = await call(broker_of(request).end_transaction, "", "", transaction_id, resolution, "operator")
+    state = await call(
+        broker_of(request).end_transaction, "", "", transaction_id, resolution, "operator"
+    )
     return reply({"transaction_id": transaction_id, "state": state})
 
 
@@ -449,7 +461,9 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
     except Exception as exc:  # the API must answer, never drop the connection
         log.exception("admin request %s %s failed", request.method, request.path)
         response = error_reply(
-            500, "INTERNAL_ERROR", f"internal error ({type(exc).__name__}: {exc}); see the server log"
+            500,
+            "INTERNAL_ERROR",
+            f"internal error ({type(exc).__name__}: {exc}); see the server log",
         )
     route = request.match_info.route.resource
     template = route.canonical if route is not None else "unmatched"
@@ -479,22 +493,32 @@ def broker_collector(broker: Any) -> Callable[[], list[MetricFamily]]:
                 continue
             kind = "counter" if name.endswith("_total") else "gauge"
             families.append(
-                MetricFamily(f"halfmoon_broker_{name}", kind, f"Broker status field {name}.").add(value)
+                MetricFamily(f"halfmoon_broker_{name}", kind, f"Broker status field {name}.").add(
+                    value
+                )
             )
         low = MetricFamily("halfmoon_queue_min_offset", "gauge", "First retained offset per queue.")
-        high = MetricFamily("halfmoon_queue_max_offset", "gauge", "One past the last offset per queue.")
+        high = MetricFamily(
+            "halfmoon_queue_max_offset", "gauge", "One past the last offset per queue."
+        )
         for topic in broker.list_topics():
             for queue in jsonable(broker.topic_status(topic.name)):
                 labels = {"topic": topic.name, "queue": queue.get("queue_id")}
                 low.add(queue.get("min_offset", 0), **labels)
                 high.add(queue.get("max_offset", 0), **labels)
-        lag = MetricFamily("halfmoon_group_lag", "gauge", "Messages not yet consumed per group and queue.")
+        lag = MetricFamily(
+            "halfmoon_group_lag", "gauge", "Messages not yet consumed per group and queue."
+        )
         inflight = MetricFamily(
             "halfmoon_group_inflight", "gauge", "Messages delivered and not yet acknowledged."
         )
         for group in broker.list_groups():
             for queue in jsonable(broker.group_progress(group.name, None)):
-                labels = {"group": group.name, "topic": queue.get("topic"), "queue": queue.get("queue_id")}
+                labels = {
+                    "group": group.name,
+                    "topic": queue.get("topic"),
+                    "queue": queue.get("queue_id"),
+                }
                 lag.add(queue.get("lag", 0) or 0, **labels)
                 inflight.add(queue.get("inflight", 0) or 0, **labels)
         return [*families, low, high, lag, inflight]
@@ -506,7 +530,11 @@ def broker_collector(broker: Any) -> Callable[[], list[MetricFamily]]:
 
 
 def create_admin_app(
-    broker: Any, store: Any, config: Any, registry: MetricsRegistry | None = None, clients: Any = None
+    broker: Any,
+    store: Any,
+    config: Any,
+    registry: MetricsRegistry | None = None,
+    clients: Any = None,
 ) -> web.Application:
     """The admin API over ``broker``; run it with aiohttp's ``AppRunner`` on
     ``config.server.admin_listen``. ``registry`` defaults to the process-wide one;
@@ -540,9 +568,13 @@ def create_admin_app(
     app.router.add_get("/v1/groups/{group}/progress", group_progress)
     app.router.add_get("/v1/transactions", list_transactions)
     app.router.add_get("/v1/transactions/parked", parked_transactions)
-    app.router.add_post("/v1/transactions/{transaction_id}/{resolution:commit|rollback}", decide_transaction)
+    app.router.add_post(
+        "/v1/transactions/{transaction_id}/{resolution:commit|rollback}", decide_transaction
+    )
     app.router.add_post("/v1/transactions/{transaction_id}/resume", resume_transaction)
-    app.router.add_post("/v1/transaction-groups/{group}/{resolution:commit|rollback}", decide_transaction_group)
+    app.router.add_post(
+        "/v1/transaction-groups/{group}/{resolution:commit|rollback}", decide_transaction_group
+    )
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/openapi.json", get_openapi)
     app.router.add_get("/healthz", healthz)

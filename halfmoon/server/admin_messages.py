@@ -84,7 +84,9 @@ def message_json(view: MessageView, *, body: bool = True) -> dict[str, Any]:
 # -- query parameters ------------------------------------------------------------------
 
 
-def query_int(request: web.Request, name: str, *, minimum: int = 0, default: int | None = None) -> int | None:
+def query_int(
+    request: web.Request, name: str, *, minimum: int = 0, default: int | None = None
+) -> int | None:
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
@@ -174,7 +176,9 @@ async def query_by_key(request: web.Request) -> web.Response:
         return [message_json(MessageView.of(m)) for m in found if key in m.keys]
 
     messages = await call(find)
-    return reply({"topic": topic, "key": key, "begin_ms": begin, "end_ms": end, "messages": messages})
+    return reply(
+        {"topic": topic, "key": key, "begin_ms": begin, "end_ms": end, "messages": messages}
+    )
 
 
 async def get_message_at(request: web.Request) -> web.Response:
@@ -208,8 +212,16 @@ def _path_int(request: web.Request, name: str) -> int:
     return int(raw)
 
 
-SEND_FIELDS = {"body", "body_encoding", "tag", "keys", "queue_id", "properties", "message_group",
-               "delivery_timestamp"}
+SEND_FIELDS = {
+    "body",
+    "body_encoding",
+    "tag",
+    "keys",
+    "queue_id",
+    "properties",
+    "message_group",
+    "delivery_timestamp",
+}
 
 
 async def send_message(request: web.Request) -> web.Response:
@@ -288,17 +300,37 @@ async def scan_messages(request: web.Request) -> web.Response:
         queues = list(config.readable_queues())
         if queue is not None:
             if queue not in queues:
-                raise InvalidArgument(f"topic {topic!r} has no queue {queue} (0 to {len(queues) - 1})")
+                raise InvalidArgument(
+                    f"topic {topic!r} has no queue {queue} (0 to {len(queues) - 1})"
+                )
             queues = [queue]
         compiled = _filters.get(spec)
-        return _scan(broker.store, topic, queues, offset, begin, end, limit, compiled, bodies, with_messages)
+        return _scan(
+            broker.store, topic, queues, offset, begin, end, limit, compiled, bodies, with_messages
+        )
 
-    return reply({"topic": topic, "filter_type": filter_type.lower(), "filter": spec.expression,
-                  **(await call(scan))})
+    return reply(
+        {
+            "topic": topic,
+            "filter_type": filter_type.lower(),
+            "filter": spec.expression,
+            **(await call(scan)),
+        }
+    )
 
 
-def _scan(store: Any, topic: str, queues: list[int], offset: int | None, begin: int, end: int,
-          limit: int, compiled: Any, bodies: bool, with_messages: bool) -> dict[str, Any]:
+def _scan(
+    store: Any,
+    topic: str,
+    queues: list[int],
+    offset: int | None,
+    begin: int,
+    end: int,
+    limit: int,
+    compiled: Any,
+    bodies: bool,
+    with_messages: bool,
+) -> dict[str, Any]:
     messages: list[dict[str, Any]] = []
     tag_counts: dict[str, int] = {}
     next_offsets: dict[str, int] = {}
@@ -318,7 +350,9 @@ def _scan(store: Any, topic: str, queues: list[int], offset: int | None, begin: 
             if (with_messages and len(messages) >= limit) or examined >= MAX_SCAN_ENTRIES:
                 complete = False
                 break
-            got = store.get(topic, queue_id, position, _READ_BATCH)  # filter below: count what we skip
+            got = store.get(
+                topic, queue_id, position, _READ_BATCH
+            )  # filter below: count what we skip
             if got.status is GetStatus.OFFSET_TOO_SMALL:
                 position = got.next_offset
                 continue

@@ -33,8 +33,14 @@ def _errors(*statuses: int) -> dict[str, Any]:
     return {str(s): _json(_ref("Error"), meaning[s]) for s in (*statuses, 500)}
 
 
-def _op(summary: str, op_id: str, ok: tuple[int, dict[str, Any], str], *errors: int,
-        body: str | None = None, params: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def _op(
+    summary: str,
+    op_id: str,
+    ok: tuple[int, dict[str, Any], str],
+    *errors: int,
+    body: str | None = None,
+    params: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     status, schema, description = ok
     op: dict[str, Any] = {
         "summary": summary,
@@ -42,7 +48,10 @@ def _op(summary: str, op_id: str, ok: tuple[int, dict[str, Any], str], *errors: 
         "responses": {str(status): _json(schema, description), **_errors(*errors)},
     }
     if body is not None:
-        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(body)}}}
+        op["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": _ref(body)}},
+        }
     if params:
         op["parameters"] = params
     return op
@@ -59,7 +68,13 @@ def _path_param(name: str, what: str) -> dict[str, Any]:
 
 
 def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": schema,
+    }
 
 
 _INT = {"type": "integer"}
@@ -100,7 +115,11 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "name": _STR,
             "message_type": {"type": "string", "enum": TOPIC_TYPES, "default": "normal"},
-            "queue_count": {**_INT, "minimum": 1, "description": "default: broker.default_queue_count"},
+            "queue_count": {
+                **_INT,
+                "minimum": 1,
+                "description": "default: broker.default_queue_count",
+            },
             "perm": {"type": "string", "enum": ["rw", "r", "w"], "default": "rw"},
         },
     },
@@ -125,8 +144,11 @@ SCHEMAS: dict[str, Any] = {
             "queue_id": _INT,
             "min_offset": {**_INT, "description": "first retained offset"},
             "max_offset": {**_INT, "description": "one past the last offset"},
-            "last_store_timestamp": {**_INT, "nullable": True,
-                                     "description": "ms since the epoch; null for an empty queue"},
+            "last_store_timestamp": {
+                **_INT,
+                "nullable": True,
+                "description": "ms since the epoch; null for an empty queue",
+            },
             "perm": {"type": "string", "enum": ["rw", "r", "w", "-"]},
         },
     },
@@ -138,7 +160,11 @@ SCHEMAS: dict[str, Any] = {
         "type": "object",
         "properties": {
             "kind": {"type": "string", "enum": ["customized", "exponential"]},
-            "levels_ms": {"type": "array", "items": _INT, "description": "customized: wait per attempt"},
+            "levels_ms": {
+                "type": "array",
+                "items": _INT,
+                "description": "customized: wait per attempt",
+            },
             "initial_ms": _INT,
             "max_ms": _INT,
             "multiplier": {"type": "number"},
@@ -227,8 +253,11 @@ SCHEMAS: dict[str, Any] = {
             "message_id": _STR,
             "keys": {"type": "array", "items": _STR},
             "producer_group": {"type": "string", "nullable": True},
-            "transaction_group": {"type": "string", "nullable": True,
-                                  "description": "decided with its group, not alone"},
+            "transaction_group": {
+                "type": "string",
+                "nullable": True,
+                "description": "decided with its group, not alone",
+            },
             "state": {"type": "string", "enum": ["prepared", "parked"]},
             "checks_sent": {**_INT, "description": "checks a live producer received"},
             "age_ms": {**_INT, "description": "since the half message was stored"},
@@ -251,7 +280,10 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "transaction_group": _STR,
             "state": {"type": "string", "enum": ["committed", "rolled_back"]},
-            "members_decided": {**_INT, "description": "members decided by this call (0 when repeated)"},
+            "members_decided": {
+                **_INT,
+                "description": "members decided by this call (0 when repeated)",
+            },
         },
     },
 }
@@ -274,87 +306,197 @@ def openapi_document() -> dict[str, Any]:
             "schema": _STR,
         },
     ]
-    txn = {"name": "transaction_id", "in": "path", "required": True,
-           "description": "the transaction id SendMessage returned", "schema": _STR}
-    resolution = {"name": "resolution", "in": "path", "required": True,
-                  "schema": {"type": "string", "enum": ["commit", "rollback"]}}
+    txn = {
+        "name": "transaction_id",
+        "in": "path",
+        "required": True,
+        "description": "the transaction id SendMessage returned",
+        "schema": _STR,
+    }
+    resolution = {
+        "name": "resolution",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "enum": ["commit", "rollback"]},
+    }
     limit = _query("limit", "at most this many (default 1000)", {**_INT, "minimum": 1})
-    text = {"description": "Prometheus text exposition 0.0.4",
-            "content": {"text/plain": {"schema": _STR}}}
+    text = {
+        "description": "Prometheus text exposition 0.0.4",
+        "content": {"text/plain": {"schema": _STR}},
+    }
     return {
         "openapi": "3.0.3",
         "info": {
             "title": "halfmoon admin API",
             "version": "1",
             "description": "Topics, consumer groups, offsets and status of one halfmoon broker. "
-            "Errors are {\"error\": {\"code\", \"message\"}}.",
+            'Errors are {"error": {"code", "message"}}.',
         },
         "paths": {
-            "/v1/status": {"get": _op("Broker status", "getStatus", (200, _ref("BrokerStatus"), "status"))},
-            "/v1/config": {"get": _op("Running configuration", "getConfig",
-                                      (200, {"type": "object"}, "every section and key"))},
+            "/v1/status": {
+                "get": _op("Broker status", "getStatus", (200, _ref("BrokerStatus"), "status"))
+            },
+            "/v1/config": {
+                "get": _op(
+                    "Running configuration",
+                    "getConfig",
+                    (200, {"type": "object"}, "every section and key"),
+                )
+            },
             "/v1/topics": {
                 "get": _op("List topics", "listTopics", (200, _ref("TopicList"), "all topics")),
-                "post": _op("Create a topic", "createTopic", (201, _ref("Topic"), "created"),
-                            400, 409, body="TopicCreate"),
+                "post": _op(
+                    "Create a topic",
+                    "createTopic",
+                    (201, _ref("Topic"), "created"),
+                    400,
+                    409,
+                    body="TopicCreate",
+                ),
             },
             "/v1/topics/{topic}": {
-                "get": _op("One topic", "getTopic", (200, _ref("Topic"), "the topic"), 404, params=topic),
-                "patch": _op("Change a topic", "updateTopic", (200, _ref("Topic"), "updated"),
-                             400, 404, body="TopicUpdate", params=topic),
-                "delete": _op("Delete a topic", "deleteTopic", (200, _ref("Deleted"), "deleted"),
-                              404, params=topic),
+                "get": _op(
+                    "One topic", "getTopic", (200, _ref("Topic"), "the topic"), 404, params=topic
+                ),
+                "patch": _op(
+                    "Change a topic",
+                    "updateTopic",
+                    (200, _ref("Topic"), "updated"),
+                    400,
+                    404,
+                    body="TopicUpdate",
+                    params=topic,
+                ),
+                "delete": _op(
+                    "Delete a topic",
+                    "deleteTopic",
+                    (200, _ref("Deleted"), "deleted"),
+                    404,
+                    params=topic,
+                ),
             },
             "/v1/topics/{topic}/status": {
-                "get": _op("Offsets per queue", "getTopicStatus",
-                           (200, _ref("TopicStatus"), "min/max offsets"), 404, params=topic),
+                "get": _op(
+                    "Offsets per queue",
+                    "getTopicStatus",
+                    (200, _ref("TopicStatus"), "min/max offsets"),
+                    404,
+                    params=topic,
+                ),
             },
             "/v1/groups": {
-                "get": _op("List consumer groups", "listGroups", (200, _ref("GroupList"), "all groups")),
-                "post": _op("Create a consumer group", "createGroup", (201, _ref("Group"), "created"),
-                            400, 409, body="GroupCreate"),
+                "get": _op(
+                    "List consumer groups", "listGroups", (200, _ref("GroupList"), "all groups")
+                ),
+                "post": _op(
+                    "Create a consumer group",
+                    "createGroup",
+                    (201, _ref("Group"), "created"),
+                    400,
+                    409,
+                    body="GroupCreate",
+                ),
             },
             "/v1/groups/{group}": {
-                "get": _op("One group", "getGroup", (200, _ref("Group"), "the group"), 404, params=group),
-                "patch": _op("Change a group", "updateGroup", (200, _ref("Group"), "updated"),
-                             400, 404, body="GroupSettings", params=group),
-                "delete": _op("Delete a group", "deleteGroup", (200, _ref("Deleted"), "deleted"),
-                              404, params=group),
+                "get": _op(
+                    "One group", "getGroup", (200, _ref("Group"), "the group"), 404, params=group
+                ),
+                "patch": _op(
+                    "Change a group",
+                    "updateGroup",
+                    (200, _ref("Group"), "updated"),
+                    400,
+                    404,
+                    body="GroupSettings",
+                    params=group,
+                ),
+                "delete": _op(
+                    "Delete a group",
+                    "deleteGroup",
+                    (200, _ref("Deleted"), "deleted"),
+                    404,
+                    params=group,
+                ),
             },
             "/v1/groups/{group}/progress": {
-                "get": _op("Consumer progress (lag per queue)", "getGroupProgress",
-                           (200, _ref("GroupProgress"), "per queue"), 404, params=progress_params),
+                "get": _op(
+                    "Consumer progress (lag per queue)",
+                    "getGroupProgress",
+                    (200, _ref("GroupProgress"), "per queue"),
+                    404,
+                    params=progress_params,
+                ),
             },
             "/v1/transactions": {
-                "get": _op("Undecided transactions, oldest first", "listTransactions",
-                           (200, _ref("TransactionList"), "prepared and parked"), 400,
-                           params=[_query("topic", "only this topic's", _STR), limit]),
+                "get": _op(
+                    "Undecided transactions, oldest first",
+                    "listTransactions",
+                    (200, _ref("TransactionList"), "prepared and parked"),
+                    400,
+                    params=[_query("topic", "only this topic's", _STR), limit],
+                ),
             },
             "/v1/transactions/parked": {
-                "get": _op("Transactions parked after the check limit", "listParkedTransactions",
-                           (200, _ref("TransactionList"), "parked"), 400, params=[limit]),
+                "get": _op(
+                    "Transactions parked after the check limit",
+                    "listParkedTransactions",
+                    (200, _ref("TransactionList"), "parked"),
+                    400,
+                    params=[limit],
+                ),
             },
             "/v1/transactions/{transaction_id}/{resolution}": {
-                "post": _op("Commit or roll back a transaction as an operator (durable when answered)",
-                            "decideTransaction", (200, _ref("TransactionDecision"), "decided"),
-                            400, 409, params=[txn, resolution]),
+                "post": _op(
+                    "Commit or roll back a transaction as an operator (durable when answered)",
+                    "decideTransaction",
+                    (200, _ref("TransactionDecision"), "decided"),
+                    400,
+                    409,
+                    params=[txn, resolution],
+                ),
             },
             "/v1/transactions/{transaction_id}/resume": {
-                "post": _op("Put a parked transaction back under checks (count reset)", "resumeTransaction",
-                            (200, _ref("Transaction"), "prepared again"), 400, 409, params=[txn]),
+                "post": _op(
+                    "Put a parked transaction back under checks (count reset)",
+                    "resumeTransaction",
+                    (200, _ref("Transaction"), "prepared again"),
+                    400,
+                    409,
+                    params=[txn],
+                ),
             },
             "/v1/transaction-groups/{group}/{resolution}": {
-                "post": _op("Commit or roll back every member of a transaction group", "decideTransactionGroup",
-                            (200, _ref("TransactionGroupDecision"), "decided"), 400, 409,
-                            params=[_path_param("group", "Transaction group"), resolution]),
+                "post": _op(
+                    "Commit or roll back every member of a transaction group",
+                    "decideTransactionGroup",
+                    (200, _ref("TransactionGroupDecision"), "decided"),
+                    400,
+                    409,
+                    params=[_path_param("group", "Transaction group"), resolution],
+                ),
             },
             **operator_paths(),
-            "/metrics": {"get": {"summary": "Prometheus metrics", "operationId": "getMetrics",
-                                 "responses": {"200": text}}},
-            "/openapi.json": {"get": {"summary": "This document", "operationId": "getOpenApi",
-                                      "responses": {"200": _json({"type": "object"}, "OpenAPI 3")}}},
-            "/healthz": {"get": {"summary": "Liveness", "operationId": "getHealth",
-                                 "responses": {"200": _json({"type": "object"}, "ok")}}},
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics",
+                    "operationId": "getMetrics",
+                    "responses": {"200": text},
+                }
+            },
+            "/openapi.json": {
+                "get": {
+                    "summary": "This document",
+                    "operationId": "getOpenApi",
+                    "responses": {"200": _json({"type": "object"}, "OpenAPI 3")},
+                }
+            },
+            "/healthz": {
+                "get": {
+                    "summary": "Liveness",
+                    "operationId": "getHealth",
+                    "responses": {"200": _json({"type": "object"}, "ok")},
+                }
+            },
         },
         "components": {"schemas": {**SCHEMAS, **OPERATOR_SCHEMAS}},
     }

@@ -17,23 +17,46 @@ _NULL_INT = {"type": "integer", "nullable": True}
 _NULL_STR = {"type": "string", "nullable": True}
 
 
-def _query(name: str, description: str, schema: dict[str, Any] = _STR, required: bool = False) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": required, "description": description, "schema": schema}
+def _query(
+    name: str, description: str, schema: dict[str, Any] = _STR, required: bool = False
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": required,
+        "description": description,
+        "schema": schema,
+    }
 
 
 def _path_int(name: str, description: str) -> dict[str, Any]:
-    return {"name": name, "in": "path", "required": True, "description": description,
-            "schema": {"type": "integer", "minimum": 0}}
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "description": description,
+        "schema": {"type": "integer", "minimum": 0},
+    }
 
 
 SCHEMAS: dict[str, Any] = {
     "StoredMessage": {
         "type": "object",
         "properties": {
-            "message_id": _STR, "topic": _STR, "queue_id": _INT, "queue_offset": _INT,
-            "commit_log_offset": _INT, "tag": _NULL_STR, "keys": {"type": "array", "items": _STR},
-            "message_type": _STR, "message_group": _NULL_STR, "delivery_timestamp": _NULL_INT,
-            "born_timestamp": _INT, "store_timestamp": _INT, "born_host": _STR, "store_host": _STR,
+            "message_id": _STR,
+            "topic": _STR,
+            "queue_id": _INT,
+            "queue_offset": _INT,
+            "commit_log_offset": _INT,
+            "tag": _NULL_STR,
+            "keys": {"type": "array", "items": _STR},
+            "message_type": _STR,
+            "message_group": _NULL_STR,
+            "delivery_timestamp": _NULL_INT,
+            "born_timestamp": _INT,
+            "store_timestamp": _INT,
+            "born_host": _STR,
+            "store_host": _STR,
             "properties": {"type": "object", "additionalProperties": _STR},
             "body_size": _INT,
             "body": {**_STR, "description": "absent when bodies=false"},
@@ -52,75 +75,149 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "body": _STR,
             "body_encoding": {"type": "string", "enum": ["utf-8", "base64"], "default": "utf-8"},
-            "tag": _STR, "keys": {"type": "array", "items": _STR}, "queue_id": {**_INT, "minimum": 0},
+            "tag": _STR,
+            "keys": {"type": "array", "items": _STR},
+            "queue_id": {**_INT, "minimum": 0},
             "properties": {"type": "object", "additionalProperties": _STR},
-            "message_group": _STR, "delivery_timestamp": _INT,
+            "message_group": _STR,
+            "delivery_timestamp": _INT,
         },
     },
     "SendResult": {
         "type": "object",
-        "properties": {"message_id": _STR, "topic": _STR, "queue_id": _INT, "queue_offset": _INT,
-                       "commit_log_offset": _INT},
+        "properties": {
+            "message_id": _STR,
+            "topic": _STR,
+            "queue_id": _INT,
+            "queue_offset": _INT,
+            "commit_log_offset": _INT,
+        },
     },
     "Scan": {
         "type": "object",
         "properties": {
-            "topic": _STR, "filter_type": _STR, "filter": _STR,
+            "topic": _STR,
+            "filter_type": _STR,
+            "filter": _STR,
             "messages": {"type": "array", "items": _ref("StoredMessage")},
-            "matched": _INT, "examined": _INT,
+            "matched": _INT,
+            "examined": _INT,
             "tag_counts": {"type": "object", "additionalProperties": _INT},
-            "next_offsets": {"type": "object", "additionalProperties": _INT,
-                             "description": "queue id -> where to continue"},
-            "complete": {**_BOOL, "description": "false when the limit or the scan budget stopped it"},
+            "next_offsets": {
+                "type": "object",
+                "additionalProperties": _INT,
+                "description": "queue id -> where to continue",
+            },
+            "complete": {
+                **_BOOL,
+                "description": "false when the limit or the scan budget stopped it",
+            },
         },
     },
     "Cluster": {
         "type": "object",
-        "properties": {"cluster": _STR, "brokers": {"type": "array", "items": {
-            "type": "object",
-            "properties": {"broker": _STR, "role": _STR, "grpc": _STR, "admin": _STR, "version": _STR,
-                           "uptime_ms": _INT, "tps_in": _NUM, "tps_out": _NUM}}}},
+        "properties": {
+            "cluster": _STR,
+            "brokers": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "broker": _STR,
+                        "role": _STR,
+                        "grpc": _STR,
+                        "admin": _STR,
+                        "version": _STR,
+                        "uptime_ms": _INT,
+                        "tps_in": _NUM,
+                        "tps_out": _NUM,
+                    },
+                },
+            },
+        },
     },
-    "BrokerDetail": {"type": "object", "additionalProperties": True,
-                     "description": "broker status plus store, disk, transactions and clients"},
+    "BrokerDetail": {
+        "type": "object",
+        "additionalProperties": True,
+        "description": "broker status plus store, disk, transactions and clients",
+    },
     "RuntimeConfig": {
         "type": "object",
         "properties": {
             "changed": {"type": "array", "items": _STR},
-            "keys": {"type": "array", "items": {"type": "object", "properties": {
-                "key": _STR, "value": {}, "description": _STR}}},
+            "keys": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"key": _STR, "value": {}, "description": _STR},
+                },
+            },
         },
     },
     "RuntimeConfigChange": {
         "type": "object",
         "required": ["changes"],
         "additionalProperties": False,
-        "properties": {"changes": {"type": "object", "description": "key -> value (text forms as in the config file)"}},
+        "properties": {
+            "changes": {
+                "type": "object",
+                "description": "key -> value (text forms as in the config file)",
+            }
+        },
     },
     "Statistics": {
         "type": "object",
         "properties": {
-            "topic": _NULL_STR, "group": _NULL_STR, "now_ms": _INT,
-            "rows": {"type": "array", "items": {"type": "object", "properties": {
-                "topic": _STR, "group": _NULL_STR, "direction": {"type": "string", "enum": ["in", "out"]},
-                "per_second": _NUM, "last_minute": _INT, "total_1h": _INT, "total_24h": _INT,
-                "lag": {**_INT, "description": "out rows: messages not yet consumed"}}}},
+            "topic": _NULL_STR,
+            "group": _NULL_STR,
+            "now_ms": _INT,
+            "rows": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "topic": _STR,
+                        "group": _NULL_STR,
+                        "direction": {"type": "string", "enum": ["in", "out"]},
+                        "per_second": _NUM,
+                        "last_minute": _INT,
+                        "total_1h": _INT,
+                        "total_24h": _INT,
+                        "lag": {**_INT, "description": "out rows: messages not yet consumed"},
+                    },
+                },
+            },
         },
     },
     "Route": {
         "type": "object",
         "properties": {
             "topic": _STR,
-            "brokers": {"type": "array", "items": {"type": "object", "properties": {"broker": _STR, "address": _STR}}},
-            "queues": {"type": "array", "items": {"type": "object", "properties": {
-                "topic": _STR, "queue_id": _INT, "perm": _STR, "broker": _STR, "address": _STR,
-                "accepted_types": {"type": "array", "items": _STR}}}},
+            "brokers": {
+                "type": "array",
+                "items": {"type": "object", "properties": {"broker": _STR, "address": _STR}},
+            },
+            "queues": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "topic": _STR,
+                        "queue_id": _INT,
+                        "perm": _STR,
+                        "broker": _STR,
+                        "address": _STR,
+                        "accepted_types": {"type": "array", "items": _STR},
+                    },
+                },
+            },
         },
     },
     "GroupClients": {
         "type": "object",
         "properties": {
-            "group": _STR, "broadcast": _BOOL,
+            "group": _STR,
+            "broadcast": _BOOL,
             "registry": {**_BOOL, "description": "false when the app runs without the gRPC server"},
             "clients": {"type": "array", "items": {"type": "object", "additionalProperties": True}},
         },
@@ -133,8 +230,15 @@ SCHEMAS: dict[str, Any] = {
     },
     "OffsetResetResult": {
         "type": "object",
-        "properties": {"group": _STR, "topic": _STR, "timestamp_ms": _INT, "queues": {"type": "array", "items": {
-            "type": "object", "properties": {"queue_id": _INT, "offset": _INT}}}},
+        "properties": {
+            "group": _STR,
+            "topic": _STR,
+            "timestamp_ms": _INT,
+            "queues": {
+                "type": "array",
+                "items": {"type": "object", "properties": {"queue_id": _INT, "offset": _INT}},
+            },
+        },
     },
 }
 
@@ -142,63 +246,144 @@ SCHEMAS: dict[str, Any] = {
 def paths() -> dict[str, Any]:
     topic = _path_param("topic", "Topic")
     group = _path_param("group", "Consumer group")
-    time_range = [_query("begin_ms", "earliest store time, ms since the epoch", _INT),
-                  _query("end_ms", "latest store time, ms since the epoch", _INT)]
+    time_range = [
+        _query("begin_ms", "earliest store time, ms since the epoch", _INT),
+        _query("end_ms", "latest store time, ms since the epoch", _INT),
+    ]
     return {
         "/v1/messages/{message_id}": {
-            "get": _op("Messages by id (every topic unless topic is given)", "getMessageById",
-                       (200, _ref("MessageList"), "every copy found"), 400, 404,
-                       params=[{"name": "message_id", "in": "path", "required": True, "schema": _STR},
-                               _query("topic", "search only this topic")]),
+            "get": _op(
+                "Messages by id (every topic unless topic is given)",
+                "getMessageById",
+                (200, _ref("MessageList"), "every copy found"),
+                400,
+                404,
+                params=[
+                    {"name": "message_id", "in": "path", "required": True, "schema": _STR},
+                    _query("topic", "search only this topic"),
+                ],
+            ),
         },
         "/v1/topics/{topic}/messages": {
-            "get": _op("Messages by key within a store-time range", "queryMessagesByKey",
-                       (200, _ref("MessageList"), "matches, oldest first"), 400, 404,
-                       params=[topic, _query("key", "the message key", required=True), *time_range,
-                               _query("limit", "at most this many (default 64)", _INT)]),
-            "post": _op("Send one message", "sendMessage", (201, _ref("SendResult"), "stored"),
-                        400, 403, 404, body="MessageSend", params=[topic]),
+            "get": _op(
+                "Messages by key within a store-time range",
+                "queryMessagesByKey",
+                (200, _ref("MessageList"), "matches, oldest first"),
+                400,
+                404,
+                params=[
+                    topic,
+                    _query("key", "the message key", required=True),
+                    *time_range,
+                    _query("limit", "at most this many (default 64)", _INT),
+                ],
+            ),
+            "post": _op(
+                "Send one message",
+                "sendMessage",
+                (201, _ref("SendResult"), "stored"),
+                400,
+                403,
+                404,
+                body="MessageSend",
+                params=[topic],
+            ),
         },
         "/v1/topics/{topic}/queues/{queue_id}/offsets/{offset}": {
-            "get": _op("The message at a queue offset", "getMessageAt", (200, _ref("StoredMessage"), "the message"),
-                       400, 404, params=[topic, _path_int("queue_id", "queue id"), _path_int("offset", "queue offset")]),
+            "get": _op(
+                "The message at a queue offset",
+                "getMessageAt",
+                (200, _ref("StoredMessage"), "the message"),
+                400,
+                404,
+                params=[
+                    topic,
+                    _path_int("queue_id", "queue id"),
+                    _path_int("offset", "queue offset"),
+                ],
+            ),
         },
         "/v1/topics/{topic}/scan": {
-            "get": _op("Read a range of messages without a consumer group", "scanMessages",
-                       (200, _ref("Scan"), "messages, tag counts and where to continue"), 400, 404,
-                       params=[topic, _query("queue", "one queue (default: all)", _INT),
-                               _query("offset", "start offset (needs queue)", _INT), *time_range,
-                               _query("limit", "at most this many messages (default 32, max 10000)", _INT),
-                               _query("filter_type", "tag (default) or sql92"),
-                               _query("filter", "filter expression (default *)"),
-                               _query("bodies", "include bodies (default true)", _BOOL),
-                               _query("messages", "false: counts only (default true)", _BOOL)]),
+            "get": _op(
+                "Read a range of messages without a consumer group",
+                "scanMessages",
+                (200, _ref("Scan"), "messages, tag counts and where to continue"),
+                400,
+                404,
+                params=[
+                    topic,
+                    _query("queue", "one queue (default: all)", _INT),
+                    _query("offset", "start offset (needs queue)", _INT),
+                    *time_range,
+                    _query("limit", "at most this many messages (default 32, max 10000)", _INT),
+                    _query("filter_type", "tag (default) or sql92"),
+                    _query("filter", "filter expression (default *)"),
+                    _query("bodies", "include bodies (default true)", _BOOL),
+                    _query("messages", "false: counts only (default true)", _BOOL),
+                ],
+            ),
         },
-        "/v1/cluster": {"get": _op("Brokers of the cluster", "getCluster", (200, _ref("Cluster"), "brokers"))},
-        "/v1/broker/status": {"get": _op("Broker status for operators", "getBrokerStatus",
-                                         (200, _ref("BrokerDetail"), "numbers"))},
+        "/v1/cluster": {
+            "get": _op("Brokers of the cluster", "getCluster", (200, _ref("Cluster"), "brokers"))
+        },
+        "/v1/broker/status": {
+            "get": _op(
+                "Broker status for operators",
+                "getBrokerStatus",
+                (200, _ref("BrokerDetail"), "numbers"),
+            )
+        },
         "/v1/runtime-config": {
-            "get": _op("Keys changeable at runtime", "getRuntimeConfig", (200, _ref("RuntimeConfig"), "keys")),
-            "patch": _op("Change keys at runtime (until restart)", "setRuntimeConfig",
-                         (200, _ref("RuntimeConfig"), "changed"), 400, body="RuntimeConfigChange"),
+            "get": _op(
+                "Keys changeable at runtime",
+                "getRuntimeConfig",
+                (200, _ref("RuntimeConfig"), "keys"),
+            ),
+            "patch": _op(
+                "Change keys at runtime (until restart)",
+                "setRuntimeConfig",
+                (200, _ref("RuntimeConfig"), "changed"),
+                400,
+                body="RuntimeConfigChange",
+            ),
         },
         "/v1/statistics": {
-            "get": _op("Messages in/out per second and over 24 h", "getStatistics",
-                       (200, _ref("Statistics"), "rows"), 404,
-                       params=[_query("topic", "only this topic"), _query("group", "only this group")]),
+            "get": _op(
+                "Messages in/out per second and over 24 h",
+                "getStatistics",
+                (200, _ref("Statistics"), "rows"),
+                404,
+                params=[_query("topic", "only this topic"), _query("group", "only this group")],
+            ),
         },
         "/v1/topics/{topic}/route": {
-            "get": _op("Route of a topic", "getTopicRoute", (200, _ref("Route"), "queues and addresses"),
-                       404, params=[topic]),
+            "get": _op(
+                "Route of a topic",
+                "getTopicRoute",
+                (200, _ref("Route"), "queues and addresses"),
+                404,
+                params=[topic],
+            ),
         },
         "/v1/groups/{group}/clients": {
-            "get": _op("Connected consumers of a group", "getGroupClients", (200, _ref("GroupClients"), "clients"),
-                       404, params=[group]),
+            "get": _op(
+                "Connected consumers of a group",
+                "getGroupClients",
+                (200, _ref("GroupClients"), "clients"),
+                404,
+                params=[group],
+            ),
         },
         "/v1/groups/{group}/reset-offset": {
-            "post": _op("Move a group to a time in a topic", "resetGroupOffset",
-                        (200, _ref("OffsetResetResult"), "new offset per queue"), 400, 404,
-                        body="OffsetReset", params=[group]),
+            "post": _op(
+                "Move a group to a time in a topic",
+                "resetGroupOffset",
+                (200, _ref("OffsetResetResult"), "new offset per queue"),
+                400,
+                404,
+                body="OffsetReset",
+                params=[group],
+            ),
         },
     }
 

@@ -104,13 +104,17 @@ async def get_broker_status(request: web.Request) -> web.Response:
         stats = jsonable(broker.store.stats())
         data: dict[str, Any] = {**status, **extra}
         data["segments"] = stats.get("segments")
-        data["unflushed_bytes"] = stats["commit_log_max_offset"] - stats["commit_log_flushed_offset"]
+        data["unflushed_bytes"] = (
+            stats["commit_log_max_offset"] - stats["commit_log_flushed_offset"]
+        )
         data_dir = getattr(getattr(request.app[CONFIG_KEY], "store", None), "data_dir", None)
         if data_dir is not None:
             try:
                 usage = shutil.disk_usage(data_dir)
                 data["disk_free_bytes"] = usage.free
-                data["disk_used_ratio"] = round(1 - usage.free / usage.total, 4) if usage.total else None
+                data["disk_used_ratio"] = (
+                    round(1 - usage.free / usage.total, 4) if usage.total else None
+                )
             except OSError:
                 pass
         if hasattr(broker, "transaction_stats"):
@@ -210,7 +214,9 @@ async def get_route(request: web.Request) -> web.Response:
     grpc, _admin = _addresses(request)
     broker_name = broker.config.name
     queues = [{**q, "broker": broker_name, "address": grpc} for q in routes]
-    return reply({"topic": name, "brokers": [{"broker": broker_name, "address": grpc}], "queues": queues})
+    return reply(
+        {"topic": name, "brokers": [{"broker": broker_name, "address": grpc}], "queues": queues}
+    )
 
 
 async def get_group_clients(request: web.Request) -> web.Response:
@@ -225,8 +231,14 @@ async def get_group_clients(request: web.Request) -> web.Response:
             info["subscriptions"] = _subscriptions(session)
             described.append(info)
     described.sort(key=lambda c: c["client_id"])
-    return reply({"group": name, "broadcast": group.get("broadcast"), "registry": clients is not None,
-                  "clients": described})
+    return reply(
+        {
+            "group": name,
+            "broadcast": group.get("broadcast"),
+            "registry": clients is not None,
+            "clients": described,
+        }
+    )
 
 
 def _subscriptions(session: Any) -> list[dict[str, str]]:
@@ -236,8 +248,13 @@ def _subscriptions(session: Any) -> list[dict[str, str]]:
     if settings is not None and settings.HasField("subscription"):
         for entry in settings.subscription.subscriptions:
             kind = {1: "tag", 2: "sql92"}.get(int(entry.expression.type), "tag")
-            subs.append({"topic": entry.topic.name, "filter_type": kind,
-                         "filter": entry.expression.expression or "*"})
+            subs.append(
+                {
+                    "topic": entry.topic.name,
+                    "filter_type": kind,
+                    "filter": entry.expression.expression or "*",
+                }
+            )
     if not subs:
         subs = [{"topic": t, "filter_type": "tag", "filter": "*"} for t in sorted(session.topics)]
     return subs

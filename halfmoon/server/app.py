@@ -88,7 +88,9 @@ def _format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def _start_admin(broker: Any, store: Any, config: Any, clients: Any = None) -> tuple[Any, str | None]:
+async def _start_admin(
+    broker: Any, store: Any, config: Any, clients: Any = None
+) -> tuple[Any, str | None]:
     """Serve ``halfmoon.server.admin.create_admin_app(...)`` (an aiohttp application) on
     ``config.server.admin_listen``; the runner (for shutdown) and the bound address."""
     try:
@@ -167,10 +169,20 @@ async def serve(config: Any, *, stop: asyncio.Event | None = None) -> None:
     try:
         bound = server.add_insecure_port(_format_address(host, port))
         if bound == 0:
-            raise OSError(f"cannot listen on {server_config.listen} (address in use or not available)")
-        advertised_host = server_config.advertise_host or (host if host not in ("0.0.0.0", "::", "") else "127.0.0.1")
+            raise OSError(
+                f"cannot listen on {server_config.listen} (address in use or not available)"
+            )
+        advertised_host = server_config.advertise_host or (
+            host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        )
         servicer = MessagingServicer(
-            broker, store, server_config, registry, notifier, advertised=(advertised_host, bound), executor=executor
+            broker,
+            store,
+            server_config,
+            registry,
+            notifier,
+            advertised=(advertised_host, bound),
+            executor=executor,
         )
         server.add_generic_rpc_handlers((messaging_handler(servicer),))
         await server.start()
@@ -212,28 +224,47 @@ async def serve(config: Any, *, stop: asyncio.Event | None = None) -> None:
                 log.info("event=stopped")
 
 
-def _grpc_collector(registry: ClientRegistry, notifier: ArrivalNotifier) -> Callable[[], list[MetricFamily]]:
+def _grpc_collector(
+    registry: ClientRegistry, notifier: ArrivalNotifier
+) -> Callable[[], list[MetricFamily]]:
     """Scrape-time gauges of the gRPC front end (they live in the registry and notifier)."""
 
     def collect() -> list[MetricFamily]:
         sessions = registry.sessions()
-        clients = MetricFamily("halfmoon_grpc_clients", "gauge", "Known clients by type (heartbeat or stream in the last 5 minutes).")
+        clients = MetricFamily(
+            "halfmoon_grpc_clients",
+            "gauge",
+            "Known clients by type (heartbeat or stream in the last 5 minutes).",
+        )
         by_type: dict[str, int] = {}
         for session in sessions:
             kind = session.describe()["client_type"]
             by_type[str(kind)] = by_type.get(str(kind), 0) + 1
         for kind, count in sorted(by_type.items()):
             clients.add(count, client_type=kind)
-        streams = MetricFamily("halfmoon_grpc_telemetry_streams", "gauge", "Open telemetry streams (clients reachable by command).")
+        streams = MetricFamily(
+            "halfmoon_grpc_telemetry_streams",
+            "gauge",
+            "Open telemetry streams (clients reachable by command).",
+        )
         streams.add(sum(1 for s in sessions if s.has_stream))
-        parked = MetricFamily("halfmoon_grpc_long_polls", "gauge", "Receive/pull requests waiting for a message.")
+        parked = MetricFamily(
+            "halfmoon_grpc_long_polls", "gauge", "Receive/pull requests waiting for a message."
+        )
         parked.add(notifier.parked())
         return [clients, streams, parked]
 
     return collect
 
 
-async def _shutdown(server: grpc.aio.Server, config: ServerConfig, notifier: ArrivalNotifier, registry: ClientRegistry, force: asyncio.Event, admin: Any) -> None:
+async def _shutdown(
+    server: grpc.aio.Server,
+    config: ServerConfig,
+    notifier: ArrivalNotifier,
+    registry: ClientRegistry,
+    force: asyncio.Event,
+    admin: Any,
+) -> None:
     notifier.wake_all()
     registry.close_all()
     stopping = asyncio.ensure_future(server.stop(config.shutdown_grace))
@@ -257,7 +288,9 @@ async def _expire_idle_clients(registry: ClientRegistry, stop: asyncio.Event) ->
         registry.expire_idle()
 
 
-def _install_signal_handlers(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, force: asyncio.Event) -> None:
+def _install_signal_handlers(
+    loop: asyncio.AbstractEventLoop, stop: asyncio.Event, force: asyncio.Event
+) -> None:
     def on_signal(signum: int) -> None:
         if stop.is_set():
             log.warning("event=signal_again signal=%s action=force", signal.Signals(signum).name)

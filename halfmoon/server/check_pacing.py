@@ -48,7 +48,9 @@ def _monotonic_ms() -> int:
 class _Stream:
     client_id: str
     progress_ms: int  # last answer, or the first check sent while it had none outstanding
-    checks: OrderedDict[str, int] = field(default_factory=OrderedDict)  # transaction id -> sent at, oldest first
+    checks: OrderedDict[str, int] = field(
+        default_factory=OrderedDict
+    )  # transaction id -> sent at, oldest first
 
 
 class OutstandingChecks:
@@ -67,7 +69,9 @@ class OutstandingChecks:
         self.lost_total = 0
         self.released_total = 0
 
-    def configure(self, *, max_per_stream: int, lost_after_ms: int, clock: Callable[[], int] | None = None) -> None:
+    def configure(
+        self, *, max_per_stream: int, lost_after_ms: int, clock: Callable[[], int] | None = None
+    ) -> None:
         with self._lock:
             self.max_per_stream = max_per_stream
             self.lost_after_ms = lost_after_ms

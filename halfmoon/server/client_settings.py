@@ -60,7 +60,11 @@ def consumer_settings(client: pb.Settings, group: GroupConfig, server: ServerCon
     sub = answer.subscription
     sub.fifo = group.fifo
     sub.receive_batch_size = server.receive_batch_size
-    asked = client.subscription.long_polling_timeout if client.subscription.HasField("long_polling_timeout") else None
+    asked = (
+        client.subscription.long_polling_timeout
+        if client.subscription.HasField("long_polling_timeout")
+        else None
+    )
     seconds = server.long_polling_default
     if asked is not None and (asked.seconds or asked.nanos):
         seconds = asked.seconds + asked.nanos / 1e9

@@ -102,7 +102,9 @@ def _message_type(msg: pb.Message) -> MessageType:
     if wire in _TYPE_FROM_WIRE:
         return _TYPE_FROM_WIRE[wire]
     name = WireType.Name(wire) if wire in WireType.values() else str(wire)
-    raise Unsupported(f"message type {name} is not supported by halfmoon; send NORMAL, FIFO, DELAY or TRANSACTION messages")
+    raise Unsupported(
+        f"message type {name} is not supported by halfmoon; send NORMAL, FIFO, DELAY or TRANSACTION messages"
+    )
 
 
 # -- inbound messages -------------------------------------------------------------
@@ -150,7 +152,9 @@ def _delivery_ms(ts: timestamp_pb2.Timestamp) -> int:
     return timestamp_ms(ts)
 
 
-def outgoing_message(msg: pb.Message, peer_host: str = "", producer_group: str | None = None) -> OutgoingMessage:
+def outgoing_message(
+    msg: pb.Message, peer_host: str = "", producer_group: str | None = None
+) -> OutgoingMessage:
     """The broker's OutgoingMessage for one wire message (digest checked, body decoded).
 
     ``producer_group`` is the sending client's, when it told us one (the
@@ -167,7 +171,9 @@ def outgoing_message(msg: pb.Message, peer_host: str = "", producer_group: str |
     body = _decoded(raw, sp.body_encoding)
     if not body:
         # RocketMQ 5 refuses empty bodies at the protocol edge; so does halfmoon.
-        raise RequestError("message body is empty; send at least one byte", code="MESSAGE_BODY_EMPTY")
+        raise RequestError(
+            "message body is empty; send at least one byte", code="MESSAGE_BODY_EMPTY"
+        )
     message_type = _message_type(msg)
     properties = dict(msg.user_properties) if msg.user_properties else {}
     transaction_group = None
@@ -184,10 +190,16 @@ def outgoing_message(msg: pb.Message, peer_host: str = "", producer_group: str |
         keys=list(sp.keys) if sp.keys else [],
         properties=properties,
         message_type=message_type,
-        producer_group=producer_group if message_type is MessageType.TRANSACTION and producer_group else None,
+        producer_group=producer_group
+        if message_type is MessageType.TRANSACTION and producer_group
+        else None,
         transaction_group=transaction_group,
-        message_group=sp.message_group if sp.HasField("message_group") and sp.message_group else None,
-        delivery_timestamp=_delivery_ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None,
+        message_group=sp.message_group
+        if sp.HasField("message_group") and sp.message_group
+        else None,
+        delivery_timestamp=_delivery_ms(sp.delivery_timestamp)
+        if sp.HasField("delivery_timestamp")
+        else None,
         born_timestamp=timestamp_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else 0,
         born_host=sp.born_host or peer_host,
         queue_id=None,
@@ -266,5 +278,7 @@ def _set_timestamp(ts: timestamp_pb2.Timestamp, ms: int) -> None:
         ts.SetInParent()
 
 
-def wire_messages(views: Iterable[MessageView], namespace: str = "", store_host: str = "") -> list[pb.Message]:
+def wire_messages(
+    views: Iterable[MessageView], namespace: str = "", store_host: str = ""
+) -> list[pb.Message]:
     return [wire_message(v, namespace, store_host) for v in views]

@@ -66,7 +66,10 @@ def status_for(error: BaseException, rpc: str = "") -> definition_pb2.Status:
     if isinstance(error, HalfmoonError):
         return status(code_for(error), error.message)
     log.error("event=rpc_internal_error rpc=%s error=%r", rpc, error, exc_info=error)
-    return status(Code.INTERNAL_ERROR, f"internal error in {rpc or 'the server'}: {type(error).__name__}; see the server log")
+    return status(
+        Code.INTERNAL_ERROR,
+        f"internal error in {rpc or 'the server'}: {type(error).__name__}; see the server log",
+    )
 
 
 class RequestError(HalfmoonError):

@@ -81,7 +81,9 @@ def _unary(response_type: type) -> Callable:
         rpc = handler.__name__
 
         @functools.wraps(handler)
-        async def wrapper(self: MessagingServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def wrapper(
+            self: MessagingServicer, request: Any, context: grpc.aio.ServicerContext
+        ) -> Any:
             try:
                 return await handler(self, request, context)
             except asyncio.CancelledError:
@@ -118,12 +120,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.registry = registry
         self.notifier = notifier
         self.advertised = advertised
-        self._executor = executor or ThreadPoolExecutor(config.worker_threads, thread_name_prefix="halfmoon-rpc")
+        self._executor = executor or ThreadPoolExecutor(
+            config.worker_threads, thread_name_prefix="halfmoon-rpc"
+        )
         # Topics a send reached before: a send to one of them (not transactional) is an
         # append to memory and runs on the event loop (see _send).
         self._sent_topics: set[str] = set()
-        self.max_body_size = getattr(getattr(broker, "config", None), "max_body_size", 4 * 1024 * 1024)
-        self.default_invisible_ms = getattr(getattr(broker, "config", None), "default_invisible_ms", 30_000)
+        self.max_body_size = getattr(
+            getattr(broker, "config", None), "max_body_size", 4 * 1024 * 1024
+        )
+        self.default_invisible_ms = getattr(
+            getattr(broker, "config", None), "default_invisible_ms", 30_000
+        )
         self.broker_name = getattr(getattr(broker, "config", None), "name", "halfmoon")
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -142,7 +150,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return pb.Broker(name=self.broker_name, id=0, endpoints=endpoints)
 
     @_unary(svc.QueryRouteResponse)
-    async def QueryRoute(self, request: svc.QueryRouteRequest, context: grpc.aio.ServicerContext) -> svc.QueryRouteResponse:
+    async def QueryRoute(
+        self, request: svc.QueryRouteRequest, context: grpc.aio.ServicerContext
+    ) -> svc.QueryRouteResponse:
         topic = _name(request.topic, "topic")
         routes = await self._call(self.broker.route, topic)
         broker = self._broker_pb(request.endpoints if request.HasField("endpoints") else None)
@@ -150,23 +160,31 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         for route in routes:
             queues.append(
                 pb.MessageQueue(
-                    topic=pb.Resource(name=topic, resource_namespace=request.topic.resource_namespace),
+                    topic=pb.Resource(
+                        name=topic, resource_namespace=request.topic.resource_namespace
+                    ),
                     id=route.queue_id,
                     permission=_PERMISSION.get(route.perm, pb.Permission.NONE),
                     broker=broker,
-                    accept_message_types=sorted({convert.wire_type(t) for t in route.accepted_types}),
+                    accept_message_types=sorted(
+                        {convert.wire_type(t) for t in route.accepted_types}
+                    ),
                 )
             )
         return svc.QueryRouteResponse(status=ok(), message_queues=queues)
 
     @_unary(svc.QueryAssignmentResponse)
-    async def QueryAssignment(self, request: svc.QueryAssignmentRequest, context: grpc.aio.ServicerContext) -> svc.QueryAssignmentResponse:
+    async def QueryAssignment(
+        self, request: svc.QueryAssignmentRequest, context: grpc.aio.ServicerContext
+    ) -> svc.QueryAssignmentResponse:
         topic = _name(request.topic, "topic")
         group = _name(request.group, "group")
         routes = await self._call(self.broker.route, topic)
         await self._call(self.broker.get_group, group)
         if not any("r" in r.perm for r in routes):
-            return svc.QueryAssignmentResponse(status=status(Code.FORBIDDEN, f"topic {topic!r} has no readable queue"))
+            return svc.QueryAssignmentResponse(
+                status=status(Code.FORBIDDEN, f"topic {topic!r} has no readable queue")
+            )
         # One assignment per broker, queue id -1: the broker balances consumers across
         # queues itself (pop), as RocketMQ's proxy does for non-FIFO groups. FIFO order is
         # kept by the broker too, so FIFO groups get the same single assignment.
@@ -176,31 +194,50 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             permission=pb.Permission.READ_WRITE,
             broker=self._broker_pb(request.endpoints if request.HasField("endpoints") else None),
         )
-        return svc.QueryAssignmentResponse(status=ok(), assignments=[pb.Assignment(message_queue=queue)])
+        return svc.QueryAssignmentResponse(
+            status=ok(), assignments=[pb.Assignment(message_queue=queue)]
+        )
 
     # -- clients -----------------------------------------------------------------
 
     @_unary(svc.HeartbeatResponse)
-    async def Heartbeat(self, request: svc.HeartbeatRequest, context: grpc.aio.ServicerContext) -> svc.HeartbeatResponse:
+    async def Heartbeat(
+        self, request: svc.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> svc.HeartbeatResponse:
         client_id = _metadata(context, "x-mq-client-id")
         group = request.group.name if request.HasField("group") else ""
         if group and request.client_type != pb.ClientType.PRODUCER:
-            await self._call(self.broker.get_group, group)  # auto-creates, or says it does not exist
+            await self._call(
+                self.broker.get_group, group
+            )  # auto-creates, or says it does not exist
         if client_id:
-            self.registry.touch(client_id, client_type=request.client_type, group=group or None, peer=_peer_host(context))
+            self.registry.touch(
+                client_id,
+                client_type=request.client_type,
+                group=group or None,
+                peer=_peer_host(context),
+            )
         return svc.HeartbeatResponse(status=ok())
 
     @_unary(svc.NotifyClientTerminationResponse)
-    async def NotifyClientTermination(self, request: svc.NotifyClientTerminationRequest, context: grpc.aio.ServicerContext) -> svc.NotifyClientTerminationResponse:
+    async def NotifyClientTermination(
+        self, request: svc.NotifyClientTerminationRequest, context: grpc.aio.ServicerContext
+    ) -> svc.NotifyClientTerminationResponse:
         client_id = _metadata(context, "x-mq-client-id")
         if client_id:
             self.registry.remove(client_id)
         return svc.NotifyClientTerminationResponse(status=ok())
 
-    async def Telemetry(self, request_iterator: AsyncIterator[svc.TelemetryCommand], context: grpc.aio.ServicerContext) -> AsyncIterator[svc.TelemetryCommand]:
+    async def Telemetry(
+        self,
+        request_iterator: AsyncIterator[svc.TelemetryCommand],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[svc.TelemetryCommand]:
         client_id = _metadata(context, "x-mq-client-id")
         if not client_id:
-            yield svc.TelemetryCommand(status=status(Code.CLIENT_ID_REQUIRED, "telemetry needs the x-mq-client-id header"))
+            yield svc.TelemetryCommand(
+                status=status(Code.CLIENT_ID_REQUIRED, "telemetry needs the x-mq-client-id header")
+            )
             return
         session, outbox = self.registry.open_stream(client_id, _peer_host(context))
         reader = asyncio.create_task(self._read_telemetry(request_iterator, session, outbox))
@@ -214,11 +251,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             reader.cancel()
             self.registry.close_stream(session, outbox)
 
-    async def _read_telemetry(self, commands: AsyncIterator[svc.TelemetryCommand], session: Any, outbox: asyncio.Queue) -> None:
+    async def _read_telemetry(
+        self, commands: AsyncIterator[svc.TelemetryCommand], session: Any, outbox: asyncio.Queue
+    ) -> None:
         try:
             async for command in commands:
                 if isinstance(command, str):  # a frame that did not decode (see handlers.py)
-                    outbox.put_nowait(svc.TelemetryCommand(status=status(Code.BAD_REQUEST, command)))
+                    outbox.put_nowait(
+                        svc.TelemetryCommand(status=status(Code.BAD_REQUEST, command))
+                    )
                     continue
                 kind = command.WhichOneof("command")
                 if kind == "settings":
@@ -239,7 +280,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         try:
             self.registry.apply_settings(session, settings)
             if settings.HasField("publishing"):
-                answer = client_settings.producer_settings(settings, self.config, self.max_body_size)
+                answer = client_settings.producer_settings(
+                    settings, self.config, self.max_body_size
+                )
             elif settings.HasField("subscription"):
                 group_name = _name(settings.subscription.group, "subscription.group")
                 group = await self._call(self.broker.get_group, group_name)
@@ -263,12 +306,19 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             except HalfmoonError as exc:
                 # An unknown topic is reported by the receive that names it; the client
                 # still needs its settings answer to start.
-                log.info("event=subscribe_skipped group=%s topic=%s code=%s", group, entry.topic.name, exc.code)
+                log.info(
+                    "event=subscribe_skipped group=%s topic=%s code=%s",
+                    group,
+                    entry.topic.name,
+                    exc.code,
+                )
 
     # -- produce -------------------------------------------------------------------
 
     @_unary(svc.SendMessageResponse)
-    async def SendMessage(self, request: svc.SendMessageRequest, context: grpc.aio.ServicerContext) -> svc.SendMessageResponse:
+    async def SendMessage(
+        self, request: svc.SendMessageRequest, context: grpc.aio.ServicerContext
+    ) -> svc.SendMessageResponse:
         if not request.messages:
             raise RequestError("SendMessage carries no message; add at least one to messages")
         peer = _peer_host(context)
@@ -321,7 +371,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         on the worker threads.
         """
         known = self._sent_topics
-        if all(m.topic in known and (m.message_type is not _TRANSACTION or m.transaction_group is None) for m in outgoing):
+        if all(
+            m.topic in known and (m.message_type is not _TRANSACTION or m.transaction_group is None)
+            for m in outgoing
+        ):
             try:
                 return self.broker.send(outgoing)
             except HalfmoonError:
@@ -341,7 +394,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return session.group or None
 
     @_unary(svc.EndTransactionResponse)
-    async def EndTransaction(self, request: svc.EndTransactionRequest, context: grpc.aio.ServicerContext) -> svc.EndTransactionResponse:
+    async def EndTransaction(
+        self, request: svc.EndTransactionRequest, context: grpc.aio.ServicerContext
+    ) -> svc.EndTransactionResponse:
         """Commit, roll back or leave (UNKNOWN) a transaction, or a whole transaction group.
 
         A decision is answered only once durable: the broker returns the end
@@ -353,7 +408,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if end is None:
             raise Unsupported("transactional messages are not supported by this halfmoon build yet")
         if not request.transaction_id:
-            raise RequestError("transaction_id is missing; use the one SendMessage returned", code="INVALID_TRANSACTION_ID")
+            raise RequestError(
+                "transaction_id is missing; use the one SendMessage returned",
+                code="INVALID_TRANSACTION_ID",
+            )
         resolution = _RESOLUTIONS.get(request.resolution, "unknown")
         source = "check" if request.source == pb.TransactionSource.SOURCE_SERVER_CHECK else "client"
         if request.transaction_id.startswith(TRANSACTION_GROUP_PREFIX):
@@ -367,14 +425,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             # Pending or recently decided: an append (or nothing), like a plain send; no thread hop.
             result = end(topic, request.message_id, request.transaction_id, resolution, source)
         else:  # may look the decision up in the key index
-            result = await self._call(end, topic, request.message_id, request.transaction_id, resolution, source)
+            result = await self._call(
+                end, topic, request.message_id, request.transaction_id, resolution, source
+            )
         if getattr(result, "end_offset", None):
             # The decision is acknowledged only once durable (it may publish the message).
             await self._until_durable(result.end_offset)
         return svc.EndTransactionResponse(status=ok())
 
     @_unary(svc.RecallMessageResponse)
-    async def RecallMessage(self, request: svc.RecallMessageRequest, context: grpc.aio.ServicerContext) -> svc.RecallMessageResponse:
+    async def RecallMessage(
+        self, request: svc.RecallMessageRequest, context: grpc.aio.ServicerContext
+    ) -> svc.RecallMessageResponse:
         recall = getattr(self.broker, "recall", None)
         if recall is None:
             raise Unsupported("recalling delay messages is not supported by halfmoon yet")
@@ -393,13 +455,17 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             seconds = min(seconds, remaining - _DEADLINE_MARGIN)
         return max(seconds, 0.0)
 
-    def _receive_once(self, group: str, topic: str, spec: Any, batch: int, invisible_ms: int, client_id: str) -> tuple[list[Any], int | None]:
+    def _receive_once(
+        self, group: str, topic: str, spec: Any, batch: int, invisible_ms: int, client_id: str
+    ) -> tuple[list[Any], int | None]:
         views = self.broker.receive(group, topic, spec, batch, invisible_ms, client_id)
         if views:
             return views, None
         return views, self.broker.next_wakeup_ms(group, topic)
 
-    async def ReceiveMessage(self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[svc.ReceiveMessageResponse]:
+    async def ReceiveMessage(
+        self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[svc.ReceiveMessageResponse]:
         try:
             group = _name(request.group, "group")
             topic = _name(request.message_queue.topic, "message_queue.topic")
@@ -411,30 +477,52 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 # An explicit duration binds, even a zero one (which the broker rejects as
                 # too short; 0 would otherwise mean "the default" to it).
                 invisible_ms = max(convert.duration_ms(request.invisible_duration), 1)
-            spec = convert.filter_spec(request.filter_expression if request.HasField("filter_expression") else None)
-            budget = self._poll_budget(request.long_polling_timeout if request.HasField("long_polling_timeout") else None, context)
+            spec = convert.filter_spec(
+                request.filter_expression if request.HasField("filter_expression") else None
+            )
+            budget = self._poll_budget(
+                request.long_polling_timeout if request.HasField("long_polling_timeout") else None,
+                context,
+            )
             client_id = _metadata(context, "x-mq-client-id")
-            views = await self._long_poll(group, topic, spec, batch, invisible_ms, client_id, budget)
+            views = await self._long_poll(
+                group, topic, spec, batch, invisible_ms, client_id, budget
+            )
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001
             yield svc.ReceiveMessageResponse(status=status_for(exc, "ReceiveMessage"))
             return
         if not views:
-            yield svc.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
+            yield svc.ReceiveMessageResponse(
+                status=status(Code.MESSAGE_NOT_FOUND, "no new message")
+            )
             return
         namespace = request.group.resource_namespace
         yield svc.ReceiveMessageResponse(status=_OK)
         for view in views:
             yield svc.ReceiveMessageResponse(message=convert.wire_message(view, namespace))
-        yield svc.ReceiveMessageResponse(delivery_timestamp=convert.to_timestamp(int(time.time() * 1000)))
+        yield svc.ReceiveMessageResponse(
+            delivery_timestamp=convert.to_timestamp(int(time.time() * 1000))
+        )
 
-    async def _long_poll(self, group: str, topic: str, spec: Any, batch: int, invisible_ms: int, client_id: str, budget: float) -> list[Any]:
+    async def _long_poll(
+        self,
+        group: str,
+        topic: str,
+        spec: Any,
+        batch: int,
+        invisible_ms: int,
+        client_id: str,
+        budget: float,
+    ) -> list[Any]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
         while True:
             with self.notifier.waiter(topic) as waiter:
-                views, wakeup_ms = await self._call(self._receive_once, group, topic, spec, batch, invisible_ms, client_id)
+                views, wakeup_ms = await self._call(
+                    self._receive_once, group, topic, spec, batch, invisible_ms, client_id
+                )
                 remaining = deadline - loop.time()
                 if views or remaining <= 0 or self.notifier.shutting_down:
                     return views
@@ -444,11 +532,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 await waiter.wait(remaining)
 
     @_unary(svc.AckMessageResponse)
-    async def AckMessage(self, request: svc.AckMessageRequest, context: grpc.aio.ServicerContext) -> svc.AckMessageResponse:
+    async def AckMessage(
+        self, request: svc.AckMessageRequest, context: grpc.aio.ServicerContext
+    ) -> svc.AckMessageResponse:
         group = _name(request.group, "group")
         topic = _name(request.topic, "topic")
         if not request.entries:
-            raise RequestError("AckMessage carries no entry; add the receipt handles to acknowledge")
+            raise RequestError(
+                "AckMessage carries no entry; add the receipt handles to acknowledge"
+            )
 
         def ack_all() -> tuple[list[pb.Status], bool]:
             statuses = []
@@ -467,7 +559,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             # In a FIFO group an ack releases the next message of its queue.
             self.notifier.wake(topic)
         results = [
-            svc.AckMessageResultEntry(message_id=e.message_id, receipt_handle=e.receipt_handle, status=s)
+            svc.AckMessageResultEntry(
+                message_id=e.message_id, receipt_handle=e.receipt_handle, status=s
+            )
             for e, s in zip(request.entries, statuses, strict=True)
         ]
         codes = {s.code for s in statuses}
@@ -486,20 +580,28 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return False
 
     @_unary(svc.ChangeInvisibleDurationResponse)
-    async def ChangeInvisibleDuration(self, request: svc.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext) -> svc.ChangeInvisibleDurationResponse:
+    async def ChangeInvisibleDuration(
+        self, request: svc.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext
+    ) -> svc.ChangeInvisibleDurationResponse:
         group = _name(request.group, "group")
         topic = _name(request.topic, "topic")
         if not request.receipt_handle:
             raise RequestError("receipt_handle is missing")
         handle = await self._call(
-            self.broker.change_invisible_duration, group, topic, request.receipt_handle, convert.duration_ms(request.invisible_duration)
+            self.broker.change_invisible_duration,
+            group,
+            topic,
+            request.receipt_handle,
+            convert.duration_ms(request.invisible_duration),
         )
         # Parked polls computed their wake-up from the old invisible time: let them look again.
         self.notifier.wake(topic)
         return svc.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
 
     @_unary(svc.ForwardMessageToDeadLetterQueueResponse)
-    async def ForwardMessageToDeadLetterQueue(self, request: svc.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext) -> svc.ForwardMessageToDeadLetterQueueResponse:
+    async def ForwardMessageToDeadLetterQueue(
+        self, request: svc.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext
+    ) -> svc.ForwardMessageToDeadLetterQueueResponse:
         group = _name(request.group, "group")
         topic = _name(request.topic, "topic")
         if not request.receipt_handle:
@@ -510,7 +612,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     # -- consume by pull (offsets) ---------------------------------------------------
 
-    async def PullMessage(self, request: svc.PullMessageRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[svc.PullMessageResponse]:
+    async def PullMessage(
+        self, request: svc.PullMessageRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[svc.PullMessageResponse]:
         try:
             group = _name(request.group, "group")
             topic = _name(request.message_queue.topic, "message_queue.topic")
@@ -519,9 +623,16 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             if request.offset < 0:
                 raise RequestError(f"offset must be >= 0, got {request.offset}")
             batch = min(request.batch_size, self.config.max_receive_batch_size)
-            spec = convert.filter_spec(request.filter_expression if request.HasField("filter_expression") else None)
-            budget = self._poll_budget(request.long_polling_timeout if request.HasField("long_polling_timeout") else None, context)
-            result = await self._pull_poll(group, topic, request.message_queue.id, request.offset, batch, spec, budget)
+            spec = convert.filter_spec(
+                request.filter_expression if request.HasField("filter_expression") else None
+            )
+            budget = self._poll_budget(
+                request.long_polling_timeout if request.HasField("long_polling_timeout") else None,
+                context,
+            )
+            result = await self._pull_poll(
+                group, topic, request.message_queue.id, request.offset, batch, spec, budget
+            )
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001
@@ -531,39 +642,65 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if messages:
             yield svc.PullMessageResponse(status=_OK)
             for view in messages:
-                yield svc.PullMessageResponse(message=convert.wire_message(view, request.group.resource_namespace))
+                yield svc.PullMessageResponse(
+                    message=convert.wire_message(view, request.group.resource_namespace)
+                )
         else:
             code, text = _pull_status(result)
             yield svc.PullMessageResponse(status=status(code, text))
         yield svc.PullMessageResponse(next_offset=result.next_offset)
 
-    async def _pull_poll(self, group: str, topic: str, queue_id: int, offset: int, batch: int, spec: Any, budget: float) -> Any:
+    async def _pull_poll(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        batch: int,
+        spec: Any,
+        budget: float,
+    ) -> Any:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
         while True:
             with self.notifier.waiter(topic) as waiter:
-                result = await self._call(self.broker.pull, group, topic, queue_id, offset, batch, spec)
+                result = await self._call(
+                    self.broker.pull, group, topic, queue_id, offset, batch, spec
+                )
                 remaining = deadline - loop.time()
-                if result.messages or remaining <= 0 or self.notifier.shutting_down or _status_name(result) not in _WAITABLE:
+                if (
+                    result.messages
+                    or remaining <= 0
+                    or self.notifier.shutting_down
+                    or _status_name(result) not in _WAITABLE
+                ):
                     return result
                 await waiter.wait(remaining)
 
     @_unary(svc.UpdateOffsetResponse)
-    async def UpdateOffset(self, request: svc.UpdateOffsetRequest, context: grpc.aio.ServicerContext) -> svc.UpdateOffsetResponse:
+    async def UpdateOffset(
+        self, request: svc.UpdateOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> svc.UpdateOffsetResponse:
         group = _name(request.group, "group")
         topic = _name(request.message_queue.topic, "message_queue.topic")
-        await self._call(self.broker.update_offset, group, topic, request.message_queue.id, request.offset)
+        await self._call(
+            self.broker.update_offset, group, topic, request.message_queue.id, request.offset
+        )
         return svc.UpdateOffsetResponse(status=ok())
 
     @_unary(svc.GetOffsetResponse)
-    async def GetOffset(self, request: svc.GetOffsetRequest, context: grpc.aio.ServicerContext) -> svc.GetOffsetResponse:
+    async def GetOffset(
+        self, request: svc.GetOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> svc.GetOffsetResponse:
         group = _name(request.group, "group")
         topic = _name(request.message_queue.topic, "message_queue.topic")
         offset = await self._call(self.broker.get_offset, group, topic, request.message_queue.id)
         return svc.GetOffsetResponse(status=ok(), offset=offset)
 
     @_unary(svc.QueryOffsetResponse)
-    async def QueryOffset(self, request: svc.QueryOffsetRequest, context: grpc.aio.ServicerContext) -> svc.QueryOffsetResponse:
+    async def QueryOffset(
+        self, request: svc.QueryOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> svc.QueryOffsetResponse:
         topic = _name(request.message_queue.topic, "message_queue.topic")
         policy = request.query_offset_policy
         timestamp = None
@@ -576,8 +713,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 raise RequestError("query_offset_policy TIMESTAMP needs a timestamp")
             name, timestamp = "timestamp", convert.timestamp_ms(request.timestamp)
         else:
-            raise RequestError(f"unknown query_offset_policy {policy}; use BEGINNING, END or TIMESTAMP")
-        offset = await self._call(self.broker.query_offset, topic, request.message_queue.id, name, timestamp)
+            raise RequestError(
+                f"unknown query_offset_policy {policy}; use BEGINNING, END or TIMESTAMP"
+            )
+        offset = await self._call(
+            self.broker.query_offset, topic, request.message_queue.id, name, timestamp
+        )
         return svc.QueryOffsetResponse(status=ok(), offset=offset)
 
     # -- not offered ------------------------------------------------------------------
@@ -599,7 +740,12 @@ def _status_name(result: Any) -> str:
 
 def _pull_status(result: Any) -> tuple[int, str]:
     name = _status_name(result)
-    if name in ("OFFSET_TOO_SMALL", "OFFSET_OVERFLOW", "OFFSET_FOUND_NULL", "OFFSET_OVERFLOW_BADLY"):
+    if name in (
+        "OFFSET_TOO_SMALL",
+        "OFFSET_OVERFLOW",
+        "OFFSET_FOUND_NULL",
+        "OFFSET_OVERFLOW_BADLY",
+    ):
         return Code.ILLEGAL_OFFSET, (
             f"offset is outside the queue's range [{getattr(result, 'min_offset', '?')}, "
             f"{getattr(result, 'max_offset', '?')}]; continue from next_offset {result.next_offset}"
@@ -607,4 +753,3 @@ def _pull_status(result: Any) -> tuple[int, str]:
     if name == "NO_SUCH_QUEUE":
         return Code.NOT_FOUND, "no such queue"
     return Code.MESSAGE_NOT_FOUND, "no new message"
-

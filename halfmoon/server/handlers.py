@@ -39,7 +39,9 @@ def _count(method: str, response: Message) -> None:
 
 
 def _types(method: Any) -> tuple[type[Message], type[Message]]:
-    return getattr(service_pb2, method.input_type.name), getattr(service_pb2, method.output_type.name)
+    return getattr(service_pb2, method.input_type.name), getattr(
+        service_pb2, method.output_type.name
+    )
 
 
 def _decode(request_type: type[Message], raw: bytes) -> Message | str:
@@ -50,7 +52,9 @@ def _decode(request_type: type[Message], raw: bytes) -> Message | str:
         return f"request does not parse as {request_type.DESCRIPTOR.name}: {exc}"
 
 
-def _unary(handler: Callable, request_type: type[Message], response_type: type[Message]) -> Callable:
+def _unary(
+    handler: Callable, request_type: type[Message], response_type: type[Message]
+) -> Callable:
     method = handler.__name__
 
     async def run(raw: bytes, context: grpc.aio.ServicerContext) -> Message:
@@ -65,7 +69,9 @@ def _unary(handler: Callable, request_type: type[Message], response_type: type[M
     return run
 
 
-def _server_stream(handler: Callable, request_type: type[Message], response_type: type[Message]) -> Callable:
+def _server_stream(
+    handler: Callable, request_type: type[Message], response_type: type[Message]
+) -> Callable:
     method = handler.__name__
 
     async def run(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
@@ -85,8 +91,12 @@ def _server_stream(handler: Callable, request_type: type[Message], response_type
     return run
 
 
-def _bidi_stream(handler: Callable, request_type: type[Message], response_type: type[Message]) -> Callable:
-    async def run(raw_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
+def _bidi_stream(
+    handler: Callable, request_type: type[Message], response_type: type[Message]
+) -> Callable:
+    async def run(
+        raw_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Message]:
         async def decoded() -> AsyncIterator[Message | str]:
             # An undecodable frame comes through as the sentence saying why: the
             # handler answers it on the stream and carries on.

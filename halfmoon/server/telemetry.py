@@ -71,7 +71,9 @@ class ClientSession:
         """A JSON-ready summary (admin API, logs)."""
         return {
             "client_id": self.client_id,
-            "client_type": ClientType.Name(self.client_type) if self.client_type in ClientType.values() else str(self.client_type),
+            "client_type": ClientType.Name(self.client_type)
+            if self.client_type in ClientType.values()
+            else str(self.client_type),
             "group": self.group,
             "topics": sorted(self.topics),
             "peer": self.peer,
@@ -94,7 +96,14 @@ class ClientRegistry:
 
     # -- session lifecycle ------------------------------------------------------
 
-    def touch(self, client_id: str, *, client_type: int | None = None, group: str | None = None, peer: str = "") -> ClientSession:
+    def touch(
+        self,
+        client_id: str,
+        *,
+        client_type: int | None = None,
+        group: str | None = None,
+        peer: str = "",
+    ) -> ClientSession:
         """The client's session (created on first sight), marked alive now."""
         session = self._sessions.get(client_id)
         if session is None:
@@ -129,14 +138,20 @@ class ClientRegistry:
         session.settings = settings
         if settings.HasField("client_type"):
             session.client_type = settings.client_type
-        session.language = definition_pb2.Language.Name(settings.user_agent.language) if settings.user_agent.language in definition_pb2.Language.values() else ""
+        session.language = (
+            definition_pb2.Language.Name(settings.user_agent.language)
+            if settings.user_agent.language in definition_pb2.Language.values()
+            else ""
+        )
         session.version = settings.user_agent.version
         if settings.HasField("publishing"):
             session.topics.update(r.name for r in settings.publishing.topics if r.name)
         elif settings.HasField("subscription"):
             if settings.subscription.group.name:
                 session.group = settings.subscription.group.name
-            session.topics = {e.topic.name for e in settings.subscription.subscriptions if e.topic.name}
+            session.topics = {
+                e.topic.name for e in settings.subscription.subscriptions if e.topic.name
+            }
 
     def note_topic(self, client_id: str, topic: str) -> None:
         """A client sent to ``topic``: it becomes a candidate for that topic's commands."""
@@ -157,7 +172,11 @@ class ClientRegistry:
 
     def expire_idle(self, idle_seconds: float = SESSION_IDLE_SECONDS) -> int:
         now = time.monotonic()
-        stale = [cid for cid, s in self._sessions.items() if s.outbox is None and now - s.last_seen > idle_seconds]
+        stale = [
+            cid
+            for cid, s in self._sessions.items()
+            if s.outbox is None and now - s.last_seen > idle_seconds
+        ]
         for cid in stale:
             del self._sessions[cid]
         return len(stale)
@@ -178,7 +197,9 @@ class ClientRegistry:
     def sessions(self) -> list[ClientSession]:
         return list(self._sessions.values())
 
-    def producers(self, *, topic: str | None = None, group: str | None = None) -> list[ClientSession]:
+    def producers(
+        self, *, topic: str | None = None, group: str | None = None
+    ) -> list[ClientSession]:
         """Producers with a live stream that published to ``topic`` / belong to ``group``."""
         found = []
         for session in self._sessions.values():
@@ -192,7 +213,11 @@ class ClientRegistry:
         return found
 
     def consumers(self, group: str) -> list[ClientSession]:
-        return [s for s in self._sessions.values() if s.group == group and s.client_type in CONSUMER_TYPES]
+        return [
+            s
+            for s in self._sessions.values()
+            if s.group == group and s.client_type in CONSUMER_TYPES
+        ]
 
     # -- commands to clients ----------------------------------------------------
 
@@ -204,7 +229,13 @@ class ClientRegistry:
         session.outbox.put_nowait(command)
         return True
 
-    def send_to_producer(self, command: service_pb2.TelemetryCommand, *, topic: str | None = None, group: str | None = None) -> str | None:
+    def send_to_producer(
+        self,
+        command: service_pb2.TelemetryCommand,
+        *,
+        topic: str | None = None,
+        group: str | None = None,
+    ) -> str | None:
         """Send ``command`` to one live producer of ``topic``/``group`` (rotating); its client id, or None."""
         candidates = self.producers(topic=topic, group=group)
         if not candidates:
@@ -213,11 +244,21 @@ class ClientRegistry:
         session.outbox.put_nowait(command)  # type: ignore[union-attr]
         return session.client_id
 
-    def send_to_producer_threadsafe(self, command: service_pb2.TelemetryCommand, *, topic: str | None = None, group: str | None = None) -> Future[str | None]:
+    def send_to_producer_threadsafe(
+        self,
+        command: service_pb2.TelemetryCommand,
+        *,
+        topic: str | None = None,
+        group: str | None = None,
+    ) -> Future[str | None]:
         """:meth:`send_to_producer` from any thread; the future gives the chosen client id."""
-        return self._run_threadsafe(lambda: self.send_to_producer(command, topic=topic, group=group))
+        return self._run_threadsafe(
+            lambda: self.send_to_producer(command, topic=topic, group=group)
+        )
 
-    def send_command_threadsafe(self, client_id: str, command: service_pb2.TelemetryCommand) -> Future[bool]:
+    def send_command_threadsafe(
+        self, client_id: str, command: service_pb2.TelemetryCommand
+    ) -> Future[bool]:
         return self._run_threadsafe(lambda: self.send_command(client_id, command))
 
     def _run_threadsafe(self, fn: Callable[[], object]) -> Future:
@@ -240,7 +281,9 @@ class ClientRegistry:
         return result
 
 
-def recover_orphaned_transaction_command(message: definition_pb2.Message, transaction_id: str) -> service_pb2.TelemetryCommand:
+def recover_orphaned_transaction_command(
+    message: definition_pb2.Message, transaction_id: str
+) -> service_pb2.TelemetryCommand:
     """The command that asks a producer to resolve a transaction it left open."""
     return service_pb2.TelemetryCommand(
         recover_orphaned_transaction_command=service_pb2.RecoverOrphanedTransactionCommand(
@@ -291,9 +334,13 @@ class TelemetryCheckSender:
         self._round_robin = itertools.count()
         self.outstanding = OutstandingChecks(max_outstanding, lost_after_ms)
 
-    def pace_checks(self, *, max_outstanding: int, lost_after_ms: int, clock: Callable[[], int] | None = None) -> None:
+    def pace_checks(
+        self, *, max_outstanding: int, lost_after_ms: int, clock: Callable[[], int] | None = None
+    ) -> None:
         """Unanswered checks one stream may hold, and when one counts as lost (the check service's clock)."""
-        self.outstanding.configure(max_per_stream=max_outstanding, lost_after_ms=lost_after_ms, clock=clock)
+        self.outstanding.configure(
+            max_per_stream=max_outstanding, lost_after_ms=lost_after_ms, clock=clock
+        )
 
     def answered(self, transaction_id: str) -> None:
         """An EndTransaction arrived for ``transaction_id`` (any thread): its check is answered."""
@@ -309,8 +356,14 @@ class TelemetryCheckSender:
         if found is None:
             return False
         stream, client_id = found
-        session = self._registry.get(client_id)  # read from another thread: a stale answer costs one round
-        return session is not None and session.outbox is stream and time.monotonic() - session.last_seen <= self._alive_within
+        session = self._registry.get(
+            client_id
+        )  # read from another thread: a stale answer costs one round
+        return (
+            session is not None
+            and session.outbox is stream
+            and time.monotonic() - session.last_seen <= self._alive_within
+        )
 
     def live_producers(self, topic: str, group: str | None = None) -> list[ClientSession]:
         """Loop thread: producers of ``topic`` (of ``group`` when given) with a live stream."""
@@ -326,17 +379,27 @@ class TelemetryCheckSender:
         now = time.monotonic()
         for stream, client_id in self.outstanding.streams().items():
             session = self._registry.get(client_id)
-            if session is None or session.outbox is not stream or now - session.last_seen > self._alive_within:
+            if (
+                session is None
+                or session.outbox is not stream
+                or now - session.last_seen > self._alive_within
+            ):
                 released = self.outstanding.release(stream)
                 log.info("event=checks_released client_id=%s checks=%d", client_id, released)
         self.outstanding.expire()
 
     def _send_on_loop(
-        self, command: service_pb2.TelemetryCommand, topic: str, group: str | None, transaction_id: str
+        self,
+        command: service_pb2.TelemetryCommand,
+        topic: str,
+        group: str | None,
+        transaction_id: str,
     ) -> str | None:
         outstanding = self.outstanding
         if outstanding.holder(transaction_id) is not None:
-            return None  # still outstanding at a live stream (pruned just before): wait for its answer
+            return (
+                None  # still outstanding at a live stream (pruned just before): wait for its answer
+            )
         candidates = self.live_producers(topic, group) if group else []
         if not candidates:
             candidates = self.live_producers(topic)
@@ -350,7 +413,9 @@ class TelemetryCheckSender:
         outstanding.sent(transaction_id, stream, session.client_id)
         return session.client_id
 
-    def _send_batch_on_loop(self, commands: list[tuple[service_pb2.TelemetryCommand, str, str | None, str]]) -> list[bool]:
+    def _send_batch_on_loop(
+        self, commands: list[tuple[service_pb2.TelemetryCommand, str, str | None, str]]
+    ) -> list[bool]:
         self._prune_on_loop()
         return [self._send_on_loop(*c) is not None for c in commands]
 
@@ -389,7 +454,9 @@ class TelemetryCheckSender:
         log.debug("event=checks_sent checks=%d taken=%d", len(checks), sum(taken))
         return taken
 
-    def send_check(self, producer_group: str | None, topic: str, message: object, transaction_id: str) -> bool:
+    def send_check(
+        self, producer_group: str | None, topic: str, message: object, transaction_id: str
+    ) -> bool:
         """One check (:meth:`send_checks` with a batch of one); kept for callers of the older API."""
         request = _Check(producer_group, topic, message, transaction_id)
         return self.send_checks([request])[0]

@@ -30,7 +30,9 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(HalfmoonDataSource)
 
 
-def build_session(app_name: str = "halfmoon", master: str | None = None, config: dict[str, str] | None = None) -> SparkSession:
+def build_session(
+    app_name: str = "halfmoon", master: str | None = None, config: dict[str, str] | None = None
+) -> SparkSession:
     """A SparkSession (``local[*]`` unless ``master``) with the format registered."""
     from halfmoon.spark.session import build_session as build
 

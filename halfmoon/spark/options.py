@@ -115,7 +115,9 @@ def endpoint_of(options: Mapping[str, str]) -> str:
     endpoint = (option_value(options, "endpoint") or "").strip()
     host, _, port = endpoint.rpartition(":")
     if not host or not port.isdigit():
-        raise SparkOptionError(f"option endpoint must be host:port of a halfmoon server, got {endpoint!r}")
+        raise SparkOptionError(
+            f"option endpoint must be host:port of a halfmoon server, got {endpoint!r}"
+        )
     return endpoint
 
 
@@ -126,11 +128,15 @@ def offset_spec(text: str, name: str) -> OffsetSpec:
     if value.lower().startswith("timestamp:"):
         stamp = value.split(":", 1)[1].strip()
         if not stamp.isdigit():
-            raise SparkOptionError(f"option {name}: timestamp:<epoch milliseconds> expected, got {value!r}")
+            raise SparkOptionError(
+                f"option {name}: timestamp:<epoch milliseconds> expected, got {value!r}"
+            )
         return OffsetSpec("timestamp", timestamp_ms=int(stamp))
     try:
         parsed = json.loads(value)
-        per_queue = {str(t): {str(q): int(o) for q, o in queues.items()} for t, queues in parsed.items()}
+        per_queue = {
+            str(t): {str(q): int(o) for q, o in queues.items()} for t, queues in parsed.items()
+        }
     except (ValueError, AttributeError, TypeError):
         raise SparkOptionError(
             f"option {name} must be earliest, latest, timestamp:<ms> or JSON like "
@@ -164,24 +170,35 @@ def source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOpti
     names = option_value(options, "topics") or option_value(options, "topic") or ""
     topics = tuple(t.strip() for t in names.split(",") if t.strip())
     if not topics:
-        raise SparkOptionError("option topic (or topics, comma-separated) is required to read from halfmoon")
+        raise SparkOptionError(
+            "option topic (or topics, comma-separated) is required to read from halfmoon"
+        )
     queues_text = option_value(options, "queues")
     queues = None
     if queues_text:
         try:
             queues = frozenset(int(q) for q in queues_text.split(",") if q.strip())
         except ValueError:
-            raise SparkOptionError(f"option queues must be comma-separated queue ids, got {queues_text!r}") from None
-    starting = offset_spec(option_value(options, "startingOffsets") or ("latest" if streaming else "earliest"), "startingOffsets")
+            raise SparkOptionError(
+                f"option queues must be comma-separated queue ids, got {queues_text!r}"
+            ) from None
+    starting = offset_spec(
+        option_value(options, "startingOffsets") or ("latest" if streaming else "earliest"),
+        "startingOffsets",
+    )
     ending_text = option_value(options, "endingOffsets")
     if streaming and ending_text is not None:
-        raise SparkOptionError("option endingOffsets is for batch reads; a stream has no end (use a trigger instead)")
+        raise SparkOptionError(
+            "option endingOffsets is for batch reads; a stream has no end (use a trigger instead)"
+        )
     ending = offset_spec(ending_text or "latest", "endingOffsets")
     if ending.kind == "earliest":
         raise SparkOptionError("option endingOffsets cannot be earliest (that reads nothing)")
     max_per_trigger = _positive(options, "maxRecordsPerTrigger", None)
     if max_per_trigger is not None and not streaming:
-        raise SparkOptionError("option maxRecordsPerTrigger is for streaming reads; bound a batch with endingOffsets")
+        raise SparkOptionError(
+            "option maxRecordsPerTrigger is for streaming reads; bound a batch with endingOffsets"
+        )
     return SourceOptions(
         endpoint=endpoint_of(options),
         topics=topics,

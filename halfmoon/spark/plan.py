@@ -61,7 +61,9 @@ def resolve(
             elif given == LATEST:
                 offset = lookup(topic, queue_id, "latest", None)
             elif given < 0:
-                raise SparkOptionError(f"offset {given} for {topic!r} queue {queue_id} is negative (use -2 or -1)")
+                raise SparkOptionError(
+                    f"offset {given} for {topic!r} queue {queue_id} is negative (use -2 or -1)"
+                )
             else:
                 offset = given
         out.setdefault(topic, {})[str(queue_id)] = offset
@@ -79,7 +81,9 @@ def admit(start: Offsets, latest: Offsets, max_records: int | None) -> Offsets:
     """
     end: Offsets = {t: dict(q) for t, q in latest.items()}
     backlog = {
-        (t, q): max(o - start.get(t, {}).get(q, 0), 0) for t, queues in latest.items() for q, o in queues.items()
+        (t, q): max(o - start.get(t, {}).get(q, 0), 0)
+        for t, queues in latest.items()
+        for q, o in queues.items()
     }
     total = sum(backlog.values())
     if max_records is None or total <= max_records:
@@ -121,4 +125,8 @@ def split(start: Offsets, end: Offsets, max_per_task: int) -> list[QueueRange]:
 
 def span(start: Offsets, end: Offsets) -> int:
     """How many offsets lie between ``start`` and ``end`` (an upper bound on the rows)."""
-    return sum(max(o - start.get(t, {}).get(q, 0), 0) for t, queues in end.items() for q, o in queues.items())
+    return sum(
+        max(o - start.get(t, {}).get(q, 0), 0)
+        for t, queues in end.items()
+        for q, o in queues.items()
+    )

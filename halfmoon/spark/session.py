@@ -27,7 +27,9 @@ _LOCAL_CONFIG = {
 }
 
 
-def build_session(app_name: str = "halfmoon", master: str | None = None, config: Mapping[str, str] | None = None) -> SparkSession:
+def build_session(
+    app_name: str = "halfmoon", master: str | None = None, config: Mapping[str, str] | None = None
+) -> SparkSession:
     """Get or create the SparkSession for ``master`` (default ``local[*]``) with ``halfmoon`` registered."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

@@ -119,9 +119,13 @@ class SinkCommit(WriterCommitMessage):
 
 
 def sink_options(options: Mapping[str, str]) -> SinkOptions:
-    sink_id = option_value(options, "sinkId") or _checkpoint_query_id(option_value(options, "checkpointLocation"))
+    sink_id = option_value(options, "sinkId") or _checkpoint_query_id(
+        option_value(options, "checkpointLocation")
+    )
     if sink_id is not None and not _SINK_ID.match(sink_id):
-        raise SparkOptionError(f"option sinkId must be 1 to 64 letters, digits, '_', '.' or '-', got {sink_id!r}")
+        raise SparkOptionError(
+            f"option sinkId must be 1 to 64 letters, digits, '_', '.' or '-', got {sink_id!r}"
+        )
     return SinkOptions(
         endpoint=endpoint_of(options),
         topic=(option_value(options, "topic") or "").strip() or None,
@@ -136,7 +140,9 @@ def _admin_url(value: str | None) -> str | None:
         return None
     parsed = urllib.parse.urlsplit(value.strip())
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise SparkOptionError(f"option admin must be the admin API's URL, http://HOST:PORT, got {value!r}")
+        raise SparkOptionError(
+            f"option admin must be the admin API's URL, http://HOST:PORT, got {value!r}"
+        )
     return value.strip().rstrip("/")
 
 
@@ -157,7 +163,9 @@ def _checkpoint_query_id(location: str | None) -> str | None:
 def _messages(batch: pa.RecordBatch, default_topic: str | None) -> list[Message]:
     names = set(batch.schema.names)
     if "body" not in names:
-        raise SinkError("the halfmoon sink needs a 'body' column (binary or string); select or alias one")
+        raise SinkError(
+            "the halfmoon sink needs a 'body' column (binary or string); select or alias one"
+        )
     if "topic" not in names and default_topic is None:
         raise SinkError("no target topic: add a 'topic' column or set the option topic")
     columns = {name: batch.column(name).to_pylist() for name in names}
@@ -182,7 +190,9 @@ def _messages(batch: pa.RecordBatch, default_topic: str | None) -> list[Message]
     return out
 
 
-def write_group(options: SinkOptions, sink: str, batch_id: int, group: str, batches: Iterator[pa.RecordBatch]) -> SinkCommit:
+def write_group(
+    options: SinkOptions, sink: str, batch_id: int, group: str, batches: Iterator[pa.RecordBatch]
+) -> SinkCommit:
     """Send every row of a task as a half message of ``group`` (runs in a Spark task)."""
     context = TaskContext.get()
     partition = context.partitionId() if context is not None else 0
@@ -281,11 +291,18 @@ class CommitProtocol:
     def named_groups(self, queue: Queue, key: str) -> set[str]:
         """Every data group a committed marker of ``key`` names (reads the marker queue once, no waiting)."""
         selector = _marker_selector(key)
-        offset, end = self.wire.query_offset(queue, "earliest"), self.wire.query_offset(queue, "latest")
+        offset, end = (
+            self.wire.query_offset(queue, "earliest"),
+            self.wire.query_offset(queue, "latest"),
+        )
         named: set[str] = set()
         while offset < end:
             answer = self.wire.pull(SINK_GROUP, queue, offset, 1024, selector)
-            named |= {m.user_properties[PROPERTY_DATA_GROUP] for m in answer.messages if m.user_properties.get(PROPERTY_MARKER) == key}
+            named |= {
+                m.user_properties[PROPERTY_DATA_GROUP]
+                for m in answer.messages
+                if m.user_properties.get(PROPERTY_MARKER) == key
+            }
             if answer.next_offset <= offset:
                 break
             offset = answer.next_offset
@@ -323,7 +340,12 @@ class OrphanSweep:
         try:
             return self._sweep(sink, batch_id, data_group, topic)
         except (OSError, ValueError, KeyError, TypeError, HalfmoonError) as exc:
-            log.warning("event=spark_sink_orphan_sweep_failed sink=%s batch=%d error=%s", sink, batch_id, exc)
+            log.warning(
+                "event=spark_sink_orphan_sweep_failed sink=%s batch=%d error=%s",
+                sink,
+                batch_id,
+                exc,
+            )
             return []
 
     def _sweep(self, sink: str, batch_id: int, data_group: str, topic: str) -> list[str]:
@@ -344,7 +366,9 @@ class OrphanSweep:
                 continue  # the batch's output: whoever replays the batch commits it
             self.protocol.abort(group, topic)
             rolled_back.append(group)
-            log.info("event=spark_sink_orphan_rolled_back sink=%s batch=%d group=%s", sink, batch, group)
+            log.info(
+                "event=spark_sink_orphan_rolled_back sink=%s batch=%d group=%s", sink, batch, group
+            )
         return rolled_back
 
     def _pending_groups(self, topic: str | None) -> set[str]:
@@ -396,14 +420,22 @@ class HalfmoonStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: SinkOptions, schema: StructType) -> None:
         self.options = options
         self.topic = options.topic or "-"
-        CommitProtocol(options).marker_queue()  # fail when the query starts, not at its first commit
+        CommitProtocol(
+            options
+        ).marker_queue()  # fail when the query starts, not at its first commit
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         context = TaskContext.get()
-        batch_id = context.getLocalProperty("streaming.sql.batchId") if context is not None else None
-        sink = self.options.sink_id or (context.getLocalProperty("sql.streaming.queryId") if context is not None else None)
+        batch_id = (
+            context.getLocalProperty("streaming.sql.batchId") if context is not None else None
+        )
+        sink = self.options.sink_id or (
+            context.getLocalProperty("sql.streaming.queryId") if context is not None else None
+        )
         if context is None or batch_id is None or sink is None:
-            raise SinkError("the halfmoon stream writer ran outside a streaming micro-batch (no batch id in the task)")
+            raise SinkError(
+                "the halfmoon stream writer ran outside a streaming micro-batch (no batch id in the task)"
+            )
         # Unique to this run of the batch and shared by its tasks: the application's start time
         # and the write stage.
         run = f"{context.getLocalProperty('spark.app.submitTime') or 0}s{context.stageId()}"
@@ -415,12 +447,21 @@ class HalfmoonStreamWriter(DataSourceStreamArrowWriter):
             return  # no task ran: nothing was written
         groups = {m.group for m in commits}
         if len(groups) != 1:
-            raise SinkError(f"batch {batchId} was written into several transaction groups {sorted(groups)}; refusing to commit")
+            raise SinkError(
+                f"batch {batchId} was written into several transaction groups {sorted(groups)}; refusing to commit"
+            )
         group = groups.pop()
         failpoint("before-marker")
         winner = CommitProtocol(self.options).commit(commits[0].sink, batchId, group, self.topic)
         rows = sum(m.count for m in commits)
-        log.info("event=spark_sink_commit sink=%s batch=%d group=%s rows=%d replay=%s", commits[0].sink, batchId, winner, rows, winner != group)
+        log.info(
+            "event=spark_sink_commit sink=%s batch=%d group=%s rows=%d replay=%s",
+            commits[0].sink,
+            batchId,
+            winner,
+            rows,
+            winner != group,
+        )
         failpoint("after-broker-commit")
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -85,9 +85,13 @@ def offsets_for(wire: Wire, queues: Sequence[Queue], spec: OffsetSpec) -> Offset
 def read_range(options: SourceOptions, queue_range: QueueRange) -> Iterator[pa.RecordBatch]:
     """The committed messages of ``queue_range`` as Arrow record batches (runs in a task)."""
     wire = Wire(options.endpoint)
-    queue = next((q for q in wire.queues(queue_range.topic) if q.queue_id == queue_range.queue_id), None)
+    queue = next(
+        (q for q in wire.queues(queue_range.topic) if q.queue_id == queue_range.queue_id), None
+    )
     if queue is None:
-        raise DataLossError(f"queue {queue_range.queue_id} of topic {queue_range.topic!r} is gone; it had offsets {queue_range.start} to {queue_range.end} left to read")
+        raise DataLossError(
+            f"queue {queue_range.queue_id} of topic {queue_range.topic!r} is gone; it had offsets {queue_range.start} to {queue_range.end} left to read"
+        )
     offset = _check_retention(wire, options, queue, queue_range.start, queue_range.end)
     selector = selector_wire(options.filter)
     stalled_since: float | None = None
@@ -106,11 +110,15 @@ def read_range(options: SourceOptions, queue_range: QueueRange) -> Iterator[pa.R
         # Nothing at an offset below the queue's end: wait briefly (a restarting broker), then fail.
         stalled_since = stalled_since or time.monotonic()
         if time.monotonic() - stalled_since > MISSING_RANGE_TIMEOUT:
-            raise DataLossError(f"{queue_range.topic!r} queue {queue.queue_id} answers nothing at offset {offset} (below its end {queue_range.end}) for {MISSING_RANGE_TIMEOUT:.0f}s")
+            raise DataLossError(
+                f"{queue_range.topic!r} queue {queue.queue_id} answers nothing at offset {offset} (below its end {queue_range.end}) for {MISSING_RANGE_TIMEOUT:.0f}s"
+            )
         wire.pull(options.group, queue, offset, 1, selector, wait=1.0)
 
 
-def _check_retention(wire: Wire, options: SourceOptions, queue: Queue, offset: int, end: int) -> int:
+def _check_retention(
+    wire: Wire, options: SourceOptions, queue: Queue, offset: int, end: int
+) -> int:
     """``offset``, or the queue's oldest kept offset when retention removed messages before it."""
     earliest = wire.query_offset(queue, "earliest")
     if earliest <= offset:
@@ -121,7 +129,9 @@ def _check_retention(wire: Wire, options: SourceOptions, queue: Queue, offset: i
         "were removed by retention before this query read them"
     )
     if options.fail_on_data_loss:
-        raise DataLossError(text + "; set failOnDataLoss=false to skip them, or keep messages longer")
+        raise DataLossError(
+            text + "; set failOnDataLoss=false to skip them, or keep messages longer"
+        )
     log.warning("event=spark_data_loss %s; skipped (failOnDataLoss=false)", text)
     return earliest
 
@@ -135,7 +145,9 @@ class HalfmoonBatchReader(DataSourceReader):
         queues = queues_of(wire, self.options)
         start = offsets_for(wire, queues, self.options.starting)
         end = offsets_for(wire, queues, self.options.ending)
-        return [RangePartition(r) for r in split(start, end, self.options.max_records_per_partition)]
+        return [
+            RangePartition(r) for r in split(start, end, self.options.max_records_per_partition)
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, RangePartition):  # Spark plans one empty partition for no ranges
@@ -165,7 +177,13 @@ class HalfmoonStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         latest = self._latest()
         if self.target is not None:
-            latest = {t: {q: min(o, self.target.get(t, {}).get(q, start.get(t, {}).get(q, 0))) for q, o in qs.items()} for t, qs in latest.items()}
+            latest = {
+                t: {
+                    q: min(o, self.target.get(t, {}).get(q, start.get(t, {}).get(q, 0)))
+                    for q, o in qs.items()
+                }
+                for t, qs in latest.items()
+            }
         max_rows = getattr(limit, "max_rows", None) if isinstance(limit, ReadMaxRows) else None
         return admit(start, latest, max_rows)
 
@@ -176,7 +194,9 @@ class HalfmoonStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target = self._latest()
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        return [RangePartition(r) for r in split(start, end, self.options.max_records_per_partition)]
+        return [
+            RangePartition(r) for r in split(start, end, self.options.max_records_per_partition)
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, RangePartition):  # Spark plans one empty partition for no ranges

@@ -80,7 +80,11 @@ class Queue:
         host, _, port = self.endpoint.rpartition(":")
         address = pb.Address(host=host, port=int(port))
         endpoints = pb.Endpoints(scheme=pb.AddressScheme.IPv4, addresses=[address])
-        return pb.MessageQueue(topic=pb.Resource(name=self.topic), id=self.queue_id, broker=pb.Broker(name=self.broker, endpoints=endpoints))
+        return pb.MessageQueue(
+            topic=pb.Resource(name=self.topic),
+            id=self.queue_id,
+            broker=pb.Broker(name=self.broker, endpoints=endpoints),
+        )
 
 
 @dataclass
@@ -100,10 +104,14 @@ class Wire:
         self.endpoint = endpoint
         self.timeout = timeout
 
-    def _call(self, rpc: str, request: Any, endpoint: str | None = None, timeout: float | None = None) -> Any:
+    def _call(
+        self, rpc: str, request: Any, endpoint: str | None = None, timeout: float | None = None
+    ) -> Any:
         target = endpoint or self.endpoint
         try:
-            response = getattr(_stub(target), rpc)(request, timeout=timeout or self.timeout, metadata=_metadata())
+            response = getattr(_stub(target), rpc)(
+                request, timeout=timeout or self.timeout, metadata=_metadata()
+            )
         except grpc.RpcError as exc:
             raise error_for_rpc_error(exc, rpc, target) from None
         return response
@@ -115,7 +123,9 @@ class Wire:
         host, _, port = self.endpoint.rpartition(":")
         request = svc.QueryRouteRequest(
             topic=pb.Resource(name=topic),
-            endpoints=pb.Endpoints(scheme=pb.AddressScheme.IPv4, addresses=[pb.Address(host=host, port=int(port))]),
+            endpoints=pb.Endpoints(
+                scheme=pb.AddressScheme.IPv4, addresses=[pb.Address(host=host, port=int(port))]
+            ),
         )
         response = self._call("QueryRoute", request)
         raise_for_status(response.status, "QueryRoute")
@@ -144,7 +154,11 @@ class Wire:
 
     def committed_offset(self, group: str, queue: Queue) -> int | None:
         """The consumer group's committed offset in ``queue`` (None when it never committed)."""
-        response = self._call("GetOffset", svc.GetOffsetRequest(group=pb.Resource(name=group), message_queue=queue.to_wire()), queue.endpoint)
+        response = self._call(
+            "GetOffset",
+            svc.GetOffsetRequest(group=pb.Resource(name=group), message_queue=queue.to_wire()),
+            queue.endpoint,
+        )
         if response.status.code in (Code.OFFSET_NOT_FOUND, Code.NOT_FOUND):
             return None
         raise_for_status(response.status, "GetOffset")
@@ -152,22 +166,39 @@ class Wire:
 
     def commit_offset(self, group: str, queue: Queue, offset: int) -> None:
         """Store ``offset`` as the consumer group's position in ``queue`` (UpdateOffset)."""
-        request = svc.UpdateOffsetRequest(group=pb.Resource(name=group), message_queue=queue.to_wire(), offset=offset)
+        request = svc.UpdateOffsetRequest(
+            group=pb.Resource(name=group), message_queue=queue.to_wire(), offset=offset
+        )
         response = self._call("UpdateOffset", request, queue.endpoint)
         raise_for_status(response.status, "UpdateOffset")
 
     # -- reading -------------------------------------------------------------------------------
 
-    def pull(self, group: str, queue: Queue, offset: int, batch: int, selector: pb.FilterExpression | None = None, wait: float = 0.0) -> PullAnswer:
+    def pull(
+        self,
+        group: str,
+        queue: Queue,
+        offset: int,
+        batch: int,
+        selector: pb.FilterExpression | None = None,
+        wait: float = 0.0,
+    ) -> PullAnswer:
         """Up to ``batch`` committed messages of ``queue`` from ``offset`` (PullMessage)."""
-        request = svc.PullMessageRequest(group=pb.Resource(name=group), message_queue=queue.to_wire(), offset=offset, batch_size=batch)
+        request = svc.PullMessageRequest(
+            group=pb.Resource(name=group),
+            message_queue=queue.to_wire(),
+            offset=offset,
+            batch_size=batch,
+        )
         if selector is not None:
             request.filter_expression.CopyFrom(selector)
         request.long_polling_timeout.CopyFrom(_duration(wait))
         messages: list[pb.Message] = []
         next_offset, code, text = offset, Code.OK, ""
         try:
-            for response in _stub(queue.endpoint).PullMessage(request, timeout=wait + self.timeout, metadata=_metadata()):
+            for response in _stub(queue.endpoint).PullMessage(
+                request, timeout=wait + self.timeout, metadata=_metadata()
+            ):
                 kind = response.WhichOneof("content")
                 if kind == "message":
                     messages.append(response.message)
@@ -188,9 +219,15 @@ class Wire:
         by_topic: dict[str, list[pb.Message]] = {}
         for message in messages:
             message.properties[PROPERTY_TRANSACTION_GROUP] = group
-            by_topic.setdefault(message.topic, []).append(to_wire(message, message_ids.next(), transactional=True))
+            by_topic.setdefault(message.topic, []).append(
+                to_wire(message, message_ids.next(), transactional=True)
+            )
         for wire_messages in by_topic.values():
-            response = self._call("SendMessage", svc.SendMessageRequest(messages=wire_messages), timeout=max(self.timeout, 30.0))
+            response = self._call(
+                "SendMessage",
+                svc.SendMessageRequest(messages=wire_messages),
+                timeout=max(self.timeout, 30.0),
+            )
             if response.status.code != Code.OK:
                 raise error_for_status(response.status, "SendMessage")
             for entry in response.entries:
@@ -202,7 +239,9 @@ class Wire:
             topic=pb.Resource(name=topic),
             message_id="",
             transaction_id=GROUP_ID_PREFIX + group,
-            resolution=pb.TransactionResolution.COMMIT if commit else pb.TransactionResolution.ROLLBACK,
+            resolution=pb.TransactionResolution.COMMIT
+            if commit
+            else pb.TransactionResolution.ROLLBACK,
             source=pb.TransactionSource.SOURCE_CLIENT,
         )
         response = self._call("EndTransaction", request, timeout=max(self.timeout, 60.0))

@@ -149,7 +149,9 @@ class CommitLog:
         self.flushed_position = self.write_position
 
     def _load(self) -> None:
-        names = sorted(p for p in self.directory.iterdir() if p.name.isdigit() and len(p.name) == 20)
+        names = sorted(
+            p for p in self.directory.iterdir() if p.name.isdigit() and len(p.name) == 20
+        )
         segments: list[Segment] = []
         try:
             for path in names:
@@ -201,7 +203,9 @@ class CommitLog:
 
     # -- writing (caller holds the store's append lock) --------------------------
 
-    def append(self, prepared: record.PreparedRecord, queue_offset: int, store_timestamp: int) -> int:
+    def append(
+        self, prepared: record.PreparedRecord, queue_offset: int, store_timestamp: int
+    ) -> int:
         """Seal and write one record; return its commit-log offset."""
         return self.write_record(prepared.buffer, queue_offset, store_timestamp)
 
@@ -307,7 +311,10 @@ class CommitLog:
                 position = segment.end
                 continue
             total, magic = _FRAME.unpack_from(segment.mm, relative)
-            if magic == record.BLANK_MAGIC and record.BLANK_SIZE <= total <= segment.size - relative:
+            if (
+                magic == record.BLANK_MAGIC
+                and record.BLANK_SIZE <= total <= segment.size - relative
+            ):
                 position += total  # segment filler, or damage blanked by lenient recovery
                 continue
             if total == 0 and magic == 0:

@@ -55,8 +55,12 @@ class StoreConfig:
         if min(self.flush_interval, self.retention_check_interval, self.checkpoint_interval) <= 0:
             problems.append("intervals must be positive")
         if self.retention_hours <= 0 or self.max_scan_entries < 1 or self.cq_entries_per_file < 1:
-            problems.append("retention_hours, max_scan_entries and cq_entries_per_file must be positive")
+            problems.append(
+                "retention_hours, max_scan_entries and cq_entries_per_file must be positive"
+            )
         if len(self.store_host.encode("utf-8")) > 255:
             problems.append("store_host must be at most 255 bytes")
         if problems:
-            raise InvalidArgument("invalid store configuration: " + "; ".join(problems), code="BAD_CONFIG")
+            raise InvalidArgument(
+                "invalid store configuration: " + "; ".join(problems), code="BAD_CONFIG"
+            )

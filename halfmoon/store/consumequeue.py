@@ -298,13 +298,15 @@ class ConsumeQueues:
         names.sort()
         for position, (start, path) in enumerate(names):
             previous = queue.files[-1] if queue.files else None
-            if previous is not None and (
-                queue.max_offset != previous.end or start != previous.end
-            ):
+            if previous is not None and (queue.max_offset != previous.end or start != previous.end):
                 log.warning(
                     "consume queue %s/%s: hole before offset %d (queue ends at %d); "
                     "deleting %d later file(s)",
-                    queue.topic, queue.queue_id, start, queue.max_offset, len(names) - position,
+                    queue.topic,
+                    queue.queue_id,
+                    start,
+                    queue.max_offset,
+                    len(names) - position,
                 )
                 for _, later in names[position:]:
                     later.unlink()
@@ -326,7 +328,9 @@ class ConsumeQueues:
         if length % ENTRY_SIZE:
             log.warning(
                 "consume queue file %s: length %d is not a multiple of %d; cutting the torn entry",
-                path, length, ENTRY_SIZE,
+                path,
+                length,
+                ENTRY_SIZE,
             )
             length -= length % ENTRY_SIZE
             os.truncate(path, length)
@@ -343,7 +347,8 @@ class ConsumeQueues:
         if valid < zero_at:
             log.warning(
                 "consume queue file %s: torn or out-of-order entry at offset %d; cut there",
-                path, start + valid,
+                path,
+                start + valid,
             )
         return f, valid
 
@@ -438,7 +443,10 @@ class ConsumeQueues:
         if queue_offset < queue.min_offset:
             log.warning(
                 "consume queue %s/%s: ignoring entry for trimmed offset %d (min offset %d)",
-                topic, queue_id, queue_offset, queue.min_offset,
+                topic,
+                queue_id,
+                queue_offset,
+                queue.min_offset,
             )
             return
         if queue_offset < queue.max_offset:
@@ -453,7 +461,9 @@ class ConsumeQueues:
             self._add_file(queue, queue_offset)
         f = queue.files[-1]
         mm = self._maps.get(f)
-        ENTRY.pack_into(mm, (queue_offset - f.start) * ENTRY_SIZE, commit_log_offset, size, tag_hash)
+        ENTRY.pack_into(
+            mm, (queue_offset - f.start) * ENTRY_SIZE, commit_log_offset, size, tag_hash
+        )
         queue.max_offset = queue_offset + 1
         self._mark_dirty(f)
 

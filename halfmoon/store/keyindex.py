@@ -268,7 +268,9 @@ class KeyIndex:
         self._old_maps.pop(f, None)
         if f.mm is not None:
             if f.dirty:
-                _HEADER_TAIL.pack_into(f.mm, _HEADER_TAIL_AT, f.end_timestamp, f.end_offset, f.count)
+                _HEADER_TAIL.pack_into(
+                    f.mm, _HEADER_TAIL_AT, f.end_timestamp, f.end_offset, f.count
+                )
                 f.mm.flush()
                 f.dirty = False
             f.mm.close()
@@ -471,7 +473,9 @@ class KeyIndex:
             paths = []
             for f in self._files:
                 if f.dirty and f.mm is not None:
-                    _HEADER_TAIL.pack_into(f.mm, _HEADER_TAIL_AT, f.end_timestamp, f.end_offset, f.count)
+                    _HEADER_TAIL.pack_into(
+                        f.mm, _HEADER_TAIL_AT, f.end_timestamp, f.end_offset, f.count
+                    )
                     paths.append(f.path)
                     f.dirty = False
         for path in paths:

@@ -166,7 +166,9 @@ def encode_unsealed(
     message: Message, store_host: str = "", encoded_properties: bytes | None = None
 ) -> bytearray:
     """:func:`prepare` without the wrapper object: the store's append path uses the buffer."""
-    props = encode_properties(message.properties) if encoded_properties is None else encoded_properties
+    props = (
+        encode_properties(message.properties) if encoded_properties is None else encoded_properties
+    )
     if len(props) > MAX_PROPERTIES_BYTES:
         raise ValueError("properties too long for the record format")
     names = _names(message.topic, message.born_host, store_host)
@@ -185,7 +187,9 @@ def encode_unsealed(
     return bytearray().join((head, body, names, _U16.pack(len(props)), props))
 
 
-def seal(buffer: bytearray, queue_offset: int, commit_log_offset: int, store_timestamp: int) -> None:
+def seal(
+    buffer: bytearray, queue_offset: int, commit_log_offset: int, store_timestamp: int
+) -> None:
     """Fill in what the writer assigns and compute the CRC, in place."""
     _STORE_FIELDS.pack_into(buffer, QUEUE_OFFSET_AT, queue_offset, commit_log_offset)
     _STORE_TIMESTAMP.pack_into(buffer, STORE_TIMESTAMP_AT, store_timestamp)
@@ -208,7 +212,9 @@ def encode(
     store_host: str = "",
 ) -> bytes:
     """Encode a whole record in one call (tests, tools)."""
-    return bytes(finalize(prepare(message, store_host), queue_offset, commit_log_offset, store_timestamp))
+    return bytes(
+        finalize(prepare(message, store_host), queue_offset, commit_log_offset, store_timestamp)
+    )
 
 
 def blank(size: int) -> bytes:

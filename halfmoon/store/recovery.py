@@ -196,7 +196,11 @@ def recover(
     started = time.monotonic()
     log_min = commitlog.min_offset
     last_end = commitlog.segments[-1].end if commitlog.segments else log_min
-    state = "valid" if checkpoint else ("corrupt" if (data_dir / CHECKPOINT_FILE).exists() else "missing")
+    state = (
+        "valid"
+        if checkpoint
+        else ("corrupt" if (data_dir / CHECKPOINT_FILE).exists() else "missing")
+    )
     usable = checkpoint is not None and log_min <= checkpoint.flushed_offset <= last_end
     scan_start = checkpoint.flushed_offset if usable and checkpoint else log_min
     report = RecoveryReport(crashed, state, scan_start, scan_start)
@@ -237,8 +241,16 @@ def recover(
     log.info(
         "event=recovery crashed=%s checkpoint=%s scan_from=%d end=%d bytes_scanned=%d "
         "redispatched_from=%d rebuilt_queues=%d index_rebuilt=%s damaged_regions=%d duration_ms=%.1f",
-        crashed, state, report.scan_start, end, report.bytes_scanned, report.redispatched_from,
-        len(rebuild), rebuild_index, len(report.damaged), report.duration * 1000,
+        crashed,
+        state,
+        report.scan_start,
+        end,
+        report.bytes_scanned,
+        report.redispatched_from,
+        len(rebuild),
+        rebuild_index,
+        len(report.damaged),
+        report.duration * 1000,
     )
     return report
 

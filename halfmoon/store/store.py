@@ -134,7 +134,9 @@ class MessageStore:
         if self._sync:
             self._flusher = GroupCommitFlusher(self._commitlog, self._on_flushed)
         else:
-            self._flusher = IntervalFlusher(self._commitlog, config.flush_interval, self._on_flushed)
+            self._flusher = IntervalFlusher(
+                self._commitlog, config.flush_interval, self._on_flushed
+            )
         self._last_checkpoint: tuple[int, int] = (-1, -1)
         self.write_checkpoint()
         self._stop = threading.Event()
@@ -265,7 +267,9 @@ class MessageStore:
                 queue_put(topic, queue_id, queue_offset, position, size, tag)
                 if keys:
                     index_put(topic, keys, position, now)
-                results.append(new_append_result(topic, queue_id, queue_offset, position, size, now))
+                results.append(
+                    new_append_result(topic, queue_id, queue_offset, position, size, now)
+                )
             self._appends += len(results)
             if self._sync:
                 self._pending.extend(results)
@@ -449,7 +453,10 @@ class MessageStore:
                 message = self.read_at(offset)
             except MessageNotFound:
                 continue
-            if message.topic != topic or not begin_timestamp <= message.store_timestamp <= end_timestamp:
+            if (
+                message.topic != topic
+                or not begin_timestamp <= message.store_timestamp <= end_timestamp
+            ):
                 continue
             if key in message.keys or message.unique_id == key:
                 found.append(message)

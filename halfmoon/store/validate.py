@@ -128,7 +128,12 @@ def _remember_topic(topic: str) -> None:
 def _explain_properties(properties: dict[str, str]) -> None:
     """Raise the error that names the first illegal property key or value."""
     for key, value in properties.items():
-        if not isinstance(key, str) or not key or PROPERTY_SEPARATOR in key or PAIR_SEPARATOR in key:
+        if (
+            not isinstance(key, str)
+            or not key
+            or PROPERTY_SEPARATOR in key
+            or PAIR_SEPARATOR in key
+        ):
             raise IllegalPropertyKey(
                 f"property key {key!r} is illegal: keys must be non-empty strings without "
                 "the characters \\x01 and \\x02"
@@ -150,6 +155,8 @@ def check_ranges(message: Message) -> None:
         ("prepared_transaction_offset", message.prepared_transaction_offset, _I64),
     ):
         if type(value) is not int or not low <= value <= high:
-            raise IllegalMessageField(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+            raise IllegalMessageField(
+                f"{name} must be an integer in [{low}, {high}], got {value!r}"
+            )
     if len(message.born_host.encode("utf-8")) > 255:
         raise IllegalMessageField("born_host must be at most 255 bytes of UTF-8")

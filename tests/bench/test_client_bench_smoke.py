@@ -19,7 +19,19 @@ EXPECTED_ROWS = {
 
 def test_client_bench_runs_and_reports_every_row(tmp_path: Path) -> None:
     out = tmp_path / "client.json"
-    cmd = [sys.executable, "-m", "bench.client_bench", "--seconds", "0.2", "--rounds", "1", "--receive-messages", "64", "--json", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.client_bench",
+        "--seconds",
+        "0.2",
+        "--rounds",
+        "1",
+        "--receive-messages",
+        "64",
+        "--json",
+        str(out),
+    ]
     done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "vs official" in done.stdout and "target:" in done.stdout
@@ -35,4 +47,7 @@ def test_client_bench_runs_and_reports_every_row(tmp_path: Path) -> None:
             if system != OFFICIAL:
                 assert m["vs_official"] > 0, (key, system, m)
     assert rows["receive"]["measurements"][0]["messages"] >= 64
-    assert "messages per request" in {m["system"]: m for m in rows["send_s16"]["measurements"]}["halfmoon"]["note"]
+    assert (
+        "messages per request"
+        in {m["system"]: m for m in rows["send_s16"]["measurements"]}["halfmoon"]["note"]
+    )

@@ -94,7 +94,11 @@ def test_benchmark_runs_every_scenario_on_every_system(tmp_path: Path, amqp_url:
     assert all(m["messages"] >= 200 for m in rows["consume"]["measurements"])
 
     targets = results["targets"]
-    assert {t["name"] for t in targets} >= {"send p50, async flush", "send p99, async flush", "end-to-end p99, async flush"}
+    assert {t["name"] for t in targets} >= {
+        "send p50, async flush",
+        "send p99, async flush",
+        "end-to-end p99, async flush",
+    }
     assert all(t["measured"] > 0 for t in targets)
     assert "PASS" in proc.stdout or "MISS" in proc.stdout
     assert "vs RabbitMQ" in proc.stdout

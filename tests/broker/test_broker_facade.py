@@ -19,7 +19,9 @@ def test_receive_ack_and_redelivery_through_the_facade(broker: Broker, clock: Fa
     broker.create_group("g", consume_from="earliest")
     broker.send([OutgoingMessage("t", b"a", tag="x"), OutgoingMessage("t", b"b", tag="y")])
     got = broker.receive("g", "t", FilterSpec("TAG", "x"), 10, 30_000)
-    assert [m.body for m in got] == [b"a"] and got[0].receipt_handle and got[0].delivery_attempt == 1
+    assert (
+        [m.body for m in got] == [b"a"] and got[0].receipt_handle and got[0].delivery_attempt == 1
+    )
     assert broker.receive("g", "t", FilterSpec("TAG", "x"), 10, 30_000) == []
     assert broker.next_wakeup_ms("g", "t") == clock.now_ms() + 30_000
     new_handle = broker.change_invisible_duration("g", "t", got[0].receipt_handle, 1_000)
@@ -59,7 +61,9 @@ def test_forward_to_dead_letter(broker: Broker) -> None:
     broker.send([OutgoingMessage("t", b"bad")])
     (msg,) = broker.receive("g", "t", FilterSpec(), 1, 10_000)
     broker.forward_to_dead_letter("g", "t", msg.receipt_handle or "")
-    assert [m.body for m in broker.pull("x", dead_letter_topic("g"), 0, 0, 10, FilterSpec()).messages] == [b"bad"]
+    assert [
+        m.body for m in broker.pull("x", dead_letter_topic("g"), 0, 0, 10, FilterSpec()).messages
+    ] == [b"bad"]
 
 
 def test_arrival_listener_sees_visible_messages_only(broker: Broker, clock: FakeClock) -> None:
@@ -68,7 +72,13 @@ def test_arrival_listener_sees_visible_messages_only(broker: Broker, clock: Fake
     seen: list[tuple[str, int]] = []
     broker.add_arrival_listener(lambda topic, queue: seen.append((topic, queue)))
     broker.send([OutgoingMessage("t", b"x")])
-    broker.send([OutgoingMessage("d", b"y", message_type=MessageType.DELAY, delivery_timestamp=clock.now_ms() + 10)])
+    broker.send(
+        [
+            OutgoingMessage(
+                "d", b"y", message_type=MessageType.DELAY, delivery_timestamp=clock.now_ms() + 10
+            )
+        ]
+    )
     assert seen == [("t", 0)]
     clock.advance(10)
     broker.tick()
@@ -106,7 +116,9 @@ def test_delete_group_forgets_offsets_and_pop_state(broker: Broker) -> None:
     assert broker.offsets.get("g", "t", 0) is None
 
 
-def test_consumption_state_survives_close_and_reopen(store: MemoryStore, clock: FakeClock, tmp_path) -> None:
+def test_consumption_state_survives_close_and_reopen(
+    store: MemoryStore, clock: FakeClock, tmp_path
+) -> None:
     first = Broker(store, tmp_path, clock=clock)
     first.create_topic("t", queue_count=1)
     first.create_group("g", consume_from="earliest")

@@ -30,7 +30,9 @@ class RecordingSender:
         self.on_send: Callable[[str], None] | None = None
         self.fail_for: set[str] = set()
 
-    def send_check(self, producer_group: str | None, topic: str, message: MessageView, transaction_id: str) -> bool:
+    def send_check(
+        self, producer_group: str | None, topic: str, message: MessageView, transaction_id: str
+    ) -> bool:
         if transaction_id in self.fail_for:
             raise RuntimeError("stream broke")
         if not self.live:
@@ -56,7 +58,11 @@ def txn(store: MemoryStore, clock: FakeClock, sender: RecordingSender) -> Broker
 
 def send_half(broker: Broker, body: bytes = b"x", **kw):
     (result,) = broker.send(
-        [OutgoingMessage("orders", body, message_type=MessageType.TRANSACTION, producer_group="pg", **kw)]
+        [
+            OutgoingMessage(
+                "orders", body, message_type=MessageType.TRANSACTION, producer_group="pg", **kw
+            )
+        ]
     )
     return result
 
@@ -79,7 +85,9 @@ def test_nothing_is_checked_before_the_interval_nor_before_the_timeout(
     assert txn.list_transactions()[0].checks_sent == 1
 
 
-def test_immunity_delays_the_first_check(txn: Broker, clock: FakeClock, sender: RecordingSender) -> None:
+def test_immunity_delays_the_first_check(
+    txn: Broker, clock: FakeClock, sender: RecordingSender
+) -> None:
     immune = send_half(txn, b"immune", check_immunity_seconds=100)
     plain = send_half(txn, b"plain")
     scan(txn, clock)  # 30 s
@@ -101,7 +109,11 @@ def test_check_max_parks_then_operator_resumes(
     scan(txn, clock)  # the fourth round: no answer to three checks -> parked, not checked again
     assert len(sender.sent) == 3
     (parked,) = txn.parked_transactions()
-    assert (parked.transaction_id, parked.state, parked.checks_sent) == (result.transaction_id, "parked", 3)
+    assert (parked.transaction_id, parked.state, parked.checks_sent) == (
+        result.transaction_id,
+        "parked",
+        3,
+    )
     assert store.max_offset(CHECK_MAX_TOPIC, 0) == 1
     assert txn.transaction_stats().parked_total == 1
     scan(txn, clock)
@@ -119,7 +131,10 @@ def test_parked_transaction_can_still_be_decided(txn: Broker, clock: FakeClock) 
     for _ in range(4):
         scan(txn, clock)
     assert txn.parked_transactions()
-    assert txn.end_transaction("orders", "", result.transaction_id, "commit", "operator") is TxnState.COMMITTED
+    assert (
+        txn.end_transaction("orders", "", result.transaction_id, "commit", "operator")
+        is TxnState.COMMITTED
+    )
     assert txn.parked_transactions() == [] and txn.list_transactions() == []
 
 
@@ -144,7 +159,9 @@ def test_no_sender_set_is_like_no_live_producer(store: MemoryStore, clock: FakeC
     assert broker.list_transactions()[0].checks_sent == 0
 
 
-def test_decided_transactions_are_never_checked(txn: Broker, clock: FakeClock, sender: RecordingSender) -> None:
+def test_decided_transactions_are_never_checked(
+    txn: Broker, clock: FakeClock, sender: RecordingSender
+) -> None:
     committed = send_half(txn, b"c")
     rolled = send_half(txn, b"r")
     open_ = send_half(txn, b"o")
@@ -207,18 +224,24 @@ def test_an_error_on_one_message_does_not_stall_the_scan(
     assert txn.transaction_stats().lost_total == 1
 
 
-def test_group_members_are_not_checked(txn: Broker, clock: FakeClock, sender: RecordingSender) -> None:
+def test_group_members_are_not_checked(
+    txn: Broker, clock: FakeClock, sender: RecordingSender
+) -> None:
     send_half(txn, transaction_group="spark-batch-1")
     for _ in range(5):
         scan(txn, clock)
     assert sender.sent == [] and txn.parked_transactions() == []
 
 
-def test_thousands_of_checks_in_one_scan(txn: Broker, clock: FakeClock, sender: RecordingSender) -> None:
+def test_thousands_of_checks_in_one_scan(
+    txn: Broker, clock: FakeClock, sender: RecordingSender
+) -> None:
     for _start in range(0, 2_000, 500):
         txn.send(
             [
-                OutgoingMessage("orders", b"x", message_type=MessageType.TRANSACTION, producer_group="pg")
+                OutgoingMessage(
+                    "orders", b"x", message_type=MessageType.TRANSACTION, producer_group="pg"
+                )
                 for _ in range(500)
             ]
         )
@@ -284,7 +307,9 @@ def test_a_slow_producer_answering_within_the_retry_time_is_never_parked(
         if not answer_at and not broker.list_transactions():
             break
     assert broker.list_transactions() == [] and broker.parked_transactions() == []
-    assert sorted(s[3] for s in sender.sent) == sorted(r.transaction_id for r in results)  # one check each
+    assert sorted(s[3] for s in sender.sent) == sorted(
+        r.transaction_id for r in results
+    )  # one check each
     stats = broker.transaction_stats()
     assert (stats.committed_total, stats.parked_total, stats.checks_sent_total) == (20, 0, 20)
 
@@ -292,7 +317,9 @@ def test_a_slow_producer_answering_within_the_retry_time_is_never_parked(
 def test_an_unanswered_check_is_repeated_after_the_retry_time_then_parked(
     store: MemoryStore, clock: FakeClock
 ) -> None:
-    config = TransactionConfig(check_interval_ms=1_000, timeout_ms=1_000, check_retry_ms=5_000, check_max=2)
+    config = TransactionConfig(
+        check_interval_ms=1_000, timeout_ms=1_000, check_retry_ms=5_000, check_max=2
+    )
     broker = Broker(store, None, BrokerConfig(), clock, config)
     broker.create_topic("orders", MessageType.TRANSACTION)
     sender = RecordingSender()
@@ -309,28 +336,40 @@ def test_an_unanswered_check_is_repeated_after_the_retry_time_then_parked(
     assert parked.checks_sent == 2
 
 
-def test_batch_sender_gets_batches_and_only_taken_checks_count(store: MemoryStore, clock: FakeClock) -> None:
+def test_batch_sender_gets_batches_and_only_taken_checks_count(
+    store: MemoryStore, clock: FakeClock
+) -> None:
     broker = Broker(store, None, BrokerConfig(), clock, TransactionConfig(check_max=3))
     broker.create_topic("orders", MessageType.TRANSACTION)
     sender = BatchSender()
     broker.set_check_sender(sender)
     count = CHECK_BATCH + 10
     broker.send(
-        [OutgoingMessage("orders", b"x", message_type=MessageType.TRANSACTION, producer_group="pg") for _ in range(count)]
+        [
+            OutgoingMessage(
+                "orders", b"x", message_type=MessageType.TRANSACTION, producer_group="pg"
+            )
+            for _ in range(count)
+        ]
     )
     refused = {i.transaction_id for i in broker.list_transactions()[:5]}
     sender.refuse = refused
     scan(broker, clock)
     while broker._checks.scanning:
         broker.tick()
-    assert sum(len(b) for b in sender.batches) == count and max(len(b) for b in sender.batches) <= CHECK_BATCH
+    assert (
+        sum(len(b) for b in sender.batches) == count
+        and max(len(b) for b in sender.batches) <= CHECK_BATCH
+    )
     stats = broker.transaction_stats()
     assert (stats.checks_sent_total, stats.checks_unsent_total) == (count - 5, 5)
     counts = {i.transaction_id: i.checks_sent for i in broker.list_transactions()}
     assert all(counts[t] == 0 for t in refused) and sum(counts.values()) == count - 5
 
 
-def test_a_failing_batch_is_counted_as_errors_and_the_scan_goes_on(store: MemoryStore, clock: FakeClock) -> None:
+def test_a_failing_batch_is_counted_as_errors_and_the_scan_goes_on(
+    store: MemoryStore, clock: FakeClock
+) -> None:
     broker = Broker(store, None, BrokerConfig(), clock, TransactionConfig(check_max=3))
     broker.create_topic("orders", MessageType.TRANSACTION)
 

@@ -21,14 +21,40 @@ from halfmoon.store.memory import MemoryStore
 def test_default_retry_levels_are_rocketmqs() -> None:
     policy = RetryPolicy()
     seconds = [policy.delay_for_attempt(n) // 1000 for n in range(1, 19)]
-    assert seconds == [1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200]
+    assert seconds == [
+        1,
+        5,
+        10,
+        30,
+        60,
+        120,
+        180,
+        240,
+        300,
+        360,
+        420,
+        480,
+        540,
+        600,
+        1200,
+        1800,
+        3600,
+        7200,
+    ]
     assert policy.delay_for_attempt(50) == 7_200_000  # the last level repeats
     assert policy.delay_for_attempt(0) == 1_000
 
 
 def test_exponential_backoff_is_capped() -> None:
     policy = RetryPolicy.exponential(initial_ms=100, max_ms=1_000, multiplier=3)
-    assert [policy.delay_for_attempt(n) for n in (1, 2, 3, 4, 5, 10_000)] == [100, 300, 900, 1000, 1000, 1000]
+    assert [policy.delay_for_attempt(n) for n in (1, 2, 3, 4, 5, 10_000)] == [
+        100,
+        300,
+        900,
+        1000,
+        1000,
+        1000,
+    ]
     with pytest.raises(InvalidArgument):
         RetryPolicy.exponential(initial_ms=100, max_ms=10, multiplier=2)
     with pytest.raises(InvalidArgument):
@@ -79,7 +105,9 @@ def test_disabled_group_cannot_consume(broker: Broker) -> None:
         broker.receive("off", "t", FilterSpec(), 1, 30_000)
 
 
-def test_groups_survive_close_and_reopen(store: MemoryStore, clock: FakeClock, tmp_path: Path) -> None:
+def test_groups_survive_close_and_reopen(
+    store: MemoryStore, clock: FakeClock, tmp_path: Path
+) -> None:
     first = Broker(store, tmp_path, clock=clock)
     first.create_group("a", fifo=True, retry_policy=RetryPolicy.customized((5, 50)))
     first.create_group("b", broadcast=True, retry_policy=RetryPolicy.exponential(1, 9, 1.5))

@@ -34,9 +34,15 @@ def topic(broker: Broker) -> str:
 
 def test_pull_all_then_nothing_new(broker: Broker, topic: str) -> None:
     first = broker.pull("g", topic, 0, 0, 3, FilterSpec())
-    assert first.status is GetStatus.FOUND and [m.body for m in first.messages] == [b"0", b"1", b"2"]
+    assert first.status is GetStatus.FOUND and [m.body for m in first.messages] == [
+        b"0",
+        b"1",
+        b"2",
+    ]
     assert (first.next_offset, first.min_offset, first.max_offset) == (3, 0, 4)
-    assert first.messages[0].properties == {"n": "1", "region": "eu"} and first.messages[0].tag == "a"
+    assert (
+        first.messages[0].properties == {"n": "1", "region": "eu"} and first.messages[0].tag == "a"
+    )
     rest = broker.pull("g", topic, 0, first.next_offset, 10, FilterSpec())
     assert [m.body for m in rest.messages] == [b"3"]
     assert broker.pull("g", topic, 0, 4, 10, FilterSpec()).status is GetStatus.NO_MESSAGE
@@ -62,7 +68,9 @@ def test_sql92_filter(broker: Broker, topic: str) -> None:
     assert info.value.code == "ILLEGAL_FILTER_EXPRESSION"
 
 
-def test_trimmed_offset_reports_the_new_minimum(broker: Broker, store: MemoryStore, topic: str) -> None:
+def test_trimmed_offset_reports_the_new_minimum(
+    broker: Broker, store: MemoryStore, topic: str
+) -> None:
     store.trim(topic, 0, 2)
     got = broker.pull("g", topic, 0, 0, 10, FilterSpec())
     assert got.status is GetStatus.OFFSET_TOO_SMALL and got.next_offset == 2 and got.min_offset == 2
@@ -81,7 +89,9 @@ def test_offsets_commit_and_validation(broker: Broker, topic: str) -> None:
     with pytest.raises(IllegalQueueId):
         broker.get_offset("g", topic, 5)
     progress = broker.group_progress("g", topic)
-    assert [(p.queue_id, p.committed_offset, p.max_offset, p.lag) for p in progress] == [(0, 3, 4, 1)]
+    assert [(p.queue_id, p.committed_offset, p.max_offset, p.lag) for p in progress] == [
+        (0, 3, 4, 1)
+    ]
 
 
 def test_offsets_persist(store: MemoryStore, clock: FakeClock, tmp_path: Path) -> None:
@@ -93,13 +103,18 @@ def test_offsets_persist(store: MemoryStore, clock: FakeClock, tmp_path: Path) -
     assert Broker(store, tmp_path, clock=clock).get_offset("g", "t", 1) == 1
 
 
-def test_offsets_persist_periodically_on_tick(store: MemoryStore, clock: FakeClock, tmp_path: Path) -> None:
+def test_offsets_persist_periodically_on_tick(
+    store: MemoryStore, clock: FakeClock, tmp_path: Path
+) -> None:
     first = Broker(store, tmp_path, clock=clock)
     first.create_topic("t", queue_count=1)
     first.send([OutgoingMessage("t", b"x")])
     first.update_offset("g", "t", 0, 1)
     first.tick()
-    assert not (tmp_path / "offsets.json").exists() or Broker(store, tmp_path, clock=clock).offsets.get("g", "t", 0) is None
+    assert (
+        not (tmp_path / "offsets.json").exists()
+        or Broker(store, tmp_path, clock=clock).offsets.get("g", "t", 0) is None
+    )
     clock.advance(5_000)
     first.tick()  # interval passed: written without a close
     assert Broker(store, tmp_path, clock=clock).get_offset("g", "t", 0) == 1

@@ -34,7 +34,10 @@ def delivered(broker: Broker, topic: str = "d") -> list[bytes]:
     assert broker.store.wait_durable(broker.store.stats().commit_log_max_offset, timeout=10)
     bodies = []
     for route in broker.route(topic):
-        bodies += [m.body for m in broker.pull("probe", topic, route.queue_id, 0, 1000, FilterSpec()).messages]
+        bodies += [
+            m.body
+            for m in broker.pull("probe", topic, route.queue_id, 0, 1000, FilterSpec()).messages
+        ]
     return sorted(bodies)
 
 
@@ -59,7 +62,11 @@ def test_recalled_before_its_time_is_never_delivered(broker: Broker, clock: Fake
     broker.create_topic("d", MessageType.DELAY, queue_count=2)
     now = clock.now_ms()
     kept, recalled = broker.send([delay(now + 5_000, b"kept"), delay(now + 5_000, b"recalled")])
-    assert kept.recall_handle and recalled.recall_handle and kept.recall_handle != recalled.recall_handle
+    assert (
+        kept.recall_handle
+        and recalled.recall_handle
+        and kept.recall_handle != recalled.recall_handle
+    )
     broker.tick()
     assert broker.timer.pending == 2
     assert broker.recall("d", recalled.recall_handle) == recalled.message_id
@@ -95,7 +102,9 @@ def test_recall_after_delivery_is_a_clear_error(broker: Broker, clock: FakeClock
     assert info.value.code == "NOT_FOUND" and "already delivered" in info.value.message
 
 
-def test_recalling_twice_is_idempotent_even_after_the_skip(broker: Broker, clock: FakeClock) -> None:
+def test_recalling_twice_is_idempotent_even_after_the_skip(
+    broker: Broker, clock: FakeClock
+) -> None:
     broker.create_topic("d", MessageType.DELAY, queue_count=1)
     (sent,) = broker.send([delay(clock.now_ms() + 1_000, b"x")])
     assert sent.recall_handle
@@ -107,19 +116,58 @@ def test_recalling_twice_is_idempotent_even_after_the_skip(broker: Broker, clock
     assert delivered(broker) == [] and broker.timer.recalled_total == 1
 
 
-def test_forged_and_misdirected_handles_are_refused_cleanly(broker: Broker, clock: FakeClock) -> None:
+def test_forged_and_misdirected_handles_are_refused_cleanly(
+    broker: Broker, clock: FakeClock
+) -> None:
     broker.create_topic("d", MessageType.DELAY, queue_count=1)
     broker.create_topic("other", MessageType.DELAY, queue_count=1)
     (sent,) = broker.send([delay(clock.now_ms() + 1_000, b"x")])
     assert sent.recall_handle
     real = decode(sent.recall_handle)
     forgeries = [
-        RecallHandle(real.broker, real.topic, real.timer_offset, real.commit_log_offset, real.due_ms, "someone-else"),
-        RecallHandle(real.broker, real.topic, real.timer_offset + 1, real.commit_log_offset, real.due_ms, real.message_id),
-        RecallHandle(real.broker, real.topic, real.timer_offset, real.commit_log_offset + 1, real.due_ms, real.message_id),
-        RecallHandle(real.broker, real.topic, real.timer_offset, 10**15, real.due_ms, real.message_id),
-        RecallHandle(real.broker, real.topic, real.timer_offset, real.commit_log_offset, real.due_ms + 1, real.message_id),
-        RecallHandle("another-broker", real.topic, real.timer_offset, real.commit_log_offset, real.due_ms, real.message_id),
+        RecallHandle(
+            real.broker,
+            real.topic,
+            real.timer_offset,
+            real.commit_log_offset,
+            real.due_ms,
+            "someone-else",
+        ),
+        RecallHandle(
+            real.broker,
+            real.topic,
+            real.timer_offset + 1,
+            real.commit_log_offset,
+            real.due_ms,
+            real.message_id,
+        ),
+        RecallHandle(
+            real.broker,
+            real.topic,
+            real.timer_offset,
+            real.commit_log_offset + 1,
+            real.due_ms,
+            real.message_id,
+        ),
+        RecallHandle(
+            real.broker, real.topic, real.timer_offset, 10**15, real.due_ms, real.message_id
+        ),
+        RecallHandle(
+            real.broker,
+            real.topic,
+            real.timer_offset,
+            real.commit_log_offset,
+            real.due_ms + 1,
+            real.message_id,
+        ),
+        RecallHandle(
+            "another-broker",
+            real.topic,
+            real.timer_offset,
+            real.commit_log_offset,
+            real.due_ms,
+            real.message_id,
+        ),
     ]
     for forged in forgeries:
         with pytest.raises(IllegalRecallHandle):
@@ -176,7 +224,9 @@ def test_recall_is_durable_across_a_restart(tmp_path: Path, clock: FakeClock) ->
         store.close()
 
 
-def test_due_but_not_yet_moved_by_the_timer_can_still_be_recalled(broker: Broker, clock: FakeClock) -> None:
+def test_due_but_not_yet_moved_by_the_timer_can_still_be_recalled(
+    broker: Broker, clock: FakeClock
+) -> None:
     broker.create_topic("d", MessageType.DELAY, queue_count=1)
     (sent,) = broker.send([delay(clock.now_ms() + 1_000, b"x")])
     assert sent.recall_handle

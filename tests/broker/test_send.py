@@ -36,14 +36,30 @@ def test_send_returns_ids_and_offsets_round_robin(broker: Broker, store: MemoryS
 @pytest.mark.parametrize(
     ("topic_type", "message", "code"),
     [
-        (MessageType.NORMAL, out(message_type=MessageType.FIFO, message_group="g"), "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"),
+        (
+            MessageType.NORMAL,
+            out(message_type=MessageType.FIFO, message_group="g"),
+            "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE",
+        ),
         (MessageType.FIFO, out(), "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"),
-        (MessageType.FIFO, out(message_type=MessageType.FIFO), "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"),
-        (MessageType.DELAY, out(message_type=MessageType.DELAY), "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"),
+        (
+            MessageType.FIFO,
+            out(message_type=MessageType.FIFO),
+            "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE",
+        ),
+        (
+            MessageType.DELAY,
+            out(message_type=MessageType.DELAY),
+            "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE",
+        ),
         (MessageType.TRANSACTION, out(), "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"),
         (MessageType.MIXED, out(message_group="g"), "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"),
         (MessageType.MIXED, out(delivery_timestamp=5), "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"),
-        (MessageType.DELAY, out(message_type=MessageType.DELAY, delivery_timestamp=2**62), "ILLEGAL_DELIVERY_TIME"),
+        (
+            MessageType.DELAY,
+            out(message_type=MessageType.DELAY, delivery_timestamp=2**62),
+            "ILLEGAL_DELIVERY_TIME",
+        ),
         (MessageType.NORMAL, out(tag="a||b"), "ILLEGAL_MESSAGE_TAG"),
         (MessageType.NORMAL, out(tag=" "), "ILLEGAL_MESSAGE_TAG"),
         (MessageType.NORMAL, out(keys=["two words"]), "ILLEGAL_MESSAGE_KEY"),
@@ -59,7 +75,11 @@ def test_validation_errors_have_stable_codes_and_write_nothing(
     broker: Broker, store: MemoryStore, topic_type: MessageType, message: OutgoingMessage, code: str
 ) -> None:
     broker.create_topic("t", topic_type, queue_count=2)
-    good = out(message_type=MessageType.FIFO, message_group="g") if topic_type is MessageType.FIFO else None
+    good = (
+        out(message_type=MessageType.FIFO, message_group="g")
+        if topic_type is MessageType.FIFO
+        else None
+    )
     batch = [good, message] if good is not None else [message]
     with pytest.raises(Exception) as info:
         broker.send(batch)
@@ -88,13 +108,17 @@ def test_each_topic_type_accepts_its_message_type(
 def test_fifo_same_group_same_queue_and_order_preserved(broker: Broker) -> None:
     broker.create_topic("f", MessageType.FIFO, queue_count=8)
     sends = [
-        OutgoingMessage("f", f"{group}-{i}".encode(), message_type=MessageType.FIFO, message_group=group)
+        OutgoingMessage(
+            "f", f"{group}-{i}".encode(), message_type=MessageType.FIFO, message_group=group
+        )
         for i in range(20)
         for group in ("alpha", "beta", "gamma")
     ]
     results = broker.send(sends)
     for group in ("alpha", "beta", "gamma"):
-        queues = {r.queue_id for r, m in zip(results, sends, strict=True) if m.message_group == group}
+        queues = {
+            r.queue_id for r, m in zip(results, sends, strict=True) if m.message_group == group
+        }
         assert queues == {queue_for_group(group, 8)}
     queue = queue_for_group("alpha", 8)
     bodies = [m.body for m in broker.pull("c", "f", queue, 0, 100, FilterSpec()).messages]
@@ -105,7 +129,9 @@ def test_fifo_same_group_same_queue_and_order_preserved(broker: Broker) -> None:
 
 def test_past_delivery_time_goes_straight_to_the_queue(broker: Broker, clock: FakeClock) -> None:
     broker.create_topic("d", MessageType.DELAY, queue_count=1)
-    result = broker.send([out("d", message_type=MessageType.DELAY, delivery_timestamp=clock.now_ms())])[0]
+    result = broker.send(
+        [out("d", message_type=MessageType.DELAY, delivery_timestamp=clock.now_ms())]
+    )[0]
     assert result.queue_offset == 0
     view = broker.pull("c", "d", 0, 0, 1, FilterSpec()).messages[0]
     assert view.delivery_timestamp == clock.now_ms() and view.message_type is MessageType.DELAY

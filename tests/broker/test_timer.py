@@ -27,7 +27,10 @@ def delivered(broker: Broker, topic: str = "d") -> list[bytes]:
     settle(broker)
     bodies = []
     for route in broker.route(topic):
-        bodies += [m.body for m in broker.pull("probe", topic, route.queue_id, 0, 1000, FilterSpec()).messages]
+        bodies += [
+            m.body
+            for m in broker.pull("probe", topic, route.queue_id, 0, 1000, FilterSpec()).messages
+        ]
     return bodies
 
 
@@ -36,7 +39,12 @@ def test_delivered_at_its_time_and_not_before(broker: Broker, clock: FakeClock) 
     arrivals: list[tuple[str, int]] = []
     broker.add_arrival_listener(lambda t, q: arrivals.append((t, q)))
     now = clock.now_ms()
-    sent = broker.send([delay(now + 10_000, b"late", tag="x", keys=["k"], message_id="ID1"), delay(now + 2_000, b"soon")])
+    sent = broker.send(
+        [
+            delay(now + 10_000, b"late", tag="x", keys=["k"], message_id="ID1"),
+            delay(now + 2_000, b"soon"),
+        ]
+    )
     assert all(r.queue_offset == -1 for r in sent) and arrivals == []
     broker.tick()
     assert delivered(broker) == [] and broker.timer.pending == 2
@@ -56,7 +64,9 @@ def test_delivered_at_its_time_and_not_before(broker: Broker, clock: FakeClock) 
     assert broker.timer.pending == 0 and broker.status().pending_delay_messages == 0
 
 
-def test_memory_holds_only_entries_due_within_the_window(store: MemoryStore, clock: FakeClock) -> None:
+def test_memory_holds_only_entries_due_within_the_window(
+    store: MemoryStore, clock: FakeClock
+) -> None:
     config = BrokerConfig(timer_window_ms=60_000, timer_max_heap=1_000)
     broker = Broker(store, None, config, clock)
     broker.create_topic("d", MessageType.DELAY, queue_count=1)
@@ -76,7 +86,9 @@ def test_memory_holds_only_entries_due_within_the_window(store: MemoryStore, clo
     assert len(delivered(broker)) == 55 and broker.timer.pending == 0
 
 
-def test_heap_cap_still_delivers_everything_exactly_once(store: MemoryStore, clock: FakeClock) -> None:
+def test_heap_cap_still_delivers_everything_exactly_once(
+    store: MemoryStore, clock: FakeClock
+) -> None:
     broker = Broker(store, None, BrokerConfig(timer_max_heap=7), clock)
     broker.create_topic("d", MessageType.DELAY, queue_count=1)
     now = clock.now_ms()
@@ -96,7 +108,9 @@ def test_progress_survives_close_and_reopen_without_duplicates(
     first = Broker(store, tmp_path, clock=clock)
     first.create_topic("d", MessageType.DELAY, queue_count=1)
     now = clock.now_ms()
-    first.send([delay(now + 1_000, b"a"), delay(now + 2 * 3_600_000, b"b"), delay(now + 3_000, b"c")])
+    first.send(
+        [delay(now + 1_000, b"a"), delay(now + 2 * 3_600_000, b"b"), delay(now + 3_000, b"c")]
+    )
     clock.advance(1_500)
     first.tick()
     first.close()
@@ -128,11 +142,19 @@ def test_crash_before_progress_is_saved_redelivers_rather_than_loses(
     assert bodies.count(b"2") == 1 and bodies.count(b"3") == 1  # only the unsaved window repeats
 
 
-def test_delay_survives_restart_on_a_real_store(real_broker: Callable[..., Broker], clock: FakeClock) -> None:
+def test_delay_survives_restart_on_a_real_store(
+    real_broker: Callable[..., Broker], clock: FakeClock
+) -> None:
     broker = real_broker()
     broker.create_topic("d", MessageType.DELAY, queue_count=2)
     now = clock.now_ms()
-    broker.send([delay(now + 1_000, b"one"), delay(now + 60_000, b"two"), delay(now + 3 * 86_400_000, b"three")])
+    broker.send(
+        [
+            delay(now + 1_000, b"one"),
+            delay(now + 60_000, b"two"),
+            delay(now + 3 * 86_400_000, b"three"),
+        ]
+    )
     settle(broker)
     clock.advance(1_000)
     broker.tick()

@@ -131,7 +131,11 @@ def test_topic_status_reports_offsets_and_last_store_time(broker: Broker, clock:
     broker.create_topic("t", queue_count=2)
     broker.send([OutgoingMessage("t", b"x", queue_id=1), OutgoingMessage("t", b"y", queue_id=1)])
     status = {s.queue_id: s for s in broker.topic_status("t")}
-    assert (status[0].min_offset, status[0].max_offset, status[0].last_store_timestamp) == (0, 0, None)
+    assert (status[0].min_offset, status[0].max_offset, status[0].last_store_timestamp) == (
+        0,
+        0,
+        None,
+    )
     assert (status[1].max_offset, status[1].last_store_timestamp) == (2, clock.now_ms())
 
 

@@ -38,10 +38,18 @@ def test_commit_answered_to_a_check_is_visible_and_announced_once_acknowledged(
     broker = real_broker()
     broker.create_topic("orders", MessageType.TRANSACTION, queue_count=1)
     arrived = threading.Event()
-    broker.add_arrival_listener(lambda topic, queue_id: arrived.set() if topic == "orders" else None)
+    broker.add_arrival_listener(
+        lambda topic, queue_id: arrived.set() if topic == "orders" else None
+    )
     producers = Producers()
     broker.set_check_sender(producers)
-    (sent,) = broker.send([OutgoingMessage("orders", b"paid", message_type=MessageType.TRANSACTION, producer_group="pg")])
+    (sent,) = broker.send(
+        [
+            OutgoingMessage(
+                "orders", b"paid", message_type=MessageType.TRANSACTION, producer_group="pg"
+            )
+        ]
+    )
 
     config = broker.transactions.config
     clock.advance(max(config.timeout_ms, config.check_interval_ms) + 1)
@@ -50,9 +58,13 @@ def test_commit_answered_to_a_check_is_visible_and_announced_once_acknowledged(
     assert check.transaction_id == sent.transaction_id
 
     with fsync_inside_next_append(broker.store):  # the commit's append is the next one
-        result = broker.end_transaction_nowait("orders", check.message.message_id, check.transaction_id, "commit", "check")
+        result = broker.end_transaction_nowait(
+            "orders", check.message.message_id, check.transaction_id, "commit", "check"
+        )
     assert result.state is TxnState.COMMITTED and result.changed
-    assert broker.store.durable(result.end_offset).result(timeout=WAIT_S) is None  # EndTransaction answers OK now
+    assert (
+        broker.store.durable(result.end_offset).result(timeout=WAIT_S) is None
+    )  # EndTransaction answers OK now
 
     got = broker.pull("c", "orders", 0, 0, 10, FilterSpec()).messages
     assert [m.body for m in got] == [b"paid"]

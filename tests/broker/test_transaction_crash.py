@@ -28,7 +28,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run_and_kill(data: Path, meta: Path, round_number: int, rng: random.Random) -> list[str]:
     child = subprocess.Popen(
-        [sys.executable, "-m", "tests.broker.txn_crash_child", str(data), str(meta), str(round_number), str(rng.randrange(10**6))],
+        [
+            sys.executable,
+            "-m",
+            "tests.broker.txn_crash_child",
+            str(data),
+            str(meta),
+            str(round_number),
+            str(rng.randrange(10**6)),
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -47,7 +55,9 @@ def _run_and_kill(data: Path, meta: Path, round_number: int, rng: random.Random)
         for line in child.stdout:
             lines.append(line.strip())
             groups += line.startswith("GI ")
-            if (len(lines) >= target and group_target is None) or (group_target is not None and groups >= group_target):
+            if (len(lines) >= target and group_target is None) or (
+                group_target is not None and groups >= group_target
+            ):
                 enough.set()
         enough.set()  # EOF: the child died on its own (reported below)
 
@@ -109,7 +119,9 @@ def test_acknowledged_commits_survive_sigkill_exactly_once(tmp_path: Path) -> No
             intent = body.split(b":", 1)[0]
             assert intent in (b"c", b"gc"), f"round {rounds}: {message_id} ({intent!r}) is visible"
             if group is not None:
-                assert group in group_members, f"round {rounds}: group {group} visible before it was ended"
+                assert group in group_members, (
+                    f"round {rounds}: group {group} visible before it was ended"
+                )
         missing = acked_commits - counts.keys()
         assert not missing, f"round {rounds}: acknowledged commits lost: {sorted(missing)[:5]}"
         by_group = Counter(group for _, _, group in seen if group is not None)
@@ -118,6 +130,8 @@ def test_acknowledged_commits_survive_sigkill_exactly_once(tmp_path: Path) -> No
                 f"round {rounds}: group {group} partly visible ({by_group.get(group)} of {len(members)})"
             )
             if group in acked_groups:
-                assert by_group.get(group) == len(members), f"round {rounds}: acknowledged group {group} lost"
+                assert by_group.get(group) == len(members), (
+                    f"round {rounds}: acknowledged group {group} lost"
+                )
     assert rounds >= 5, f"only {rounds} rounds within the budget"
     assert acked_commits and acked_groups, "the child never got far enough to commit"

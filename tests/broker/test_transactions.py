@@ -37,18 +37,24 @@ def txn_broker(broker: Broker) -> Broker:
 
 
 def half(topic: str = "orders", body: bytes = b"b", **kw) -> OutgoingMessage:
-    return OutgoingMessage(topic, body, message_type=MessageType.TRANSACTION, producer_group="pg", **kw)
+    return OutgoingMessage(
+        topic, body, message_type=MessageType.TRANSACTION, producer_group="pg", **kw
+    )
 
 
 def visible(broker: Broker, topic: str = "orders") -> list[bytes]:
     bodies = []
     for queue_id in range(len(broker.route(topic))):
-        bodies += [m.body for m in broker.pull("c", topic, queue_id, 0, 1000, FilterSpec()).messages]
+        bodies += [
+            m.body for m in broker.pull("c", topic, queue_id, 0, 1000, FilterSpec()).messages
+        ]
     return bodies
 
 
 def end(broker: Broker, result, resolution: str, source: str = "client") -> TxnState:
-    return broker.end_transaction(result.topic, result.message_id, result.transaction_id, resolution, source)
+    return broker.end_transaction(
+        result.topic, result.message_id, result.transaction_id, resolution, source
+    )
 
 
 # -- ids ---------------------------------------------------------------------------
@@ -70,7 +76,9 @@ def test_transaction_id_round_trips_and_rejects_garbage() -> None:
 # -- half messages -----------------------------------------------------------------
 
 
-def test_half_message_is_invisible_and_stored_in_the_half_topic(txn_broker: Broker, store: MemoryStore) -> None:
+def test_half_message_is_invisible_and_stored_in_the_half_topic(
+    txn_broker: Broker, store: MemoryStore
+) -> None:
     (result,) = txn_broker.send([half(keys=["k1"], check_immunity_seconds=10)])
     assert result.transaction_id is not None and result.topic == "orders"
     assert visible(txn_broker) == []
@@ -82,10 +90,17 @@ def test_half_message_is_invisible_and_stored_in_the_half_topic(txn_broker: Brok
     assert stored.properties["PGROUP"] == "pg"
     assert stored.properties["CHECK_IMMUNITY_TIME_IN_SECONDS"] == "10"
     (info,) = txn_broker.list_transactions()
-    assert (info.topic, info.message_id, info.keys, info.checks_sent) == ("orders", result.message_id, ["k1"], 0)
+    assert (info.topic, info.message_id, info.keys, info.checks_sent) == (
+        "orders",
+        result.message_id,
+        ["k1"],
+        0,
+    )
 
 
-def test_immunity_is_capped(broker: Broker, store: MemoryStore, clock: FakeClock, tmp_path: Path) -> None:
+def test_immunity_is_capped(
+    broker: Broker, store: MemoryStore, clock: FakeClock, tmp_path: Path
+) -> None:
     capped = Broker(store, None, BrokerConfig(), clock, TransactionConfig(max_immunity_ms=60_000))
     capped.create_topic("orders", MessageType.TRANSACTION)
     (result,) = capped.send([half(check_immunity_seconds=7200)])
@@ -151,11 +166,17 @@ def test_unknown_leaves_it_pending(txn_broker: Broker) -> None:
 def test_forged_and_foreign_ids_are_invalid(txn_broker: Broker) -> None:
     (result,) = txn_broker.send([half()])
     normal = txn_broker.send([OutgoingMessage("mixed", b"n")])[0]
-    for bad in ("garbage", encode_transaction_id(999_999), encode_transaction_id(normal.commit_log_offset)):
+    for bad in (
+        "garbage",
+        encode_transaction_id(999_999),
+        encode_transaction_id(normal.commit_log_offset),
+    ):
         with pytest.raises(InvalidTransactionId):
             txn_broker.end_transaction("orders", "", bad, "commit", "client")
     with pytest.raises(InvalidTransactionId):  # the id of another message
-        txn_broker.end_transaction("orders", "someone-else", result.transaction_id, "commit", "client")
+        txn_broker.end_transaction(
+            "orders", "someone-else", result.transaction_id, "commit", "client"
+        )
     with pytest.raises(InvalidArgument):
         end(txn_broker, result, "maybe")
     with pytest.raises(InvalidArgument):
@@ -189,7 +210,9 @@ def test_operator_decides_and_stats_count(txn_broker: Broker) -> None:
 
 
 def test_group_commit_decides_all_members_across_topics(txn_broker: Broker) -> None:
-    results = txn_broker.send([half(body=b"o1", transaction_group="g1"), half("mixed", b"m1", transaction_group="g1")])
+    results = txn_broker.send(
+        [half(body=b"o1", transaction_group="g1"), half("mixed", b"m1", transaction_group="g1")]
+    )
     results += txn_broker.send([half(body=b"o2", transaction_group="g1"), half(body=b"other")])
     assert visible(txn_broker) == [] and visible(txn_broker, "mixed") == []
     assert txn_broker.end_transaction_group("g1", "commit") == 3

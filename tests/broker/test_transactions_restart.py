@@ -30,7 +30,9 @@ class Sender:
     def __init__(self) -> None:
         self.sent: list[str] = []
 
-    def send_check(self, producer_group: str | None, topic: str, message: MessageView, transaction_id: str) -> bool:
+    def send_check(
+        self, producer_group: str | None, topic: str, message: MessageView, transaction_id: str
+    ) -> bool:
         self.sent.append(transaction_id)
         return True
 
@@ -38,7 +40,13 @@ class Sender:
 def halves(broker: Broker, *bodies: bytes, group: str | None = None):
     return broker.send(
         [
-            OutgoingMessage("orders", b, message_type=MessageType.TRANSACTION, producer_group="pg", transaction_group=group)
+            OutgoingMessage(
+                "orders",
+                b,
+                message_type=MessageType.TRANSACTION,
+                producer_group="pg",
+                transaction_group=group,
+            )
             for b in bodies
         ]
     )
@@ -47,23 +55,31 @@ def halves(broker: Broker, *bodies: bytes, group: str | None = None):
 def visible(broker: Broker) -> list[bytes]:
     out = []
     for queue_id in range(2):
-        out += [m.body for m in broker.pull("c", "orders", queue_id, 0, 1000, FilterSpec()).messages]
+        out += [
+            m.body for m in broker.pull("c", "orders", queue_id, 0, 1000, FilterSpec()).messages
+        ]
     return sorted(out)
 
 
 def end(broker: Broker, result, resolution: str) -> TxnState:
-    return broker.end_transaction("orders", result.message_id, result.transaction_id, resolution, "client")
+    return broker.end_transaction(
+        "orders", result.message_id, result.transaction_id, resolution, "client"
+    )
 
 
 def test_pending_and_decided_survive_a_restart(real_broker: OpenBroker) -> None:
     broker = real_broker()
     broker.create_topic("orders", MessageType.TRANSACTION, queue_count=2)
-    committed, rolled, pending, later = halves(broker, b"committed", b"rolled", b"pending", b"later")
+    committed, rolled, pending, later = halves(
+        broker, b"committed", b"rolled", b"pending", b"later"
+    )
     end(broker, committed, "commit")
     end(broker, rolled, "rollback")
     broker = real_broker()  # close and reopen
     assert visible(broker) == [b"committed"]
-    assert sorted(i.message_id for i in broker.list_transactions()) == sorted([pending.message_id, later.message_id])
+    assert sorted(i.message_id for i in broker.list_transactions()) == sorted(
+        [pending.message_id, later.message_id]
+    )
     assert end(broker, committed, "commit") is TxnState.COMMITTED  # repeated after restart: no-op
     with pytest.raises(TransactionAlreadyEnded):
         end(broker, rolled, "commit")
@@ -74,7 +90,9 @@ def test_pending_and_decided_survive_a_restart(real_broker: OpenBroker) -> None:
     assert broker.list_transactions() == []
 
 
-def test_restart_without_a_snapshot_rebuilds_from_the_records(real_broker: OpenBroker, tmp_path: Path) -> None:
+def test_restart_without_a_snapshot_rebuilds_from_the_records(
+    real_broker: OpenBroker, tmp_path: Path
+) -> None:
     broker = real_broker()
     broker.create_topic("orders", MessageType.TRANSACTION, queue_count=2)
     a, b, c = halves(broker, b"a", b"b", b"c")
@@ -89,7 +107,9 @@ def test_restart_without_a_snapshot_rebuilds_from_the_records(real_broker: OpenB
         end(broker, b, "commit")
 
 
-def test_check_counts_and_parking_survive_a_restart(real_broker: OpenBroker, clock: FakeClock) -> None:
+def test_check_counts_and_parking_survive_a_restart(
+    real_broker: OpenBroker, clock: FakeClock
+) -> None:
     broker = real_broker()
     broker.create_topic("orders", MessageType.TRANSACTION, queue_count=2)
     (checked,) = halves(broker, b"checked")
@@ -103,7 +123,10 @@ def test_check_counts_and_parking_survive_a_restart(real_broker: OpenBroker, clo
     broker.transactions.park(decode_transaction_id(parked.transaction_id))
     broker = real_broker()
     infos = {i.message_id: i for i in broker.list_transactions()}
-    assert (infos[checked.message_id].checks_sent, infos[checked.message_id].state) == (2, "prepared")
+    assert (infos[checked.message_id].checks_sent, infos[checked.message_id].state) == (
+        2,
+        "prepared",
+    )
     assert (infos[parked.message_id].checks_sent, infos[parked.message_id].state) == (2, "parked")
     sender = Sender()
     broker.set_check_sender(sender)
@@ -142,7 +165,10 @@ def test_a_group_commit_cut_short_is_finished_once(real_broker: OpenBroker) -> N
     first = decode_transaction_id(members[0].transaction_id)
     broker.store.wait_durable(members[-1].end_offset)
     broker.store.put(
-        [op_message(Op(OpKind.GROUP_COMMIT, group="job-2")), real_from_half(broker.store.read_at(first), first)]
+        [
+            op_message(Op(OpKind.GROUP_COMMIT, group="job-2")),
+            real_from_half(broker.store.read_at(first), first),
+        ]
     )
     broker = real_broker()
     assert visible(broker) == [b"m1", b"m2", b"m3"]

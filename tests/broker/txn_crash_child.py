@@ -32,7 +32,13 @@ QUEUES = 4
 
 def open_broker(data_dir: Path, meta_dir: Path) -> tuple[MessageStore, Broker]:
     store = MessageStore(StoreConfig(data_dir=data_dir, segment_size=64 * 1024, flush="sync"))
-    broker = Broker(store, meta_dir, BrokerConfig(), None, TransactionConfig(group_batch_size=4, snapshot_interval_ms=50))
+    broker = Broker(
+        store,
+        meta_dir,
+        BrokerConfig(),
+        None,
+        TransactionConfig(group_batch_size=4, snapshot_interval_ms=50),
+    )
     return store, broker
 
 
@@ -91,7 +97,9 @@ def main() -> None:
             intent = rng.choice("ccr")
             ids = [f"{group}-m{i}" for i in range(rng.randint(3, 40))]
             for start in range(0, len(ids), 7):
-                results = broker.send([half(i, f"g{intent}:{i}", group) for i in ids[start : start + 7]])
+                results = broker.send(
+                    [half(i, f"g{intent}:{i}", group) for i in ids[start : start + 7]]
+                )
                 store.wait_durable(results[-1].end_offset)
             say(f"GI {group} {','.join(ids)}")
             broker.end_transaction_group(group, "commit" if intent == "c" else "rollback")

@@ -34,7 +34,9 @@ class AdminServer:
         self.registry = MetricsRegistry()
         self.url = ""
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="admin-api", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="admin-api", daemon=True
+        )
         self._runner: web.AppRunner | None = None
 
     def __enter__(self) -> AdminServer:
@@ -61,7 +63,9 @@ class AdminServer:
         self.broker.close()
         self.store.close()
 
-    def call(self, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
+    def call(
+        self, method: str, path: str, body: Any = None, raw: bytes | None = None
+    ) -> tuple[int, Any]:
         """(HTTP status, decoded JSON or text) of one request."""
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
         request = urllib.request.Request(self.url + path, data=data, method=method)
@@ -69,7 +73,11 @@ class AdminServer:
             request.add_header("Content-Type", "application/json")
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
-                status, payload, kind = response.status, response.read(), response.headers.get_content_type()
+                status, payload, kind = (
+                    response.status,
+                    response.read(),
+                    response.headers.get_content_type(),
+                )
         except urllib.error.HTTPError as exc:
             status, payload, kind = exc.code, exc.read(), exc.headers.get_content_type()
         if kind == "application/json":

@@ -38,8 +38,12 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{next(_names)}"
 
 
-def halfmoon(*args: str, admin: AdminServer | None = None, env: dict[str, str] | None = None,
-             timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def halfmoon(
+    *args: str,
+    admin: AdminServer | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 30,
+) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("HALFMOON_")}
     full_env.update(env or {})
     extra = ["--admin", admin.url] if admin is not None else []
@@ -121,14 +125,18 @@ def test_topic_update_and_delete(admin):
     assert out == f"updated topic '{name}' (normal, 5 queues, perm r)\n"
     assert admin.broker.get_topic(name).queue_count == 5
 
-    data = json.loads(ok(halfmoon("topic", "update", name, "--type", "mixed", "--json", admin=admin)))
+    data = json.loads(
+        ok(halfmoon("topic", "update", name, "--type", "mixed", "--json", admin=admin))
+    )
     assert data["message_type"] == "mixed"
 
     assert ok(halfmoon("topic", "delete", name, admin=admin)) == f"deleted topic '{name}'\n"
     assert name not in [t.name for t in admin.broker.list_topics()]
     other = unique("gone")
     ok(halfmoon("topic", "create", other, admin=admin))
-    assert json.loads(ok(halfmoon("topic", "delete", other, "--json", admin=admin))) == {"deleted": other}
+    assert json.loads(ok(halfmoon("topic", "delete", other, "--json", admin=admin))) == {
+        "deleted": other
+    }
 
 
 def test_missing_topic_is_one_line_with_the_code(admin):
@@ -177,7 +185,19 @@ def test_usage_errors_exit_2_with_one_line(args, fragment):
 
 def test_group_create_list_describe_delete(admin):
     name = unique("billing")
-    out = ok(halfmoon("group", "create", name, "--fifo", "--max-attempts", "5", "--from", "earliest", admin=admin))
+    out = ok(
+        halfmoon(
+            "group",
+            "create",
+            name,
+            "--fifo",
+            "--max-attempts",
+            "5",
+            "--from",
+            "earliest",
+            admin=admin,
+        )
+    )
     assert out == f"created group '{name}' (fifo on, max attempts 5, from earliest)\n"
     group = admin.broker.get_group(name)
     assert (group.fifo, group.max_delivery_attempts, group.consume_from) == (True, 5, "earliest")
@@ -185,7 +205,10 @@ def test_group_create_list_describe_delete(admin):
     plain = unique("plain")
     data = json.loads(ok(halfmoon("group", "create", plain, "--json", admin=admin)))
     assert (data["name"], data["fifo"], data["max_delivery_attempts"], data["consume_from"]) == (
-        plain, False, 17, "latest",
+        plain,
+        False,
+        17,
+        "latest",
     )
 
     rows = table(ok(halfmoon("group", "list", admin=admin)))
@@ -196,7 +219,9 @@ def test_group_create_list_describe_delete(admin):
 
     assert ok(halfmoon("group", "delete", name, admin=admin)) == f"deleted group '{name}'\n"
     assert name not in [g.name for g in admin.broker.list_groups()]
-    assert json.loads(ok(halfmoon("group", "delete", plain, "--json", admin=admin))) == {"deleted": plain}
+    assert json.loads(ok(halfmoon("group", "delete", plain, "--json", admin=admin))) == {
+        "deleted": plain
+    }
 
 
 def test_group_describe_shows_lag_per_queue(admin):
@@ -212,17 +237,27 @@ def test_group_describe_shows_lag_per_queue(admin):
     progress = next(r for r in table(out) if r[:1] == [topic])
     assert progress == [topic, "0", "1", "6", "5", "1"]
 
-    data = json.loads(ok(halfmoon("group", "describe", group, "--topic", topic, "--json", admin=admin)))
+    data = json.loads(
+        ok(halfmoon("group", "describe", group, "--topic", topic, "--json", admin=admin))
+    )
     assert data["name"] == group
-    assert [(q["committed_offset"], q["lag"], q["inflight"]) for q in data["progress"]] == [(1, 5, 1)]
+    assert [(q["committed_offset"], q["lag"], q["inflight"]) for q in data["progress"]] == [
+        (1, 5, 1)
+    ]
 
 
 def test_group_errors(admin):
-    assert failed(halfmoon("group", "describe", "ghost", admin=admin)).endswith("(CONSUMER_GROUP_NOT_FOUND)")
-    assert failed(halfmoon("group", "delete", "ghost", admin=admin)).endswith("(CONSUMER_GROUP_NOT_FOUND)")
+    assert failed(halfmoon("group", "describe", "ghost", admin=admin)).endswith(
+        "(CONSUMER_GROUP_NOT_FOUND)"
+    )
+    assert failed(halfmoon("group", "delete", "ghost", admin=admin)).endswith(
+        "(CONSUMER_GROUP_NOT_FOUND)"
+    )
     name = unique("dup")
     ok(halfmoon("group", "create", name, admin=admin))
-    assert failed(halfmoon("group", "create", name, admin=admin)).endswith("(CONSUMER_GROUP_EXISTS)")
+    assert failed(halfmoon("group", "create", name, admin=admin)).endswith(
+        "(CONSUMER_GROUP_EXISTS)"
+    )
 
 
 # -- status and the admin address ------------------------------------------------
@@ -258,8 +293,10 @@ def test_unreachable_admin_is_one_line():
 
 def test_serve_print_config_applies_every_layer_in_order(tmp_path):
     toml = tmp_path / "halfmoon.toml"
-    toml.write_text('[broker]\nname = "file"\ndefault_queue_count = 2\n[store]\nflush = "async"\n'
-                    '[server]\ntick_interval = "250ms"\n')
+    toml.write_text(
+        '[broker]\nname = "file"\ndefault_queue_count = 2\n[store]\nflush = "async"\n'
+        '[server]\ntick_interval = "250ms"\n'
+    )
     out = ok(halfmoon(
         "serve", "--config", str(toml), "--data-dir", str(tmp_path / "d"), "--flush", "sync",
         "--listen", "127.0.0.1:9991", "--set", "broker.name=set", "--set", "broker.max_body_size=1MiB",

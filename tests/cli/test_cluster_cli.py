@@ -61,17 +61,32 @@ def test_config_set_takes_effect_at_once(admin):
     admin.broker.create_topic(topic, queue_count=1)
     before = admin.broker.config.max_body_size
     try:
-        out = ok(halfmoon("cluster", "config", "set", "broker.max_body_size=16", "broker.default_queue_count=3",
-                          admin=admin))
+        out = ok(
+            halfmoon(
+                "cluster",
+                "config",
+                "set",
+                "broker.max_body_size=16",
+                "broker.default_queue_count=3",
+                admin=admin,
+            )
+        )
         assert out.splitlines() == [
             "set broker.default_queue_count = 3 (until restart)",
             "set broker.max_body_size = 16 B (until restart)",
         ]
         assert admin.broker.config.max_body_size == 16
-        line = failed(halfmoon("message", "send", "--topic", topic, "--body", "x" * 17, admin=admin))
+        line = failed(
+            halfmoon("message", "send", "--topic", topic, "--body", "x" * 17, admin=admin)
+        )
         assert line.endswith("(MESSAGE_BODY_TOO_LARGE)")
-        data = json.loads(ok(halfmoon("cluster", "config", "set", "broker.max_body_size=4MiB", "--json",
-                                      admin=admin)))
+        data = json.loads(
+            ok(
+                halfmoon(
+                    "cluster", "config", "set", "broker.max_body_size=4MiB", "--json", admin=admin
+                )
+            )
+        )
         assert data["changed"] == ["broker.max_body_size"]
         assert admin.broker.config.max_body_size == 4 * 1024 * 1024
         ok(halfmoon("message", "send", "--topic", topic, "--body", "x" * 17, admin=admin))
@@ -90,15 +105,23 @@ def test_config_set_takes_effect_at_once(admin):
 )
 def test_config_set_refusals_change_nothing(admin, assignment, fragment):
     before = admin.broker.config.default_queue_count
-    line = failed(halfmoon("cluster", "config", "set", "broker.default_queue_count=5", assignment, admin=admin))
+    line = failed(
+        halfmoon(
+            "cluster", "config", "set", "broker.default_queue_count=5", assignment, admin=admin
+        )
+    )
     assert fragment in line and line.endswith("(ILLEGAL_CONFIG)")
     assert admin.broker.config.default_queue_count == before
 
 
 def test_config_usage_errors(admin):
-    assert "bad assignment 'novalue'" in failed(halfmoon("cluster", "config", "set", "novalue", admin=admin), status=2)
+    assert "bad assignment 'novalue'" in failed(
+        halfmoon("cluster", "config", "set", "novalue", admin=admin), status=2
+    )
     line = failed(halfmoon("cluster", "config", "get", "store.flush", admin=admin))
-    assert "'store.flush' is not a runtime-changeable key" in line and line.endswith("(ILLEGAL_CONFIG)")
+    assert "'store.flush' is not a runtime-changeable key" in line and line.endswith(
+        "(ILLEGAL_CONFIG)"
+    )
     assert "required: ACTION" in failed(halfmoon("cluster"), status=2)
 
 
@@ -110,7 +133,11 @@ def test_topic_status_and_route(admin):
     out = ok(halfmoon("topic", "status", topic, admin=admin))
     rows = table(out)
     assert rows[0][:6] == ["QUEUE", "MIN", "OFFSET", "MAX", "OFFSET", "MESSAGES"]
-    assert [r[:4] for r in rows[1:4]] == [["0", "0", "0", "0"], ["1", "0", "0", "0"], ["2", "0", "4", "4"]]
+    assert [r[:4] for r in rows[1:4]] == [
+        ["0", "0", "0", "0"],
+        ["1", "0", "0", "0"],
+        ["2", "0", "4", "4"],
+    ]
     assert out.rstrip().endswith("3 queues, 4 messages retained")
     data = json.loads(ok(halfmoon("topic", "status", topic, "--json", admin=admin)))
     assert [q["max_offset"] for q in data["queues"]] == [0, 0, 4]

@@ -34,7 +34,9 @@ def cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:
 
 def send(server: ServerProcess, topic: str, count: int, tag: str = "a") -> None:
     for i in range(count):
-        code, answer = server.admin_call("POST", f"/v1/topics/{topic}/messages", {"body": f"m{i}", "tag": tag})
+        code, answer = server.admin_call(
+            "POST", f"/v1/topics/{topic}/messages", {"body": f"m{i}", "tag": tag}
+        )
         assert code == 201, answer
 
 
@@ -55,12 +57,19 @@ def connected(server: ServerProcess, group: str, count: int = 1) -> list[dict]:
 
 def test_status_shows_who_is_connected_and_what_they_subscribe(server):
     topic, group = topic_and_group(server)
-    assert ok(cli(server, "consumer", "status", group)) == f"no consumer of group '{group}' is connected\n"
-    with SyncSimpleConsumer(server.grpc, group, {topic: MessageSelector.by_tag("a || b")}) as consumer:
+    assert (
+        ok(cli(server, "consumer", "status", group))
+        == f"no consumer of group '{group}' is connected\n"
+    )
+    with SyncSimpleConsumer(
+        server.grpc, group, {topic: MessageSelector.by_tag("a || b")}
+    ) as consumer:
         clients = connected(server, group)
         assert [c["client_id"] for c in clients] == [consumer.client.client_id]
         assert clients[0]["client_type"] == "SIMPLE_CONSUMER"
-        assert clients[0]["subscriptions"] == [{"topic": topic, "filter_type": "tag", "filter": "a || b"}]
+        assert clients[0]["subscriptions"] == [
+            {"topic": topic, "filter_type": "tag", "filter": "a || b"}
+        ]
         rows = table(ok(cli(server, "consumer", "status", group)))
         assert rows[0][:3] == ["CLIENT", "ID", "TYPE"]
         assert rows[1][:2] == [consumer.client.client_id, "simple"]
@@ -90,9 +99,13 @@ def test_progress_shows_lag_per_queue_clients_and_rate(server):
         assert tps_line.startswith("consume TPS: 0.0") and float(tps_line.split()[-1]) > 0
         assert lag_line == "total lag: 4"
 
-        data = json.loads(ok(cli(server, "consumer", "progress", group, "--topic", topic, "--json")))
+        data = json.loads(
+            ok(cli(server, "consumer", "progress", group, "--topic", topic, "--json"))
+        )
         assert data["total_lag"] == 4 and 0.02 < data["consume_tps"] <= 0.034
-        assert [(q["committed_offset"], q["max_offset"], q["lag"]) for q in data["queues"]] == [(2, 6, 4)]
+        assert [(q["committed_offset"], q["max_offset"], q["lag"]) for q in data["queues"]] == [
+            (2, 6, 4)
+        ]
         assert [c["client_id"] for c in data["clients"]] == [consumer.client.client_id]
 
 
@@ -109,13 +122,29 @@ def test_reset_offset_to_a_time_replays_or_skips(server):
             consumer.ack(message)
     assert len(got) == 3
 
-    out = ok(cli(server, "consumer", "reset-offset", group, "--topic", topic, "--time", str(before)))
+    out = ok(
+        cli(server, "consumer", "reset-offset", group, "--topic", topic, "--time", str(before))
+    )
     assert out.startswith(f"reset group '{group}' in '{topic}' to ")
     assert table(out.split("\n\n")[1]) == [["QUEUE", "NEW", "OFFSET"], ["0", "0"]]
     data = json.loads(ok(cli(server, "consumer", "progress", group, "--json")))
     assert data["total_lag"] == 3
 
-    data = json.loads(ok(cli(server, "consumer", "reset-offset", group, "--topic", topic, "--time", "now", "--json")))
+    data = json.loads(
+        ok(
+            cli(
+                server,
+                "consumer",
+                "reset-offset",
+                group,
+                "--topic",
+                topic,
+                "--time",
+                "now",
+                "--json",
+            )
+        )
+    )
     assert data["queues"] == [{"queue_id": 0, "offset": 3}]
     assert json.loads(ok(cli(server, "consumer", "progress", group, "--json")))["total_lag"] == 0
 
@@ -123,35 +152,86 @@ def test_reset_offset_to_a_time_replays_or_skips(server):
 def test_consumer_errors_are_one_line(server):
     topic, group = topic_and_group(server)
     for action in ("progress", "status"):
-        assert failed(cli(server, "consumer", action, "ghost")).endswith("(CONSUMER_GROUP_NOT_FOUND)")
-    line = failed(cli(server, "consumer", "reset-offset", "ghost", "--topic", topic, "--time", "now"))
+        assert failed(cli(server, "consumer", action, "ghost")).endswith(
+            "(CONSUMER_GROUP_NOT_FOUND)"
+        )
+    line = failed(
+        cli(server, "consumer", "reset-offset", "ghost", "--topic", topic, "--time", "now")
+    )
     assert line.endswith("(CONSUMER_GROUP_NOT_FOUND)")
-    line = failed(cli(server, "consumer", "reset-offset", group, "--topic", "nope", "--time", "now", "--json"))
+    line = failed(
+        cli(server, "consumer", "reset-offset", group, "--topic", "nope", "--time", "now", "--json")
+    )
     assert line.endswith("(TOPIC_NOT_FOUND)")
     assert "bad time 'soon'" in failed(
-        cli(server, "consumer", "reset-offset", group, "--topic", topic, "--time", "soon"), status=2)
-    assert "required: --time" in failed(cli(server, "consumer", "reset-offset", group, "--topic", topic), status=2)
+        cli(server, "consumer", "reset-offset", group, "--topic", topic, "--time", "soon"), status=2
+    )
+    assert "required: --time" in failed(
+        cli(server, "consumer", "reset-offset", group, "--topic", topic), status=2
+    )
 
 
 def test_group_update_changes_what_consumers_get(server):
     topic, group = topic_and_group(server)
-    out = ok(cli(server, "group", "update", group, "--disable", "--broadcast", "--max-attempts", "4", "--from", "latest"))
-    assert out == (f"updated group '{group}' (consuming disabled, from latest, broadcast, max attempts 4, "
-                   "fifo off)\n")
+    out = ok(
+        cli(
+            server,
+            "group",
+            "update",
+            group,
+            "--disable",
+            "--broadcast",
+            "--max-attempts",
+            "4",
+            "--from",
+            "latest",
+        )
+    )
+    assert out == (
+        f"updated group '{group}' (consuming disabled, from latest, broadcast, max attempts 4, "
+        "fifo off)\n"
+    )
     code, answer = server.admin_call("GET", f"/v1/groups/{group}")
-    assert (answer["consume_enabled"], answer["broadcast"], answer["max_delivery_attempts"]) == (False, True, 4)
+    assert (answer["consume_enabled"], answer["broadcast"], answer["max_delivery_attempts"]) == (
+        False,
+        True,
+        4,
+    )
     send(server, topic, 1)
     consumer = SyncSimpleConsumer(server.grpc, group, {topic: MessageSelector.all()})
     with pytest.raises(ClientError), consumer:  # the broker refuses a disabled group
         consumer.receive(1, 30, wait=1)
 
-    data = json.loads(ok(cli(server, "group", "update", group, "--enable", "--clustering", "--from", "earliest",
-                             "--json")))
-    assert (data["consume_enabled"], data["broadcast"], data["consume_from"]) == (True, False, "earliest")
+    data = json.loads(
+        ok(
+            cli(
+                server,
+                "group",
+                "update",
+                group,
+                "--enable",
+                "--clustering",
+                "--from",
+                "earliest",
+                "--json",
+            )
+        )
+    )
+    assert (data["consume_enabled"], data["broadcast"], data["consume_from"]) == (
+        True,
+        False,
+        "earliest",
+    )
     with SyncSimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer:
-        got = wait_until(lambda: consumer.receive(1, 30, wait=1), 15, "the message once consuming is enabled")
+        got = wait_until(
+            lambda: consumer.receive(1, 30, wait=1), 15, "the message once consuming is enabled"
+        )
     assert [m.body for m in got] == [b"m0"]  # type: ignore[union-attr]
 
     assert "nothing to update" in failed(cli(server, "group", "update", group), status=2)
-    assert "not allowed with argument" in failed(cli(server, "group", "update", group, "--enable", "--disable"), status=2)
-    assert failed(cli(server, "group", "update", "ghost", "--enable")).endswith("(CONSUMER_GROUP_NOT_FOUND)")
+    assert "not allowed with argument" in failed(
+        cli(server, "group", "update", group, "--enable", "--disable"), status=2
+    )
+    assert failed(cli(server, "group", "update", "ghost", "--enable")).endswith(
+        "(CONSUMER_GROUP_NOT_FOUND)"
+    )

@@ -29,8 +29,27 @@ def topic_with(admin: AdminServer, queues: int = 2) -> str:
 
 def test_send_then_get_by_id_with_and_without_topic(admin):
     topic = topic_with(admin)
-    out = ok(halfmoon("message", "send", "--topic", topic, "--body", "hello", "--key", "order-1", "--key", "k2",
-                      "--tag", "created", "--queue", "1", "--property", "region=eu", admin=admin))
+    out = ok(
+        halfmoon(
+            "message",
+            "send",
+            "--topic",
+            topic,
+            "--body",
+            "hello",
+            "--key",
+            "order-1",
+            "--key",
+            "k2",
+            "--tag",
+            "created",
+            "--queue",
+            "1",
+            "--property",
+            "region=eu",
+            admin=admin,
+        )
+    )
     assert out.startswith("sent message ") and f"to '{topic}' queue 1 offset 0" in out
     message_id = out.split()[2]
 
@@ -39,12 +58,17 @@ def test_send_then_get_by_id_with_and_without_topic(admin):
     assert "tag:" in shown and "created" in shown
     assert shown.rstrip().endswith("body:\nhello")
 
-    data = json.loads(ok(halfmoon("message", "get", message_id, "--topic", topic, "--json", admin=admin)))
+    data = json.loads(
+        ok(halfmoon("message", "get", message_id, "--topic", topic, "--json", admin=admin))
+    )
     assert len(data) == 1
     got = data[0]
     assert (got["topic"], got["queue_id"], got["queue_offset"]) == (topic, 1, 0)
     assert (got["body"], got["body_encoding"], got["keys"], got["properties"]) == (
-        "hello", "utf-8", ["order-1", "k2"], {"region": "eu"},
+        "hello",
+        "utf-8",
+        ["order-1", "k2"],
+        {"region": "eu"},
     )
 
 
@@ -53,10 +77,30 @@ def test_send_json_and_a_binary_body_from_a_file(admin, tmp_path):
     payload = bytes(range(256))
     path = tmp_path / "body.bin"
     path.write_bytes(payload)
-    result = json.loads(ok(halfmoon("message", "send", "--topic", topic, "--body-file", str(path), "--json", admin=admin)))
+    result = json.loads(
+        ok(
+            halfmoon(
+                "message", "send", "--topic", topic, "--body-file", str(path), "--json", admin=admin
+            )
+        )
+    )
     assert (result["topic"], result["queue_id"], result["queue_offset"]) == (topic, 0, 0)
-    got = json.loads(ok(halfmoon("message", "read", "--topic", topic, "--queue", "0", "--offset", "0", "--json",
-                                 admin=admin)))
+    got = json.loads(
+        ok(
+            halfmoon(
+                "message",
+                "read",
+                "--topic",
+                topic,
+                "--queue",
+                "0",
+                "--offset",
+                "0",
+                "--json",
+                admin=admin,
+            )
+        )
+    )
     assert got["body_encoding"] == "base64"
     assert base64.b64decode(got["body"]) == payload
     assert got["message_id"] == result["message_id"]
@@ -65,62 +109,154 @@ def test_send_json_and_a_binary_body_from_a_file(admin, tmp_path):
 def test_get_errors(admin):
     topic = topic_with(admin)
     line = failed(halfmoon("message", "get", "01DEADBEEF", admin=admin))
-    assert "no message with id '01DEADBEEF' in any topic" in line and line.endswith("(MESSAGE_NOT_FOUND)")
-    assert failed(halfmoon("message", "get", "x", "--topic", topic, "--json", admin=admin)).endswith("(MESSAGE_NOT_FOUND)")
-    assert failed(halfmoon("message", "get", "x", "--topic", "nope", admin=admin)).endswith("(TOPIC_NOT_FOUND)")
-    assert failed(halfmoon("message", "send", "--topic", "nope", "--body", "x", admin=admin)).endswith("(TOPIC_NOT_FOUND)")
+    assert "no message with id '01DEADBEEF' in any topic" in line and line.endswith(
+        "(MESSAGE_NOT_FOUND)"
+    )
+    assert failed(
+        halfmoon("message", "get", "x", "--topic", topic, "--json", admin=admin)
+    ).endswith("(MESSAGE_NOT_FOUND)")
+    assert failed(halfmoon("message", "get", "x", "--topic", "nope", admin=admin)).endswith(
+        "(TOPIC_NOT_FOUND)"
+    )
+    assert failed(
+        halfmoon("message", "send", "--topic", "nope", "--body", "x", admin=admin)
+    ).endswith("(TOPIC_NOT_FOUND)")
     assert "one of the arguments --body --body-file is required" in failed(
-        halfmoon("message", "send", "--topic", topic, admin=admin), status=2)
+        halfmoon("message", "send", "--topic", topic, admin=admin), status=2
+    )
     assert "bad --property 'novalue'" in failed(
-        halfmoon("message", "send", "--topic", topic, "--body", "x", "--property", "novalue", admin=admin), status=2)
+        halfmoon(
+            "message", "send", "--topic", topic, "--body", "x", "--property", "novalue", admin=admin
+        ),
+        status=2,
+    )
 
 
 def test_query_by_key_within_a_time_range(admin):
     topic = topic_with(admin)
-    admin.broker.send([OutgoingMessage(topic=topic, body=b"a", keys=["order-7"], tag="t1"),
-                       OutgoingMessage(topic=topic, body=b"b", keys=["order-7", "x"]),
-                       OutgoingMessage(topic=topic, body=b"c", keys=["order-8"])])
-    rows = table(ok(halfmoon("message", "query", "--topic", topic, "--key", "order-7", "--begin", "1h",
-                             admin=admin)))
+    admin.broker.send(
+        [
+            OutgoingMessage(topic=topic, body=b"a", keys=["order-7"], tag="t1"),
+            OutgoingMessage(topic=topic, body=b"b", keys=["order-7", "x"]),
+            OutgoingMessage(topic=topic, body=b"c", keys=["order-8"]),
+        ]
+    )
+    rows = table(
+        ok(
+            halfmoon(
+                "message",
+                "query",
+                "--topic",
+                topic,
+                "--key",
+                "order-7",
+                "--begin",
+                "1h",
+                admin=admin,
+            )
+        )
+    )
     assert rows[0][:4] == ["MESSAGE", "ID", "QUEUE", "OFFSET"]
     assert len(rows) == 3
 
-    data = json.loads(ok(halfmoon("message", "query", "--topic", topic, "--key", "order-7", "--json", admin=admin)))
+    data = json.loads(
+        ok(
+            halfmoon(
+                "message", "query", "--topic", topic, "--key", "order-7", "--json", admin=admin
+            )
+        )
+    )
     assert sorted(m["body"] for m in data) == ["a", "b"]
 
     past = str(int(time.time() * 1000) - 3_600_000)
-    out = ok(halfmoon("message", "query", "--topic", topic, "--key", "order-7", "--end", past, admin=admin))
+    out = ok(
+        halfmoon(
+            "message", "query", "--topic", topic, "--key", "order-7", "--end", past, admin=admin
+        )
+    )
     assert out == f"no message with key 'order-7' in '{topic}' in that time range\n"
-    assert "--end" in failed(halfmoon("message", "query", "--topic", topic, "--key", "k", "--begin", "now",
-                                      "--end", "1h", admin=admin), status=2)
-    assert "bad time 'yesterday'" in failed(halfmoon("message", "query", "--topic", topic, "--key", "k",
-                                                     "--begin", "yesterday", admin=admin), status=2)
+    assert "--end" in failed(
+        halfmoon(
+            "message",
+            "query",
+            "--topic",
+            topic,
+            "--key",
+            "k",
+            "--begin",
+            "now",
+            "--end",
+            "1h",
+            admin=admin,
+        ),
+        status=2,
+    )
+    assert "bad time 'yesterday'" in failed(
+        halfmoon(
+            "message", "query", "--topic", topic, "--key", "k", "--begin", "yesterday", admin=admin
+        ),
+        status=2,
+    )
 
 
 def test_read_at_queue_offset_and_its_errors(admin):
     topic = topic_with(admin)
-    admin.broker.send([OutgoingMessage(topic=topic, body=f"m{i}".encode(), queue_id=1) for i in range(3)])
-    out = ok(halfmoon("message", "read", "--topic", topic, "--queue", "1", "--offset", "2", admin=admin))
+    admin.broker.send(
+        [OutgoingMessage(topic=topic, body=f"m{i}".encode(), queue_id=1) for i in range(3)]
+    )
+    out = ok(
+        halfmoon("message", "read", "--topic", topic, "--queue", "1", "--offset", "2", admin=admin)
+    )
     assert "queue offset:" in out and out.rstrip().endswith("body:\nm2")
 
-    line = failed(halfmoon("message", "read", "--topic", topic, "--queue", "1", "--offset", "3", admin=admin))
-    assert "no message at offset 3" in line and "offsets 0 to 2" in line and line.endswith("(MESSAGE_NOT_FOUND)")
-    line = failed(halfmoon("message", "read", "--topic", topic, "--queue", "9", "--offset", "0", admin=admin))
+    line = failed(
+        halfmoon("message", "read", "--topic", topic, "--queue", "1", "--offset", "3", admin=admin)
+    )
+    assert (
+        "no message at offset 3" in line
+        and "offsets 0 to 2" in line
+        and line.endswith("(MESSAGE_NOT_FOUND)")
+    )
+    line = failed(
+        halfmoon("message", "read", "--topic", topic, "--queue", "9", "--offset", "0", admin=admin)
+    )
     assert "has no queue 9" in line and line.endswith("(BAD_REQUEST)")
 
 
 def test_consume_from_an_offset_or_a_time_with_a_count(admin):
     topic = topic_with(admin)
-    admin.broker.send([OutgoingMessage(topic=topic, body=f"q0-{i}".encode(), queue_id=0) for i in range(5)])
-    admin.broker.send([OutgoingMessage(topic=topic, body=f"q1-{i}".encode(), queue_id=1) for i in range(5)])
+    admin.broker.send(
+        [OutgoingMessage(topic=topic, body=f"q0-{i}".encode(), queue_id=0) for i in range(5)]
+    )
+    admin.broker.send(
+        [OutgoingMessage(topic=topic, body=f"q1-{i}".encode(), queue_id=1) for i in range(5)]
+    )
 
-    out = ok(halfmoon("message", "consume", "--topic", topic, "--queue", "1", "--offset", "3", admin=admin))
+    out = ok(
+        halfmoon(
+            "message", "consume", "--topic", topic, "--queue", "1", "--offset", "3", admin=admin
+        )
+    )
     lines = out.strip().splitlines()
     assert [line.rsplit("| ", 1)[1] for line in lines] == ["q1-3", "q1-4"]
     assert lines[0].startswith("queue 1 offset 3")
 
-    data = json.loads(ok(halfmoon("message", "consume", "--topic", topic, "--begin", "1h", "--count", "7",
-                                  "--json", admin=admin)))
+    data = json.loads(
+        ok(
+            halfmoon(
+                "message",
+                "consume",
+                "--topic",
+                topic,
+                "--begin",
+                "1h",
+                "--count",
+                "7",
+                "--json",
+                admin=admin,
+            )
+        )
+    )
     assert [m["body"] for m in data] == [f"q0-{i}" for i in range(5)] + ["q1-0", "q1-1"]
 
     # Reading moves no group: one that acknowledged two messages still has lag 8.
@@ -132,35 +268,79 @@ def test_consume_from_an_offset_or_a_time_with_a_count(admin):
     ok(halfmoon("message", "consume", "--topic", topic, "--count", "10", admin=admin))
     assert sum(q.lag for q in admin.broker.group_progress(group, topic)) == lag == 8
     later = str(int(time.time() * 1000) + 60_000)
-    assert ok(halfmoon("message", "consume", "--topic", topic, "--begin", later, admin=admin)) == "no messages in that range\n"
+    assert (
+        ok(halfmoon("message", "consume", "--topic", topic, "--begin", later, admin=admin))
+        == "no messages in that range\n"
+    )
     assert "--offset needs --queue" in failed(
-        halfmoon("message", "consume", "--topic", topic, "--offset", "1", admin=admin), status=2)
+        halfmoon("message", "consume", "--topic", topic, "--offset", "1", admin=admin), status=2
+    )
 
 
 def test_print_with_filters_bodies_and_tag_counts(admin):
     topic = topic_with(admin)
     tags = ["created", "paid", "created", None, "created", "shipped"]
-    admin.broker.send([
-        OutgoingMessage(topic=topic, body=f"b{i}".encode(), tag=tag, properties={"n": str(i)}, queue_id=i % 2)
-        for i, tag in enumerate(tags)
-    ])
+    admin.broker.send(
+        [
+            OutgoingMessage(
+                topic=topic,
+                body=f"b{i}".encode(),
+                tag=tag,
+                properties={"n": str(i)},
+                queue_id=i % 2,
+            )
+            for i, tag in enumerate(tags)
+        ]
+    )
     out = ok(halfmoon("message", "print", "--topic", topic, admin=admin))
     assert out.rstrip().endswith("total: 6")
     assert sum(1 for line in out.splitlines() if line.startswith("queue ")) == 6
 
-    out = ok(halfmoon("message", "print", "--topic", topic, "--filter", "paid || shipped", "--no-bodies", admin=admin))
+    out = ok(
+        halfmoon(
+            "message",
+            "print",
+            "--topic",
+            topic,
+            "--filter",
+            "paid || shipped",
+            "--no-bodies",
+            admin=admin,
+        )
+    )
     printed = [line for line in out.splitlines() if line.startswith("queue ")]
     assert len(printed) == 2 and all("| " not in line for line in printed)
 
     rows = table(ok(halfmoon("message", "print", "--topic", topic, "--tag-counts", admin=admin)))
-    assert rows[:5] == [["TAG", "COUNT"], ["created", "3"], ["(none)", "1"], ["paid", "1"], ["shipped", "1"]]
+    assert rows[:5] == [
+        ["TAG", "COUNT"],
+        ["created", "3"],
+        ["(none)", "1"],
+        ["paid", "1"],
+        ["shipped", "1"],
+    ]
 
-    data = json.loads(ok(halfmoon("message", "print", "--topic", topic, "--sql", "n > 3", "--tag-counts", "--json",
-                                  admin=admin)))
+    data = json.loads(
+        ok(
+            halfmoon(
+                "message",
+                "print",
+                "--topic",
+                topic,
+                "--sql",
+                "n > 3",
+                "--tag-counts",
+                "--json",
+                admin=admin,
+            )
+        )
+    )
     assert data["matched"] == 2
     assert {t["tag"]: t["count"] for t in data["tags"]} == {"created": 1, "shipped": 1}
 
-    printed = json.loads(ok(halfmoon("message", "print", "--topic", topic, "--queue", "1", "--json", admin=admin)))
+    printed = json.loads(
+        ok(halfmoon("message", "print", "--topic", topic, "--queue", "1", "--json", admin=admin))
+    )
     assert [m["body"] for m in printed] == ["b1", "b3", "b5"]
 
 
@@ -168,18 +348,34 @@ def test_print_errors(admin):
     topic = topic_with(admin)
     line = failed(halfmoon("message", "print", "--topic", topic, "--sql", "n >", admin=admin))
     assert "(" in line  # the filter's own code, on one line
-    assert failed(halfmoon("message", "print", "--topic", "nope", admin=admin)).endswith("(TOPIC_NOT_FOUND)")
-    assert failed(halfmoon("message", "print", "--topic", topic, "--queue", "5", admin=admin)).endswith("(BAD_REQUEST)")
+    assert failed(halfmoon("message", "print", "--topic", "nope", admin=admin)).endswith(
+        "(TOPIC_NOT_FOUND)"
+    )
+    assert failed(
+        halfmoon("message", "print", "--topic", topic, "--queue", "5", admin=admin)
+    ).endswith("(BAD_REQUEST)")
     assert "not allowed with argument" in failed(
-        halfmoon("message", "print", "--topic", topic, "--filter", "a", "--sql", "x = 1", admin=admin), status=2)
+        halfmoon(
+            "message", "print", "--topic", topic, "--filter", "a", "--sql", "x = 1", admin=admin
+        ),
+        status=2,
+    )
 
 
 def test_paging_reads_past_one_page(admin):
     topic = topic_with(admin, queues=1)
     admin.broker.send([OutgoingMessage(topic=topic, body=b"x", tag="t") for _ in range(1200)])
-    data = json.loads(ok(halfmoon("message", "consume", "--topic", topic, "--count", "1100", "--json", admin=admin)))
+    data = json.loads(
+        ok(
+            halfmoon(
+                "message", "consume", "--topic", topic, "--count", "1100", "--json", admin=admin
+            )
+        )
+    )
     assert [m["queue_offset"] for m in data] == list(range(1100))
-    counted = json.loads(ok(halfmoon("message", "print", "--topic", topic, "--tag-counts", "--json", admin=admin)))
+    counted = json.loads(
+        ok(halfmoon("message", "print", "--topic", topic, "--tag-counts", "--json", admin=admin))
+    )
     assert counted["matched"] == 1200
 
 

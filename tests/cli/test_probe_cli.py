@@ -35,9 +35,29 @@ def test_probe_sends_n_messages_and_reports_percentiles(server):
     topic = unique("probe")
     server.create_topic(topic, queues=2)
     # No --grpc: the address comes from the admin API.
-    data = json.loads(ok(server.cli("probe", "send", "--topic", topic, "--count", "40", "--size", "2KiB",
-                                    "--concurrency", "4", "--json")))
-    assert (data["sent"], data["failed"], data["size"], data["address"]) == (40, 0, 2048, server.grpc)
+    data = json.loads(
+        ok(
+            server.cli(
+                "probe",
+                "send",
+                "--topic",
+                topic,
+                "--count",
+                "40",
+                "--size",
+                "2KiB",
+                "--concurrency",
+                "4",
+                "--json",
+            )
+        )
+    )
+    assert (data["sent"], data["failed"], data["size"], data["address"]) == (
+        40,
+        0,
+        2048,
+        server.grpc,
+    )
     rts = [data[k] for k in ("rt_min", "rt_p50", "rt_p90", "rt_p99", "rt_p99_9", "rt_max")]
     assert rts == sorted(rts) and rts[0] > 0
     assert data["throughput_per_s"] > 0
@@ -63,17 +83,44 @@ def test_probe_errors_are_one_line(server):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    line = failed(server.cli("probe", "send", "--topic", "t", "--count", "1", "--grpc", f"127.0.0.1:{port}",
-                             "--timeout", "1"))
+    line = failed(
+        server.cli(
+            "probe",
+            "send",
+            "--topic",
+            "t",
+            "--count",
+            "1",
+            "--grpc",
+            f"127.0.0.1:{port}",
+            "--timeout",
+            "1",
+        )
+    )
     assert f"127.0.0.1:{port}" in line
-    assert "bad size '3 parsecs'" in failed(server.cli("probe", "send", "--topic", "t", "--size", "3 parsecs"), status=2)
-    assert "must be 1 byte to 4 MiB" in failed(server.cli("probe", "send", "--topic", "t", "--size", "5MiB"), status=2)
+    assert "bad size '3 parsecs'" in failed(
+        server.cli("probe", "send", "--topic", "t", "--size", "3 parsecs"), status=2
+    )
+    assert "must be 1 byte to 4 MiB" in failed(
+        server.cli("probe", "send", "--topic", "t", "--size", "5MiB"), status=2
+    )
 
 
 def test_sizes_and_percentiles():
-    assert (parse_size("512"), parse_size("1KiB"), parse_size("1k"), parse_size("2MiB")) == (512, 1024, 1024, 2 << 20)
+    assert (parse_size("512"), parse_size("1KiB"), parse_size("1k"), parse_size("2MiB")) == (
+        512,
+        1024,
+        1024,
+        2 << 20,
+    )
     values = [float(v) for v in range(1, 101)]
-    assert [percentile(values, p) for p in (50, 90, 99, 99.9, 100)] == [50.0, 90.0, 99.0, 100.0, 100.0]
+    assert [percentile(values, p) for p in (50, 90, 99, 99.9, 100)] == [
+        50.0,
+        90.0,
+        99.0,
+        100.0,
+        100.0,
+    ]
     assert percentile([7.0], 50) == 7.0
     report = summarize([], failures=3, elapsed_s=1.0, size=10)
     assert (report["sent"], report["failed"], report["rt_p50"]) == (0, 3, None)
@@ -88,7 +135,9 @@ def test_progress_bar_draws_on_a_terminal_and_erases_itself():
     stream = FakeTty()
     with ProgressBar(200, "sending", stream=stream) as bar:
         bar.update(50, force=True)
-        assert stream.getvalue().endswith("sending [#######.......................]  50/200  25%\x1b[K")
+        assert stream.getvalue().endswith(
+            "sending [#######.......................]  50/200  25%\x1b[K"
+        )
         bar.update(60)  # within the redraw interval: not drawn
         assert "60/200" not in stream.getvalue()
     assert stream.getvalue().endswith("\r\x1b[K")

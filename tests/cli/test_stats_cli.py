@@ -38,7 +38,18 @@ def test_in_and_out_per_topic_and_group_with_lag(admin):
 
     out = ok(halfmoon("stats", admin=admin))
     rows = table(out)
-    assert rows[0] == ["TOPIC", "GROUP", "DIRECTION", "PER", "SECOND", "LAST", "HOUR", "LAST", "24H", "LAG"]
+    assert rows[0] == [
+        "TOPIC",
+        "GROUP",
+        "DIRECTION",
+        "PER",
+        "SECOND",
+        "LAST",
+        "HOUR",
+        "LAST",
+        "24H",
+        "LAG",
+    ]
     by_key = {(r[0], r[1]): r for r in rows[1:-1] if len(r) > 2}
     # The rate is the last 60 s over 60: 10/60 and 4/60, a little less across a minute boundary.
     assert by_key[(topic, "-")][2] == "in" and by_key[(topic, "-")][4:] == ["10", "10", "-"]
@@ -48,13 +59,17 @@ def test_in_and_out_per_topic_and_group_with_lag(admin):
     assert out.rstrip().endswith("last 24h: 13 in, 4 out")
 
     data = json.loads(ok(halfmoon("stats", "--group", group, "--json", admin=admin)))
-    assert [(r["topic"], r["group"], r["direction"], r["total_24h"], r["lag"]) for r in data["rows"]] == [
-        (topic, group, "out", 4, 6)
-    ]
+    assert [
+        (r["topic"], r["group"], r["direction"], r["total_24h"], r["lag"]) for r in data["rows"]
+    ] == [(topic, group, "out", 4, 6)]
     data = json.loads(ok(halfmoon("stats", "--topic", other, "--json", admin=admin)))
-    assert [(r["topic"], r["direction"], r["total_24h"]) for r in data["rows"]] == [(other, "in", 3)]
+    assert [(r["topic"], r["direction"], r["total_24h"]) for r in data["rows"]] == [
+        (other, "in", 3)
+    ]
 
 
 def test_unknown_topic_or_group_is_one_line(admin):
     assert failed(halfmoon("stats", "--topic", "nope", admin=admin)).endswith("(TOPIC_NOT_FOUND)")
-    assert failed(halfmoon("stats", "--group", "ghost", "--json", admin=admin)).endswith("(CONSUMER_GROUP_NOT_FOUND)")
+    assert failed(halfmoon("stats", "--group", "ghost", "--json", admin=admin)).endswith(
+        "(CONSUMER_GROUP_NOT_FOUND)"
+    )

@@ -25,7 +25,9 @@ def admin(tmp_path) -> Iterator[AdminServer]:
         yield server
 
 
-def half_messages(admin: AdminServer, topic: str, count: int, group: str | None = None) -> list[str]:
+def half_messages(
+    admin: AdminServer, topic: str, count: int, group: str | None = None
+) -> list[str]:
     """Send ``count`` half messages; their transaction ids."""
     admin.broker.create_topic(topic, MessageType.TRANSACTION, 2)
     results = admin.broker.send(
@@ -59,12 +61,26 @@ def test_list_commit_rollback_as_an_operator(admin):
     assert rows[0][:3] == ["TOPIC", "MESSAGE", "ID"]
     assert [r[-1] for r in rows[1:]] == [first, second, third]  # oldest first, id last
     assert all(topic in r and "prepared" in r for r in rows[1:])
-    listed = json.loads(ok(halfmoon("transaction", "list", "--json", "--topic", topic, admin=admin)))
+    listed = json.loads(
+        ok(halfmoon("transaction", "list", "--json", "--topic", topic, admin=admin))
+    )
     assert [t["transaction_id"] for t in listed] == [first, second, third]
-    assert listed[0]["keys"] == ["key-0"] and listed[0]["checks_sent"] == 0 and listed[0]["state"] == "prepared"
-    assert json.loads(ok(halfmoon("transaction", "list", "--json", "--limit", "1", admin=admin)))[0]["transaction_id"] == first
+    assert (
+        listed[0]["keys"] == ["key-0"]
+        and listed[0]["checks_sent"] == 0
+        and listed[0]["state"] == "prepared"
+    )
+    assert (
+        json.loads(ok(halfmoon("transaction", "list", "--json", "--limit", "1", admin=admin)))[0][
+            "transaction_id"
+        ]
+        == first
+    )
 
-    assert ok(halfmoon("transaction", "commit", first, admin=admin)).strip() == f"transaction {first} is committed"
+    assert (
+        ok(halfmoon("transaction", "commit", first, admin=admin)).strip()
+        == f"transaction {first} is committed"
+    )
     assert visible(admin, topic) == 1
     answer = json.loads(ok(halfmoon("transaction", "rollback", second, "--json", admin=admin)))
     assert answer == {"transaction_id": second, "state": "rolled_back"}
@@ -76,7 +92,10 @@ def test_list_commit_rollback_as_an_operator(admin):
     line = failed(halfmoon("transaction", "commit", "T-not-an-id", admin=admin))
     assert line.endswith("(INVALID_TRANSACTION_ID)")
 
-    assert [t["transaction_id"] for t in json.loads(ok(halfmoon("transaction", "list", "--json", admin=admin)))] == [third]
+    assert [
+        t["transaction_id"]
+        for t in json.loads(ok(halfmoon("transaction", "list", "--json", admin=admin)))
+    ] == [third]
     ok(halfmoon("transaction", "rollback", third, admin=admin))
     assert ok(halfmoon("transaction", "list", admin=admin)).strip() == "no pending transactions"
 
@@ -93,8 +112,15 @@ def test_parked_resume_and_operator_commit_of_a_parked_one(admin):
     assert all("parked" in r and str(CHECK_MAX) in r for r in rows[1:])
 
     resumed = json.loads(ok(halfmoon("transaction", "resume", first, "--json", admin=admin)))
-    assert (resumed["transaction_id"], resumed["state"], resumed["checks_sent"]) == (first, "prepared", 0)
-    assert [t["transaction_id"] for t in json.loads(ok(halfmoon("transaction", "parked", "--json", admin=admin)))] == [second]
+    assert (resumed["transaction_id"], resumed["state"], resumed["checks_sent"]) == (
+        first,
+        "prepared",
+        0,
+    )
+    assert [
+        t["transaction_id"]
+        for t in json.loads(ok(halfmoon("transaction", "parked", "--json", admin=admin)))
+    ] == [second]
     # Only a parked transaction can be resumed.
     line = failed(halfmoon("transaction", "resume", first, admin=admin))
     assert line.endswith("(ILLEGAL_TRANSACTION_TRANSITION)")

@@ -9,7 +9,16 @@ from typing import TypeVar
 
 from tests.server.conftest import ServerProcess, free_port, server, server_factory, wait_until
 
-__all__ = ["ServerProcess", "free_port", "server", "server_factory", "wait_until", "run", "unique", "eventually"]
+__all__ = [
+    "ServerProcess",
+    "free_port",
+    "server",
+    "server_factory",
+    "wait_until",
+    "run",
+    "unique",
+    "eventually",
+]
 
 T = TypeVar("T")
 _names = itertools.count()
@@ -24,7 +33,9 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{next(_names)}"
 
 
-async def eventually(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> object:
+async def eventually(
+    predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05
+) -> object:
     """Poll ``predicate`` on the loop until truthy; fail with ``what`` at the deadline."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

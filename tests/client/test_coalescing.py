@@ -30,7 +30,9 @@ async def drain(consumer: SimpleConsumer, count: int, timeout: float = 20.0) -> 
     return got
 
 
-def test_concurrent_sends_share_one_request_and_each_gets_its_own_receipt(server: ServerProcess) -> None:
+def test_concurrent_sends_share_one_request_and_each_gets_its_own_receipt(
+    server: ServerProcess,
+) -> None:
     topic, group = unique("co"), unique("co-g")
     server.create_topic(topic)
     server.create_group(group)
@@ -38,10 +40,19 @@ def test_concurrent_sends_share_one_request_and_each_gets_its_own_receipt(server
 
     def message(i: int) -> Message:
         # Mixed tags, keys and properties in one request: each must be stored with its own.
-        return Message(topic, f"body-{i}".encode() * (i + 1), tag=f"T{i % 3}", keys=[f"k{i}", f"k{i}-b"], properties={"i": str(i)})
+        return Message(
+            topic,
+            f"body-{i}".encode() * (i + 1),
+            tag=f"T{i % 3}",
+            keys=[f"k{i}", f"k{i}-b"],
+            properties={"i": str(i)},
+        )
 
     async def scenario() -> None:
-        async with Producer(server.grpc, topics=[topic]) as producer, SimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer:
+        async with (
+            Producer(server.grpc, topics=[topic]) as producer,
+            SimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer,
+        ):
             before = producer.stats.requests
             receipts = await asyncio.gather(*(producer.send(message(i)) for i in range(count)))
             # gather starts every send before the first request leaves: one request for all.
@@ -55,7 +66,11 @@ def test_concurrent_sends_share_one_request_and_each_gets_its_own_receipt(server
                 sent = message(i)
                 assert stored.body == sent.body, i
                 assert stored.queue_offset == receipt.offset, i
-                assert (stored.tag, stored.keys, stored.properties) == (sent.tag, sent.keys, sent.properties), i
+                assert (stored.tag, stored.keys, stored.properties) == (
+                    sent.tag,
+                    sent.keys,
+                    sent.properties,
+                ), i
 
     run(scenario())
 
@@ -67,14 +82,21 @@ def test_sixteen_awaiting_senders_use_fewer_requests_than_messages(server: Serve
 
     async def scenario() -> None:
         async with Producer(server.grpc, topics=[topic]) as producer:
+
             async def sender(n: int) -> list[str]:
-                return [(await producer.send(Message(topic, f"{n}-{i}".encode()))).message_id for i in range(per_sender)]
+                return [
+                    (await producer.send(Message(topic, f"{n}-{i}".encode()))).message_id
+                    for i in range(per_sender)
+                ]
 
             ids = await asyncio.gather(*(sender(n) for n in range(16)))
             assert len({i for chunk in ids for i in chunk}) == 16 * per_sender
             assert producer.stats.messages == 16 * per_sender
             # Each answer releases the sends queued behind it together.
-            assert producer.stats.requests <= producer.stats.messages // 4, (producer.stats, producer.coalescing)
+            assert producer.stats.requests <= producer.stats.messages // 4, (
+                producer.stats,
+                producer.coalescing,
+            )
 
     run(scenario())
 
@@ -106,35 +128,51 @@ def test_one_bad_message_fails_only_its_own_caller(server: ServerProcess) -> Non
     server.create_group(group)
 
     async def scenario() -> None:
-        async with Producer(server.grpc, topics=[topic]) as producer, SimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer:
+        async with (
+            Producer(server.grpc, topics=[topic]) as producer,
+            SimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer,
+        ):
             messages = [Message(topic, f"good-{i}".encode()) for i in range(10)]
             messages[3] = Message(topic, b"bad-tag", tag="a|b")  # refused by the server
             messages[7] = Message(topic, b"bad-type", message_group="g")  # refused by the client
-            results = await asyncio.gather(*(producer.send(m) for m in messages), return_exceptions=True)
+            results = await asyncio.gather(
+                *(producer.send(m) for m in messages), return_exceptions=True
+            )
             assert isinstance(results[3], BadRequest) and results[3].code == "ILLEGAL_MESSAGE_TAG"
             assert isinstance(results[7], MessageTypeMismatch)
             good = [r for i, r in enumerate(results) if i not in (3, 7)]
             assert all(not isinstance(r, BaseException) for r in good), results
             got = await drain(consumer, 8)
-            assert sorted(m.body for m in got) == sorted(f"good-{i}".encode() for i in range(10) if i not in (3, 7))
+            assert sorted(m.body for m in got) == sorted(
+                f"good-{i}".encode() for i in range(10) if i not in (3, 7)
+            )
             assert producer.coalescing is not None and producer.coalescing.isolated >= 10
 
     run(scenario())
 
 
-def test_oversize_body_among_good_ones_fails_alone(server_factory: Callable[..., ServerProcess]) -> None:
+def test_oversize_body_among_good_ones_fails_alone(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
     server = server_factory(settings=("broker.max_body_size=65536",)).start()
     topic, group = unique("big"), unique("big-g")
     server.create_topic(topic)
     server.create_group(group)
 
     async def scenario() -> None:
-        async with Producer(server.grpc, topics=[topic]) as producer, SimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer:
+        async with (
+            Producer(server.grpc, topics=[topic]) as producer,
+            SimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer,
+        ):
             assert producer.max_body_size == 65536  # learned from the server
-            producer.max_body_size = 1 << 20  # a stale view (limit lowered at runtime): the server must refuse
+            producer.max_body_size = (
+                1 << 20
+            )  # a stale view (limit lowered at runtime): the server must refuse
             messages = [Message(topic, f"ok-{i}".encode()) for i in range(6)]
             messages.insert(2, Message(topic, b"x" * 100_000))
-            results = await asyncio.gather(*(producer.send(m) for m in messages), return_exceptions=True)
+            results = await asyncio.gather(
+                *(producer.send(m) for m in messages), return_exceptions=True
+            )
             assert isinstance(results[2], MessageBodyTooLarge), results[2]
             assert [r for r in results if isinstance(r, BaseException)] == [results[2]]
             got = await drain(consumer, 6)
@@ -150,14 +188,20 @@ def test_fifo_order_per_message_group_under_concurrency(server: ServerProcess) -
     groups, per_group = ["A", "B", "C", "D", "E", "F"], 25
 
     async def scenario() -> None:
-        async with Producer(server.grpc, topics=[topic]) as producer, SimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer:
+        async with (
+            Producer(server.grpc, topics=[topic]) as producer,
+            SimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer,
+        ):
             # One awaiting sender per group (order = its send order), plus fire-and-forget
             # sends whose order is the order of the send_async calls.
             async def sender(name: str) -> None:
                 for i in range(per_group):
                     await producer.send(Message(topic, f"{name}-{i}".encode(), message_group=name))
 
-            tasks = [producer.send_async(Message(topic, f"Z-{i}".encode(), message_group="Z")) for i in range(per_group)]
+            tasks = [
+                producer.send_async(Message(topic, f"Z-{i}".encode(), message_group="Z"))
+                for i in range(per_group)
+            ]
             await asyncio.gather(*(sender(g) for g in groups), *tasks)
             assert producer.stats.requests < producer.stats.messages
             total = (len(groups) + 1) * per_group
@@ -182,7 +226,9 @@ def test_close_flushes_queued_and_inflight_sends(server: ServerProcess) -> None:
             await producer.start()
             for i in range(count):
                 producer.send_oneway(Message(topic, f"one-{i}".encode()))
-            tasks = [producer.send_async(Message(topic, f"async-{i}".encode())) for i in range(count)]
+            tasks = [
+                producer.send_async(Message(topic, f"async-{i}".encode())) for i in range(count)
+            ]
             await producer.close()  # nothing has been awaited yet: close must send it all
             assert all(t.done() and t.exception() is None for t in tasks)
             got = await drain(consumer, 2 * count)
@@ -198,7 +244,9 @@ def test_coalesce_false_sends_one_request_per_message(server: ServerProcess) -> 
     async def scenario() -> None:
         async with Producer(server.grpc, topics=[topic], coalesce=False) as producer:
             assert producer.coalescing is None
-            receipts = await asyncio.gather(*(producer.send(Message(topic, f"m{i}".encode())) for i in range(12)))
+            receipts = await asyncio.gather(
+                *(producer.send(Message(topic, f"m{i}".encode())) for i in range(12))
+            )
             assert len({r.message_id for r in receipts}) == 12
             assert producer.stats.requests == producer.stats.messages == 12
 

@@ -26,7 +26,12 @@ def test_simple_consumer_ack_and_invisible_duration(server: ServerProcess) -> No
     server.create_group(group)
 
     async def scenario() -> None:
-        async with Producer(server.grpc) as producer, SimpleConsumer(server.grpc, group, {topic: MessageSelector.by_tag("A || B")}) as consumer:
+        async with (
+            Producer(server.grpc) as producer,
+            SimpleConsumer(
+                server.grpc, group, {topic: MessageSelector.by_tag("A || B")}
+            ) as consumer,
+        ):
             await producer.send(Message(topic, b"a", tag="A"))
             await producer.send(Message(topic, b"c", tag="C"))
             [first] = await consumer.receive(10, 20, wait=3)
@@ -66,7 +71,12 @@ def test_sql_selector_filters_on_properties(server: ServerProcess) -> None:
     server.create_group(group)
 
     async def scenario() -> None:
-        async with Producer(server.grpc) as producer, SimpleConsumer(server.grpc, group, {topic: MessageSelector.by_sql("a > 5")}) as consumer:
+        async with (
+            Producer(server.grpc) as producer,
+            SimpleConsumer(
+                server.grpc, group, {topic: MessageSelector.by_sql("a > 5")}
+            ) as consumer,
+        ):
             for a in (1, 7, 3, 9):
                 await producer.send(Message(topic, f"a={a}".encode(), properties={"a": str(a)}))
             got = []
@@ -85,7 +95,9 @@ def test_sql_selector_filters_on_properties(server: ServerProcess) -> None:
 def test_push_consumer_retries_then_dead_letters(server: ServerProcess) -> None:
     topic, group = unique("push"), unique("push-g")
     server.create_topic(topic)
-    server.create_group(group, max_delivery_attempts=3, retry_policy={"kind": "customized", "levels_ms": [100]})
+    server.create_group(
+        group, max_delivery_attempts=3, retry_policy={"kind": "customized", "levels_ms": [100]}
+    )
     dlq_reader = unique("dlq-reader")
     server.create_group(dlq_reader)
 
@@ -98,14 +110,23 @@ def test_push_consumer_retries_then_dead_letters(server: ServerProcess) -> None:
                 raise RuntimeError("cannot process")
             return ConsumeResult.LATER if len(attempts[message.body]) < 2 else ConsumeResult.SUCCESS
 
-        async with Producer(server.grpc) as producer, PushConsumer(server.grpc, group, {topic: MessageSelector.all()}, listener) as consumer:
+        async with (
+            Producer(server.grpc) as producer,
+            PushConsumer(server.grpc, group, {topic: MessageSelector.all()}, listener) as consumer,
+        ):
             assert consumer.max_attempts == 3
             await producer.send(Message(topic, b"poison"))
             await producer.send(Message(topic, b"flaky"))
-            await eventually(lambda: consumer.dead_lettered == 1 and consumer.consumed == 1, 20, "one dead letter and one success")
+            await eventually(
+                lambda: consumer.dead_lettered == 1 and consumer.consumed == 1,
+                20,
+                "one dead letter and one success",
+            )
             assert attempts[b"poison"] == [1, 2, 3]
             assert attempts[b"flaky"] == [1, 2]
-        async with SimpleConsumer(server.grpc, dlq_reader, {f"%DLQ%{group}": MessageSelector.all()}) as reader:
+        async with SimpleConsumer(
+            server.grpc, dlq_reader, {f"%DLQ%{group}": MessageSelector.all()}
+        ) as reader:
             dead = await reader.receive(10, 20, wait=5)
             assert [m.body for m in dead] == [b"poison"]
 
@@ -129,11 +150,16 @@ def test_push_consumer_orderly_keeps_group_order_across_retries(server: ServerPr
             seen.setdefault(message.message_group, []).append(n)
             return ConsumeResult.SUCCESS
 
-        async with Producer(server.grpc) as producer, PushConsumer(server.grpc, group, {topic: MessageSelector.all()}, listener) as consumer:
+        async with (
+            Producer(server.grpc) as producer,
+            PushConsumer(server.grpc, group, {topic: MessageSelector.all()}, listener) as consumer,
+        ):
             assert consumer.orderly
             for n in range(12):
                 await producer.send(Message(topic, str(n).encode(), message_group=f"g{n % 2}"))
-            await eventually(lambda: sum(len(v) for v in seen.values()) == 12, 20, "all twelve consumed")
+            await eventually(
+                lambda: sum(len(v) for v in seen.values()) == 12, 20, "all twelve consumed"
+            )
             assert seen == {"g0": [0, 2, 4, 6, 8, 10], "g1": [1, 3, 5, 7, 9, 11]}
 
     run(scenario())
@@ -150,7 +176,16 @@ def test_broadcasting_each_consumer_sees_everything(server: ServerProcess) -> No
         def recorder(into: list[bytes]):
             return lambda message: into.append(message.body)
 
-        consumers = [PushConsumer(server.grpc, group, {topic: MessageSelector.all()}, recorder(s), message_model=BROADCASTING) for s in seen]
+        consumers = [
+            PushConsumer(
+                server.grpc,
+                group,
+                {topic: MessageSelector.all()},
+                recorder(s),
+                message_model=BROADCASTING,
+            )
+            for s in seen
+        ]
         for consumer in consumers:
             await consumer.start()
         try:
@@ -158,7 +193,9 @@ def test_broadcasting_each_consumer_sees_everything(server: ServerProcess) -> No
                 for n in range(30):
                     await producer.send(Message(topic, f"b{n}".encode()))
             expected = sorted(f"b{n}".encode() for n in range(30))
-            await eventually(lambda: all(len(s) >= 30 for s in seen), 20, "every consumer seeing all thirty")
+            await eventually(
+                lambda: all(len(s) >= 30 for s in seen), 20, "every consumer seeing all thirty"
+            )
             assert all(sorted(s) == expected for s in seen)
             assert all(sum(c.offsets.values()) == 30 for c in consumers)
         finally:

@@ -40,18 +40,36 @@ def test_send_receive_round_trip_keeps_every_field(server: ServerProcess) -> Non
     server.create_group(group)
 
     async def scenario() -> None:
-        async with Producer(server.grpc, topics=[topic]) as producer, SimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer:
-            receipt = await producer.send(Message(topic, b"hello", tag="TagA", keys=["order-1", "user-7"], properties={"region": "eu"}))
+        async with (
+            Producer(server.grpc, topics=[topic]) as producer,
+            SimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer,
+        ):
+            receipt = await producer.send(
+                Message(
+                    topic,
+                    b"hello",
+                    tag="TagA",
+                    keys=["order-1", "user-7"],
+                    properties={"region": "eu"},
+                )
+            )
             assert len(receipt.message_id) == 34 and receipt.offset >= 0
             async_done: list = []
-            task = producer.send_async(Message(topic, b"async"), callback=lambda r, e: async_done.append((r, e)))
+            task = producer.send_async(
+                Message(topic, b"async"), callback=lambda r, e: async_done.append((r, e))
+            )
             async_receipt = await task
             producer.send_oneway(Message(topic, b"oneway"))
             got = await drain(consumer, 3)
             by_body = {m.body: m for m in got}
             assert set(by_body) == {b"hello", b"async", b"oneway"}
             hello = by_body[b"hello"]
-            assert (hello.message_id, hello.tag, hello.keys, hello.properties) == (receipt.message_id, "TagA", ["order-1", "user-7"], {"region": "eu"})
+            assert (hello.message_id, hello.tag, hello.keys, hello.properties) == (
+                receipt.message_id,
+                "TagA",
+                ["order-1", "user-7"],
+                {"region": "eu"},
+            )
             assert async_done == [(async_receipt, None)]
 
     run(scenario())
@@ -65,9 +83,14 @@ def test_batch_over_four_mebibytes_is_split_and_all_arrive(server: ServerProcess
     count = 30  # ~9 MiB in all: at least three requests
 
     async def scenario() -> None:
-        async with Producer(server.grpc, topics=[topic]) as producer, SimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer:
+        async with (
+            Producer(server.grpc, topics=[topic]) as producer,
+            SimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer,
+        ):
             before = producer.stats.requests
-            receipts = await producer.send_batch([Message(topic, body, keys=[f"k{i}"]) for i in range(count)])
+            receipts = await producer.send_batch(
+                [Message(topic, body, keys=[f"k{i}"]) for i in range(count)]
+            )
             assert len(receipts) == count and len({r.message_id for r in receipts}) == count
             assert producer.stats.requests - before >= 3
             got = await drain(consumer, count)
@@ -92,10 +115,15 @@ def test_fifo_order_per_message_group(server: ServerProcess) -> None:
     server.create_group(group, fifo=True)
 
     async def scenario() -> None:
-        async with Producer(server.grpc, topics=[topic]) as producer, SimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer:
+        async with (
+            Producer(server.grpc, topics=[topic]) as producer,
+            SimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer,
+        ):
             for i in range(20):
                 for order in ("A", "B", "C"):
-                    await producer.send(Message(topic, f"{order}-{i}".encode(), message_group=order))
+                    await producer.send(
+                        Message(topic, f"{order}-{i}".encode(), message_group=order)
+                    )
             got = await drain(consumer, 60)
             for order in ("A", "B", "C"):
                 seq = [int(m.body.split(b"-")[1]) for m in got if m.message_group == order]

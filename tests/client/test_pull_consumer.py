@@ -24,8 +24,14 @@ def test_allocation_covers_every_queue_exactly_once(strategy) -> None:
 
 def test_consistent_hash_moves_few_queues_when_a_member_joins() -> None:
     queues = [f"t/b@{i}" for i in range(64)]
-    before = {q: m for m in ("a", "b", "c") for q in allocate_consistent_hash(queues, ["a", "b", "c"], m)}
-    after = {q: m for m in ("a", "b", "c", "d") for q in allocate_consistent_hash(queues, ["a", "b", "c", "d"], m)}
+    before = {
+        q: m for m in ("a", "b", "c") for q in allocate_consistent_hash(queues, ["a", "b", "c"], m)
+    }
+    after = {
+        q: m
+        for m in ("a", "b", "c", "d")
+        for q in allocate_consistent_hash(queues, ["a", "b", "c", "d"], m)
+    }
     moved = [q for q in queues if before[q] != after[q]]
     assert all(after[q] == "d" for q in moved) and len(moved) < 32
 
@@ -36,7 +42,12 @@ def test_poll_seek_commit(server: ServerProcess) -> None:
     server.create_group(group)
 
     async def scenario() -> None:
-        async with Producer(server.grpc) as producer, PullConsumer(server.grpc, group, consume_from="earliest", auto_commit=False) as consumer:
+        async with (
+            Producer(server.grpc) as producer,
+            PullConsumer(
+                server.grpc, group, consume_from="earliest", auto_commit=False
+            ) as consumer,
+        ):
             for i in range(10):
                 await producer.send(Message(topic, f"m{i}".encode()))
             [queue] = await consumer.fetch_queues(topic)
@@ -76,20 +87,32 @@ def test_rebalance_when_members_join_and_leave(server: ServerProcess) -> None:
 
     async def scenario() -> None:
         subs = {topic: MessageSelector.all()}
-        first = PullConsumer(server.grpc, group, subs, consume_from="earliest", membership_interval=0.3)
+        first = PullConsumer(
+            server.grpc, group, subs, consume_from="earliest", membership_interval=0.3
+        )
         await first.start()
         consumers = [first]
         try:
-            await eventually(lambda: _partitioned(consumers, 6), 10, "one member owning all six queues")
+            await eventually(
+                lambda: _partitioned(consumers, 6), 10, "one member owning all six queues"
+            )
             for _ in range(2):
-                joiner = PullConsumer(server.grpc, group, subs, consume_from="earliest", membership_interval=0.3)
+                joiner = PullConsumer(
+                    server.grpc, group, subs, consume_from="earliest", membership_interval=0.3
+                )
                 await joiner.start()
                 consumers.append(joiner)
-                await eventually(lambda: _partitioned(consumers, 6), 10, f"{len(consumers)} members sharing six queues")
+                await eventually(
+                    lambda: _partitioned(consumers, 6),
+                    10,
+                    f"{len(consumers)} members sharing six queues",
+                )
             assert all(len(share) == 2 for share in _owned(consumers))
             leaver = consumers.pop(1)
             await leaver.close()
-            await eventually(lambda: _partitioned(consumers, 6), 10, "two members covering the leaver's queues")
+            await eventually(
+                lambda: _partitioned(consumers, 6), 10, "two members covering the leaver's queues"
+            )
             assert sorted(len(share) for share in _owned(consumers)) == [3, 3]
         finally:
             for consumer in consumers:

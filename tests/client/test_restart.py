@@ -17,7 +17,12 @@ def test_producer_survives_server_restart(server_factory) -> None:
     failed: list[BaseException] = []
 
     async def scenario() -> None:
-        producer = Producer(proc.grpc, max_attempts=60, retry_backoff=Backoff(initial=0.05, maximum=0.3), request_timeout=2.0)
+        producer = Producer(
+            proc.grpc,
+            max_attempts=60,
+            retry_backoff=Backoff(initial=0.05, maximum=0.3),
+            request_timeout=2.0,
+        )
         await producer.start()
         stop = asyncio.Event()
 
@@ -42,13 +47,19 @@ def test_producer_survives_server_restart(server_factory) -> None:
             restarted.set()
 
         await asyncio.to_thread(kill_and_restart)
-        await eventually(lambda: len(acked) >= before_kill + 50, 20, "50 more acknowledged sends after the restart")
+        await eventually(
+            lambda: len(acked) >= before_kill + 50,
+            20,
+            "50 more acknowledged sends after the restart",
+        )
         stop.set()
         await asyncio.gather(*senders)
         assert producer.stats.retries > 0  # the outage was seen and ridden out
         await producer.close()
 
-        async with SimpleConsumer(proc.grpc, "restart-g", {"restart": MessageSelector.all()}) as consumer:
+        async with SimpleConsumer(
+            proc.grpc, "restart-g", {"restart": MessageSelector.all()}
+        ) as consumer:
             seen: set[str] = set()
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 20

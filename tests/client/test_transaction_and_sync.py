@@ -44,14 +44,23 @@ def test_transactional_send_commit_rollback_and_group(server: ServerProcess) -> 
     server.create_group(group)
 
     async def scenario() -> None:
-        async with TransactionProducer(server.grpc, unique("pg"), Listener()) as producer, SimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer:
+        async with (
+            TransactionProducer(server.grpc, unique("pg"), Listener()) as producer,
+            SimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer,
+        ):
             try:
-                committed = await producer.send_message_in_transaction(Message(topic, b"commit"), TransactionResolution.COMMIT)
+                committed = await producer.send_message_in_transaction(
+                    Message(topic, b"commit"), TransactionResolution.COMMIT
+                )
             except Unsupported as exc:
                 pytest.skip(f"server has no EndTransaction yet: {exc}")
             assert committed.receipt.transaction_id
-            await producer.send_message_in_transaction(Message(topic, b"rollback"), TransactionResolution.ROLLBACK)
-            unknown = await producer.send_message_in_transaction(Message(topic, b"unknown"), TransactionResolution.UNKNOWN)
+            await producer.send_message_in_transaction(
+                Message(topic, b"rollback"), TransactionResolution.ROLLBACK
+            )
+            unknown = await producer.send_message_in_transaction(
+                Message(topic, b"unknown"), TransactionResolution.UNKNOWN
+            )
             assert unknown.resolution is TransactionResolution.UNKNOWN
             assert await bodies(consumer, 1.0) == {b"commit"}
             # The lower-level API: two half messages, one commit.
@@ -76,7 +85,10 @@ def test_transaction_group_commits_atomically(server: ServerProcess) -> None:
     server.create_group(group)
 
     async def scenario() -> None:
-        async with TransactionProducer(server.grpc, unique("pg"), Listener()) as producer, SimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer:
+        async with (
+            TransactionProducer(server.grpc, unique("pg"), Listener()) as producer,
+            SimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer,
+        ):
             txn = producer.begin_group()
             await txn.send(Message(topic, b"g1"))
             await txn.send(Message(topic, b"g2"))
@@ -96,7 +108,10 @@ def test_sync_facade_round_trip(server: ServerProcess) -> None:
     topic, group = unique("sync"), unique("sync-g")
     server.create_topic(topic)
     server.create_group(group)
-    with SyncProducer(server.grpc) as producer, SyncSimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer:
+    with (
+        SyncProducer(server.grpc) as producer,
+        SyncSimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer,
+    ):
         receipts = producer.send_batch([Message(topic, f"s{i}".encode()) for i in range(5)])
         got = []
         for _ in range(10):

@@ -19,6 +19,6 @@ def test_orders_example_runs_in_one_command_and_reports_consistent() -> None:
     assert "CONSISTENT" in out and "INCONSISTENT" not in out and "FAIL" not in out
     assert "placed 14 orders: 12 committed, 2 rolled back" in out
     # Every kind of outcome happened: confirmed, cancelled (out of stock or declined), duplicates absorbed.
-    report = out[out.index("consistency report"):]
+    report = out[out.index("consistency report") :]
     assert "confirmed 0" not in report and "cancelled 0" not in report
     assert "duplicates absorbed by the inbox 0" not in report

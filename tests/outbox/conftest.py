@@ -26,7 +26,9 @@ from halfmoon.outbox.outbox import Outbox, OutboxRecord
 from halfmoon.outbox.targets import PublishTarget
 from tests.server.conftest import ServerProcess, wait_until
 
-POSTGRES_URL = os.environ.get("HALFMOON_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+POSTGRES_URL = os.environ.get(
+    "HALFMOON_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
 MARIADB_URL = os.environ.get("HALFMOON_TEST_MARIADB", "mysql+pymysql://root@127.0.0.1:3306/test")
 AMQP_URL = os.environ.get("HALFMOON_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -46,7 +48,9 @@ def require(name: str, check: Callable[[], None]) -> None:
             _reachable[name] = f"{type(exc).__name__}: {exc}"
     reason = _reachable[name]
     if reason is not None:
-        message = f"{name} is not reachable ({reason}); set the HALFMOON_TEST_* variables or start it"
+        message = (
+            f"{name} is not reachable ({reason}); set the HALFMOON_TEST_* variables or start it"
+        )
         if IN_CI:
             pytest.fail(message)
         pytest.skip(message)
@@ -54,7 +58,9 @@ def require(name: str, check: Callable[[], None]) -> None:
 
 def _tcp(url: str, default_port: int) -> None:
     parts = urlsplit(url)
-    with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or default_port), timeout=2):
+    with socket.create_connection(
+        (parts.hostname or "127.0.0.1", parts.port or default_port), timeout=2
+    ):
         pass
 
 
@@ -113,7 +119,9 @@ def amqp_url() -> str:
 @pytest.fixture(scope="module")
 def halfmoon_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One ``halfmoon serve`` per test module, auto-creating topics."""
-    proc = ServerProcess(tmp_path_factory.mktemp("halfmoon-data"), settings=("broker.auto_create_topics=true",)).start()
+    proc = ServerProcess(
+        tmp_path_factory.mktemp("halfmoon-data"), settings=("broker.auto_create_topics=true",)
+    ).start()
     try:
         yield proc
     finally:

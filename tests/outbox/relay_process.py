@@ -31,7 +31,10 @@ class FileTarget(PublishTarget):
         for record in records:
             if self.delay:
                 time.sleep(self.delay)  # the publish's own duration, not synchronisation
-            os.write(self.fd, f"{record.message_id} {record.aggregate_id} {record.payload.decode()} {os.getpid()}\n".encode())
+            os.write(
+                self.fd,
+                f"{record.message_id} {record.aggregate_id} {record.payload.decode()} {os.getpid()}\n".encode(),
+            )
         return [None] * len(records)
 
 
@@ -40,7 +43,9 @@ def read_lines(path: str) -> list[tuple[str, str, int, int]]:
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        return [(m, a, int(s), int(p)) for m, a, s, p in (line.split() for line in f if line.strip())]
+        return [
+            (m, a, int(s), int(p)) for m, a, s, p in (line.split() for line in f if line.strip())
+        ]
 
 
 def main() -> None:

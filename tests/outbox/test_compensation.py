@@ -36,7 +36,9 @@ __all__ = ["server"]
 
 
 def cancel_order(version: int = 1, key: str = "order-1") -> Compensation:
-    return Compensation.new("orders", "cancel_order", key, version, "inventory.out_of_stock", original_event_id="evt-9")
+    return Compensation.new(
+        "orders", "cancel_order", key, version, "inventory.out_of_stock", original_event_id="evt-9"
+    )
 
 
 def test_format_round_trips_and_refuses_business_data() -> None:
@@ -46,7 +48,9 @@ def test_format_round_trips_and_refuses_business_data() -> None:
     message = comp.to_message("compensations")
     assert message.tag == "cancel_order" and message.keys == ["order-1", comp.trace_id]
     with pytest.raises(InvalidCompensation, match="unknown compensation field"):
-        Compensation.from_bytes(comp.to_bytes().replace(b'"action"', b'"card_number":"4111","action"'))
+        Compensation.from_bytes(
+            comp.to_bytes().replace(b'"action"', b'"card_number":"4111","action"')
+        )
     with pytest.raises(InvalidCompensation, match="business_key"):
         Compensation.new("orders", "cancel_order", "", 1, "evt")
     with pytest.raises(InvalidCompensation, match="state_version"):
@@ -55,14 +59,29 @@ def test_format_round_trips_and_refuses_business_data() -> None:
         Compensation.from_bytes(b"not json")
 
 
-def test_stale_compensation_is_skipped_and_a_current_one_applied_once(engine: Engine, prefix: str) -> None:
+def test_stale_compensation_is_skipped_and_a_current_one_applied_once(
+    engine: Engine, prefix: str
+) -> None:
     inbox = Inbox("orders", table_prefix=prefix)
-    orders = Table(f"{prefix}orders", inbox.metadata, Column("id", String(32), primary_key=True), Column("status", String(16)), Column("version", Integer, nullable=False))
+    orders = Table(
+        f"{prefix}orders",
+        inbox.metadata,
+        Column("id", String(32), primary_key=True),
+        Column("status", String(16)),
+        Column("version", Integer, nullable=False),
+    )
     inbox.metadata.create_all(engine)
 
     @inbox.handler(engine, key=lambda comp: comp.idempotency_key)
     def handle(conn, comp: Compensation) -> bool:
-        return apply_if_version(conn, orders, key={"id": comp.business_key}, version_column="version", expected_version=comp.state_version, values={"status": "cancelled"})
+        return apply_if_version(
+            conn,
+            orders,
+            key={"id": comp.business_key},
+            version_column="version",
+            expected_version=comp.state_version,
+            values={"status": "cancelled"},
+        )
 
     try:
         with engine.begin() as conn:
@@ -71,13 +90,20 @@ def test_stale_compensation_is_skipped_and_a_current_one_applied_once(engine: En
         assert handle(cancel_order(version=2)) is True
         assert handle(cancel_order(version=2)) is DUPLICATE  # redelivered
         with engine.connect() as conn:
-            assert tuple(conn.execute(select(orders.c.status, orders.c.version)).one()) == ("cancelled", 3)
+            assert tuple(conn.execute(select(orders.c.status, orders.c.version)).one()) == (
+                "cancelled",
+                3,
+            )
     finally:
         inbox.metadata.drop_all(engine)
 
 
 def test_halfmoon_retries_with_the_group_policy_then_dead_letters(server: ServerProcess) -> None:
-    topic, group, reader = f"comp-{uuid.uuid4().hex[:8]}", f"comp-g-{uuid.uuid4().hex[:8]}", f"dlq-{uuid.uuid4().hex[:8]}"
+    topic, group, reader = (
+        f"comp-{uuid.uuid4().hex[:8]}",
+        f"comp-g-{uuid.uuid4().hex[:8]}",
+        f"dlq-{uuid.uuid4().hex[:8]}",
+    )
     server.create_topic(topic)
     tiers = (0.1, 0.2, 0.3, 0.4)
     created = create_compensation_group(server.admin, group, tiers=tiers)
@@ -94,7 +120,12 @@ def test_halfmoon_retries_with_the_group_policy_then_dead_letters(server: Server
         raise RuntimeError("the order service is down")
 
     comp = cancel_order()
-    with SyncProducer(server.grpc) as producer, SyncPushConsumer(server.grpc, group, {topic: MessageSelector.all()}, compensation_listener(always_fails)) as consumer:
+    with (
+        SyncProducer(server.grpc) as producer,
+        SyncPushConsumer(
+            server.grpc, group, {topic: MessageSelector.all()}, compensation_listener(always_fails)
+        ) as consumer,
+    ):
         producer.send(comp.to_message(topic))
         deadline = time.monotonic() + 30
         while consumer.client.dead_lettered < 1:
@@ -103,9 +134,13 @@ def test_halfmoon_retries_with_the_group_policy_then_dead_letters(server: Server
     assert [a for a, _ in attempts] == [1, 2, 3, 4, 5]
     assert handled == [comp] * 5
     # The waits grow with the tiers (the client adds nothing below them).
-    gaps = [later - earlier for (_, earlier), (_, later) in zip(attempts, attempts[1:], strict=False)]
+    gaps = [
+        later - earlier for (_, earlier), (_, later) in zip(attempts, attempts[1:], strict=False)
+    ]
     assert all(gap >= tier * 0.9 for gap, tier in zip(gaps, tiers, strict=True)), gaps
-    with SyncSimpleConsumer(server.grpc, reader, {alert_topic(group): MessageSelector.all()}) as alerts:
+    with SyncSimpleConsumer(
+        server.grpc, reader, {alert_topic(group): MessageSelector.all()}
+    ) as alerts:
         dead = []
         deadline = time.monotonic() + 10
         while not dead and time.monotonic() < deadline:
@@ -118,7 +153,15 @@ def test_not_a_compensation_is_retried_into_the_alert_too(server: ServerProcess)
     server.create_topic(topic)
     create_compensation_group(server.admin, group, tiers=(0.05,))
     called = threading.Event()
-    with SyncProducer(server.grpc) as producer, SyncPushConsumer(server.grpc, group, {topic: MessageSelector.all()}, compensation_listener(lambda c, m: called.set())) as consumer:
+    with (
+        SyncProducer(server.grpc) as producer,
+        SyncPushConsumer(
+            server.grpc,
+            group,
+            {topic: MessageSelector.all()},
+            compensation_listener(lambda c, m: called.set()),
+        ) as consumer,
+    ):
         producer.send(Message(topic, b'{"v":1,"secret":"x"}'))
         deadline = time.monotonic() + 20
         while consumer.client.dead_lettered < 1:

@@ -19,7 +19,12 @@ __all__ = ["server"]
 
 def make(engine: Engine, prefix: str, consumer: str = "inventory") -> tuple[Inbox, Table]:
     inbox = Inbox(consumer, table_prefix=prefix)
-    stock = Table(f"{prefix}stock", inbox.metadata, Column("sku", String(32), primary_key=True), Column("qty", Integer, nullable=False))
+    stock = Table(
+        f"{prefix}stock",
+        inbox.metadata,
+        Column("sku", String(32), primary_key=True),
+        Column("qty", Integer, nullable=False),
+    )
     inbox.metadata.create_all(engine)
     with engine.begin() as conn:
         conn.execute(insert(stock).values(sku="apple", qty=10))
@@ -31,7 +36,9 @@ def qty(engine: Engine, stock: Table) -> int:
         return conn.execute(select(stock.c.qty).where(stock.c.sku == "apple")).scalar_one()
 
 
-def test_redelivered_message_has_no_second_effect(engine: Engine, prefix: str, server: ServerProcess) -> None:
+def test_redelivered_message_has_no_second_effect(
+    engine: Engine, prefix: str, server: ServerProcess
+) -> None:
     inbox, stock = make(engine, prefix)
     topic, group = f"{prefix}orders", f"{prefix}inventory"
     server.create_topic(topic)
@@ -41,7 +48,9 @@ def test_redelivered_message_has_no_second_effect(engine: Engine, prefix: str, s
     @inbox.handler(engine, key=lambda message: message.message_id)
     def deduct(conn, message):
         calls.append(message.message_id)
-        conn.execute(update(stock).where(stock.c.sku == "apple").values(qty=stock.c.qty - int(message.body)))
+        conn.execute(
+            update(stock).where(stock.c.sku == "apple").values(qty=stock.c.qty - int(message.body))
+        )
         return "deducted"
 
     results: list[object] = []
@@ -57,7 +66,10 @@ def test_redelivered_message_has_no_second_effect(engine: Engine, prefix: str, s
         return ConsumeResult.SUCCESS
 
     try:
-        with SyncProducer(server.grpc) as producer, SyncPushConsumer(server.grpc, group, {topic: MessageSelector.all()}, listener):
+        with (
+            SyncProducer(server.grpc) as producer,
+            SyncPushConsumer(server.grpc, group, {topic: MessageSelector.all()}, listener),
+        ):
             sent = producer.send(Message(topic, b"3"))
             assert two_deliveries.wait(20), f"no redelivery; results so far {results}"
         assert results == ["deducted", DUPLICATE]
@@ -67,7 +79,9 @@ def test_redelivered_message_has_no_second_effect(engine: Engine, prefix: str, s
         inbox.metadata.drop_all(engine)
 
 
-def test_rolled_back_handler_runs_again_and_consumers_are_separate(engine: Engine, prefix: str) -> None:
+def test_rolled_back_handler_runs_again_and_consumers_are_separate(
+    engine: Engine, prefix: str
+) -> None:
     inbox, stock = make(engine, prefix)
     other = Inbox("billing", table_prefix=prefix, metadata=inbox.metadata)
     try:
@@ -126,13 +140,31 @@ def test_cleanup_after_the_window_in_batches(engine: Engine, prefix: str) -> Non
     inbox.retention = timedelta(hours=1)
     try:
         with engine.begin() as conn:
-            conn.execute(insert(inbox.table), [{"consumer": "inventory", "idempotency_key": f"old{i}", "processed_at": 1000 + i} for i in range(7)])
-            conn.execute(insert(inbox.table).values(consumer="other", idempotency_key="old", processed_at=1000))
+            conn.execute(
+                insert(inbox.table),
+                [
+                    {
+                        "consumer": "inventory",
+                        "idempotency_key": f"old{i}",
+                        "processed_at": 1000 + i,
+                    }
+                    for i in range(7)
+                ],
+            )
+            conn.execute(
+                insert(inbox.table).values(
+                    consumer="other", idempotency_key="old", processed_at=1000
+                )
+            )
             inbox.claim(conn, "fresh")
         assert inbox.cleanup(engine, batch_size=3, max_batches=1) == 3
         assert inbox.cleanup(engine, batch_size=3) == 4
         with engine.connect() as conn:
-            left = conn.execute(select(inbox.table.c.consumer, inbox.table.c.idempotency_key).order_by(inbox.table.c.consumer)).all()
+            left = conn.execute(
+                select(inbox.table.c.consumer, inbox.table.c.idempotency_key).order_by(
+                    inbox.table.c.consumer
+                )
+            ).all()
         assert [tuple(r) for r in left] == [("inventory", "fresh"), ("other", "old")]
     finally:
         inbox.metadata.drop_all(engine)

@@ -73,12 +73,20 @@ def test_publishes_persistent_confirmed_messages(amqp_url: str, queue: Queue) ->
     got = queue.drain()
     assert [m.message_id for m in got] == [r.message_id for r in records]
     first = got[0]
-    assert first.delivery_mode == aio_pika.DeliveryMode.PERSISTENT and first.body == b"m0" and first.type == "created"
+    assert (
+        first.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+        and first.body == b"m0"
+        and first.type == "created"
+    )
     assert first.headers["trace"] == "t1" and first.headers["outbox_aggregate_id"] == "1"
 
 
 def test_an_unroutable_message_fails_alone(amqp_url: str, queue: Queue) -> None:
-    records = [record(queue.name, b"a"), record(queue.name, b"lost", routing_key=f"nobody-{uuid.uuid4().hex}"), record(queue.name, b"c")]
+    records = [
+        record(queue.name, b"a"),
+        record(queue.name, b"lost", routing_key=f"nobody-{uuid.uuid4().hex}"),
+        record(queue.name, b"c"),
+    ]
     with RabbitTarget(amqp_url) as target:
         results = target.publish(records)
     assert results[0] is None and results[2] is None
@@ -88,12 +96,22 @@ def test_an_unroutable_message_fails_alone(amqp_url: str, queue: Queue) -> None:
 
 def close_connection(name: str) -> bool:
     """Close the connection named ``name`` from the server side (rabbitmqctl)."""
-    listing = subprocess.run(["rabbitmqctl", "-q", "list_connections", "pid", "client_properties"], capture_output=True, text=True, timeout=30)
+    listing = subprocess.run(
+        ["rabbitmqctl", "-q", "list_connections", "pid", "client_properties"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     for line in listing.stdout.splitlines():
         if f'{{"connection_name","{name}"}}' in line:
             pid = re.match(r"(<[^>]+>)", line.strip())
             if pid:
-                done = subprocess.run(["rabbitmqctl", "-q", "close_connection", pid.group(1), "closed by test"], capture_output=True, text=True, timeout=30)
+                done = subprocess.run(
+                    ["rabbitmqctl", "-q", "close_connection", pid.group(1), "closed by test"],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                )
                 return done.returncode == 0
     return False
 
@@ -107,23 +125,46 @@ def sqlite_outbox(tmp_path: Path):  # noqa: ANN201
     box.engine.dispose()
 
 
-def test_connection_closed_by_the_server_while_publishing(amqp_url: str, queue: Queue, sqlite_outbox: Outbox) -> None:
+def test_connection_closed_by_the_server_while_publishing(
+    amqp_url: str, queue: Queue, sqlite_outbox: Outbox
+) -> None:
     outbox = sqlite_outbox
     name = f"hm-relay-{uuid.uuid4().hex[:8]}"
     target = RabbitTarget(amqp_url, connection_name=name)
+
     def add(start: int, count: int) -> list[str]:
         with outbox.engine.begin() as conn:
-            return outbox.add_many(conn, [OutboxMessage("", str(i).encode(), routing_key=queue.name, aggregate_id=str(i % 50)) for i in range(start, start + count)])
+            return outbox.add_many(
+                conn,
+                [
+                    OutboxMessage(
+                        "", str(i).encode(), routing_key=queue.name, aggregate_id=str(i % 50)
+                    )
+                    for i in range(start, start + count)
+                ],
+            )
 
     ids = add(0, 3000)
-    relay = Relay(outbox, target, workers=2, batch_size=50, poll_interval=0.05, backoff_initial=0.05, backoff_max=0.2)
+    relay = Relay(
+        outbox,
+        target,
+        workers=2,
+        batch_size=50,
+        poll_interval=0.05,
+        backoff_initial=0.05,
+        backoff_max=0.2,
+    )
     with relay:
         wait_until(lambda: relay.stats().published >= 200, 30, "publishing to get going")
         assert close_connection(name), "could not find the relay's connection to close"
         # Rows added after the close can only go out over a reopened connection,
         # however fast the first part was published.
         ids += add(3000, 500)
-        wait_until(lambda: outbox.status().pending == 0, 60, "the relay to publish everything after the drop")
+        wait_until(
+            lambda: outbox.status().pending == 0,
+            60,
+            "the relay to publish everything after the drop",
+        )
     assert target.reconnects >= 1
     assert relay.stats().failed == 0
     got = {m.message_id for m in queue.drain()}

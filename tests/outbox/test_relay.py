@@ -35,11 +35,16 @@ def rows(outbox: Outbox) -> dict[str, object]:
 
 def test_publishes_every_row_once_and_marks_it_sent(outbox: Outbox) -> None:
     target = RecordingTarget()
-    ids = add(outbox, *(OutboxMessage("t", f"m{i}".encode(), aggregate_id=f"a{i % 3}") for i in range(12)))
+    ids = add(
+        outbox, *(OutboxMessage("t", f"m{i}".encode(), aggregate_id=f"a{i % 3}") for i in range(12))
+    )
     relay = Relay(outbox, target, batch_size=5, listen=False)
     drain(relay, lambda: outbox.status().pending == 0)
     assert sorted(target.ids()) == sorted(ids)
-    assert all(r.status == "sent" and r.sent_at is not None and r.attempts == 1 for r in rows(outbox).values())
+    assert all(
+        r.status == "sent" and r.sent_at is not None and r.attempts == 1
+        for r in rows(outbox).values()
+    )
     # Only the head of each aggregate is claimed: at most one message per aggregate per batch.
     stats = relay.stats()
     assert stats.published == 12 and stats.batches >= 4
@@ -47,10 +52,16 @@ def test_publishes_every_row_once_and_marks_it_sent(outbox: Outbox) -> None:
 
 def test_a_failing_message_holds_back_only_its_own_aggregate(outbox: Outbox) -> None:
     target = RecordingTarget()
-    stuck, after = add(outbox, OutboxMessage("t", b"1", aggregate_id="A"), OutboxMessage("t", b"2", aggregate_id="A"))
+    stuck, after = add(
+        outbox,
+        OutboxMessage("t", b"1", aggregate_id="A"),
+        OutboxMessage("t", b"2", aggregate_id="A"),
+    )
     others = add(outbox, *(OutboxMessage("t", b"o", aggregate_id=f"B{i}") for i in range(4)))
     target.fail[stuck] = -1
-    relay = Relay(outbox, target, max_attempts=3, backoff_initial=0.05, backoff_max=0.1, listen=False)
+    relay = Relay(
+        outbox, target, max_attempts=3, backoff_initial=0.05, backoff_max=0.1, listen=False
+    )
     drain(relay, lambda: rows(outbox)[stuck].status == "failed")
     assert sorted(target.ids()) == sorted(others)  # the others went; A's second waits
     assert target.attempts[stuck] == 3
@@ -69,9 +80,20 @@ def test_a_failing_message_holds_back_only_its_own_aggregate(outbox: Outbox) -> 
 
 def test_successors_may_pass_a_failed_message_when_asked(outbox: Outbox) -> None:
     target = RecordingTarget()
-    stuck, after = add(outbox, OutboxMessage("t", b"1", aggregate_id="A"), OutboxMessage("t", b"2", aggregate_id="A"))
+    stuck, after = add(
+        outbox,
+        OutboxMessage("t", b"1", aggregate_id="A"),
+        OutboxMessage("t", b"2", aggregate_id="A"),
+    )
     target.fail[stuck] = -1
-    relay = Relay(outbox, target, max_attempts=2, backoff_initial=0.02, failed_blocks_aggregate=False, listen=False)
+    relay = Relay(
+        outbox,
+        target,
+        max_attempts=2,
+        backoff_initial=0.02,
+        failed_blocks_aggregate=False,
+        listen=False,
+    )
     drain(relay, lambda: rows(outbox)[after].status == "sent")
     assert rows(outbox)[stuck].status == "failed"
     assert target.ids() == [after]
@@ -81,7 +103,9 @@ def test_backoff_is_exponential_and_capped(outbox: Outbox) -> None:
     target = RecordingTarget()
     (mid,) = add(outbox, OutboxMessage("t", b"x"))
     target.fail[mid] = -1
-    relay = Relay(outbox, target, max_attempts=10, backoff_initial=2.0, backoff_max=5.0, listen=False)
+    relay = Relay(
+        outbox, target, max_attempts=10, backoff_initial=2.0, backoff_max=5.0, listen=False
+    )
     delays = []
     for _ in range(3):
         before = int(time.time() * 1000)
@@ -96,7 +120,10 @@ def test_backoff_is_exponential_and_capped(outbox: Outbox) -> None:
 
 def test_workers_publish_a_backlog_with_threads(outbox: Outbox) -> None:
     target = RecordingTarget()
-    ids = add(outbox, *(OutboxMessage("t", str(i).encode(), aggregate_id=f"a{i % 20}") for i in range(400)))
+    ids = add(
+        outbox,
+        *(OutboxMessage("t", str(i).encode(), aggregate_id=f"a{i % 20}") for i in range(400)),
+    )
     with Relay(outbox, target, workers=4, batch_size=50, poll_interval=0.05):
         wait_until(lambda: outbox.status().pending == 0, 20, "the backlog to be published")
     assert sorted(set(target.ids())) == sorted(ids)
@@ -110,7 +137,11 @@ def test_cleanup_deletes_old_sent_rows_in_bounded_batches(outbox: Outbox) -> Non
     add(outbox, *(OutboxMessage("t", b"x", aggregate_id=str(i)) for i in range(25)))
     keep = add(outbox, OutboxMessage("t", b"pending"))
     with outbox.engine.begin() as conn:
-        conn.execute(update(outbox.table).where(outbox.table.c.message_id != keep[0]).values(status="sent", sent_at=1000))
+        conn.execute(
+            update(outbox.table)
+            .where(outbox.table.c.message_id != keep[0])
+            .values(status="sent", sent_at=1000)
+        )
     relay = Relay(outbox, RecordingTarget(), cleanup_batch=10, listen=False)
     assert relay.cleanup_sent(older_than=60, max_batches=2) == 20  # bounded: two batches of ten
     assert relay.cleanup_sent(older_than=60) == 5
@@ -120,7 +151,11 @@ def test_cleanup_deletes_old_sent_rows_in_bounded_batches(outbox: Outbox) -> Non
 
 def test_metrics_expose_backlog_and_publishing(outbox: Outbox) -> None:
     registry = MetricsRegistry()
-    add(outbox, OutboxMessage("t", b"x", aggregate_id="a"), OutboxMessage("t", b"y", aggregate_id="a"))
+    add(
+        outbox,
+        OutboxMessage("t", b"x", aggregate_id="a"),
+        OutboxMessage("t", b"y", aggregate_id="a"),
+    )
     relay = Relay(outbox, RecordingTarget(), metrics=registry, listen=False)
     text = registry.render()
     assert "halfmoon_outbox_pending 2" in text
@@ -144,7 +179,9 @@ def test_notify_wakes_the_relay_before_its_poll_interval(outbox: Outbox) -> None
         assert time.monotonic() - started < 5  # the poll interval is 60 s
 
 
-def test_relay_to_halfmoon_delivers_with_properties(halfmoon_server: ServerProcess, outbox: Outbox, table_prefix: str) -> None:
+def test_relay_to_halfmoon_delivers_with_properties(
+    halfmoon_server: ServerProcess, outbox: Outbox, table_prefix: str
+) -> None:
     topic, group = f"{table_prefix}orders", f"{table_prefix}g"
     halfmoon_server.create_topic(topic)
     halfmoon_server.create_group(group)
@@ -154,7 +191,9 @@ def test_relay_to_halfmoon_delivers_with_properties(halfmoon_server: ServerProce
     with Relay(outbox, target, workers=2, poll_interval=0.05):
         wait_until(lambda: outbox.status().pending == 0, 15, "the relay to publish to halfmoon")
     got = {}
-    with SyncSimpleConsumer(halfmoon_server.grpc, group, {topic: MessageSelector.all()}, await_duration=1.0) as consumer:
+    with SyncSimpleConsumer(
+        halfmoon_server.grpc, group, {topic: MessageSelector.all()}, await_duration=1.0
+    ) as consumer:
         deadline = time.monotonic() + 15
         while len(got) < len(ids) and time.monotonic() < deadline:
             for message in consumer.receive(16, 30):
@@ -162,5 +201,7 @@ def test_relay_to_halfmoon_delivers_with_properties(halfmoon_server: ServerProce
                 consumer.ack(message)
     assert set(got) == set(ids)
     sample = got[ids[3]]
-    assert sample.body == b"order 3" and sample.tag == "created" and sample.properties["trace"] == "t3"
+    assert (
+        sample.body == b"order 3" and sample.tag == "created" and sample.properties["trace"] == "t3"
+    )
     assert sample.properties["outbox_aggregate_id"] == "3" and ids[3] in sample.keys

@@ -19,9 +19,19 @@ PER_AGGREGATE = 20
 def start_relays(outbox: Outbox, out: Path, count: int, *extra: str) -> list[subprocess.Popen[str]]:
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.outbox.relay_process", str(outbox.engine.url.render_as_string(hide_password=False)),
-             outbox.tables.prefix, str(out), *extra],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "tests.outbox.relay_process",
+                str(outbox.engine.url.render_as_string(hide_password=False)),
+                outbox.tables.prefix,
+                str(out),
+                *extra,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )  # fmt: skip
         for _ in range(count)
     ]
@@ -37,13 +47,18 @@ def fill(outbox: Outbox) -> dict[str, tuple[str, int]]:
     expected: dict[str, tuple[str, int]] = {}
     for seq in range(PER_AGGREGATE):
         with outbox.engine.begin() as conn:
-            messages = [OutboxMessage("t", str(seq).encode(), aggregate_type="acct", aggregate_id=f"a{a}") for a in range(AGGREGATES)]
+            messages = [
+                OutboxMessage("t", str(seq).encode(), aggregate_type="acct", aggregate_id=f"a{a}")
+                for a in range(AGGREGATES)
+            ]
             for mid, m in zip(outbox.add_many(conn, messages), messages, strict=True):
                 expected[mid] = (m.aggregate_id, seq)
     return expected
 
 
-def test_four_relays_publish_each_message_once_in_aggregate_order(outbox: Outbox, tmp_path: Path) -> None:
+def test_four_relays_publish_each_message_once_in_aggregate_order(
+    outbox: Outbox, tmp_path: Path
+) -> None:
     out = tmp_path / "published.log"
     procs = start_relays(outbox, out, 4, "--workers", "2", "--batch", "16")
     try:
@@ -61,5 +76,7 @@ def test_four_relays_publish_each_message_once_in_aggregate_order(outbox: Outbox
     assert len({line[3] for line in lines}) > 1, "only one relay did any work"
     last: dict[str, int] = defaultdict(lambda: -1)
     for _mid, aggregate, seq, _pid in lines:
-        assert seq == last[aggregate] + 1, f"aggregate {aggregate}: published {seq} after {last[aggregate]}"
+        assert seq == last[aggregate] + 1, (
+            f"aggregate {aggregate}: published {seq} after {last[aggregate]}"
+        )
         last[aggregate] = seq

@@ -20,9 +20,23 @@ def test_sigkilled_relays_lose_nothing(outbox: Outbox, tmp_path: Path) -> None:
     expected = fill(outbox)
     out = tmp_path / "published.log"
     # Slow publishes (3 ms each) so the kill lands inside batches; a 2 s lease on SQLite.
-    procs = start_relays(outbox, out, 3, "--workers", str(WORKERS), "--batch", str(BATCH), "--delay", "0.003", "--lease", "2")
+    procs = start_relays(
+        outbox,
+        out,
+        3,
+        "--workers",
+        str(WORKERS),
+        "--batch",
+        str(BATCH),
+        "--delay",
+        "0.003",
+        "--lease",
+        "2",
+    )
     try:
-        wait_until(lambda: len(read_lines(str(out))) >= 150, 30, "the relays to publish a first part")
+        wait_until(
+            lambda: len(read_lines(str(out))) >= 150, 30, "the relays to publish a first part"
+        )
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGKILL)
@@ -30,7 +44,11 @@ def test_sigkilled_relays_lose_nothing(outbox: Outbox, tmp_path: Path) -> None:
             proc.wait(10)
     killed = {proc.pid for proc in procs}
     with outbox.engine.connect() as conn:
-        sent_at_kill = set(conn.execute(select(outbox.table.c.message_id).where(outbox.table.c.status == "sent")).scalars())
+        sent_at_kill = set(
+            conn.execute(
+                select(outbox.table.c.message_id).where(outbox.table.c.status == "sent")
+            ).scalars()
+        )
     before = len(read_lines(str(out)))
     assert 0 < len(sent_at_kill) < len(expected)
     in_flight_max = len(procs) * WORKERS * BATCH

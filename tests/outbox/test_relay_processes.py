@@ -34,7 +34,10 @@ def fill(outbox: Outbox, topic: str, per_aggregate: int) -> dict[str, tuple[str,
     """Interleave the aggregates' messages, one transaction per round; the sequence number is the payload."""
     expected: dict[str, tuple[str, int]] = {}
     for seq in range(per_aggregate):
-        messages = [OutboxMessage(topic, str(seq).encode(), aggregate_type="acct", aggregate_id=f"a{a}") for a in range(AGGREGATES)]
+        messages = [
+            OutboxMessage(topic, str(seq).encode(), aggregate_type="acct", aggregate_id=f"a{a}")
+            for a in range(AGGREGATES)
+        ]
         with outbox.engine.begin() as conn:
             for mid, m in zip(outbox.add_many(conn, messages), messages, strict=True):
                 expected[mid] = (m.aggregate_id, seq)
@@ -48,27 +51,40 @@ def topic(halfmoon_server: ServerProcess, table_prefix: str) -> str:
     return name
 
 
-def consume(server: ServerProcess, topic: str, expected: set[str], timeout: float = 20.0) -> list[Stored]:
+def consume(
+    server: ServerProcess, topic: str, expected: set[str], timeout: float = 20.0
+) -> list[Stored]:
     """Receive until every expected id was seen, then until the queue is empty; sorted by queue offset."""
     group = f"{topic}-check"
     server.create_group(group)
     stored: dict[int, Stored] = {}
     deadline = time.monotonic() + timeout
-    with SyncSimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}, await_duration=0.5) as consumer:
+    with SyncSimpleConsumer(
+        server.grpc, group, {topic: MessageSelector.all()}, await_duration=0.5
+    ) as consumer:
         while True:
             batch = consumer.receive(32, 30)
             for m in batch:
                 # Keyed by offset: a redelivery is the same stored message, a republish is not.
-                stored[m.queue_offset] = (m.queue_offset, m.properties["outbox_message_id"], m.properties["outbox_aggregate_id"], int(m.body))
+                stored[m.queue_offset] = (
+                    m.queue_offset,
+                    m.properties["outbox_message_id"],
+                    m.properties["outbox_aggregate_id"],
+                    int(m.body),
+                )
                 consumer.ack(m)
             seen = {s[1] for s in stored.values()}
             if not batch and expected <= seen:
                 break
-            assert time.monotonic() < deadline, f"only {len(expected & seen)} of {len(expected)} messages reached the topic"
+            assert time.monotonic() < deadline, (
+                f"only {len(expected & seen)} of {len(expected)} messages reached the topic"
+            )
     return sorted(stored.values())
 
 
-def assert_complete_and_in_order(stored: list[Stored], expected: dict[str, tuple[str, int]]) -> Counter[str]:
+def assert_complete_and_in_order(
+    stored: list[Stored], expected: dict[str, tuple[str, int]]
+) -> Counter[str]:
     counts = Counter(mid for _o, mid, _a, _s in stored)
     assert set(counts) == set(expected), f"lost {len(set(expected) - set(counts))} messages"
     for _offset, mid, aggregate, seq in stored:
@@ -76,7 +92,9 @@ def assert_complete_and_in_order(stored: list[Stored], expected: dict[str, tuple
     last: dict[str, int] = {}
     for _offset, _mid, aggregate, seq in stored:
         # Non-decreasing: a republished message repeats its sequence number, never goes back.
-        assert seq >= last.get(aggregate, 0), f"aggregate {aggregate}: {seq} stored after {last[aggregate]}"
+        assert seq >= last.get(aggregate, 0), (
+            f"aggregate {aggregate}: {seq} stored after {last[aggregate]}"
+        )
         last[aggregate] = seq
     return counts
 
@@ -91,11 +109,18 @@ def relay_groups() -> Iterator[list[RelayProcesses]]:
 
 
 def relay_children() -> list[multiprocessing.process.BaseProcess]:
-    return [p for p in multiprocessing.active_children() if p.name.startswith("outbox-relay-process-")]
+    return [
+        p for p in multiprocessing.active_children() if p.name.startswith("outbox-relay-process-")
+    ]
 
 
 def test_two_processes_publish_every_row_once_in_aggregate_order(
-    outbox: Outbox, db_url: str, table_prefix: str, halfmoon_server: ServerProcess, topic: str, relay_groups: list[RelayProcesses]
+    outbox: Outbox,
+    db_url: str,
+    table_prefix: str,
+    halfmoon_server: ServerProcess,
+    topic: str,
+    relay_groups: list[RelayProcesses],
 ) -> None:
     group = RelayProcesses(db_url, f"halfmoon://{halfmoon_server.grpc}", processes=2, table_prefix=table_prefix,
                            workers=2, batch_size=10, poll_interval=0.05, sent_retention=None)  # fmt: skip
@@ -116,7 +141,12 @@ def test_two_processes_publish_every_row_once_in_aggregate_order(
 
 
 def test_a_sigkilled_child_is_restarted_and_nothing_is_lost(
-    outbox: Outbox, db_url: str, table_prefix: str, halfmoon_server: ServerProcess, topic: str, relay_groups: list[RelayProcesses]
+    outbox: Outbox,
+    db_url: str,
+    table_prefix: str,
+    halfmoon_server: ServerProcess,
+    topic: str,
+    relay_groups: list[RelayProcesses],
 ) -> None:
     expected = fill(outbox, topic, 40)
     # One worker per child and small batches, so the backlog lasts long enough to kill into;
@@ -125,7 +155,9 @@ def test_a_sigkilled_child_is_restarted_and_nothing_is_lost(
                            workers=1, batch_size=5, poll_interval=0.05, lease_seconds=2.0, sent_retention=None)  # fmt: skip
     relay_groups.append(group)
     stop_supervising = threading.Event()
-    supervisor = threading.Thread(target=group.supervise, args=(stop_supervising, 0.05), daemon=True)
+    supervisor = threading.Thread(
+        target=group.supervise, args=(stop_supervising, 0.05), daemon=True
+    )
     group.start(60)
     supervisor.start()
     try:
@@ -137,10 +169,18 @@ def test_a_sigkilled_child_is_restarted_and_nothing_is_lost(
         assert victim.exitcode == -signal.SIGKILL
         assert pending_at_kill > 0, "the backlog was gone before the kill; the test proves nothing"
         replacement = wait_until(
-            lambda: next((p for p in relay_children() if p.name.endswith("-0") and p.pid != victim.pid), None), 10, "supervise to restart the child"
+            lambda: next(
+                (p for p in relay_children() if p.name.endswith("-0") and p.pid != victim.pid), None
+            ),
+            10,
+            "supervise to restart the child",
         )
         assert group.restarts == 1
-        wait_until(lambda: outbox.status().pending == 0, 40, "the relay group to finish the outbox after the kill")
+        wait_until(
+            lambda: outbox.status().pending == 0,
+            40,
+            "the relay group to finish the outbox after the kill",
+        )
         assert replacement.is_alive()  # type: ignore[attr-defined]
     finally:
         stop_supervising.set()
@@ -157,15 +197,24 @@ def test_a_sigkilled_child_is_restarted_and_nothing_is_lost(
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_cli_runs_processes_and_stops_cleanly_on_a_signal(
-    outbox: Outbox, db_url: str, table_prefix: str, halfmoon_server: ServerProcess, topic: str, signum: signal.Signals
+    outbox: Outbox,
+    db_url: str,
+    table_prefix: str,
+    halfmoon_server: ServerProcess,
+    topic: str,
+    signum: signal.Signals,
 ) -> None:
     cmd = [sys.executable, "-m", "halfmoon", "outbox", "relay", "--processes", "2", "--workers", "2", "--batch", "10",
            "--poll", "50ms", "--db", db_url, "--target", f"halfmoon://{halfmoon_server.grpc}", "--table-prefix", table_prefix]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert line.startswith("outbox relay running: processes=2 workers=2"), line + proc.communicate(timeout=10)[1][-3000:]
+        assert line.startswith("outbox relay running: processes=2 workers=2"), (
+            line + proc.communicate(timeout=10)[1][-3000:]
+        )
         expected = fill(outbox, topic, 5)
         wait_until(lambda: outbox.status().pending == 0, 30, "the CLI relay to drain the outbox")
         proc.send_signal(signum)
@@ -175,7 +224,9 @@ def test_cli_runs_processes_and_stops_cleanly_on_a_signal(
             proc.kill()
             proc.wait(10)
     assert proc.returncode == 0, err[-3000:]
-    assert f"outbox relay stopped: published={len(expected)} restarts=0 pending=0" in out, out + err[-3000:]
+    assert f"outbox relay stopped: published={len(expected)} restarts=0 pending=0" in out, (
+        out + err[-3000:]
+    )
     assert "Traceback" not in err, err[-3000:]
     counts = assert_complete_and_in_order(consume(halfmoon_server, topic, set(expected)), expected)
     assert max(counts.values()) == 1

@@ -19,8 +19,18 @@ class World:
         self.engine = engine
         self.inbox = Inbox("order-saga", table_prefix=prefix)
         md = self.inbox.metadata
-        self.stock = Table(f"{prefix}stock", md, Column("sku", String(16), primary_key=True), Column("qty", Integer, nullable=False))
-        self.effects = Table(f"{prefix}effects", md, Column("id", String(64), primary_key=True), Column("kind", String(16), nullable=False))
+        self.stock = Table(
+            f"{prefix}stock",
+            md,
+            Column("sku", String(16), primary_key=True),
+            Column("qty", Integer, nullable=False),
+        )
+        self.effects = Table(
+            f"{prefix}effects",
+            md,
+            Column("id", String(64), primary_key=True),
+            Column("kind", String(16), nullable=False),
+        )
         md.create_all(engine)
         with engine.begin() as conn:
             conn.execute(insert(self.stock).values(sku="apple", qty=10))
@@ -44,7 +54,9 @@ class World:
             self.calls.append("ship")
             conn.execute(insert(self.effects).values(id=f"ship-{ctx['order']}", kind="shipment"))
             if ctx.get("ship_fails"):
-                raise RuntimeError("no courier")  # after a write: the step's own write is rolled back
+                raise RuntimeError(
+                    "no courier"
+                )  # after a write: the step's own write is rolled back
 
     def release(self, conn, ctx):
         self.calls.append("release")
@@ -72,7 +84,11 @@ def world(engine: Engine, prefix: str):
 
 def test_completed_saga_runs_each_step_once(world: World) -> None:
     result = world.saga.run("o1", {"order": "o1", "qty": 3})
-    assert (result.status, result.completed, result.compensated) == (COMPLETED, ["reserve", "charge", "ship"], [])
+    assert (result.status, result.completed, result.compensated) == (
+        COMPLETED,
+        ["reserve", "charge", "ship"],
+        [],
+    )
     again = world.saga.run("o1", {"order": "o1", "qty": 3})  # a redelivered command
     assert again.status == COMPLETED
     assert world.calls == ["reserve", "charge", "ship"]
@@ -86,7 +102,10 @@ def test_failure_compensates_in_reverse_and_stays_compensated(world: World) -> N
     assert isinstance(result.error, RuntimeError)
     assert result.compensated == ["charge", "reserve"]
     assert world.calls == ["reserve", "charge", "ship", "refund", "release"]
-    assert world.state() == (10, ["payment", "refund"])  # no shipment row: the failed step rolled back
+    assert world.state() == (
+        10,
+        ["payment", "refund"],
+    )  # no shipment row: the failed step rolled back
     # Run again, even with the cause gone: an aborted saga does not go forward again.
     again = world.saga.run("o2", {"order": "o2", "qty": 4})
     assert again.status == COMPENSATED and again.compensated == ["charge", "reserve"]

@@ -40,7 +40,14 @@ def free_port() -> int:
 class ServerProcess:
     """One ``halfmoon serve`` subprocess; ``grpc`` is HOST:PORT for the clients."""
 
-    def __init__(self, data_dir: Path, *, grpc_port: int | None = None, admin_port: int | None = None, settings: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        grpc_port: int | None = None,
+        admin_port: int | None = None,
+        settings: tuple[str, ...] = (),
+    ) -> None:
         self.data_dir = data_dir
         self.grpc_port = grpc_port or free_port()
         self.admin_port = admin_port or free_port()
@@ -68,15 +75,27 @@ class ServerProcess:
         for setting in self.settings:
             cmd += ["--set", setting]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
         deadline = time.monotonic() + timeout
         while not self._ready.wait(0.05):
             if self.proc.poll() is not None:
-                raise RuntimeError(f"halfmoon serve exited with {self.proc.returncode}:\n" + self.log_tail())
+                raise RuntimeError(
+                    f"halfmoon serve exited with {self.proc.returncode}:\n" + self.log_tail()
+                )
             if time.monotonic() > deadline:
                 self.kill()
-                raise RuntimeError(f"halfmoon serve not ready within {timeout}s:\n" + self.log_tail())
+                raise RuntimeError(
+                    f"halfmoon serve not ready within {timeout}s:\n" + self.log_tail()
+                )
         return self
 
     def _pump(self, proc: subprocess.Popen[str]) -> None:
@@ -101,7 +120,9 @@ class ServerProcess:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"halfmoon serve did not stop within {timeout}s after SIGTERM:\n{self.log_tail()}") from None
+            raise AssertionError(
+                f"halfmoon serve did not stop within {timeout}s after SIGTERM:\n{self.log_tail()}"
+            ) from None
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -112,7 +133,12 @@ class ServerProcess:
 
     def admin_call(self, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.admin + path, data=data, method=method, headers={"content-type": "application/json"})
+        request = urllib.request.Request(
+            self.admin + path,
+            data=data,
+            method=method,
+            headers={"content-type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
                 raw = response.read()
@@ -130,7 +156,11 @@ class ServerProcess:
         )  # fmt: skip
 
     def create_topic(self, name: str, message_type: str = "normal", queues: int = 4) -> None:
-        code, body = self.admin_call("POST", "/v1/topics", {"name": name, "message_type": message_type, "queue_count": queues, "perm": "rw"})
+        code, body = self.admin_call(
+            "POST",
+            "/v1/topics",
+            {"name": name, "message_type": message_type, "queue_count": queues, "perm": "rw"},
+        )
         assert code in (200, 201), (code, body)
 
     def create_group(self, name: str, **fields: object) -> dict:
@@ -167,7 +197,9 @@ def server_factory(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
         proc.kill()
 
 
-def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> object:
+def wait_until(
+    predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05
+) -> object:
     """Poll ``predicate`` until it returns something truthy; fail with ``what`` at the deadline."""
     deadline = time.monotonic() + timeout
     while True:

@@ -19,7 +19,13 @@ from halfmoon.store.memory import MemoryStore
 
 
 class InProcess:
-    def __init__(self, broker: Broker, registry: ClientRegistry, notifier: ArrivalNotifier, stub: service_pb2_grpc.MessagingServiceStub) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        registry: ClientRegistry,
+        notifier: ArrivalNotifier,
+        stub: service_pb2_grpc.MessagingServiceStub,
+    ) -> None:
         self.broker = broker
         self.registry = registry
         self.notifier = notifier
@@ -45,7 +51,9 @@ async def in_process() -> AsyncIterator[InProcess]:
     broker.add_arrival_listener(notifier.on_arrival)
     server = grpc.aio.server()
     port = server.add_insecure_port("127.0.0.1:0")
-    servicer = MessagingServicer(broker, store, ServerConfig(), registry, notifier, advertised=("127.0.0.1", port))
+    servicer = MessagingServicer(
+        broker, store, ServerConfig(), registry, notifier, advertised=("127.0.0.1", port)
+    )
     server.add_generic_rpc_handlers((messaging_handler(servicer),))
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")

@@ -36,11 +36,16 @@ def error_of(answer) -> tuple[str, str]:
 
 def test_topic_create_get_list_update_delete(admin):
     status, topic = admin.call(
-        "POST", "/v1/topics", {"name": "orders", "message_type": "fifo", "queue_count": 4, "perm": "rw"}
+        "POST",
+        "/v1/topics",
+        {"name": "orders", "message_type": "fifo", "queue_count": 4, "perm": "rw"},
     )
     assert status == 201
     assert (topic["name"], topic["message_type"], topic["queue_count"], topic["perm"]) == (
-        "orders", "fifo", 4, "rw",
+        "orders",
+        "fifo",
+        4,
+        "rw",
     )
     assert admin.broker.get_topic("orders").message_type is MessageType.FIFO
 
@@ -152,11 +157,25 @@ def test_group_create_get_list_update_delete(admin):
     status, group = admin.call(
         "POST",
         "/v1/groups",
-        {"name": "billing", "fifo": True, "max_delivery_attempts": 5, "consume_from": "earliest",
-         "retry_policy": {"kind": "exponential", "initial_ms": 100, "max_ms": 10_000, "multiplier": 3}},
+        {
+            "name": "billing",
+            "fifo": True,
+            "max_delivery_attempts": 5,
+            "consume_from": "earliest",
+            "retry_policy": {
+                "kind": "exponential",
+                "initial_ms": 100,
+                "max_ms": 10_000,
+                "multiplier": 3,
+            },
+        },
     )
     assert status == 201
-    assert (group["fifo"], group["max_delivery_attempts"], group["consume_from"]) == (True, 5, "earliest")
+    assert (group["fifo"], group["max_delivery_attempts"], group["consume_from"]) == (
+        True,
+        5,
+        "earliest",
+    )
     assert group["retry_policy"]["kind"] == "exponential"
     assert admin.broker.get_group("billing").retry_policy.delay_for_attempt(2) == 300
 
@@ -164,7 +183,8 @@ def test_group_create_get_list_update_delete(admin):
     assert admin.call("GET", "/v1/groups/billing") == (200, group)
 
     status, updated = admin.call(
-        "PATCH", "/v1/groups/billing",
+        "PATCH",
+        "/v1/groups/billing",
         {"consume_enabled": False, "retry_policy": {"kind": "customized", "levels_ms": [10, 20]}},
     )
     assert status == 200
@@ -190,7 +210,10 @@ def test_reading_a_missing_group_does_not_create_it(admin):
         ({"name": "g", "fifo": "yes"}, "'fifo' must be true or false"),
         ({"name": "g", "max_delivery_attempts": 0}, "at least 1"),
         ({"name": "g", "consume_from": "middle"}, "one of latest, earliest"),
-        ({"name": "g", "retry_policy": {"kind": "customized", "levels_ms": ["1s"]}}, "array of integers"),
+        (
+            {"name": "g", "retry_policy": {"kind": "customized", "levels_ms": ["1s"]}},
+            "array of integers",
+        ),
         ({"name": "g", "retry_policy": {"kind": "exponential"}}, "'initial_ms' is required"),
         ({"name": "g", "max_attempts": 3}, "unknown field(s) 'max_attempts'"),
     ],
@@ -322,7 +345,9 @@ def test_metrics_expose_offsets_lag_status_and_requests(admin):
     assert samples['halfmoon_group_inflight{group="g",topic="orders",queue="0"}'] == 0
     assert samples["halfmoon_broker_messages_in_total"] == 7
     assert samples["halfmoon_broker_topics"] == 1
-    assert samples['halfmoon_admin_requests_total{method="POST",route="/v1/topics",status="201"}'] == 1
+    assert (
+        samples['halfmoon_admin_requests_total{method="POST",route="/v1/topics",status="201"}'] == 1
+    )
 
 
 def test_metrics_content_type_is_prometheus_text(admin):

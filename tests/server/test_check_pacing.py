@@ -46,7 +46,9 @@ class Setup:
 
     def plant(self, count: int) -> list[str]:
         messages = [
-            OutgoingMessage("orders", b"x", message_type=MessageType.TRANSACTION, producer_group="pg")
+            OutgoingMessage(
+                "orders", b"x", message_type=MessageType.TRANSACTION, producer_group="pg"
+            )
             for _ in range(count)
         ]
         return [r.transaction_id for r in self.broker.send(messages)]

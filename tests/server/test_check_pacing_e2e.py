@@ -54,13 +54,19 @@ def test_a_slow_producer_resolves_every_orphan_and_none_is_parked(tmp_path: Path
         listener = SlowCommitter()
 
         async def scenario() -> None:
-            async with TransactionProducer(server.grpc, "slow-pg", listener, topics=[topic], check_workers=1) as producer:
+            async with TransactionProducer(
+                server.grpc, "slow-pg", listener, topics=[topic], check_workers=1
+            ) as producer:
                 for i in range(ORPHANS):
-                    await producer.begin().send(Message(topic, f"orphan-{i}".encode()))  # never ended
+                    await producer.begin().send(
+                        Message(topic, f"orphan-{i}".encode())
+                    )  # never ended
                 loop = asyncio.get_running_loop()
                 deadline = loop.time() + 40
                 while loop.time() < deadline:
-                    pending = await asyncio.to_thread(transactions, server, f"/v1/transactions?topic={topic}")
+                    pending = await asyncio.to_thread(
+                        transactions, server, f"/v1/transactions?topic={topic}"
+                    )
                     if not pending:
                         break
                     assert not any(t["state"] == "parked" for t in pending), pending
@@ -77,4 +83,3 @@ def test_a_slow_producer_resolves_every_orphan_and_none_is_parked(tmp_path: Path
         assert ORPHANS <= listener.checks < ORPHANS * 2
     finally:
         server.stop()
-

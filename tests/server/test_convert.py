@@ -26,7 +26,9 @@ def wire(body: bytes = b"payload", **system: object) -> pb.Message:
             getattr(props, key).extend(value)
         else:
             setattr(props, key, value)
-    return pb.Message(topic=pb.Resource(name="t"), body=body, system_properties=props, user_properties={"k": "v"})
+    return pb.Message(
+        topic=pb.Resource(name="t"), body=body, system_properties=props, user_properties={"k": "v"}
+    )
 
 
 @pytest.mark.parametrize(
@@ -50,26 +52,44 @@ def test_a_wrong_digest_is_message_corrupted() -> None:
 
 
 def test_gzip_bodies_are_inflated_and_garbage_is_a_bad_request() -> None:
-    msg = convert.outgoing_message(wire(body=gzip.compress(b"x" * 1000), body_encoding=pb.Encoding.GZIP))
+    msg = convert.outgoing_message(
+        wire(body=gzip.compress(b"x" * 1000), body_encoding=pb.Encoding.GZIP)
+    )
     assert msg.body == b"x" * 1000
     with pytest.raises(RequestError):
         convert.outgoing_message(wire(body=b"not gzip", body_encoding=pb.Encoding.GZIP))
 
 
 def test_fields_types_and_times_reach_the_broker_message() -> None:
-    deliver = pb.SystemProperties().delivery_timestamp.__class__(seconds=1_800_000_000, nanos=250_000_000)
+    deliver = pb.SystemProperties().delivery_timestamp.__class__(
+        seconds=1_800_000_000, nanos=250_000_000
+    )
     msg = convert.outgoing_message(
-        wire(tag="T", keys=["a", "b"], message_type=pb.MessageType.DELAY, delivery_timestamp=deliver, born_host="h"),
+        wire(
+            tag="T",
+            keys=["a", "b"],
+            message_type=pb.MessageType.DELAY,
+            delivery_timestamp=deliver,
+            born_host="h",
+        ),
         peer_host="peer",
     )
-    assert (msg.tag, msg.keys, msg.properties, msg.message_id) == ("T", ["a", "b"], {"k": "v"}, "ID1")
+    assert (msg.tag, msg.keys, msg.properties, msg.message_id) == (
+        "T",
+        ["a", "b"],
+        {"k": "v"},
+        "ID1",
+    )
     assert msg.message_type is MessageType.DELAY and msg.delivery_timestamp == 1_800_000_000_250
     assert msg.born_host == "h"
     # Unset type is inferred: a message group makes it FIFO.
     assert convert.outgoing_message(wire(message_group="g")).message_type is MessageType.FIFO
     # Milliseconds put in the seconds field (the Python client's docs say ms) still work.
     millis = pb.SystemProperties().delivery_timestamp.__class__(seconds=1_800_000_000_123)
-    assert convert.outgoing_message(wire(delivery_timestamp=millis)).delivery_timestamp == 1_800_000_000_123
+    assert (
+        convert.outgoing_message(wire(delivery_timestamp=millis)).delivery_timestamp
+        == 1_800_000_000_123
+    )
 
 
 def test_unsupported_types_and_empty_bodies_are_refused() -> None:
@@ -82,8 +102,12 @@ def test_unsupported_types_and_empty_bodies_are_refused() -> None:
 
 def test_filters() -> None:
     assert convert.filter_spec(None) == FilterSpec()
-    assert convert.filter_spec(pb.FilterExpression(type=pb.FilterType.TAG, expression="")) == FilterSpec("TAG", "*")
-    assert convert.filter_spec(pb.FilterExpression(type=pb.FilterType.SQL, expression=" a > 1 ")) == FilterSpec("SQL92", "a > 1")
+    assert convert.filter_spec(
+        pb.FilterExpression(type=pb.FilterType.TAG, expression="")
+    ) == FilterSpec("TAG", "*")
+    assert convert.filter_spec(
+        pb.FilterExpression(type=pb.FilterType.SQL, expression=" a > 1 ")
+    ) == FilterSpec("SQL92", "a > 1")
 
 
 def test_delivered_messages_carry_handle_attempt_and_an_md5_digest() -> None:
@@ -96,11 +120,22 @@ def test_delivered_messages_carry_handle_attempt_and_an_md5_digest() -> None:
     msg = convert.wire_message(view)
     sp = msg.system_properties
     assert (msg.topic.name, msg.body, dict(msg.user_properties)) == ("t", b"body", {"p": "1"})
-    assert (sp.receipt_handle, sp.delivery_attempt, sp.queue_id, sp.queue_offset) == ("RH", 2, 3, 42)
+    assert (sp.receipt_handle, sp.delivery_attempt, sp.queue_id, sp.queue_offset) == (
+        "RH",
+        2,
+        3,
+        42,
+    )
     assert sp.message_type == pb.MessageType.FIFO and sp.message_group == "g"
-    assert sp.body_digest.type == pb.DigestType.MD5 and sp.body_digest.checksum == hashlib.md5(b"body").hexdigest().upper()
+    assert (
+        sp.body_digest.type == pb.DigestType.MD5
+        and sp.body_digest.checksum == hashlib.md5(b"body").hexdigest().upper()
+    )
     assert sp.body_encoding == pb.Encoding.IDENTITY
-    assert convert.timestamp_ms(sp.born_timestamp) == 1000 and convert.duration_ms(sp.invisible_duration) == 30_000
+    assert (
+        convert.timestamp_ms(sp.born_timestamp) == 1000
+        and convert.duration_ms(sp.invisible_duration) == 30_000
+    )
 
 
 def test_delivered_times_at_the_epoch_and_missing_fields_are_encoded_as_before() -> None:
@@ -116,15 +151,30 @@ def test_delivered_times_at_the_epoch_and_missing_fields_are_encoded_as_before()
     assert sp.HasField("delivery_timestamp") and convert.timestamp_ms(sp.delivery_timestamp) == 0
     assert convert.timestamp_ms(sp.store_timestamp) == 1_700_000_000_123
     assert sp.HasField("invisible_duration") and convert.duration_ms(sp.invisible_duration) == 0
-    assert not sp.HasField("tag") and not sp.HasField("receipt_handle") and not sp.HasField("message_group")
-    assert (sp.queue_id, sp.store_host, list(sp.keys), sp.message_type) == (0, "host:1", [], pb.MessageType.DELAY)
+    assert (
+        not sp.HasField("tag")
+        and not sp.HasField("receipt_handle")
+        and not sp.HasField("message_group")
+    )
+    assert (sp.queue_id, sp.store_host, list(sp.keys), sp.message_type) == (
+        0,
+        "host:1",
+        [],
+        pb.MessageType.DELAY,
+    )
 
 
 def test_sent_message_without_digest_properties_or_keys() -> None:
     msg = pb.Message(topic=pb.Resource(name="t"), body=b"plain")
     msg.system_properties.message_id = "ID2"
     out = convert.outgoing_message(msg, "10.0.0.1")
-    assert (out.body, out.keys, out.properties, out.tag, out.born_host) == (b"plain", [], {}, None, "10.0.0.1")
+    assert (out.body, out.keys, out.properties, out.tag, out.born_host) == (
+        b"plain",
+        [],
+        {},
+        None,
+        "10.0.0.1",
+    )
     assert out.message_type is MessageType.NORMAL
 
 

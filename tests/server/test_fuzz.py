@@ -49,7 +49,11 @@ def _queue(topic: str = TOPIC, queue_id: int = 0) -> pb.MessageQueue:
 
 
 def _message(topic: str = TOPIC, body: bytes = b"hello", **system: object) -> pb.Message:
-    props = pb.SystemProperties(message_id=uuid.uuid4().hex.upper(), message_type=pb.MessageType.NORMAL, body_encoding=pb.Encoding.IDENTITY)
+    props = pb.SystemProperties(
+        message_id=uuid.uuid4().hex.upper(),
+        message_type=pb.MessageType.NORMAL,
+        body_encoding=pb.Encoding.IDENTITY,
+    )
     for key, value in system.items():
         if hasattr(value, "CopyFrom"):
             getattr(props, key).CopyFrom(value)
@@ -61,7 +65,9 @@ def _message(topic: str = TOPIC, body: bytes = b"hello", **system: object) -> pb
 
 
 def _receive(**fields: object) -> svc.ReceiveMessageRequest:
-    request = svc.ReceiveMessageRequest(group=_resource(GROUP), message_queue=_queue(queue_id=-1), batch_size=4)
+    request = svc.ReceiveMessageRequest(
+        group=_resource(GROUP), message_queue=_queue(queue_id=-1), batch_size=4
+    )
     request.invisible_duration.seconds = 15
     request.long_polling_timeout.seconds = 0
     for key, value in fields.items():
@@ -82,20 +88,48 @@ def templates() -> dict[str, object]:
     entry.expression.expression = "*"
     return {
         "QueryRoute": svc.QueryRouteRequest(topic=_resource(TOPIC)),
-        "Heartbeat": svc.HeartbeatRequest(group=_resource(GROUP), client_type=pb.ClientType.SIMPLE_CONSUMER),
+        "Heartbeat": svc.HeartbeatRequest(
+            group=_resource(GROUP), client_type=pb.ClientType.SIMPLE_CONSUMER
+        ),
         "SendMessage": svc.SendMessageRequest(messages=[_message(tag="T", keys=["k1", "k2"])]),
-        "QueryAssignment": svc.QueryAssignmentRequest(topic=_resource(TOPIC), group=_resource(GROUP)),
+        "QueryAssignment": svc.QueryAssignmentRequest(
+            topic=_resource(TOPIC), group=_resource(GROUP)
+        ),
         "ReceiveMessage": _receive(),
-        "AckMessage": svc.AckMessageRequest(group=_resource(GROUP), topic=_resource(TOPIC), entries=[svc.AckMessageEntry(message_id="X", receipt_handle="abc")]),
-        "ForwardMessageToDeadLetterQueue": svc.ForwardMessageToDeadLetterQueueRequest(group=_resource(GROUP), topic=_resource(TOPIC), receipt_handle="abc", message_id="X", delivery_attempt=1, max_delivery_attempts=3),
-        "PullMessage": svc.PullMessageRequest(group=_resource(GROUP), message_queue=_queue(), offset=0, batch_size=4),
-        "UpdateOffset": svc.UpdateOffsetRequest(group=_resource(GROUP), message_queue=_queue(), offset=0),
+        "AckMessage": svc.AckMessageRequest(
+            group=_resource(GROUP),
+            topic=_resource(TOPIC),
+            entries=[svc.AckMessageEntry(message_id="X", receipt_handle="abc")],
+        ),
+        "ForwardMessageToDeadLetterQueue": svc.ForwardMessageToDeadLetterQueueRequest(
+            group=_resource(GROUP),
+            topic=_resource(TOPIC),
+            receipt_handle="abc",
+            message_id="X",
+            delivery_attempt=1,
+            max_delivery_attempts=3,
+        ),
+        "PullMessage": svc.PullMessageRequest(
+            group=_resource(GROUP), message_queue=_queue(), offset=0, batch_size=4
+        ),
+        "UpdateOffset": svc.UpdateOffsetRequest(
+            group=_resource(GROUP), message_queue=_queue(), offset=0
+        ),
         "GetOffset": svc.GetOffsetRequest(group=_resource(GROUP), message_queue=_queue()),
-        "QueryOffset": svc.QueryOffsetRequest(message_queue=_queue(), query_offset_policy=pb.QueryOffsetPolicy.END),
-        "EndTransaction": svc.EndTransactionRequest(topic=_resource(TOPIC), message_id="X", transaction_id="Y", resolution=pb.TransactionResolution.COMMIT),
+        "QueryOffset": svc.QueryOffsetRequest(
+            message_queue=_queue(), query_offset_policy=pb.QueryOffsetPolicy.END
+        ),
+        "EndTransaction": svc.EndTransactionRequest(
+            topic=_resource(TOPIC),
+            message_id="X",
+            transaction_id="Y",
+            resolution=pb.TransactionResolution.COMMIT,
+        ),
         "Telemetry": svc.TelemetryCommand(settings=settings),
         "NotifyClientTermination": svc.NotifyClientTerminationRequest(group=_resource(GROUP)),
-        "ChangeInvisibleDuration": svc.ChangeInvisibleDurationRequest(group=_resource(GROUP), topic=_resource(TOPIC), receipt_handle="abc", message_id="X"),
+        "ChangeInvisibleDuration": svc.ChangeInvisibleDurationRequest(
+            group=_resource(GROUP), topic=_resource(TOPIC), receipt_handle="abc", message_id="X"
+        ),
         "RecallMessage": svc.RecallMessageRequest(topic=_resource(TOPIC), recall_handle="abc"),
         "SyncLiteSubscription": svc.SyncLiteSubscriptionRequest(),
     }
@@ -107,19 +141,31 @@ class RawClient:
     def __init__(self, address: str) -> None:
         self.channel = grpc.insecure_channel(address)
 
-    def call(self, method: str, payloads: list[bytes], timeout: float = 5.0) -> tuple[grpc.StatusCode, list[bytes]]:
+    def call(
+        self, method: str, payloads: list[bytes], timeout: float = 5.0
+    ) -> tuple[grpc.StatusCode, list[bytes]]:
         descriptor = SERVICE.methods_by_name[method]
         path = f"/{SERVICE.full_name}/{method}"
         kinds = (descriptor.client_streaming, descriptor.server_streaming)
         try:
             if kinds == (False, False):
-                stub = self.channel.unary_unary(path, request_serializer=_identity, response_deserializer=_identity)
+                stub = self.channel.unary_unary(
+                    path, request_serializer=_identity, response_deserializer=_identity
+                )
                 return grpc.StatusCode.OK, [stub(payloads[0], timeout=timeout, metadata=METADATA)]
             if kinds == (False, True):
-                stub = self.channel.unary_stream(path, request_serializer=_identity, response_deserializer=_identity)
-                return grpc.StatusCode.OK, list(stub(payloads[0], timeout=timeout, metadata=METADATA))
-            stub = self.channel.stream_stream(path, request_serializer=_identity, response_deserializer=_identity)
-            return grpc.StatusCode.OK, list(stub(iter(payloads), timeout=timeout, metadata=METADATA))
+                stub = self.channel.unary_stream(
+                    path, request_serializer=_identity, response_deserializer=_identity
+                )
+                return grpc.StatusCode.OK, list(
+                    stub(payloads[0], timeout=timeout, metadata=METADATA)
+                )
+            stub = self.channel.stream_stream(
+                path, request_serializer=_identity, response_deserializer=_identity
+            )
+            return grpc.StatusCode.OK, list(
+                stub(iter(payloads), timeout=timeout, metadata=METADATA)
+            )
         except grpc.RpcError as exc:
             return exc.code(), []
 
@@ -164,7 +210,9 @@ def raw(server: ServerProcess) -> Iterator[RawClient]:
     client.close()
 
 
-def test_random_truncated_and_flipped_bytes_at_every_rpc(server: ServerProcess, raw: RawClient) -> None:
+def test_random_truncated_and_flipped_bytes_at_every_rpc(
+    server: ServerProcess, raw: RawClient
+) -> None:
     rng = random.Random(20261121)
     seeds = templates()
     assert set(seeds) == {m.name for m in SERVICE.methods}, "a method has no fuzz seed"
@@ -176,7 +224,9 @@ def test_random_truncated_and_flipped_bytes_at_every_rpc(server: ServerProcess, 
             payloads = [payload, payload[::-1]] if method == "Telemetry" else [payload]
             code, responses = raw.call(method, payloads, timeout=4)
             calls += 1
-            assert code != grpc.StatusCode.UNAVAILABLE, f"server unavailable after {method} {payload!r}:\n{server.log_tail()}"
+            assert code != grpc.StatusCode.UNAVAILABLE, (
+                f"server unavailable after {method} {payload!r}:\n{server.log_tail()}"
+            )
             try:
                 codes = status_codes(method, responses)
             except DecodeError:
@@ -205,59 +255,294 @@ def _bad_requests() -> list[tuple[str, str, object, set[int]]]:
     future.delivery_timestamp.seconds = 2**40
     cases: list[tuple[str, str, object, set[int]]] = [
         ("route without topic", "QueryRoute", svc.QueryRouteRequest(), {C.BAD_REQUEST}),
-        ("route to unknown topic", "QueryRoute", svc.QueryRouteRequest(topic=_resource("no-such-topic")), {C.TOPIC_NOT_FOUND}),
-        ("route with illegal name", "QueryRoute", svc.QueryRouteRequest(topic=_resource("bad name!")), {C.ILLEGAL_TOPIC, C.TOPIC_NOT_FOUND}),
-        ("route with huge name", "QueryRoute", svc.QueryRouteRequest(topic=_resource(long_name)), {C.ILLEGAL_TOPIC, C.TOPIC_NOT_FOUND}),
-        ("heartbeat with illegal group", "Heartbeat", svc.HeartbeatRequest(group=_resource("bad group!"), client_type=pb.ClientType.PUSH_CONSUMER), {C.ILLEGAL_CONSUMER_GROUP}),
+        (
+            "route to unknown topic",
+            "QueryRoute",
+            svc.QueryRouteRequest(topic=_resource("no-such-topic")),
+            {C.TOPIC_NOT_FOUND},
+        ),
+        (
+            "route with illegal name",
+            "QueryRoute",
+            svc.QueryRouteRequest(topic=_resource("bad name!")),
+            {C.ILLEGAL_TOPIC, C.TOPIC_NOT_FOUND},
+        ),
+        (
+            "route with huge name",
+            "QueryRoute",
+            svc.QueryRouteRequest(topic=_resource(long_name)),
+            {C.ILLEGAL_TOPIC, C.TOPIC_NOT_FOUND},
+        ),
+        (
+            "heartbeat with illegal group",
+            "Heartbeat",
+            svc.HeartbeatRequest(
+                group=_resource("bad group!"), client_type=pb.ClientType.PUSH_CONSUMER
+            ),
+            {C.ILLEGAL_CONSUMER_GROUP},
+        ),
         ("send nothing", "SendMessage", svc.SendMessageRequest(), {C.BAD_REQUEST}),
-        ("send to unknown topic", "SendMessage", svc.SendMessageRequest(messages=[_message("no-such-topic")]), {C.TOPIC_NOT_FOUND}),
-        ("send without topic", "SendMessage", svc.SendMessageRequest(messages=[_message("")]), {C.BAD_REQUEST}),
-        ("send empty body", "SendMessage", svc.SendMessageRequest(messages=[_message(body=b"")]), {C.MESSAGE_BODY_EMPTY, C.BAD_REQUEST}),
-        ("send with wrong digest", "SendMessage", svc.SendMessageRequest(messages=[_message(body_digest=digest)]), {C.MESSAGE_CORRUPTED}),
-        ("send fifo without group", "SendMessage", svc.SendMessageRequest(messages=[_message(message_type=pb.MessageType.FIFO)]), {C.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE}),
-        ("send delay to a normal topic", "SendMessage", svc.SendMessageRequest(messages=[_message(message_type=pb.MessageType.DELAY, delivery_timestamp=future.delivery_timestamp)]), {C.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, C.ILLEGAL_DELIVERY_TIME}),
-        ("send lite message", "SendMessage", svc.SendMessageRequest(messages=[_message(message_type=pb.MessageType.LITE)]), {C.UNSUPPORTED}),
-        ("send unknown type number", "SendMessage", svc.SendMessageRequest(messages=[_message(message_type=99)]), {C.UNSUPPORTED}),
-        ("send garbage gzip", "SendMessage", svc.SendMessageRequest(messages=[_message(body_encoding=pb.Encoding.GZIP)]), {C.BAD_REQUEST}),
-        ("send reserved property", "SendMessage", svc.SendMessageRequest(messages=[pb.Message(topic=_resource(TOPIC), body=b"x", user_properties={"__SHARDINGKEY": "g"}, system_properties=pb.SystemProperties(message_type=pb.MessageType.NORMAL))]), {C.ILLEGAL_MESSAGE_PROPERTY_KEY}),
-        ("send blank tag", "SendMessage", svc.SendMessageRequest(messages=[_message(tag="a|b")]), {C.ILLEGAL_MESSAGE_TAG}),
-        ("assignment without group", "QueryAssignment", svc.QueryAssignmentRequest(topic=_resource(TOPIC)), {C.BAD_REQUEST}),
-        ("ack nothing", "AckMessage", svc.AckMessageRequest(group=_resource(GROUP), topic=_resource(TOPIC)), {C.BAD_REQUEST}),
-        ("ack garbage handle", "AckMessage", svc.AckMessageRequest(group=_resource(GROUP), topic=_resource(TOPIC), entries=[svc.AckMessageEntry(receipt_handle="garbage")]), {C.INVALID_RECEIPT_HANDLE}),
-        ("ack huge handle", "AckMessage", svc.AckMessageRequest(group=_resource(GROUP), topic=_resource(TOPIC), entries=[svc.AckMessageEntry(receipt_handle=long_name)]), {C.INVALID_RECEIPT_HANDLE}),
-        ("change invisible of garbage", "ChangeInvisibleDuration", svc.ChangeInvisibleDurationRequest(group=_resource(GROUP), topic=_resource(TOPIC), receipt_handle="garbage"), {C.INVALID_RECEIPT_HANDLE, C.ILLEGAL_INVISIBLE_TIME}),
-        ("dead-letter garbage", "ForwardMessageToDeadLetterQueue", svc.ForwardMessageToDeadLetterQueueRequest(group=_resource(GROUP), topic=_resource(TOPIC), receipt_handle="garbage"), {C.INVALID_RECEIPT_HANDLE}),
-        ("pull negative offset", "PullMessage", svc.PullMessageRequest(group=_resource(GROUP), message_queue=_queue(), offset=-1, batch_size=1), {C.BAD_REQUEST, C.ILLEGAL_OFFSET}),
-        ("pull unknown queue", "PullMessage", svc.PullMessageRequest(group=_resource(GROUP), message_queue=_queue(queue_id=99_999), offset=0, batch_size=1), {C.BAD_REQUEST, C.NOT_FOUND}),
-        ("pull far offset", "PullMessage", svc.PullMessageRequest(group=_resource(GROUP), message_queue=_queue(), offset=huge, batch_size=1), {C.ILLEGAL_OFFSET}),
-        ("pull zero batch", "PullMessage", svc.PullMessageRequest(group=_resource(GROUP), message_queue=_queue(), offset=0, batch_size=0), {C.BAD_REQUEST}),
-        ("update negative offset", "UpdateOffset", svc.UpdateOffsetRequest(group=_resource(GROUP), message_queue=_queue(), offset=-5), {C.ILLEGAL_OFFSET, C.BAD_REQUEST}),
-        ("get never committed offset", "GetOffset", svc.GetOffsetRequest(group=_resource(GROUP), message_queue=_queue()), {C.OFFSET_NOT_FOUND}),
-        ("query offset unknown policy", "QueryOffset", svc.QueryOffsetRequest(message_queue=_queue(), query_offset_policy=7), {C.BAD_REQUEST}),
-        ("query offset by missing time", "QueryOffset", svc.QueryOffsetRequest(message_queue=_queue(), query_offset_policy=pb.QueryOffsetPolicy.TIMESTAMP), {C.BAD_REQUEST}),
-        ("end unknown transaction", "EndTransaction", svc.EndTransactionRequest(topic=_resource(TOPIC), message_id="X", transaction_id="nope", resolution=pb.TransactionResolution.COMMIT), {C.UNSUPPORTED, C.INVALID_TRANSACTION_ID, C.NOT_FOUND, C.BAD_REQUEST}),
-        ("recall garbage", "RecallMessage", svc.RecallMessageRequest(topic=_resource(TOPIC), recall_handle="garbage"), {C.UNSUPPORTED, C.BAD_REQUEST, C.ILLEGAL_MESSAGE_ID, C.NOT_FOUND}),
+        (
+            "send to unknown topic",
+            "SendMessage",
+            svc.SendMessageRequest(messages=[_message("no-such-topic")]),
+            {C.TOPIC_NOT_FOUND},
+        ),
+        (
+            "send without topic",
+            "SendMessage",
+            svc.SendMessageRequest(messages=[_message("")]),
+            {C.BAD_REQUEST},
+        ),
+        (
+            "send empty body",
+            "SendMessage",
+            svc.SendMessageRequest(messages=[_message(body=b"")]),
+            {C.MESSAGE_BODY_EMPTY, C.BAD_REQUEST},
+        ),
+        (
+            "send with wrong digest",
+            "SendMessage",
+            svc.SendMessageRequest(messages=[_message(body_digest=digest)]),
+            {C.MESSAGE_CORRUPTED},
+        ),
+        (
+            "send fifo without group",
+            "SendMessage",
+            svc.SendMessageRequest(messages=[_message(message_type=pb.MessageType.FIFO)]),
+            {C.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE},
+        ),
+        (
+            "send delay to a normal topic",
+            "SendMessage",
+            svc.SendMessageRequest(
+                messages=[
+                    _message(
+                        message_type=pb.MessageType.DELAY,
+                        delivery_timestamp=future.delivery_timestamp,
+                    )
+                ]
+            ),
+            {C.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, C.ILLEGAL_DELIVERY_TIME},
+        ),
+        (
+            "send lite message",
+            "SendMessage",
+            svc.SendMessageRequest(messages=[_message(message_type=pb.MessageType.LITE)]),
+            {C.UNSUPPORTED},
+        ),
+        (
+            "send unknown type number",
+            "SendMessage",
+            svc.SendMessageRequest(messages=[_message(message_type=99)]),
+            {C.UNSUPPORTED},
+        ),
+        (
+            "send garbage gzip",
+            "SendMessage",
+            svc.SendMessageRequest(messages=[_message(body_encoding=pb.Encoding.GZIP)]),
+            {C.BAD_REQUEST},
+        ),
+        (
+            "send reserved property",
+            "SendMessage",
+            svc.SendMessageRequest(
+                messages=[
+                    pb.Message(
+                        topic=_resource(TOPIC),
+                        body=b"x",
+                        user_properties={"__SHARDINGKEY": "g"},
+                        system_properties=pb.SystemProperties(message_type=pb.MessageType.NORMAL),
+                    )
+                ]
+            ),
+            {C.ILLEGAL_MESSAGE_PROPERTY_KEY},
+        ),
+        (
+            "send blank tag",
+            "SendMessage",
+            svc.SendMessageRequest(messages=[_message(tag="a|b")]),
+            {C.ILLEGAL_MESSAGE_TAG},
+        ),
+        (
+            "assignment without group",
+            "QueryAssignment",
+            svc.QueryAssignmentRequest(topic=_resource(TOPIC)),
+            {C.BAD_REQUEST},
+        ),
+        (
+            "ack nothing",
+            "AckMessage",
+            svc.AckMessageRequest(group=_resource(GROUP), topic=_resource(TOPIC)),
+            {C.BAD_REQUEST},
+        ),
+        (
+            "ack garbage handle",
+            "AckMessage",
+            svc.AckMessageRequest(
+                group=_resource(GROUP),
+                topic=_resource(TOPIC),
+                entries=[svc.AckMessageEntry(receipt_handle="garbage")],
+            ),
+            {C.INVALID_RECEIPT_HANDLE},
+        ),
+        (
+            "ack huge handle",
+            "AckMessage",
+            svc.AckMessageRequest(
+                group=_resource(GROUP),
+                topic=_resource(TOPIC),
+                entries=[svc.AckMessageEntry(receipt_handle=long_name)],
+            ),
+            {C.INVALID_RECEIPT_HANDLE},
+        ),
+        (
+            "change invisible of garbage",
+            "ChangeInvisibleDuration",
+            svc.ChangeInvisibleDurationRequest(
+                group=_resource(GROUP), topic=_resource(TOPIC), receipt_handle="garbage"
+            ),
+            {C.INVALID_RECEIPT_HANDLE, C.ILLEGAL_INVISIBLE_TIME},
+        ),
+        (
+            "dead-letter garbage",
+            "ForwardMessageToDeadLetterQueue",
+            svc.ForwardMessageToDeadLetterQueueRequest(
+                group=_resource(GROUP), topic=_resource(TOPIC), receipt_handle="garbage"
+            ),
+            {C.INVALID_RECEIPT_HANDLE},
+        ),
+        (
+            "pull negative offset",
+            "PullMessage",
+            svc.PullMessageRequest(
+                group=_resource(GROUP), message_queue=_queue(), offset=-1, batch_size=1
+            ),
+            {C.BAD_REQUEST, C.ILLEGAL_OFFSET},
+        ),
+        (
+            "pull unknown queue",
+            "PullMessage",
+            svc.PullMessageRequest(
+                group=_resource(GROUP),
+                message_queue=_queue(queue_id=99_999),
+                offset=0,
+                batch_size=1,
+            ),
+            {C.BAD_REQUEST, C.NOT_FOUND},
+        ),
+        (
+            "pull far offset",
+            "PullMessage",
+            svc.PullMessageRequest(
+                group=_resource(GROUP), message_queue=_queue(), offset=huge, batch_size=1
+            ),
+            {C.ILLEGAL_OFFSET},
+        ),
+        (
+            "pull zero batch",
+            "PullMessage",
+            svc.PullMessageRequest(
+                group=_resource(GROUP), message_queue=_queue(), offset=0, batch_size=0
+            ),
+            {C.BAD_REQUEST},
+        ),
+        (
+            "update negative offset",
+            "UpdateOffset",
+            svc.UpdateOffsetRequest(group=_resource(GROUP), message_queue=_queue(), offset=-5),
+            {C.ILLEGAL_OFFSET, C.BAD_REQUEST},
+        ),
+        (
+            "get never committed offset",
+            "GetOffset",
+            svc.GetOffsetRequest(group=_resource(GROUP), message_queue=_queue()),
+            {C.OFFSET_NOT_FOUND},
+        ),
+        (
+            "query offset unknown policy",
+            "QueryOffset",
+            svc.QueryOffsetRequest(message_queue=_queue(), query_offset_policy=7),
+            {C.BAD_REQUEST},
+        ),
+        (
+            "query offset by missing time",
+            "QueryOffset",
+            svc.QueryOffsetRequest(
+                message_queue=_queue(), query_offset_policy=pb.QueryOffsetPolicy.TIMESTAMP
+            ),
+            {C.BAD_REQUEST},
+        ),
+        (
+            "end unknown transaction",
+            "EndTransaction",
+            svc.EndTransactionRequest(
+                topic=_resource(TOPIC),
+                message_id="X",
+                transaction_id="nope",
+                resolution=pb.TransactionResolution.COMMIT,
+            ),
+            {C.UNSUPPORTED, C.INVALID_TRANSACTION_ID, C.NOT_FOUND, C.BAD_REQUEST},
+        ),
+        (
+            "recall garbage",
+            "RecallMessage",
+            svc.RecallMessageRequest(topic=_resource(TOPIC), recall_handle="garbage"),
+            {C.UNSUPPORTED, C.BAD_REQUEST, C.ILLEGAL_MESSAGE_ID, C.NOT_FOUND},
+        ),
     ]
     receive_cases = [
         ("receive without group", _receive(group=pb.Resource()), {C.BAD_REQUEST}),
         ("receive zero batch", _receive(batch_size=0), {C.BAD_REQUEST}),
         ("receive huge batch", _receive(batch_size=2**31 - 1), {C.MESSAGE_NOT_FOUND, C.OK}),
-        ("receive huge invisible time", _receive(invisible_duration=Duration(seconds=10**12)), {C.ILLEGAL_INVISIBLE_TIME}),
-        ("receive tiny invisible time", _receive(invisible_duration=Duration(nanos=1)), {C.ILLEGAL_INVISIBLE_TIME}),
-        ("receive bad SQL", _receive(filter_expression=pb.FilterExpression(type=pb.FilterType.SQL, expression="a > ")), {C.ILLEGAL_FILTER_EXPRESSION}),
-        ("receive bad tag expression", _receive(filter_expression=pb.FilterExpression(type=pb.FilterType.TAG, expression="||")), {C.ILLEGAL_FILTER_EXPRESSION, C.MESSAGE_NOT_FOUND}),
-        ("receive unknown topic", _receive(message_queue=_queue("no-such-topic")), {C.TOPIC_NOT_FOUND}),
-        ("receive negative poll", _receive(long_polling_timeout=Duration(seconds=-100)), {C.MESSAGE_NOT_FOUND, C.OK, C.ILLEGAL_POLLING_TIME}),
+        (
+            "receive huge invisible time",
+            _receive(invisible_duration=Duration(seconds=10**12)),
+            {C.ILLEGAL_INVISIBLE_TIME},
+        ),
+        (
+            "receive tiny invisible time",
+            _receive(invisible_duration=Duration(nanos=1)),
+            {C.ILLEGAL_INVISIBLE_TIME},
+        ),
+        (
+            "receive bad SQL",
+            _receive(
+                filter_expression=pb.FilterExpression(type=pb.FilterType.SQL, expression="a > ")
+            ),
+            {C.ILLEGAL_FILTER_EXPRESSION},
+        ),
+        (
+            "receive bad tag expression",
+            _receive(
+                filter_expression=pb.FilterExpression(type=pb.FilterType.TAG, expression="||")
+            ),
+            {C.ILLEGAL_FILTER_EXPRESSION, C.MESSAGE_NOT_FOUND},
+        ),
+        (
+            "receive unknown topic",
+            _receive(message_queue=_queue("no-such-topic")),
+            {C.TOPIC_NOT_FOUND},
+        ),
+        (
+            "receive negative poll",
+            _receive(long_polling_timeout=Duration(seconds=-100)),
+            {C.MESSAGE_NOT_FOUND, C.OK, C.ILLEGAL_POLLING_TIME},
+        ),
     ]
     cases += [(name, "ReceiveMessage", request, codes) for name, request, codes in receive_cases]
     return cases
 
 
 @pytest.mark.parametrize("case", _bad_requests(), ids=lambda case: case[0])
-def test_well_formed_wrong_requests_get_actionable_codes(raw: RawClient, case: tuple[str, str, object, set[int]]) -> None:
+def test_well_formed_wrong_requests_get_actionable_codes(
+    raw: RawClient, case: tuple[str, str, object, set[int]]
+) -> None:
     name, method, request, expected = case
     code = _unary(raw, method, request)
-    assert code in expected, f"{name}: got {Code.Name(code)}, expected one of {[Code.Name(c) for c in expected]}"
+    assert code in expected, (
+        f"{name}: got {Code.Name(code)}, expected one of {[Code.Name(c) for c in expected]}"
+    )
 
 
 def test_telemetry_answers_settings_and_rejects_bad_subscriptions(raw: RawClient) -> None:
@@ -272,7 +557,11 @@ def test_telemetry_answers_settings_and_rejects_bad_subscriptions(raw: RawClient
     assert [a.status.code for a in answers] == [Code.OK, Code.ILLEGAL_FILTER_EXPRESSION]
     assert answers[0].settings.subscription.receive_batch_size > 0
     assert answers[0].settings.backoff_policy.max_attempts == 17
-    assert "position" in answers[1].status.message or "column" in answers[1].status.message or "at " in answers[1].status.message
+    assert (
+        "position" in answers[1].status.message
+        or "column" in answers[1].status.message
+        or "at " in answers[1].status.message
+    )
 
 
 def test_after_all_that_send_and_receive_still_work(server: ServerProcess, raw: RawClient) -> None:
@@ -294,10 +583,13 @@ def test_after_all_that_send_and_receive_still_work(server: ServerProcess, raw: 
 
     deadline = time.monotonic() + 15
     found: list[pb.Message] = []
-    while time.monotonic() < deadline and not any(m.system_properties.message_id == wanted_id for m in found):
+    while time.monotonic() < deadline and not any(
+        m.system_properties.message_id == wanted_id for m in found
+    ):
         found += receive_once()
     match = [m for m in found if m.system_properties.message_id == wanted_id]
     assert match and match[0].body == body
     assert server.alive()
-    assert not [line for line in server.lines if "rpc_internal_error" in line or "Traceback" in line], server.log_tail()
-
+    assert not [
+        line for line in server.lines if "rpc_internal_error" in line or "Traceback" in line
+    ], server.log_tail()

@@ -59,7 +59,11 @@ def test_a_batch_of_arrivals_from_another_thread_costs_one_loop_wake_up() -> Non
     async def scenario() -> None:
         loop = CountingLoop(asyncio.get_running_loop())
         notifier = ArrivalNotifier(loop)  # type: ignore[arg-type]
-        with notifier.waiter("orders") as first, notifier.waiter("orders") as second, notifier.waiter("refunds") as other:
+        with (
+            notifier.waiter("orders") as first,
+            notifier.waiter("orders") as second,
+            notifier.waiter("refunds") as other,
+        ):
 
             def store_thread() -> None:  # a flusher making a batch of 32 visible
                 for queue_id in range(32):

@@ -56,7 +56,7 @@ def test_registering_twice_returns_the_same_metric_unless_it_differs():
 
 def test_label_values_and_help_are_escaped():
     text = render_families(
-        [MetricFamily("m", "gauge", 'help with \\ and\nnewline').add(1, name='a"b\\c\nd')]
+        [MetricFamily("m", "gauge", "help with \\ and\nnewline").add(1, name='a"b\\c\nd')]
     )
     assert "# HELP m help with \\\\ and\\nnewline" in text
     assert 'm{name="a\\"b\\\\c\\nd"} 1' in text
@@ -64,8 +64,13 @@ def test_label_values_and_help_are_escaped():
 
 def test_special_numbers():
     text = render_families(
-        [MetricFamily("m", "gauge", "h").add(math.inf, k="a").add(-math.inf, k="b")
-         .add(math.nan, k="c").add(0.25, k="d")]
+        [
+            MetricFamily("m", "gauge", "h")
+            .add(math.inf, k="a")
+            .add(-math.inf, k="b")
+            .add(math.nan, k="c")
+            .add(0.25, k="d")
+        ]
     )
     assert 'm{k="a"} +Inf' in text
     assert 'm{k="b"} -Inf' in text

@@ -52,7 +52,9 @@ def message(topic: str, body: str, **fields: object) -> Message:
     return msg
 
 
-def receive_all(consumer: SimpleConsumer, count: int, timeout: float, invisible: int = 15, ack: bool = True) -> list[Message]:
+def receive_all(
+    consumer: SimpleConsumer, count: int, timeout: float, invisible: int = 15, ack: bool = True
+) -> list[Message]:
     """Receive until ``count`` messages arrived (acking each unless told not to)."""
     got: list[Message] = []
     deadline = time.monotonic() + timeout
@@ -72,19 +74,34 @@ def producer(server: ServerProcess):
     p.shutdown()
 
 
-def simple_consumer(server: ServerProcess, group: str, topic: str, expression: FilterExpression | None = None, await_duration: int = 2) -> SimpleConsumer:
-    consumer = SimpleConsumer(config(server), group, {topic: expression or FilterExpression()}, await_duration=await_duration)
+def simple_consumer(
+    server: ServerProcess,
+    group: str,
+    topic: str,
+    expression: FilterExpression | None = None,
+    await_duration: int = 2,
+) -> SimpleConsumer:
+    consumer = SimpleConsumer(
+        config(server),
+        group,
+        {topic: expression or FilterExpression()},
+        await_duration=await_duration,
+    )
     consumer.startup()
     return consumer
 
 
-def test_sync_and_async_send_then_simple_consumer_receives_acks_and_is_done(server: ServerProcess, producer: Producer) -> None:
+def test_sync_and_async_send_then_simple_consumer_receives_acks_and_is_done(
+    server: ServerProcess, producer: Producer
+) -> None:
     topic, group = unique("normal"), unique("g")
     server.create_topic(topic, "normal", queues=4)
     server.create_group(group)
     sent = {}
     for i in range(5):
-        receipt = producer.send(message(topic, f"sync-{i}", tag="TagA", keys=f"key-{i}", properties={"n": str(i)}))
+        receipt = producer.send(
+            message(topic, f"sync-{i}", tag="TagA", keys=f"key-{i}", properties={"n": str(i)})
+        )
         sent[receipt.message_id] = f"sync-{i}"
     futures = [producer.send_async(message(topic, f"async-{i}")) for i in range(5)]
     for i, future in enumerate(futures):
@@ -104,7 +121,9 @@ def test_sync_and_async_send_then_simple_consumer_receives_acks_and_is_done(serv
         consumer.shutdown()
 
 
-def test_tag_filter_delivers_only_matching_messages(server: ServerProcess, producer: Producer) -> None:
+def test_tag_filter_delivers_only_matching_messages(
+    server: ServerProcess, producer: Producer
+) -> None:
     topic, group = unique("tags"), unique("g")
     server.create_topic(topic, "normal", queues=2)
     server.create_group(group)
@@ -119,7 +138,9 @@ def test_tag_filter_delivers_only_matching_messages(server: ServerProcess, produ
         consumer.shutdown()
 
 
-def test_fifo_keeps_order_within_each_message_group(server: ServerProcess, producer: Producer) -> None:
+def test_fifo_keeps_order_within_each_message_group(
+    server: ServerProcess, producer: Producer
+) -> None:
     topic, group = unique("fifo"), unique("gfifo")
     server.create_topic(topic, "fifo", queues=4)
     server.create_group(group, fifo=True)
@@ -142,7 +163,9 @@ def test_fifo_keeps_order_within_each_message_group(server: ServerProcess, produ
         consumer.shutdown()
 
 
-def test_delay_message_arrives_at_its_time_not_before(server: ServerProcess, producer: Producer) -> None:
+def test_delay_message_arrives_at_its_time_not_before(
+    server: ServerProcess, producer: Producer
+) -> None:
     topic, group = unique("delay"), unique("g")
     server.create_topic(topic, "delay", queues=2)
     server.create_group(group)
@@ -161,7 +184,9 @@ def test_delay_message_arrives_at_its_time_not_before(server: ServerProcess, pro
         consumer.shutdown()
 
 
-def test_change_invisible_duration_redelivers_sooner_and_kills_the_old_handle(server: ServerProcess, producer: Producer) -> None:
+def test_change_invisible_duration_redelivers_sooner_and_kills_the_old_handle(
+    server: ServerProcess, producer: Producer
+) -> None:
     topic, group = unique("invis"), unique("g")
     server.create_topic(topic, "normal", queues=1)
     server.create_group(group)
@@ -196,7 +221,9 @@ class RecordingListener(MessageListener):
 
     def consume(self, message: Message) -> ConsumeResult:
         with self.lock:
-            self.deliveries.append((message.body.decode(), message.delivery_attempt, time.monotonic()))
+            self.deliveries.append(
+                (message.body.decode(), message.delivery_attempt, time.monotonic())
+            )
         return self.result
 
 
@@ -224,10 +251,14 @@ def test_push_consumer_consumes_and_acks(server: ServerProcess, producer: Produc
         consumer.shutdown()
 
 
-def test_push_consumer_failure_is_retried_then_dead_lettered(server: ServerProcess, producer: Producer) -> None:
+def test_push_consumer_failure_is_retried_then_dead_lettered(
+    server: ServerProcess, producer: Producer
+) -> None:
     topic, group = unique("retry"), unique("gretry")
     server.create_topic(topic, "normal", queues=1)
-    server.create_group(group, max_delivery_attempts=2, retry_policy={"kind": "customized", "levels_ms": [1000]})
+    server.create_group(
+        group, max_delivery_attempts=2, retry_policy={"kind": "customized", "levels_ms": [1000]}
+    )
     listener = RecordingListener(ConsumeResult.FAILURE)
     consumer = PushConsumer(config(server), group, listener, {topic: FilterExpression()})
     consumer.startup()
@@ -237,10 +268,16 @@ def test_push_consumer_failure_is_retried_then_dead_lettered(server: ServerProce
         wait_until(lambda: len(listener.deliveries) >= 2, 20, "a retry of the failed message")
         attempts = [d[1] for d in listener.deliveries]
         assert attempts[:2] == [1, 2]
-        assert listener.deliveries[1][2] - listener.deliveries[0][2] >= 0.9, "retried before its backoff"
+        assert listener.deliveries[1][2] - listener.deliveries[0][2] >= 0.9, (
+            "retried before its backoff"
+        )
 
         dead_letter_topic = f"%DLQ%{group}"
-        wait_until(lambda: server.admin_call("GET", f"/v1/topics/{dead_letter_topic}")[0] == 200, 15, "the dead-letter topic")
+        wait_until(
+            lambda: server.admin_call("GET", f"/v1/topics/{dead_letter_topic}")[0] == 200,
+            15,
+            "the dead-letter topic",
+        )
         reader_group = unique("gdlq")
         server.create_group(reader_group)
         dlq_reader = simple_consumer(server, reader_group, dead_letter_topic)
@@ -254,7 +291,9 @@ def test_push_consumer_failure_is_retried_then_dead_lettered(server: ServerProce
             dlq_reader.shutdown()
 
 
-def test_fifo_push_consumer_sees_each_group_in_order(server: ServerProcess, producer: Producer) -> None:
+def test_fifo_push_consumer_sees_each_group_in_order(
+    server: ServerProcess, producer: Producer
+) -> None:
     topic, group = unique("fifopush"), unique("gfifopush")
     server.create_topic(topic, "fifo", queues=2)
     server.create_group(group, fifo=True)

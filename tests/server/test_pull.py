@@ -25,15 +25,21 @@ async def send(endpoint: InProcess, body: bytes) -> svc.SendResultEntry:
     message = pb.Message(
         topic=pb.Resource(name=TOPIC),
         body=body,
-        system_properties=pb.SystemProperties(message_id=uuid.uuid4().hex, message_type=pb.MessageType.NORMAL),
+        system_properties=pb.SystemProperties(
+            message_id=uuid.uuid4().hex, message_type=pb.MessageType.NORMAL
+        ),
     )
     answer = await endpoint.stub.SendMessage(svc.SendMessageRequest(messages=[message]))
     assert answer.status.code == pb.Code.OK, answer.status.message
     return answer.entries[0]
 
 
-async def pull(endpoint: InProcess, queue_id: int, offset: int, poll_seconds: int = 0) -> tuple[int, list[pb.Message], int]:
-    request = svc.PullMessageRequest(group=pb.Resource(name=GROUP), message_queue=queue(queue_id), offset=offset, batch_size=16)
+async def pull(
+    endpoint: InProcess, queue_id: int, offset: int, poll_seconds: int = 0
+) -> tuple[int, list[pb.Message], int]:
+    request = svc.PullMessageRequest(
+        group=pb.Resource(name=GROUP), message_queue=queue(queue_id), offset=offset, batch_size=16
+    )
     request.long_polling_timeout.seconds = poll_seconds
     code, messages, next_offset = None, [], -1
     async for response in endpoint.stub.PullMessage(request, timeout=poll_seconds + 5):
@@ -54,7 +60,9 @@ def test_pull_reads_by_offset_and_long_polls_for_the_next_message() -> None:
         await send(endpoint, b"m1")
         queue_id = 0
         code, messages, next_offset = await pull(endpoint, queue_id, 0)
-        assert code == pb.Code.OK and [m.body for m in messages] == [b"m0", b"m1"] and next_offset == 2
+        assert (
+            code == pb.Code.OK and [m.body for m in messages] == [b"m0", b"m1"] and next_offset == 2
+        )
 
         # Nothing at offset 2 yet: the pull parks and returns as soon as m2 lands.
         parked = asyncio.create_task(pull(endpoint, queue_id, 2, poll_seconds=5))
@@ -78,17 +86,33 @@ def test_offsets_round_trip_and_query_by_policy() -> None:
             await send(endpoint, f"m{i}".encode())
         queue_id = 0
         stub = endpoint.stub
-        missing = await stub.GetOffset(svc.GetOffsetRequest(group=pb.Resource(name=GROUP), message_queue=queue(queue_id)))
+        missing = await stub.GetOffset(
+            svc.GetOffsetRequest(group=pb.Resource(name=GROUP), message_queue=queue(queue_id))
+        )
         assert missing.status.code == pb.Code.OFFSET_NOT_FOUND
-        updated = await stub.UpdateOffset(svc.UpdateOffsetRequest(group=pb.Resource(name=GROUP), message_queue=queue(queue_id), offset=2))
+        updated = await stub.UpdateOffset(
+            svc.UpdateOffsetRequest(
+                group=pb.Resource(name=GROUP), message_queue=queue(queue_id), offset=2
+            )
+        )
         assert updated.status.code == pb.Code.OK
-        got = await stub.GetOffset(svc.GetOffsetRequest(group=pb.Resource(name=GROUP), message_queue=queue(queue_id)))
+        got = await stub.GetOffset(
+            svc.GetOffsetRequest(group=pb.Resource(name=GROUP), message_queue=queue(queue_id))
+        )
         assert (got.status.code, got.offset) == (pb.Code.OK, 2)
-        beyond = await stub.UpdateOffset(svc.UpdateOffsetRequest(group=pb.Resource(name=GROUP), message_queue=queue(queue_id), offset=99))
+        beyond = await stub.UpdateOffset(
+            svc.UpdateOffsetRequest(
+                group=pb.Resource(name=GROUP), message_queue=queue(queue_id), offset=99
+            )
+        )
         assert beyond.status.code == pb.Code.ILLEGAL_OFFSET
 
         async def query(policy: int, **fields: object) -> int:
-            answer = await stub.QueryOffset(svc.QueryOffsetRequest(message_queue=queue(queue_id), query_offset_policy=policy, **fields))
+            answer = await stub.QueryOffset(
+                svc.QueryOffsetRequest(
+                    message_queue=queue(queue_id), query_offset_policy=policy, **fields
+                )
+            )
             assert answer.status.code == pb.Code.OK, answer.status.message
             return answer.offset
 

@@ -63,7 +63,9 @@ def test_python_client_recalls_a_delay_message_before_its_time(server: ServerPro
         recalled = producer.send(_delay_message(topic, "recalled", deliver_at_s))
         assert kept.recall_handle and recalled.recall_handle
         assert producer.recall_message(topic, recalled.recall_handle) == recalled.message_id
-        assert producer.recall_message(topic, recalled.recall_handle) == recalled.message_id  # idempotent
+        assert (
+            producer.recall_message(topic, recalled.recall_handle) == recalled.message_id
+        )  # idempotent
 
         got: list[Message] = []
         deadline = time.monotonic() + DELAY_S + 10
@@ -88,7 +90,10 @@ def test_python_client_recalls_a_delay_message_before_its_time(server: ServerPro
         producer.shutdown()
 
 
-def test_node_client_recalls_a_delay_message_before_its_time(server: ServerProcess, scripts: Any) -> None:  # noqa: F811
+def test_node_client_recalls_a_delay_message_before_its_time(
+    server: ServerProcess,
+    scripts: Any,  # noqa: F811 - fixture
+) -> None:
     topic, group = unique("recall-node"), unique("g")
     server.create_topic(topic, "delay", queues=2)
     server.create_group(group)
@@ -111,10 +116,12 @@ def test_node_client_recalls_a_delay_message_before_its_time(server: ServerProce
     ).finish()
     assert producer.returncode == 0, _fail("recall.js failed", producer, server=server)
     sent = producer.events("sent")
-    assert len(sent) == 2 and all(r["recallHandle"] for r in sent), _fail("no recall handles", producer)
+    assert len(sent) == 2 and all(r["recallHandle"] for r in sent), _fail(
+        "no recall handles", producer
+    )
     recalls = producer.events("recalled")
-    assert [(r["index"], r["messageId"]) for r in recalls] == [(1, sent[1]["messageId"])] * 2, _fail(
-        "recall did not answer with the message id", producer
+    assert [(r["index"], r["messageId"]) for r in recalls] == [(1, sent[1]["messageId"])] * 2, (
+        _fail("recall did not answer with the message id", producer)
     )
     errors = producer.events("recall_error")
     assert [e["index"] for e in errors] == ["forged"], _fail("unexpected recall errors", producer)

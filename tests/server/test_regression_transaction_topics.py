@@ -50,10 +50,16 @@ def test_one_transaction_across_two_topics_reaches_each_group_once(server: Serve
 
     run(scenario())
 
-    expected = {(topic_a, b"a%d" % i) for i in range(ROUNDS)} | {(topic_b, b"b%d" % i) for i in range(ROUNDS)}
+    expected = {(topic_a, b"a%d" % i) for i in range(ROUNDS)} | {
+        (topic_b, b"b%d" % i) for i in range(ROUNDS)
+    }
     delivered = [(m.topic, m.body) for m in deliveries]
-    assert sorted(delivered) == sorted(expected), "each committed message exactly once, under its own topic"
+    assert sorted(delivered) == sorted(expected), (
+        "each committed message exactly once, under its own topic"
+    )
     assert len({m.message_id for m in deliveries}) == 2 * ROUNDS
     for message in deliveries:
         assert message.message_type == "TRANSACTION"
-        assert not any(key.startswith(("REAL_", "TRAN_", "__halfmoon")) for key in message.properties), message.properties
+        assert not any(
+            key.startswith(("REAL_", "TRAN_", "__halfmoon")) for key in message.properties
+        ), message.properties

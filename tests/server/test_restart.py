@@ -33,6 +33,7 @@ def _metric(server: ServerProcess, name: str) -> float:
                 return float(line.rsplit(" ", 1)[1])
     return 0.0
 
+
 pytestmark = pytest.mark.slow
 
 
@@ -46,7 +47,9 @@ def _send(producer: Producer, topic: str, bodies: list[str]) -> dict[str, str]:
     return sent
 
 
-def _send_after_restart(producer: Producer, topic: str, bodies: list[str], timeout: float = 30) -> dict[str, str]:
+def _send_after_restart(
+    producer: Producer, topic: str, bodies: list[str], timeout: float = 30
+) -> dict[str, str]:
     """Send each body, retrying while the client's channel is still backing off.
 
     The official client gives up after its own few attempts when a send lands
@@ -67,7 +70,9 @@ def _send_after_restart(producer: Producer, topic: str, bodies: list[str], timeo
     return sent
 
 
-def _receive(consumer: SimpleConsumer, want: int, timeout: float, ack: bool = True) -> dict[str, str]:
+def _receive(
+    consumer: SimpleConsumer, want: int, timeout: float, ack: bool = True
+) -> dict[str, str]:
     got: dict[str, str] = {}
     deadline = time.monotonic() + timeout
     while len(got) < want and time.monotonic() < deadline:
@@ -91,7 +96,9 @@ def _clients(server: ServerProcess, topic: str, group: str) -> tuple[Producer, S
     return producer, consumer
 
 
-def test_sigterm_restart_keeps_every_acknowledged_send_and_ack(server_factory: Callable[..., ServerProcess]) -> None:
+def test_sigterm_restart_keeps_every_acknowledged_send_and_ack(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
     server = server_factory().start()
     topic, group = "orders", "billing"
     server.create_topic(topic, "normal", queues=4)
@@ -118,7 +125,9 @@ def test_sigterm_restart_keeps_every_acknowledged_send_and_ack(server_factory: C
             assert server.stop() == 0
 
 
-def test_crash_with_sync_flush_keeps_every_acknowledged_send(server_factory: Callable[..., ServerProcess]) -> None:
+def test_crash_with_sync_flush_keeps_every_acknowledged_send(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
     server = server_factory(settings=("store.flush=sync",)).start()
     topic, group = "payments", "ledger"
     server.create_topic(topic, "normal", queues=2)
@@ -133,7 +142,9 @@ def test_crash_with_sync_flush_keeps_every_acknowledged_send(server_factory: Cal
         # At least once: un-snapshotted acks may come back, sent messages must.
         got = _receive(consumer, len(sent), timeout=20)
         assert got == sent
-        assert any("crashed=True" in line for line in server.lines), "recovery did not see the crash"
+        assert any("crashed=True" in line for line in server.lines), (
+            "recovery did not see the crash"
+        )
     finally:
         consumer.shutdown()
         producer.shutdown()
@@ -141,7 +152,9 @@ def test_crash_with_sync_flush_keeps_every_acknowledged_send(server_factory: Cal
             assert server.stop() == 0
 
 
-def test_sigterm_answers_parked_long_polls_and_stops_promptly(server_factory: Callable[..., ServerProcess]) -> None:
+def test_sigterm_answers_parked_long_polls_and_stops_promptly(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
     server = server_factory().start()
     server.create_topic("idle", "normal", queues=1)
     server.create_group("waiters")
@@ -150,7 +163,9 @@ def test_sigterm_answers_parked_long_polls_and_stops_promptly(server_factory: Ca
     consumer.startup()
     try:
         parked = consumer.receive_async(1, 15)
-        wait_until(lambda: _metric(server, "halfmoon_grpc_long_polls") >= 1, 10, "the receive to park")
+        wait_until(
+            lambda: _metric(server, "halfmoon_grpc_long_polls") >= 1, 10, "the receive to park"
+        )
         started = time.monotonic()
         assert server.stop() == 0
         stop_seconds = time.monotonic() - started

@@ -24,7 +24,9 @@ def producer_settings(topic: str) -> svc.TelemetryCommand:
     return svc.TelemetryCommand(settings=settings)
 
 
-async def open_producer_stream(stub: service_pb2_grpc.MessagingServiceStub, client_id: str, topic: str) -> tuple[grpc.aio.StreamStreamCall, svc.TelemetryCommand]:
+async def open_producer_stream(
+    stub: service_pb2_grpc.MessagingServiceStub, client_id: str, topic: str
+) -> tuple[grpc.aio.StreamStreamCall, svc.TelemetryCommand]:
     call = stub.Telemetry(metadata=(("x-mq-client-id", client_id),))
     await call.write(producer_settings(topic))
     answer = await asyncio.wait_for(call.read(), 5)
@@ -56,19 +58,28 @@ async def commands_reach_live_producer(endpoint: InProcess) -> None:
     assert [s.client_id for s in registry.producers(topic="orders")] == ["producer-orders"]
 
     message = pb.Message(topic=pb.Resource(name="orders"), body=b"half")
-    chosen = registry.send_to_producer(recover_orphaned_transaction_command(message, "tx-1"), topic="orders")
+    chosen = registry.send_to_producer(
+        recover_orphaned_transaction_command(message, "tx-1"), topic="orders"
+    )
     assert chosen == "producer-orders"
     command = await asyncio.wait_for(orders.read(), 5)
     assert command.recover_orphaned_transaction_command.transaction_id == "tx-1"
     assert command.recover_orphaned_transaction_command.message.body == b"half"
 
     # From another thread (the broker's tick thread does this).
-    future = registry.send_to_producer_threadsafe(recover_orphaned_transaction_command(message, "tx-2"), topic="orders")
+    future = registry.send_to_producer_threadsafe(
+        recover_orphaned_transaction_command(message, "tx-2"), topic="orders"
+    )
     assert await asyncio.wrap_future(future) == "producer-orders"
     command = await asyncio.wait_for(orders.read(), 5)
     assert command.recover_orphaned_transaction_command.transaction_id == "tx-2"
 
-    assert registry.send_to_producer(recover_orphaned_transaction_command(message, "tx-3"), topic="nobody") is None
+    assert (
+        registry.send_to_producer(
+            recover_orphaned_transaction_command(message, "tx-3"), topic="nobody"
+        )
+        is None
+    )
     other.cancel()
     orders.cancel()
 
@@ -83,6 +94,8 @@ async def closed_stream_is_no_target(endpoint: InProcess) -> None:
     # The server ends its side when the client half-closes.
     assert await asyncio.wait_for(call.read(), 5) == grpc.aio.EOF
     assert endpoint.registry.producers(topic="orders") == []
-    terminated = await endpoint.stub.NotifyClientTermination(svc.NotifyClientTerminationRequest(), metadata=(("x-mq-client-id", "producer-gone"),))
+    terminated = await endpoint.stub.NotifyClientTermination(
+        svc.NotifyClientTerminationRequest(), metadata=(("x-mq-client-id", "producer-gone"),)
+    )
     assert terminated.status.code == pb.Code.OK
     assert endpoint.registry.get("producer-gone") is None

@@ -36,7 +36,9 @@ async def scenario(body) -> None:
 
     async def check(group: str | None, topic: str = "orders") -> bool:
         # A new transaction each time: a second check of one still outstanding is not sent.
-        return await asyncio.to_thread(sender.send_check, group, topic, view(topic), f"T{next(ids)}")
+        return await asyncio.to_thread(
+            sender.send_check, group, topic, view(topic), f"T{next(ids)}"
+        )
 
     await body(registry, outboxes, check)
 
@@ -46,7 +48,10 @@ def taken(outbox: asyncio.Queue) -> int:
     while not outbox.empty():
         command = outbox.get_nowait()
         assert command.recover_orphaned_transaction_command.transaction_id.startswith("T")
-        assert command.recover_orphaned_transaction_command.message.system_properties.message_id == "m1"
+        assert (
+            command.recover_orphaned_transaction_command.message.system_properties.message_id
+            == "m1"
+        )
         n += 1
     return n
 
@@ -86,7 +91,9 @@ def test_a_batch_goes_in_one_hop_and_says_which_checks_were_taken() -> None:
         registry.remove("c")
         batch = [
             CheckRequest("pg", "orders", view("orders"), "T1"),
-            CheckRequest(None, "unknown-topic", view("unknown-topic"), "T2"),  # nobody publishes there
+            CheckRequest(
+                None, "unknown-topic", view("unknown-topic"), "T2"
+            ),  # nobody publishes there
             CheckRequest("pg", "orders", view("orders"), "T3"),
             CheckRequest(None, "orders", view("orders"), "T4"),
         ]

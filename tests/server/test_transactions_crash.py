@@ -98,9 +98,13 @@ def client_config(server: ServerProcess) -> ClientConfiguration:
     return ClientConfiguration(server.grpc, Credentials(), request_timeout=5)
 
 
-def consume_all(server: ServerProcess, group: str, topic: str, want: int, timeout: float) -> collections.Counter[str]:
+def consume_all(
+    server: ServerProcess, group: str, topic: str, want: int, timeout: float
+) -> collections.Counter[str]:
     """Bodies received (and acked) until ``want`` arrived, then one more look for extras."""
-    consumer = SimpleConsumer(client_config(server), group, {topic: FilterExpression()}, await_duration=1)
+    consumer = SimpleConsumer(
+        client_config(server), group, {topic: FilterExpression()}, await_duration=1
+    )
     consumer.startup()
     got: collections.Counter[str] = collections.Counter()
     try:
@@ -129,7 +133,9 @@ def topic_messages(server: ServerProcess, topic: str) -> int:
     return sum(q["max_offset"] - q["min_offset"] for q in body["queues"])  # type: ignore[index]
 
 
-def end_transaction(server: ServerProcess, topic: str, transaction_id: str, commit: bool, message_id: str = "") -> svc.EndTransactionResponse:
+def end_transaction(
+    server: ServerProcess, topic: str, transaction_id: str, commit: bool, message_id: str = ""
+) -> svc.EndTransactionResponse:
     with grpc.insecure_channel(server.grpc) as channel:
         stub = service_pb2_grpc.MessagingServiceStub(channel)
         return stub.EndTransaction(
@@ -137,14 +143,18 @@ def end_transaction(server: ServerProcess, topic: str, transaction_id: str, comm
                 topic=pb.Resource(name=topic),
                 message_id=message_id,
                 transaction_id=transaction_id,
-                resolution=pb.TransactionResolution.COMMIT if commit else pb.TransactionResolution.ROLLBACK,
+                resolution=pb.TransactionResolution.COMMIT
+                if commit
+                else pb.TransactionResolution.ROLLBACK,
                 source=pb.TransactionSource.SOURCE_CLIENT,
             ),
             timeout=30,
         )
 
 
-def test_producer_killed_between_phases_is_resolved_by_another_producer(server_factory: Callable[..., ServerProcess]) -> None:
+def test_producer_killed_between_phases_is_resolved_by_another_producer(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
     server = server_factory(settings=SETTINGS).start()
     topic, group = unique("txn-kill"), unique("g")
     server.create_topic(topic, "transaction", queues=4)
@@ -171,18 +181,26 @@ def test_producer_killed_between_phases_is_resolved_by_another_producer(server_f
     second = Producer(client_config(server), topics=(topic,), checker=checker)
     second.startup()
     try:
-        wait_until(lambda: not pending(server, topic), 30, "the second producer to resolve every transaction")
+        wait_until(
+            lambda: not pending(server, topic),
+            30,
+            "the second producer to resolve every transaction",
+        )
     finally:
         second.shutdown()
     undecided = [s["body"] for s in sent[committed_first:]]
     # Every undecided one was checked; the dead producer could answer none of them.
     assert set(checker.asked) == set(undecided), checker.asked
-    expected = {s["body"] for s in sent[:committed_first]} | {b for b in undecided if int(b.rsplit("-", 1)[1]) % 2 == 0}
+    expected = {s["body"] for s in sent[:committed_first]} | {
+        b for b in undecided if int(b.rsplit("-", 1)[1]) % 2 == 0
+    }
     got = consume_all(server, group, topic, len(expected), timeout=20)
     assert set(got) == expected and all(n == 1 for n in got.values()), got
 
 
-def test_broker_killed_with_pending_transactions_loses_and_doubles_nothing(server_factory: Callable[..., ServerProcess]) -> None:
+def test_broker_killed_with_pending_transactions_loses_and_doubles_nothing(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
     server = server_factory(settings=SETTINGS).start()
     topic, group = unique("txn-crash"), unique("g")
     server.create_topic(topic, "transaction", queues=4)
@@ -212,15 +230,25 @@ def test_broker_killed_with_pending_transactions_loses_and_doubles_nothing(serve
     server.kill()  # SIGKILL, with six transactions undecided
 
     server.start()
-    assert {t["transaction_id"] for t in pending(server, topic)} == {receipts[f"order-{i}"].transaction_id for i in range(6, 12)}
+    assert {t["transaction_id"] for t in pending(server, topic)} == {
+        receipts[f"order-{i}"].transaction_id for i in range(6, 12)
+    }
     assert topic_messages(server, topic) == 4  # the commits survived; nothing re-published
     # EndTransaction with an id issued before the restart (RocketMQ's proxy loses these).
-    answer = end_transaction(server, topic, receipts["order-6"].transaction_id, commit=True, message_id=receipts["order-6"].message_id)
+    answer = end_transaction(
+        server,
+        topic,
+        receipts["order-6"].transaction_id,
+        commit=True,
+        message_id=receipts["order-6"].message_id,
+    )
     assert answer.status.code == pb.Code.OK, answer.status
     answer = end_transaction(server, topic, receipts["order-0"].transaction_id, commit=True)
     assert answer.status.code == pb.Code.OK, answer.status  # committing again: a no-op
     answer = end_transaction(server, topic, receipts["order-4"].transaction_id, commit=True)
-    assert answer.status.code == pb.Code.BAD_REQUEST and "rolled back" in answer.status.message, answer.status
+    assert answer.status.code == pb.Code.BAD_REQUEST and "rolled back" in answer.status.message, (
+        answer.status
+    )
     answer = end_transaction(server, topic, "T" + "0" * 24, commit=True)
     assert answer.status.code == pb.Code.INVALID_TRANSACTION_ID, answer.status
 
@@ -229,7 +257,11 @@ def test_broker_killed_with_pending_transactions_loses_and_doubles_nothing(serve
     resolver = Producer(client_config(server), topics=(topic,), checker=checker)
     resolver.startup()
     try:
-        wait_until(lambda: not pending(server, topic), 30, "checks to resolve the transactions after the restart")
+        wait_until(
+            lambda: not pending(server, topic),
+            30,
+            "checks to resolve the transactions after the restart",
+        )
     finally:
         resolver.shutdown()
     assert set(checker.asked) == {f"order-{i}" for i in range(7, 12)}
@@ -251,7 +283,9 @@ def _group_half(topic: str, group_id: str, i: int) -> pb.Message:
     )
 
 
-def test_broker_killed_mid_group_commit_keeps_the_group_atomic(server_factory: Callable[..., ServerProcess]) -> None:
+def test_broker_killed_mid_group_commit_keeps_the_group_atomic(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
     # One member per append makes the group's commit long enough to be cut in the middle.
     server = server_factory(settings=(*SETTINGS, "transaction.group_batch_size=1")).start()
     topic, group = unique("txn-group"), unique("g")
@@ -284,7 +318,9 @@ def test_broker_killed_mid_group_commit_keeps_the_group_atomic(server_factory: C
     assert len(got) == published and all(n == 1 for n in got.values())
 
 
-def _kill_during_group_commit(server: ServerProcess, topic: str, group_id: str, members: int) -> int:
+def _kill_during_group_commit(
+    server: ServerProcess, topic: str, group_id: str, members: int
+) -> int:
     """Send a group of half messages, start its commit, SIGKILL the broker once some are out.
 
     Returns how many messages the topic held at the kill.
@@ -293,7 +329,9 @@ def _kill_during_group_commit(server: ServerProcess, topic: str, group_id: str, 
         stub = service_pb2_grpc.MessagingServiceStub(channel)
         for start in range(0, members, 500):
             answer = stub.SendMessage(
-                svc.SendMessageRequest(messages=[_group_half(topic, group_id, i) for i in range(start, start + 500)]),
+                svc.SendMessageRequest(
+                    messages=[_group_half(topic, group_id, i) for i in range(start, start + 500)]
+                ),
                 timeout=30,
             )
             assert answer.status.code == pb.Code.OK, answer.status

@@ -51,7 +51,11 @@ def transactions(server: ServerProcess, path: str) -> list[dict[str, Any]]:
     return body["transactions"]  # type: ignore[index]
 
 
-def test_node_producer_with_checker_delivers_exactly_the_committed_messages(node: str, scripts: Any, server: ServerProcess) -> None:  # noqa: F811 - fixtures
+def test_node_producer_with_checker_delivers_exactly_the_committed_messages(
+    node: str,  # noqa: F811 - fixture
+    scripts: Any,  # noqa: F811 - fixture
+    server: ServerProcess,
+) -> None:
     topic, group = unique("txn-node"), unique("g")
     server.create_topic(topic, "transaction", queues=4)
     server.create_group(group)
@@ -65,8 +69,15 @@ def test_node_producer_with_checker_delivers_exactly_the_committed_messages(node
         {"body": "m5", "end": "none", "check": "commit"},
         {"body": "m6", "end": "none", "check": "unknown"},  # parked after the check limit
     ]
-    producer = scripts("transaction_produce.js", {"endpoints": server.grpc, "topic": topic, "messages": plan, "deadlineMs": 40000})
-    producer.wait_for(lambda records: any(r.get("event") == "waiting" for r in records), 30, "every half message sent")
+    producer = scripts(
+        "transaction_produce.js",
+        {"endpoints": server.grpc, "topic": topic, "messages": plan, "deadlineMs": 40000},
+    )
+    producer.wait_for(
+        lambda records: any(r.get("event") == "waiting" for r in records),
+        30,
+        "every half message sent",
+    )
     run = producer._snapshot()
     assert not run.events("send_error"), _fail("a transactional send failed", run, server=server)
     ids = {r["index"]: r["messageId"] for r in run.events("sent")}
@@ -84,7 +95,9 @@ def test_node_producer_with_checker_delivers_exactly_the_committed_messages(node
 
     checked = collections.Counter(r["body"] for r in producer._snapshot().events("checked"))
     # Decided transactions are never checked; the unknown one exactly check_max times.
-    assert set(checked) <= {"m2", "m3", "m5", "m6"} and {"m2", "m3", "m5", "m6"} <= set(checked), checked
+    assert set(checked) <= {"m2", "m3", "m5", "m6"} and {"m2", "m3", "m5", "m6"} <= set(checked), (
+        checked
+    )
     assert checked["m6"] == CHECK_MAX and all(checked[b] == 1 for b in ("m2", "m3", "m5")), checked
 
     expected = {ids[i]: plan[i]["body"] for i in (0, 2, 4, 5)}
@@ -93,9 +106,13 @@ def test_node_producer_with_checker_delivers_exactly_the_committed_messages(node
         "expect": len(expected), "deadlineMs": 20000, "lingerMs": 1500, "awaitDurationMs": 1000,
     })  # fmt: skip
     done = consumer.finish()
-    assert done.returncode == 0 and not done.events("receive_error"), _fail("consumer failed", done, server=server)
+    assert done.returncode == 0 and not done.events("receive_error"), _fail(
+        "consumer failed", done, server=server
+    )
     got = collections.Counter(r["messageId"] for r in done.events("received"))
-    assert set(got) == set(expected) and all(n == 1 for n in got.values()), _fail(f"deliveries {got}", done)
+    assert set(got) == set(expected) and all(n == 1 for n in got.values()), _fail(
+        f"deliveries {got}", done
+    )
     keys = {r["messageId"]: r.get("keys") for r in done.events("received")}
     assert keys[ids[4]] == ["k4"]
     errors = _server_errors(server.lines[first_line:])

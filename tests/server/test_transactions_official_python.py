@@ -52,7 +52,9 @@ def unique(prefix: str) -> str:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    proc = ServerProcess(tmp_path_factory.mktemp("halfmoon-txn"), settings=TRANSACTION_SETTINGS).start()
+    proc = ServerProcess(
+        tmp_path_factory.mktemp("halfmoon-txn"), settings=TRANSACTION_SETTINGS
+    ).start()
     try:
         yield proc
     finally:
@@ -98,8 +100,12 @@ def start_producer(server: ServerProcess, topic: str, checker: StatusChecker) ->
     return producer
 
 
-def start_consumer(server: ServerProcess, group: str, topic: str, await_duration: int = 2) -> SimpleConsumer:
-    consumer = SimpleConsumer(config(server), group, {topic: FilterExpression()}, await_duration=await_duration)
+def start_consumer(
+    server: ServerProcess, group: str, topic: str, await_duration: int = 2
+) -> SimpleConsumer:
+    consumer = SimpleConsumer(
+        config(server), group, {topic: FilterExpression()}, await_duration=await_duration
+    )
     consumer.startup()
     return consumer
 
@@ -154,7 +160,9 @@ def test_example_flow_delivers_exactly_the_committed_messages_once(server: Serve
                 checker.status[receipt.message_id] = UNKNOWN
         # Half messages are invisible: nothing but the direct commits so far.
         first = receive_and_ack(consumer)
-        assert {m.message_id for m in first} <= {mid for mid, b in expected.items() if int(b.split("-")[1]) % 4 == 0}
+        assert {m.message_id for m in first} <= {
+            mid for mid, b in expected.items() if int(b.split("-")[1]) % 4 == 0
+        }
         for message_id, body in halves.items():
             if int(body.split("-")[1]) % 4 == 3:
                 checker.status[message_id] = TransactionResolution.ROLLBACK
@@ -192,7 +200,9 @@ def test_unknown_forever_is_parked_after_the_check_limit_and_resumes(server: Ser
         def parked() -> list[dict]:
             code, body = server.admin_call("GET", "/v1/transactions/parked")
             assert code == 200, body
-            return [t for t in body["transactions"] if t["transaction_id"] == receipt.transaction_id]  # type: ignore[index]
+            return [
+                t for t in body["transactions"] if t["transaction_id"] == receipt.transaction_id
+            ]  # type: ignore[index]
 
         (entry,) = wait_until(parked, 20, "the transaction parked after the check limit")  # type: ignore[misc]
         assert entry["checks_sent"] == CHECK_MAX and entry["state"] == "parked"
@@ -202,7 +212,9 @@ def test_unknown_forever_is_parked_after_the_check_limit_and_resumes(server: Ser
         assert checker.asked[receipt.message_id] == CHECK_MAX
 
         checker.status[receipt.message_id] = TransactionResolution.COMMIT
-        code, resumed = server.admin_call("POST", f"/v1/transactions/{receipt.transaction_id}/resume")
+        code, resumed = server.admin_call(
+            "POST", f"/v1/transactions/{receipt.transaction_id}/resume"
+        )
         assert code == 200, resumed
         assert resumed["state"] == "prepared" and resumed["checks_sent"] == 0  # type: ignore[index]
         got: list[Message] = []
@@ -257,6 +269,7 @@ def test_commits_wake_long_polling_consumers(server: ServerProcess) -> None:
     # One consumer for every round: each round's message is the only new one it can get.
     consumer = start_consumer(server, group, topic, await_duration=20)
     try:
+
         def wait_for_commit(commit: callable) -> tuple[float, list[Message]]:  # type: ignore[valid-type]
             poll = LongPoll(consumer)
             # This module's server has no other consumer by now: wait for earlier polls to go.
@@ -283,7 +296,9 @@ def test_commits_wake_long_polling_consumers(server: ServerProcess) -> None:
             receipt = producer.send(half(topic, "checked"), producer.begin_transaction())
             checker.status[receipt.message_id] = TransactionResolution.COMMIT
             with checker.changed:
-                assert checker.changed.wait_for(lambda: receipt.message_id in checker.answered_at, 15)
+                assert checker.changed.wait_for(
+                    lambda: receipt.message_id in checker.answered_at, 15
+                )
             return checker.answered_at[receipt.message_id]
 
         lag, got = wait_for_commit(by_check)
@@ -299,7 +314,9 @@ def test_commits_wake_long_polling_consumers(server: ServerProcess) -> None:
 
         def by_group() -> float:
             async def scenario() -> float:
-                async with TransactionProducer(server.grpc, unique("pg"), Never()) as group_producer:
+                async with TransactionProducer(
+                    server.grpc, unique("pg"), Never()
+                ) as group_producer:
                     txn = group_producer.begin_group()
                     await txn.send(HalfmoonMessage(topic, b"group-1"))
                     await txn.send(HalfmoonMessage(topic, b"group-2"))

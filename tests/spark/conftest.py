@@ -30,7 +30,10 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     session = build_session(
         "halfmoon-tests",
         "local[2]",
-        {"spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("warehouse")), "spark.driver.memory": "1g"},
+        {
+            "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("warehouse")),
+            "spark.driver.memory": "1g",
+        },
     )
     session.sparkContext.setLogLevel("ERROR")
     yield session

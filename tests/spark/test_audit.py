@@ -20,7 +20,9 @@ from halfmoon.client import Message, SyncProducer
 from halfmoon.spark.jobs.audit import AuditError, AuditSpec, run_audit
 from tests.server.conftest import ROOT
 
-POSTGRES_URL = os.environ.get("HALFMOON_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+POSTGRES_URL = os.environ.get(
+    "HALFMOON_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
 
 
 def _postgres() -> str:
@@ -49,8 +51,15 @@ def _plant(server, url: str, *, clean: bool) -> tuple[str, str]:
     table, topic = f"orders_{suffix}", f"orders-{suffix}"
     engine = sa.create_engine(url)
     with engine.begin() as connection:
-        connection.execute(sa.text(f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, order_key VARCHAR(40) NOT NULL)"))
-        connection.execute(sa.text(f"INSERT INTO {table} (id, order_key) VALUES (:id, :key)"), [{"id": i, "key": f"order-{i}"} for i in range(1, 41)])
+        connection.execute(
+            sa.text(
+                f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, order_key VARCHAR(40) NOT NULL)"
+            )
+        )
+        connection.execute(
+            sa.text(f"INSERT INTO {table} (id, order_key) VALUES (:id, :key)"),
+            [{"id": i, "key": f"order-{i}"} for i in range(1, 41)],
+        )
     engine.dispose()
     keys = [f"order-{i}" for i in range(1, 41)]
     if not clean:
@@ -62,16 +71,28 @@ def _plant(server, url: str, *, clean: bool) -> tuple[str, str]:
     return table, topic
 
 
-def test_audit_finds_planted_inconsistencies_and_passes_a_clean_run(spark, server, database: str) -> None:
+def test_audit_finds_planted_inconsistencies_and_passes_a_clean_run(
+    spark, server, database: str
+) -> None:
     table, topic = _plant(server, database, clean=False)
-    report = run_audit(spark, AuditSpec(database, table, "order_key", server.grpc, topic, primary_key="id", partitions=3))
+    report = run_audit(
+        spark,
+        AuditSpec(database, table, "order_key", server.grpc, topic, primary_key="id", partitions=3),
+    )
     assert not report.consistent
     assert (report.rows, report.messages) == (40, 41)
     assert (report.lost, report.phantom, report.duplicate) == (1, 1, 1)
-    assert report.samples == {"lost": ["order-7"], "phantom": ["order-99"], "duplicate": ["order-12"]}
+    assert report.samples == {
+        "lost": ["order-7"],
+        "phantom": ["order-99"],
+        "duplicate": ["order-12"],
+    }
 
     table, topic = _plant(server, database, clean=True)
-    report = run_audit(spark, AuditSpec(database, table, "order_key", server.grpc, topic, primary_key="id", partitions=3))
+    report = run_audit(
+        spark,
+        AuditSpec(database, table, "order_key", server.grpc, topic, primary_key="id", partitions=3),
+    )
     assert report.consistent, report.text()
     assert (report.rows, report.messages) == (40, 40)
 

@@ -55,12 +55,21 @@ def test_a_dead_runs_uncommitted_marker_wins_and_the_new_rows_are_rolled_back(se
     # Run A wrote batch 0 and sent its marker, then died before committing the marker group.
     wire.send_halves([Message("out", f"a-{i}".encode()) for i in range(3)], "q1:0:runA")
     marker = {PROPERTY_MARKER: "q1:0", PROPERTY_DATA_GROUP: "q1:0:runA"}
-    wire.send_halves([Message(MARKER_TOPIC, json.dumps(marker).encode(), tag=marker_tag("q1:0"), properties=marker)], "q1:0")
+    wire.send_halves(
+        [
+            Message(
+                MARKER_TOPIC, json.dumps(marker).encode(), tag=marker_tag("q1:0"), properties=marker
+            )
+        ],
+        "q1:0",
+    )
     # Run B replays batch 0 and commits: both markers are committed; the first one wins.
     wire.send_halves([Message("out", f"b-{i}".encode()) for i in range(3)], "q1:0:runB")
     assert protocol.commit("q1", 0, "q1:0:runB", "out") == "q1:0:runA"
     assert _bodies(wire) == [b"a-0", b"a-1", b"a-2"]
-    assert server.admin_call("GET", "/v1/transactions?topic=out")[1]["transactions"] == []  # run B's rows rolled back
+    assert (
+        server.admin_call("GET", "/v1/transactions?topic=out")[1]["transactions"] == []
+    )  # run B's rows rolled back
 
 
 def test_a_replayed_commit_publishes_once_and_abort_rolls_back(server) -> None:

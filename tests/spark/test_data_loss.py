@@ -19,7 +19,11 @@ from tests.server.conftest import ServerProcess, wait_until
 def test_removed_messages_fail_the_read_or_are_skipped(tmp_path) -> None:
     server = ServerProcess(
         tmp_path / "data",
-        settings=("store.segment_size=1MiB", "store.retention_hours=0.0002", "store.retention_check_interval=0.2"),
+        settings=(
+            "store.segment_size=1MiB",
+            "store.retention_hours=0.0002",
+            "store.retention_check_interval=0.2",
+        ),
     ).start()
     try:
         server.create_topic("short-lived", queues=1)
@@ -29,14 +33,24 @@ def test_removed_messages_fail_the_read_or_are_skipped(tmp_path) -> None:
         wire = Wire(server.grpc)
         queue = wire.queues("short-lived")[0]
         end = wire.query_offset(queue, "latest")
-        earliest = wait_until(lambda: wire.query_offset(queue, "earliest"), 30, "retention to remove the oldest segments")
+        earliest = wait_until(
+            lambda: wire.query_offset(queue, "earliest"),
+            30,
+            "retention to remove the oldest segments",
+        )
         assert 0 < earliest < end
 
         strict = source_options({"endpoint": server.grpc, "topic": "short-lived"}, streaming=False)
-        with pytest.raises(DataLossError, match=r"\d+ messages of 'short-lived' queue 0 \(offsets 0 to \d+\) were removed"):
+        with pytest.raises(
+            DataLossError,
+            match=r"\d+ messages of 'short-lived' queue 0 \(offsets 0 to \d+\) were removed",
+        ):
             list(read_range(strict, QueueRange("short-lived", 0, 0, end)))
 
-        lenient = source_options({"endpoint": server.grpc, "topic": "short-lived", "failOnDataLoss": "false"}, streaming=False)
+        lenient = source_options(
+            {"endpoint": server.grpc, "topic": "short-lived", "failOnDataLoss": "false"},
+            streaming=False,
+        )
         batches = list(read_range(lenient, QueueRange("short-lived", 0, 0, end)))
         offsets = [o for b in batches for o in b.column("queue_offset").to_pylist()]
         assert offsets and offsets[0] >= earliest  # retention may have moved on meanwhile

@@ -26,7 +26,12 @@ def test_admit_never_moves_backwards() -> None:
 
 def test_split_cuts_long_ranges_per_queue() -> None:
     ranges = split({"t": {"0": 0, "1": 5}}, {"t": {"0": 250, "1": 5, "2": 10}}, 100)
-    assert [(r.queue_id, r.start, r.end) for r in ranges] == [(0, 0, 100), (0, 100, 200), (0, 200, 250), (2, 0, 10)]
+    assert [(r.queue_id, r.start, r.end) for r in ranges] == [
+        (0, 0, 100),
+        (0, 100, 200),
+        (0, 200, 250),
+        (2, 0, 10),
+    ]
 
 
 def test_resolve_json_needs_every_queue_and_maps_minus_two_and_one() -> None:
@@ -35,7 +40,9 @@ def test_resolve_json_needs_every_queue_and_maps_minus_two_and_one() -> None:
 
     spec = offset_spec('{"t": {"0": -2, "1": -1, "2": 7}}', "startingOffsets")
     assert resolve(spec, [("t", 0), ("t", 1), ("t", 2)], lookup) == {"t": {"0": 3, "1": 99, "2": 7}}
-    assert resolve(offset_spec("timestamp:1700000000000", "x"), [("t", 0)], lookup) == {"t": {"0": 42}}
+    assert resolve(offset_spec("timestamp:1700000000000", "x"), [("t", 0)], lookup) == {
+        "t": {"0": 42}
+    }
     with pytest.raises(SparkOptionError, match="queue 3"):
         resolve(spec, [("t", 3)], lookup)
 
@@ -48,7 +55,9 @@ def test_bad_options_say_what_to_do() -> None:
     with pytest.raises(SparkOptionError, match="endingOffsets is for batch"):
         source_options({"endpoint": "h:1", "topic": "t", "endingOffsets": "latest"}, streaming=True)
     with pytest.raises(SparkOptionError, match="maxRecordsPerTrigger"):
-        source_options({"endpoint": "h:1", "topic": "t", "maxRecordsPerTrigger": "0"}, streaming=True)
+        source_options(
+            {"endpoint": "h:1", "topic": "t", "maxRecordsPerTrigger": "0"}, streaming=True
+        )
     with pytest.raises(SparkOptionError, match="JSON"):
         offset_spec("{oops", "startingOffsets")
 

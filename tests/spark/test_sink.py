@@ -36,11 +36,28 @@ from tests.spark.conftest import read_topic
 DRIVER_TIMEOUT = 180
 
 
-def _driver(server, checkpoint: Path, env: dict[str, str], *, admin: bool = False) -> subprocess.Popen[str]:
+def _driver(
+    server, checkpoint: Path, env: dict[str, str], *, admin: bool = False
+) -> subprocess.Popen[str]:
     if admin:
-        command = ["tests.spark.test_sink", server.grpc, server.admin, "orphan-in", "orphan-out", str(checkpoint), "40"]
+        command = [
+            "tests.spark.test_sink",
+            server.grpc,
+            server.admin,
+            "orphan-in",
+            "orphan-out",
+            str(checkpoint),
+            "40",
+        ]
     else:
-        command = ["tests.spark.sink_driver", server.grpc, "sink-in", "sink-out", str(checkpoint), "40"]
+        command = [
+            "tests.spark.sink_driver",
+            server.grpc,
+            "sink-in",
+            "sink-out",
+            str(checkpoint),
+            "40",
+        ]
     return subprocess.Popen(
         [sys.executable, "-m", *command],
         cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -48,7 +65,9 @@ def _driver(server, checkpoint: Path, env: dict[str, str], *, admin: bool = Fals
     )  # fmt: skip
 
 
-def test_driver_killed_between_broker_commit_and_checkpoint_writes_each_row_once(spark, server, tmp_path: Path) -> None:
+def test_driver_killed_between_broker_commit_and_checkpoint_writes_each_row_once(
+    spark, server, tmp_path: Path
+) -> None:
     server.create_topic("sink-in", queues=2)
     server.create_topic("sink-out", message_type="transaction", queues=2)
     with SyncProducer(server.grpc) as producer:
@@ -56,9 +75,15 @@ def test_driver_killed_between_broker_commit_and_checkpoint_writes_each_row_once
     checkpoint, failpoint = tmp_path / "checkpoint", tmp_path / "stopped-after-commit"
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYSPARK_PYTHON=sys.executable)
 
-    crashed = _driver(server, checkpoint, {**env, FAILPOINT_ENV: f"after-broker-commit={failpoint}"})
+    crashed = _driver(
+        server, checkpoint, {**env, FAILPOINT_ENV: f"after-broker-commit={failpoint}"}
+    )
     try:
-        wait_until(lambda: failpoint.exists() or crashed.poll() is not None, DRIVER_TIMEOUT, "the driver to reach the failpoint")
+        wait_until(
+            lambda: failpoint.exists() or crashed.poll() is not None,
+            DRIVER_TIMEOUT,
+            "the driver to reach the failpoint",
+        )
         assert failpoint.exists(), crashed.communicate()[0][-3000:]
         os.killpg(crashed.pid, signal.SIGKILL)
     finally:
@@ -87,7 +112,9 @@ def _pending(server, topic: str) -> list[dict]:
     return server.admin_call("GET", f"/v1/transactions?topic={topic}")[1]["transactions"]
 
 
-def test_driver_killed_before_the_commit_point_leaves_no_pending_group_after_restart(spark, server, tmp_path: Path) -> None:
+def test_driver_killed_before_the_commit_point_leaves_no_pending_group_after_restart(
+    spark, server, tmp_path: Path
+) -> None:
     server.create_topic("orphan-in", queues=2)
     server.create_topic("orphan-out", message_type="transaction", queues=2)
     with SyncProducer(server.grpc) as producer:
@@ -95,9 +122,15 @@ def test_driver_killed_before_the_commit_point_leaves_no_pending_group_after_res
     checkpoint, failpoint = tmp_path / "checkpoint", tmp_path / "stopped-before-marker"
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYSPARK_PYTHON=sys.executable)
 
-    crashed = _driver(server, checkpoint, {**env, FAILPOINT_ENV: f"before-marker={failpoint}"}, admin=True)
+    crashed = _driver(
+        server, checkpoint, {**env, FAILPOINT_ENV: f"before-marker={failpoint}"}, admin=True
+    )
     try:
-        wait_until(lambda: failpoint.exists() or crashed.poll() is not None, DRIVER_TIMEOUT, "the driver to reach the failpoint")
+        wait_until(
+            lambda: failpoint.exists() or crashed.poll() is not None,
+            DRIVER_TIMEOUT,
+            "the driver to reach the failpoint",
+        )
         assert failpoint.exists(), crashed.communicate()[0][-3000:]
         os.killpg(crashed.pid, signal.SIGKILL)
     finally:
@@ -131,11 +164,15 @@ def test_the_sweep_rolls_back_only_other_runs_unnamed_groups_up_to_the_batch(ser
     }
     for name, group in groups.items():
         wire.send_halves([Message("sweep-out", name.encode())], group)
-    protocol = CommitProtocol(SinkOptions(server.grpc, "sweep-out", None, MARKER_TOPIC, server.admin))
+    protocol = CommitProtocol(
+        SinkOptions(server.grpc, "sweep-out", None, MARKER_TOPIC, server.admin)
+    )
     # A run died between the commit point and committing its data group: q9:0's committed
     # marker names a group that is still pending.
     marker = {PROPERTY_MARKER: "q9:0", PROPERTY_DATA_GROUP: groups["named"]}
-    wire.send_halves([Message(MARKER_TOPIC, b"{}", tag=marker_tag("q9:0"), properties=marker)], "q9:0")
+    wire.send_halves(
+        [Message(MARKER_TOPIC, b"{}", tag=marker_tag("q9:0"), properties=marker)], "q9:0"
+    )
     wire.end_group("q9:0", MARKER_TOPIC, commit=True)
     wire.send_halves([Message("sweep-out", b"run-b")], "q9:1:2000s2")
 
@@ -160,7 +197,9 @@ def read_topic_bodies(server, topic: str) -> list:
     return out
 
 
-def _admin_driver(endpoint: str, admin: str, source: str, target: str, checkpoint: str, limit: str) -> int:
+def _admin_driver(
+    endpoint: str, admin: str, source: str, target: str, checkpoint: str, limit: str
+) -> int:
     from halfmoon.spark import build_session
 
     spark = build_session("halfmoon-sink-driver", "local[2]")

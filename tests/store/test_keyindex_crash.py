@@ -51,7 +51,9 @@ def test_entries_put_after_the_last_flush_are_redispatched_after_a_crash(tmp_pat
             index.put_keys("t", [f"k{i % 3}", f"u{i}"], 100 * i, 1_000 + 10 * i)
         for i in range(16):
             assert index.query("t", f"u{i}", *FOREVER, 10) == [100 * i]
-        assert index.query("t", "k0", *FOREVER, 100) == [100 * i for i in range(15, -1, -1) if i % 3 == 0]
+        assert index.query("t", "k0", *FOREVER, 100) == [
+            100 * i for i in range(15, -1, -1) if i % 3 == 0
+        ]
     finally:
         index.close()
     reopened = KeyIndex(tmp_path, slots=7, max_entries=50)

@@ -36,8 +36,18 @@ def test_round_trip(message, queue_offset, commit_log_offset, store_timestamp, s
     data = record.encode(message, queue_offset, commit_log_offset, store_timestamp, store_host)
     decoded = record.decode(data)
     assert decoded.size == len(data)
-    for name in ("topic", "body", "queue_id", "properties", "flags", "sys_flag",
-                 "born_timestamp", "born_host", "reconsume_times", "prepared_transaction_offset"):
+    for name in (
+        "topic",
+        "body",
+        "queue_id",
+        "properties",
+        "flags",
+        "sys_flag",
+        "born_timestamp",
+        "born_host",
+        "reconsume_times",
+        "prepared_transaction_offset",
+    ):
         assert getattr(decoded, name) == getattr(message, name)
     assert (decoded.queue_offset, decoded.commit_log_offset) == (queue_offset, commit_log_offset)
     assert (decoded.store_timestamp, decoded.store_host) == (store_timestamp, store_host)

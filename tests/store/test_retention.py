@@ -59,5 +59,8 @@ def test_disk_usage_above_ratio_deletes_until_one_segment(tmp_path):
         assert store.run_retention(T0) == 0 and segments > 2
         usage["ratio"] = 0.9
         assert store.run_retention(T0) == segments - 1
-        assert store.stats().commit_log_min_offset == store.stats().commit_log_max_offset // SEGMENT * SEGMENT
+        assert (
+            store.stats().commit_log_min_offset
+            == store.stats().commit_log_max_offset // SEGMENT * SEGMENT
+        )
         assert store.put([message(999)])[0].queue_offset == 200

@@ -63,9 +63,11 @@ def test_queue_offsets_are_per_queue_and_survive_restart(tmp_path):
 
 def test_concurrent_appends_get_dense_offsets(tmp_path):
     with open_store(tmp_path) as store:
+
         def work(n):
             for i in range(100):
                 store.append([message(n * 1000 + i, size=50)])
+
         threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
         for t in threads:
             t.start()
@@ -77,9 +79,11 @@ def test_concurrent_appends_get_dense_offsets(tmp_path):
 
 def test_sync_group_commit_shares_fsyncs(tmp_path):
     with open_store(tmp_path, flush="sync", segment_size=4 << 20) as store:
+
         def work(n):
             for i in range(30):
                 store.put([message(n * 1000 + i, queue_id=n % 4, size=200)])
+
         threads = [threading.Thread(target=work, args=(n,)) for n in range(64)]
         for t in threads:
             t.start()
@@ -95,7 +99,9 @@ def test_sync_visibility_waits_for_fsync(tmp_path):
     with open_store(tmp_path, flush="sync") as store:
         seen = []
         visible_when_called = []
-        store.add_listener(lambda r: (seen.append(r), visible_when_called.append(store.max_offset("orders", 0))))
+        store.add_listener(
+            lambda r: (seen.append(r), visible_when_called.append(store.max_offset("orders", 0)))
+        )
         gate = threading.Event()
         real_sync = store._commitlog.sync
         store._commitlog.sync = lambda up_to=None: (gate.wait(10), real_sync(up_to))[1]
@@ -127,8 +133,13 @@ def test_query_by_key_and_unique_id_with_time_range(tmp_path):
         clock["now"] = 2000.0
         store.put([message(2, KEYS="key-1 extra")])
         store.put([message(3, topic="elsewhere", KEYS="key-1")])
-        assert [m.unique_id for m in store.query_by_key("orders", "key-1")] == ["id-orders-2", "id-orders-1"]
-        assert [m.unique_id for m in store.query_by_key("orders", "key-1", 1_500_000)] == ["id-orders-2"]
+        assert [m.unique_id for m in store.query_by_key("orders", "key-1")] == [
+            "id-orders-2",
+            "id-orders-1",
+        ]
+        assert [m.unique_id for m in store.query_by_key("orders", "key-1", 1_500_000)] == [
+            "id-orders-2"
+        ]
         assert store.query_by_key("orders", "id-orders-1")[0].queue_offset == 0
         assert store.query_by_key("orders", "missing") == []
 

@@ -83,13 +83,20 @@ def test_a_record_fsynced_during_its_own_append_is_visible_and_announced(tmp_pat
         got = store.get("orders", 0, result.queue_offset, 1)
         assert got.status is GetStatus.FOUND, got.status  # ...so it must be readable from its queue
         assert got.messages[0].commit_log_offset == result.commit_log_offset
-        assert arrived.wait(WAIT_S) and [r.commit_log_offset for r in seen] == [result.commit_log_offset]
+        assert arrived.wait(WAIT_S) and [r.commit_log_offset for r in seen] == [
+            result.commit_log_offset
+        ]
 
 
 def test_records_after_the_fsynced_one_wait_for_their_own_fsync(tmp_path) -> None:
     with open_store(tmp_path, flush="sync") as store:
         with fsync_inside_next_append(store):
-            first, second = store.append([message(1), message(2)])  # the fsync covers only the first
+            first, second = store.append(
+                [message(1), message(2)]
+            )  # the fsync covers only the first
         assert store.durable(second.end_offset).result(timeout=WAIT_S) is None
         got = store.get("orders", 0, 0, 10)
-        assert [m.commit_log_offset for m in got.messages] == [first.commit_log_offset, second.commit_log_offset]
+        assert [m.commit_log_offset for m in got.messages] == [
+            first.commit_log_offset,
+            second.commit_log_offset,
+        ]

@@ -127,17 +127,23 @@ class ScanReport:
 
 
 class CheckService:
-    def __init__(self, service: TransactionService, config: TransactionConfig, start_ms: int) -> None:
+    def __init__(
+        self, service: TransactionService, config: TransactionConfig, start_ms: int
+    ) -> None:
         self._service = service
         self._config = config
         self._sender: CheckSender | None = None
         self._next_scan_ms = start_ms + config.check_interval_ms
         self._lock = threading.Lock()
-        self._todo: collections.deque[int] = collections.deque()  # the current scan's remaining work
+        self._todo: collections.deque[int] = (
+            collections.deque()
+        )  # the current scan's remaining work
         self._report: ScanReport | None = None
         self._scan_now_ms = 0
         self._started = 0.0
-        self._refused: set[tuple[str | None, str]] = set()  # (producer group, topic) with no room this scan
+        self._refused: set[tuple[str | None, str]] = (
+            set()
+        )  # (producer group, topic) with no room this scan
         self.last_report: ScanReport | None = None
 
     def set_sender(self, sender: CheckSender | None) -> None:
@@ -282,7 +288,9 @@ class CheckService:
                     self._failed(report, half_offset)
                 return
             if len(taken) != len(wanted):
-                raise RuntimeError(f"CheckSender answered {len(taken)} results for {len(wanted)} checks")
+                raise RuntimeError(
+                    f"CheckSender answered {len(taken)} results for {len(wanted)} checks"
+                )
         else:
             taken = self._send_one_by_one(sender, wanted, report)
         took_by_pair: dict[tuple[str | None, str], bool] = {}
@@ -313,7 +321,9 @@ class CheckService:
                     report.skipped += 1
                     taken.append(None)
                     continue
-                taken.append(bool(sender.send_check(r.producer_group, r.topic, r.message, r.transaction_id)))  # type: ignore[attr-defined]
+                taken.append(
+                    bool(sender.send_check(r.producer_group, r.topic, r.message, r.transaction_id))
+                )  # type: ignore[attr-defined]
             except Exception:
                 self._failed(report, half_offset)
                 taken.append(None)

@@ -34,7 +34,12 @@ from halfmoon.store.message import Message, StoredMessage, SysFlag
 _MASK = int(SysFlag.TRANSACTION_MASK)
 _PREPARED = int(SysFlag.TRANSACTION_PREPARED)
 _COMMITTED = int(SysFlag.TRANSACTION_COMMITTED)
-_ROUTING = (PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TRANSACTION_PREPARED, PROPERTY_CHECK_IMMUNITY)
+_ROUTING = (
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_CHECK_IMMUNITY,
+)
 
 
 @dataclass(slots=True)
@@ -62,7 +67,9 @@ class PendingTxn:
         return encode_transaction_id(self.half_offset)
 
 
-def make_half(record: Message, real_topic: str, real_queue_id: int, immunity_s: int | None) -> Message:
+def make_half(
+    record: Message, real_topic: str, real_queue_id: int, immunity_s: int | None
+) -> Message:
     """Turn a planned record for ``real_topic`` into its half record (in place; returned)."""
     props = record.properties
     props[PROPERTY_REAL_TOPIC] = real_topic

@@ -59,7 +59,12 @@ def read_queue(store: Store, topic: str, start: int) -> Iterator[StoredMessage]:
     while True:
         result = store.get(topic, QUEUE_ID, offset, _READ_BATCH)
         if result.status is GetStatus.OFFSET_TOO_SMALL:
-            log.error("event=transaction_records_expired topic=%s from=%d to=%d", topic, offset, result.next_offset)
+            log.error(
+                "event=transaction_records_expired topic=%s from=%d to=%d",
+                topic,
+                offset,
+                result.next_offset,
+            )
             offset = result.next_offset
             continue
         if not result.messages:
@@ -92,7 +97,9 @@ def recover(service: TransactionService) -> None:
             try:
                 half = store.read_at(int(half_offset))
             except NotFound:
-                log.error("event=half_message_lost half_offset=%s: removed before a decision", half_offset)
+                log.error(
+                    "event=half_message_lost half_offset=%s: removed before a decision", half_offset
+                )
                 replayed = True
                 continue
             entry = pending_from_half(half, half.store_timestamp, config.timeout_ms)
@@ -137,7 +144,9 @@ def recover(service: TransactionService) -> None:
         for group in list(service.groups.members):
             decided = service._group_decision(group)
             if decided is not None:
-                log.warning("event=group_decision_resumed group=%s decision=%s", group, decided[0].value)
+                log.warning(
+                    "event=group_decision_resumed group=%s decision=%s", group, decided[0].value
+                )
                 service.groups.unfinished[group] = decided[0]
                 finished += service.finish_group(group)[0]
         service.counters.redone_commits_total += finished

@@ -82,7 +82,11 @@ from halfmoon.store.message import Message, StoredMessage
 
 log = logging.getLogger(__name__)
 
-RESOLUTIONS = {"commit": TxnEvent.COMMIT, "rollback": TxnEvent.ROLLBACK, "unknown": TxnEvent.UNKNOWN}
+RESOLUTIONS = {
+    "commit": TxnEvent.COMMIT,
+    "rollback": TxnEvent.ROLLBACK,
+    "unknown": TxnEvent.UNKNOWN,
+}
 SOURCES = ("client", "check", "operator")
 # Time from half message to decision, in ms (upper bounds of the histogram buckets).
 LATENCY_BUCKETS_MS = (10, 50, 100, 500, 1_000, 5_000, 10_000, 30_000, 60_000, 300_000, 3_600_000)
@@ -260,7 +264,9 @@ class TransactionService:
                 entry = None
             if entry is None:
                 state, end_offset = self._decision_of(half_offset, transaction_id)
-                return EndResult(next_state(state, event, transaction_id=transaction_id), end_offset, False)
+                return EndResult(
+                    next_state(state, event, transaction_id=transaction_id), end_offset, False
+                )
             if (message_id and message_id != entry.message_id) or (topic and topic != entry.topic):
                 raise InvalidTransactionId(
                     f"transaction {transaction_id!r} belongs to message {entry.message_id!r} of topic "
@@ -308,7 +314,9 @@ class TransactionService:
             self.counters.committed_total += 1
         else:
             self.counters.rolled_back_total += 1
-        self._latency[bisect.bisect_left(LATENCY_BUCKETS_MS, self.clock.now_ms() - entry.stored_ms)] += 1
+        self._latency[
+            bisect.bisect_left(LATENCY_BUCKETS_MS, self.clock.now_ms() - entry.stored_ms)
+        ] += 1
 
     def remember(self, half_offset: int, state: TxnState, end_offset: int) -> None:
         self._decided[half_offset] = (state, end_offset)
@@ -404,8 +412,14 @@ class TransactionService:
             return hit
         for stored in self.store.query_by_key(OP_TOPIC, group_key(group), max_results=8):
             op = parse_op(stored)
-            if op is not None and op.group == group and op.kind in (OpKind.GROUP_COMMIT, OpKind.GROUP_ROLLBACK):
-                state = TxnState.COMMITTED if op.kind is OpKind.GROUP_COMMIT else TxnState.ROLLED_BACK
+            if (
+                op is not None
+                and op.group == group
+                and op.kind in (OpKind.GROUP_COMMIT, OpKind.GROUP_ROLLBACK)
+            ):
+                state = (
+                    TxnState.COMMITTED if op.kind is OpKind.GROUP_COMMIT else TxnState.ROLLED_BACK
+                )
                 self.groups.remember(group, state, 0)
                 return state, 0
         return None
@@ -418,9 +432,13 @@ class TransactionService:
             retry_ms = self.config.retry_ms
             for h, e in self.pending.items():
                 if e.due_ms <= now_ms:
-                    self.drop_record(e)  # an orphan, most likely: no need to keep its body in memory
-                    if e.state is TxnState.PREPARED and e.group is None and (
-                        e.last_check_ms is None or e.last_check_ms + retry_ms <= now_ms
+                    self.drop_record(
+                        e
+                    )  # an orphan, most likely: no need to keep its body in memory
+                    if (
+                        e.state is TxnState.PREPARED
+                        and e.group is None
+                        and (e.last_check_ms is None or e.last_check_ms + retry_ms <= now_ms)
                     ):
                         due.append(h)
             return due
@@ -431,7 +449,10 @@ class TransactionService:
             entry = self.pending.get(half_offset)
             if entry is None or entry.state is not TxnState.PREPARED or entry.due_ms > now_ms:
                 return None
-            if entry.last_check_ms is not None and entry.last_check_ms + self.config.retry_ms > now_ms:
+            if (
+                entry.last_check_ms is not None
+                and entry.last_check_ms + self.config.retry_ms > now_ms
+            ):
                 return None  # its last check may still be answered: do not spend another
             return entry
 
@@ -486,7 +507,12 @@ class TransactionService:
                 return False
             new = next_state(entry.state, TxnEvent.PARK, transaction_id=entry.transaction_id)
             half = self.read_half(entry.half_offset, entry.half_end)
-            self._append([op_message(Op(OpKind.PARKED, half_offset, checks=entry.checks)), parked_from_half(half)])
+            self._append(
+                [
+                    op_message(Op(OpKind.PARKED, half_offset, checks=entry.checks)),
+                    parked_from_half(half),
+                ]
+            )
             entry.state = new
             self.counters.parked_total += 1
             log.warning(
@@ -610,7 +636,11 @@ class TransactionService:
 
     # -- internals -------------------------------------------------------------------
     def _half_of(self, entry: PendingTxn) -> Message | StoredMessage:
-        return entry.record if entry.record is not None else self.read_half(entry.half_offset, entry.half_end)
+        return (
+            entry.record
+            if entry.record is not None
+            else self.read_half(entry.half_offset, entry.half_end)
+        )
 
     def read_half(self, half_offset: int, half_end: int) -> StoredMessage:
         """The half record; waits for it when it is written but not yet readable (sync flush)."""

@@ -92,7 +92,9 @@ class AuditReport:
 def _identifier(name: str, what: str) -> str:
     # Table and column names go into SQL text: only plain (optionally schema-qualified) names.
     if not name or not all(part.replace("_", "").isalnum() for part in name.split(".")):
-        raise AuditError(f"{what} {name!r} is not a plain SQL name (letters, digits, '_', optionally schema.table)")
+        raise AuditError(
+            f"{what} {name!r} is not a plain SQL name (letters, digits, '_', optionally schema.table)"
+        )
     return name
 
 
@@ -130,23 +132,36 @@ def table_keys(spark: SparkSession, spec: AuditSpec) -> DataFrame:
     engine = sa.create_engine(spec.database_url)
     try:
         with engine.connect() as connection:
-            low, high = connection.execute(sa.text(f"SELECT MIN({pk}), MAX({pk}) FROM {spec.table}")).one()  # noqa: S608
+            low, high = connection.execute(
+                sa.text(f"SELECT MIN({pk}), MAX({pk}) FROM {spec.table}")
+            ).one()  # noqa: S608
     except sa.exc.SQLAlchemyError as exc:
-        raise AuditError(f"cannot read {spec.table!r} at {engine.url.render_as_string(hide_password=True)}: {exc.__class__.__name__}: {str(exc).splitlines()[0]}") from None
+        raise AuditError(
+            f"cannot read {spec.table!r} at {engine.url.render_as_string(hide_password=True)}: {exc.__class__.__name__}: {str(exc).splitlines()[0]}"
+        ) from None
     finally:
         engine.dispose()
     if low is None:
         return spark.createDataFrame([], "key string")
     if not isinstance(low, int) or not isinstance(high, int):
-        raise AuditError(f"primary key column {pk!r} is not an integer; name an integer column with --primary-key to split the read")
+        raise AuditError(
+            f"primary key column {pk!r} is not an integer; name an integer column with --primary-key to split the read"
+        )
     ranges = key_ranges(low, high, max(spec.partitions, 1))
-    rdd = spark.sparkContext.parallelize(ranges, len(ranges)).mapPartitions(lambda part: _read_range(spec, part))
+    rdd = spark.sparkContext.parallelize(ranges, len(ranges)).mapPartitions(
+        lambda part: _read_range(spec, part)
+    )
     return spark.createDataFrame(rdd, "key string")
 
 
 def message_keys(spark: SparkSession, spec: AuditSpec) -> DataFrame:
     """One row ``(key, message_id)`` per committed message of the topic (keyless messages: key null)."""
-    messages = spark.read.format("halfmoon").option("endpoint", spec.endpoint).option("topic", spec.topic).load()
+    messages = (
+        spark.read.format("halfmoon")
+        .option("endpoint", spec.endpoint)
+        .option("topic", spec.topic)
+        .load()
+    )
     if spec.key_property:
         key = F.col("properties").getItem(spec.key_property)
     else:
@@ -174,7 +189,11 @@ def run_audit(spark: SparkSession, spec: AuditSpec) -> AuditReport:
         phantom=phantom.count(),
         duplicate=duplicate.count(),
     )
-    report.samples = {"lost": sample(lost), "phantom": sample(phantom), "duplicate": sample(duplicate)}
+    report.samples = {
+        "lost": sample(lost),
+        "phantom": sample(phantom),
+        "duplicate": sample(duplicate),
+    }
     rows.unpersist()
     messages.unpersist()
     return report

@@ -45,15 +45,27 @@ def committed_offsets(spec: StatsSpec) -> list[tuple[str, str, int, int]]:
 
 def run_stats(spark: SparkSession, spec: StatsSpec) -> DataFrame:
     """Rows ``(window_start, window_end, topic, group, messages)``; group ``-`` is messages in."""
-    reader = spark.read.format("halfmoon").option("endpoint", spec.endpoint).option("topics", ",".join(spec.topics))
+    reader = (
+        spark.read.format("halfmoon")
+        .option("endpoint", spec.endpoint)
+        .option("topics", ",".join(spec.topics))
+    )
     if spec.since_ms is not None:
         reader = reader.option("startingOffsets", f"timestamp:{spec.since_ms}")
-    messages = reader.load().select("topic", "queue_id", "queue_offset", F.window("store_timestamp", spec.window).alias("w"))
-    incoming = messages.groupBy("w", "topic").agg(F.count("*").alias("messages")).withColumn("group", F.lit("-"))
+    messages = reader.load().select(
+        "topic", "queue_id", "queue_offset", F.window("store_timestamp", spec.window).alias("w")
+    )
+    incoming = (
+        messages.groupBy("w", "topic")
+        .agg(F.count("*").alias("messages"))
+        .withColumn("group", F.lit("-"))
+    )
     result = incoming
     offsets = committed_offsets(spec)
     if offsets:
-        committed = spark.createDataFrame(offsets, "group string, topic string, queue_id int, committed bigint")
+        committed = spark.createDataFrame(
+            offsets, "group string, topic string, queue_id int, committed bigint"
+        )
         consumed = (
             messages.join(committed, ["topic", "queue_id"])
             .where(F.col("queue_offset") < F.col("committed"))
@@ -62,5 +74,9 @@ def run_stats(spark: SparkSession, spec: StatsSpec) -> DataFrame:
         )
         result = result.unionByName(consumed)
     return result.select(
-        F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"), "topic", "group", "messages"
+        F.col("w.start").alias("window_start"),
+        F.col("w.end").alias("window_end"),
+        "topic",
+        "group",
+        "messages",
     ).orderBy("window_start", "topic", "group")
