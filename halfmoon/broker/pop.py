@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,13 +78,21 @@ MAX_READS_PER_QUEUE = 4
 DeadLetter = Callable[[str, StoredMessage, int], None]
 
 
+def default_hot_data_bytes() -> int:
+    """40 % of physical memory: RocketMQ's ``accessMessageInMemoryMaxRatio`` default."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 40 // 100
+    except (ValueError, OSError):  # not on this platform: assume 4 GiB of memory
+        return 4 * 1024**3 * 40 // 100
+
+
 @dataclass(frozen=True, slots=True)
 class PopGroupSettings:
     """What pop needs to know about a consumer group."""
 
     fifo: bool = False
     max_delivery_attempts: int = 17
-    consume_from: str = "latest"  # where a new group starts: "earliest" | "latest"
+    consume_from: str = "latest"  # where a new group starts: "earliest" | "latest" | "auto"
 
 
 class PopService:
@@ -97,6 +106,7 @@ class PopService:
         dead_letter: DeadLetter,
         state_path: Path | None,
         min_receive_invisible_ms: int = MIN_RECEIVE_INVISIBLE_MS,
+        hot_data_bytes: int = 0,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -105,6 +115,7 @@ class PopService:
         self._dead_letter = dead_letter
         self._state_path = state_path
         self._min_receive_invisible_ms = min_receive_invisible_ms
+        self._hot_data_bytes = hot_data_bytes or default_hot_data_bytes()
         self._states: dict[tuple[str, str], TopicConsumption] = {}
         self._states_lock = threading.Lock()
         self._snapshot_lock = threading.Lock()
@@ -525,8 +536,8 @@ class PopService:
     ) -> None:
         """Give every readable queue a position; called with ``state.lock`` held.
 
-        "latest" applies only to a group's first contact with the topic: a queue
-        added later starts at its beginning, since all of it is news to the group.
+        "latest" and "auto" apply only to a group's first contact with the topic: a
+        queue added later starts at its beginning, since all of it is news to the group.
         """
         queues = state.queues
         first_contact = not queues
@@ -535,10 +546,31 @@ class PopService:
                 continue
             if first_contact and settings.consume_from == "latest":
                 start = self._store.max_offset(state.topic, queue_id)
+            elif first_contact and settings.consume_from == "auto":
+                start = self._auto_start(state.topic, queue_id)
             else:
                 start = self._store.min_offset(state.topic, queue_id)
             queues[queue_id] = QueueConsumption(start)
             state.dirty = True
+
+    def _auto_start(self, topic: str, queue_id: int) -> int:
+        """RocketMQ 5's first pop position (``PopMessageProcessor.getInitOffset``, mode MAX).
+
+        The queue's first message when the queue still starts at offset 0 and that
+        message is hot (``initPopOffsetByCheckMsgInMem``): a consumer started right
+        after its producer gets everything. Otherwise the queue's last message, so
+        the newest one is still delivered but an old backlog is not replayed.
+        """
+        end = self._store.max_offset(topic, queue_id)
+        if end == 0:
+            return 0
+        if self._store.min_offset(topic, queue_id) == 0:
+            first = self._store.get(topic, queue_id, 0, max_messages=1)
+            if first.messages and first.messages[0].queue_offset == 0:
+                log_end = self._store.stats().commit_log_max_offset
+                if log_end - first.messages[0].commit_log_offset <= self._hot_data_bytes:
+                    return 0
+        return end - 1
 
     def _read(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
         result = self._store.get(topic, queue_id, offset, max_messages=1)

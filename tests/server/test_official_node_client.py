@@ -625,3 +625,26 @@ def test_a_live_consumer_keeps_receiving_across_a_restart(
     for record in received:
         assert base64.b64decode(record["bodyBase64"]) == _body(parked[sent_c[record["messageId"]]])
     assert not _server_errors(srv.lines), srv.log_tail(60)
+
+
+def test_a_consumer_started_after_the_producer_gets_what_was_already_sent(
+    shared_server: Any, scripts: Any
+) -> None:
+    """Send first, then start a consumer of a group nobody created (the quick-start order).
+
+    The group is auto-created at its first contact and, as on RocketMQ 5, starts at
+    each hot queue's first message: nothing sent before it started is skipped.
+    """
+    topic, group = "node-late-consumer", "node-late-consumer-group"
+    _create_topic(shared_server, topic, "normal", 4)
+    messages = [{"body": f"early-{i}"} for i in range(8)]
+    produced = scripts(
+        "produce.js", {"endpoints": shared_server.grpc, "topic": topic, "messages": messages}
+    ).finish()
+    _check_sent(produced, 8, shared_server)
+    run = scripts(
+        "simple_consume.js",
+        {"endpoints": shared_server.grpc, "topic": topic, "group": group, "expect": 8, "lingerMs": 1000, "deadlineMs": 20000},
+    ).finish()  # fmt: skip
+    records = _check_consumer(run, "late consumer", shared_server)
+    assert sorted(_body(r) for r in records) == sorted(f"early-{i}".encode() for i in range(8))

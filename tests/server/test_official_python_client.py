@@ -313,3 +313,23 @@ def test_fifo_push_consumer_sees_each_group_in_order(
         assert seen == expected
     finally:
         consumer.shutdown()
+
+
+def test_consumer_started_after_the_producer_gets_what_was_already_sent(
+    server: ServerProcess, producer: Producer
+) -> None:
+    """The quick-start order: send, then start a consumer of a group nobody created.
+
+    RocketMQ 5 starts a new pop group at the queue's first message while it is
+    hot; halfmoon used to start it at the end and silently skip these.
+    """
+    topic, group = unique("late-consumer"), unique("g-late")
+    server.create_topic(topic, "normal", queues=4)
+    sent = {producer.send(message(topic, f"early-{i}")).message_id for i in range(8)}
+    consumer = simple_consumer(server, group, topic)
+    try:
+        got = receive_all(consumer, 8, timeout=15)
+        assert {m.message_id for m in got} == sent
+        assert consumer.receive(32, 15) == []
+    finally:
+        consumer.shutdown()
