@@ -333,11 +333,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if client_id:
             for topic in topics:
                 self.registry.note_topic(client_id, topic)
+        # Every entry carries a transaction id, the message id for a plain send: RocketMQ's
+        # broker answers every send so (SendMessageProcessor sets it from the message id).
         entries = [
             svc.SendResultEntry(
                 status=_OK,
                 message_id=r.message_id,
-                transaction_id=r.transaction_id or "",
+                transaction_id=r.transaction_id or r.message_id,
                 offset=r.queue_offset,
                 recall_handle=getattr(r, "recall_handle", None) or "",
             )

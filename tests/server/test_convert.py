@@ -119,7 +119,13 @@ def test_delivered_messages_carry_handle_attempt_and_an_md5_digest() -> None:
     )  # fmt: skip
     msg = convert.wire_message(view)
     sp = msg.system_properties
-    assert (msg.topic.name, msg.body, dict(msg.user_properties)) == ("t", b"body", {"p": "1"})
+    # The message group is a user property too, as RocketMQ's proxy delivers it.
+    assert (msg.topic.name, msg.body, dict(msg.user_properties)) == (
+        "t",
+        b"body",
+        {"p": "1", "__SHARDINGKEY": "g"},
+    )
+    assert view.properties == {"p": "1"}  # the view itself is left alone
     assert (sp.receipt_handle, sp.delivery_attempt, sp.queue_id, sp.queue_offset) == (
         "RH",
         2,
@@ -184,3 +190,18 @@ def test_error_codes_map_by_name_with_a_few_aliases() -> None:
     assert code_for(HalfmoonError("x", code="SOMETHING_NEW")) == pb.Code.BAD_REQUEST
     answer = status_for(ZeroDivisionError("boom"), "SendMessage")
     assert answer.code == pb.Code.INTERNAL_ERROR and "SendMessage" in answer.message
+
+
+def test_a_committed_transactional_message_shows_its_transaction_id_as_a_user_property() -> None:
+    view = MessageView(
+        topic="t", queue_id=0, queue_offset=0, message_id="M", body=b"x", tag=None, keys=[],
+        properties={"p": "1"}, message_type=MessageType.TRANSACTION, message_group=None,
+        delivery_timestamp=None, born_timestamp=0, born_host="", store_timestamp=0, store_host="",
+        commit_log_offset=0, transaction_id="T00000000000000070123ABCD",
+    )  # fmt: skip
+    assert dict(convert.wire_message(view).user_properties) == {
+        "p": "1",
+        "__transactionId__": "T00000000000000070123ABCD",
+    }
+    view.transaction_id = None
+    assert dict(convert.wire_message(view).user_properties) == {"p": "1"}
