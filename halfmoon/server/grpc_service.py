@@ -411,7 +411,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             raise Unsupported("transactional messages are not supported by this halfmoon build yet")
         if not request.transaction_id:
             raise RequestError(
-                "transaction_id is missing; use the one SendMessage returned",
+                # RocketMQ's EndTransactionActivity wording follows halfmoon's.
+                "transaction_id is missing; use the one SendMessage returned. "
+                "transaction id cannot be empty",
                 code="INVALID_TRANSACTION_ID",
             )
         resolution = _RESOLUTIONS.get(request.resolution, "unknown")

@@ -9,12 +9,18 @@ import zlib
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from halfmoon.broker.errors import BodyDigestMismatch, TopicExists, TopicNotFound
+from halfmoon.broker.errors import BodyDigestMismatch, GroupNotFound, TopicExists, TopicNotFound
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageType, MessageView
 from halfmoon.errors import HalfmoonError
 from halfmoon.server import convert
-from halfmoon.server.errors import RequestError, Unsupported, code_for, status_for
+from halfmoon.server.errors import (
+    RequestError,
+    Unsupported,
+    code_for,
+    rocketmq_wording,
+    status_for,
+)
 
 
 def wire(body: bytes = b"payload", **system: object) -> pb.Message:
@@ -205,3 +211,21 @@ def test_a_committed_transactional_message_shows_its_transaction_id_as_a_user_pr
     }
     view.transaction_id = None
     assert dict(convert.wire_message(view).user_properties) == {"p": "1"}
+
+
+def test_unknown_topic_and_group_add_rocketmqs_wording() -> None:
+    topic = status_for(TopicNotFound("TopicTest-not-exists"), "QueryRoute")
+    assert topic.code == pb.Code.TOPIC_NOT_FOUND
+    # halfmoon's sentence first, then the text RocketMQ's proxy answers (the Node.js
+    # client's own test matches /CODE: 17 {2}DESC: No topic route info .../).
+    assert topic.message.startswith("topic 'TopicTest-not-exists' does not exist")
+    assert topic.message.endswith(
+        ". CODE: 17  DESC: No topic route info in name server for the topic: TopicTest-not-exists"
+    )
+    group = status_for(GroupNotFound("g1"), "ReceiveMessage")
+    assert group.code == pb.Code.CONSUMER_GROUP_NOT_FOUND
+    assert group.message.startswith("consumer group 'g1' does not exist")
+    assert group.message.endswith(". subscription group [g1] does not exist")
+    # Errors without a RocketMQ counterpart keep halfmoon's sentence alone.
+    assert status_for(TopicExists("t")).message == TopicExists("t").message
+    assert rocketmq_wording(HalfmoonError("x", code="TOPIC_NOT_FOUND")) == ""
