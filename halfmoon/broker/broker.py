@@ -450,9 +450,16 @@ class Broker:
         batch_size: int,
         invisible_ms: int,
         client_id: str = "",
+        queue_id: int | None = None,
     ) -> list[MessageView]:
-        """Up to ``batch_size`` messages hidden for ``invisible_ms`` (0: the default); [] if none."""
-        self._check_consumable(group, topic)
+        """Up to ``batch_size`` messages hidden for ``invisible_ms`` (0: the default); [] if none.
+
+        ``queue_id`` receives from that queue only (IllegalQueueId if the topic has no
+        such readable queue).
+        """
+        config = self._check_consumable(group, topic)
+        if queue_id is not None:
+            self._check_queue(config, queue_id)
         compiled = self._filters.get(filter)
         views = self._pop.receive(
             group,
@@ -460,6 +467,7 @@ class Broker:
             compiled.compiled,
             batch_size,
             invisible_ms or self.config.default_invisible_ms,
+            queue_id,
         )
         self._out.add(len(views))
         self.statistics.record_out(group, topic, len(views))

@@ -3,9 +3,10 @@
 Consumers of a group share each queue; the broker decides who gets what.
 State per (group, topic, queue) lives in :mod:`halfmoon.broker.consumption`.
 
-receive(group, topic, filter, batch, invisible):
+receive(group, topic, filter, batch, invisible[, queue]):
   1. Walk the topic's readable queues, starting one further each call so
-     concurrent consumers spread over the queues.
+     concurrent consumers spread over the queues; or only ``queue`` when
+     one is named (a consumer receiving per assigned queue).
   2. In each queue, first take in-flight deliveries whose invisible time is
      over: one at the group's max attempts goes to the dead-letter callback
      (then counts as consumed); any other is read again from its queue and
@@ -139,10 +140,13 @@ class PopService:
         matcher: MessageFilter | None,
         batch_size: int,
         invisible_ms: int,
+        queue_id: int | None = None,
     ) -> list[MessageView]:
         """Up to ``batch_size`` messages, hidden from the group for ``invisible_ms``.
 
-        Non-blocking: [] when nothing is available (see :meth:`next_wakeup_ms`).
+        ``queue_id`` limits the receive to that queue (none from a queue that is
+        not readable). Non-blocking: [] when nothing is available (see
+        :meth:`next_wakeup_ms`).
         """
         check_invisible_ms(invisible_ms, self._min_receive_invisible_ms)
         if batch_size < 1:
@@ -156,12 +160,15 @@ class PopService:
         with state.lock:
             self._ensure_queues(state, queue_ids, settings)
             now = self._clock.now_ms()
-            start = state.rotation
-            state.rotation = (start + 1) % len(queue_ids)
-            for step in range(len(queue_ids)):
-                queue_id = queue_ids[(start + step) % len(queue_ids)]
+            if queue_id is not None:
+                walk = [queue_id] if queue_id in queue_ids else []
+            else:
+                start = state.rotation
+                state.rotation = (start + 1) % len(queue_ids)
+                walk = queue_ids[start:] + queue_ids[:start]
+            for walked in walk:
                 self._receive_queue(
-                    state, queue_id, settings, matcher, batch_size, now, invisible_ms, out
+                    state, walked, settings, matcher, batch_size, now, invisible_ms, out
                 )
                 if len(out) >= batch_size:
                     break
