@@ -124,7 +124,10 @@ def http_status(exc: HalfmoonError) -> int:
 
 
 # A body already read and rewritten (its names namespaced) by admin_namespace.
-BODY_KEY = "halfmoon.body"
+# (web.RequestKey exists from aiohttp 3.12; older ones take the plain string.)
+BODY_KEY: Any = (
+    web.RequestKey("halfmoon.body", dict) if hasattr(web, "RequestKey") else "halfmoon.body"
+)
 
 
 async def read_body(request: web.Request) -> dict[str, Any]:
