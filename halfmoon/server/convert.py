@@ -167,9 +167,12 @@ def outgoing_message(
     that group first. ``namespace`` is the request's ``x-mq-namespace``
     header: the topic is stored in the message's own namespace, else that one.
     """
-    if not msg.topic.name:
+    resource = msg.topic
+    topic = resource.name
+    if not topic:
         raise RequestError("message has no topic; set message.topic.name")
-    topic = ns.resolve(msg.topic, namespace)
+    if namespace or resource.resource_namespace:
+        topic = ns.resolve(resource, namespace)
     sp = msg.system_properties
     raw = msg.body  # each read of a bytes field copies it: read it once
     if sp.HasField("body_digest"):

@@ -111,6 +111,7 @@ def in_namespace(stored: str, namespace: str) -> bool:
     return split(stored)[0] == namespace
 
 
+@functools.lru_cache(maxsize=4096)  # on the send path, for every message of a namespace
 def stored_name(namespace: str, name: str, kind: str = "topic") -> str:
     """``wrap`` with the namespace checked and the stored name's length too.
 
