@@ -6,6 +6,7 @@ import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from halfmoon.broker.errors import IllegalGroup, IllegalTopic
+from halfmoon.broker.topics import check_topic_name, dead_letter_topic
 from halfmoon.server import namespace as ns
 from halfmoon.server.errors import Code, code_for
 
@@ -92,9 +93,12 @@ def test_stored_name_must_fit_the_topic_and_group_limits() -> None:
     with pytest.raises(IllegalTopic, match="stored as 'ns%"):
         ns.stored_name("ns", "t" * 125, "topic")  # 128 characters once namespaced
     assert ns.stored_name("ns", "t" * 124, "topic") == "ns%" + "t" * 124
-    assert ns.stored_name("ns", "g" * 200, "group") == "ns%" + "g" * 200
-    with pytest.raises(IllegalGroup):
-        ns.stored_name("ns", "g" * 253, "group")
+    # A group leaves room for its %DLQ% topic: 122 characters once namespaced.
+    assert ns.stored_name("ns", "g" * 119, "group") == "ns%" + "g" * 119
+    with pytest.raises(IllegalGroup, match="at most 122"):
+        ns.stored_name("ns", "g" * 120, "group")
+    longest = ns.stored_name("ns", "g" * 119, "group")
+    check_topic_name(dead_letter_topic(longest), allow_reserved=True)  # it can dead-letter
 
 
 def test_request_namespace_comes_from_the_resource_else_the_header() -> None:
