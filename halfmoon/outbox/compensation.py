@@ -45,7 +45,7 @@ from sqlalchemy import Connection, Table, update
 
 from halfmoon.client.message import Message, MessageView
 from halfmoon.client.push_consumer import ConsumeResult
-from halfmoon.errors import HalfmoonError, InvalidArgument
+from halfmoon.errors import InvalidArgument
 
 log = logging.getLogger("halfmoon.outbox.compensation")
 
@@ -159,12 +159,6 @@ class Compensation:
     @classmethod
     def from_message(cls, message: MessageView) -> Compensation:
         return cls.from_bytes(message.body)
-
-
-class StaleCompensation(HalfmoonError):
-    """Raised by handlers that prefer an exception to a False from :func:`apply_if_version`."""
-
-    code = "STALE_COMPENSATION"
 
 
 def apply_if_version(
