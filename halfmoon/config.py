@@ -44,7 +44,7 @@ from typing import Any
 
 from halfmoon.broker.config import BrokerConfig
 from halfmoon.broker.transactions.config import TransactionConfig
-from halfmoon.errors import InvalidArgument
+from halfmoon.errors import EXIT_USAGE, InvalidArgument
 from halfmoon.store.config import StoreConfig
 
 ENV_PREFIX = "HALFMOON_"
@@ -54,6 +54,8 @@ class ConfigError(InvalidArgument):
     """A configuration key is unknown or its value has the wrong form."""
 
     code = "ILLEGAL_CONFIG"
+    protocol_code = "BAD_REQUEST"
+    exit_code = EXIT_USAGE  # a wrong flag, variable or config file
 
 
 # The server's own section lives here, not in halfmoon.server: the server reads this

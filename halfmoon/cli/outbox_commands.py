@@ -143,7 +143,7 @@ def run_relay(args: argparse.Namespace) -> int:
         stop = _stop_on_signals()
         relay.start()
     except HalfmoonError as exc:
-        raise CliError(exc.message, exc.code) from None
+        raise CliError.of(exc) from None
     print(
         f"outbox relay running: workers={args.workers} batch={args.batch} target={target.name}",
         flush=True,
@@ -192,7 +192,7 @@ def _run_relay_processes(args: argparse.Namespace) -> int:
         stop = _stop_on_signals()
         group.start()
     except HalfmoonError as exc:
-        raise CliError(exc.message, exc.code) from None
+        raise CliError.of(exc) from None
     except RuntimeError as exc:
         raise CliError(f"{exc}; see the log above", "OUTBOX_RELAY_START_FAILED") from None
     print(

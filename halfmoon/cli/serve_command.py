@@ -86,7 +86,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         result = run(config)
     except HalfmoonError as exc:
-        raise CliError(exc.message, exc.code) from None
+        raise CliError.of(exc) from None
     except OSError as exc:
         # Typically a port already in use or an unwritable data directory.
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""

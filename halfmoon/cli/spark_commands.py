@@ -120,7 +120,7 @@ def run_audit_command(args: argparse.Namespace) -> int:
     try:
         report = run_audit(spark, spec)
     except HalfmoonError as exc:
-        raise CliError(exc.message, exc.code) from None
+        raise CliError.of(exc) from None
     finally:
         spark.stop()
     if args.json:
@@ -140,7 +140,7 @@ def run_stats_command(args: argparse.Namespace) -> int:
     try:
         rows = [r.asDict() for r in run_stats(spark, spec).collect()]
     except HalfmoonError as exc:
-        raise CliError(exc.message, exc.code) from None
+        raise CliError.of(exc) from None
     finally:
         spark.stop()
     for row in rows:

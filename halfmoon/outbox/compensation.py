@@ -60,6 +60,7 @@ class InvalidCompensation(InvalidArgument):
     """A compensation message that does not follow the format (field missing, unknown, too long)."""
 
     code = "INVALID_COMPENSATION"
+    protocol_code = "BAD_REQUEST"
 
 
 @dataclass(frozen=True)

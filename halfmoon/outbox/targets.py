@@ -39,12 +39,15 @@ AGGREGATE_ID_HEADER = "outbox_aggregate_id"
 
 class InvalidTarget(OutboxError):
     code = "OUTBOX_INVALID_TARGET"
+    protocol_code = "BAD_REQUEST"
+    http_status = 400
 
 
 class UnroutableMessage(OutboxError):
     """RabbitMQ returned a mandatory message: no queue is bound for its routing key."""
 
     code = "OUTBOX_UNROUTABLE"
+    protocol_code = "INTERNAL_ERROR"
 
 
 class PublishTarget:

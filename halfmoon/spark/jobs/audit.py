@@ -36,6 +36,7 @@ class AuditError(InvalidArgument):
     """The audit cannot run: the table, a column or the primary key range is unusable."""
 
     code = "SPARK_AUDIT_ERROR"
+    protocol_code = "BAD_REQUEST"
 
 
 @dataclass(frozen=True)
