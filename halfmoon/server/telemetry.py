@@ -28,6 +28,7 @@ from typing import Any
 from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
 from halfmoon.server.check_pacing import OutstandingChecks
+from halfmoon.server.convert import wire_message
 
 log = logging.getLogger("halfmoon.server.telemetry")
 
@@ -256,11 +257,6 @@ class ClientRegistry:
             lambda: self.send_to_producer(command, topic=topic, group=group)
         )
 
-    def send_command_threadsafe(
-        self, client_id: str, command: service_pb2.TelemetryCommand
-    ) -> Future[bool]:
-        return self._run_threadsafe(lambda: self.send_command(client_id, command))
-
     def _run_threadsafe(self, fn: Callable[[], object]) -> Future:
         result: Future = Future()
         loop = self._loop
@@ -429,8 +425,6 @@ class TelemetryCheckSender:
         round; a command queued after all reaches the producer as one extra,
         uncounted check, which it answers like any other).
         """
-        from halfmoon.server.convert import wire_message
-
         if not checks:
             return []
         commands = [
