@@ -29,6 +29,10 @@ receive so two consumers never take the same offsets. Different groups and
 topics never contend. The dead-letter callback runs with that lock held: it
 must not call back into this service for the same group and topic.
 
+A last delivery whose invisible time ends is dead-lettered in the
+background too (:meth:`PopService.revive`, from ``Broker.tick``): see
+:mod:`halfmoon.broker.revive`.
+
 Invisible-time bounds are RocketMQ's proxy defaults: a receive hides a
 message for 10 s .. 12 h, a change of invisible duration 0 .. 12 h.
 """
@@ -61,6 +65,7 @@ from halfmoon.broker.receipt import (
     check_invisible_ms,
     new_receipt_key,
 )
+from halfmoon.broker.revive import ReviveQueue, Watch
 from halfmoon.errors import InvalidArgument
 from halfmoon.store.api import GetStatus, Store
 from halfmoon.store.message import StoredMessage
@@ -115,9 +120,21 @@ class PopService:
         # snapshot: start above both the saved counter and 1024 per elapsed ms.
         first_epoch = max(snapshot.next_epoch if snapshot else 0, clock.now_ms() * 1024)
         self._epochs = itertools.count(first_epoch)
+        self._revive = ReviveQueue(self._watch_is_live, retry_ms=DEAD_LETTER_RETRY_MS)
         if snapshot:
             for state in snapshot.topics:
                 self._states[(state.group, state.topic)] = state
+                for queue_id, queue in state.queues.items():
+                    for offset, entry in queue.inflight.items():
+                        # Restored deliveries are visible at once; the first tick sorts them.
+                        self._revive.watch(
+                            entry.visible_at,
+                            state.group,
+                            state.topic,
+                            queue_id,
+                            offset,
+                            entry.epoch,
+                        )
 
     # -- receive -------------------------------------------------------------
 
@@ -219,6 +236,7 @@ class PopService:
                     queue.complete(offset)
                 else:
                     queue.hide(offset, now + DEAD_LETTER_RETRY_MS, next(self._epochs))
+                    self._watch(state, queue_id, offset, entry)
                     if settings.fifo and entry.ordered:
                         # Nothing after it may go out before it does.
                         for pending, _ in expired[index + 1 :]:
@@ -227,6 +245,8 @@ class PopService:
             else:
                 epoch = next(self._epochs)
                 queue.redeliver(offset, visible_at, epoch)
+                if entry.attempt >= settings.max_delivery_attempts:
+                    self._watch(state, queue_id, offset, entry)
                 out.append(self._finish_view(view, state.topic, entry, visible_at, invisible_ms))
         return True
 
@@ -287,6 +307,10 @@ class PopService:
                 queue.deliver(
                     stored.queue_offset, stored.commit_log_offset, visible_at, epoch, ordered
                 )
+                if settings.max_delivery_attempts <= 1:
+                    self._watch(
+                        state, queue_id, stored.queue_offset, queue.inflight[stored.queue_offset]
+                    )
                 view.delivery_attempt = 1
                 view.invisible_duration_ms = invisible_ms
                 view.receipt_handle = self._codec.encode(
@@ -337,6 +361,59 @@ class PopService:
             return False
         return True
 
+    # -- the revive scan (revive.py) ------------------------------------------
+
+    def revive(self, now: int) -> int:
+        """Dead-letter last deliveries whose invisible time is over (``Broker.tick``).
+
+        Bounded work per call; returns how many were dead-lettered (or tried).
+        """
+        return self._revive.run(now, self._revive_one)
+
+    def _watch(self, state: TopicConsumption, queue_id: int, offset: int, entry: InFlight) -> None:
+        self._revive.watch(
+            entry.visible_at, state.group, state.topic, queue_id, offset, entry.epoch
+        )
+
+    def _watch_is_live(self, watch: Watch) -> bool:
+        _, group, topic, queue_id, offset, epoch = watch
+        state = self._states.get((group, topic))
+        queue = state.queues.get(queue_id) if state is not None else None
+        entry = queue.inflight.get(offset) if queue is not None else None
+        return entry is not None and entry.epoch == epoch
+
+    def _revive_one(self, watch: Watch, now: int) -> bool:
+        _, group, topic, queue_id, offset, epoch = watch
+        state = self._states.get((group, topic))
+        if state is None or not self._watch_is_live(watch):
+            return False
+        max_attempts = self._group_settings(group).max_delivery_attempts
+        with state.lock:
+            queue = state.queues.get(queue_id)
+            entry = queue.inflight.get(offset) if queue is not None else None
+            if (
+                queue is None
+                or entry is None
+                or entry.epoch != epoch
+                or entry.visible_at > now
+                or entry.attempt < max_attempts
+            ):
+                return False  # acked, changed, redelivered, or no longer the last attempt
+            if entry.ordered and any(o < offset for o in queue.ordered):
+                # FIFO: the lower offsets of this queue go first.
+                self._revive.watch(now + DEAD_LETTER_RETRY_MS, *watch[1:])
+                return False
+            stored = self._read(topic, queue_id, offset)
+            state.dirty = True
+            if stored is None:
+                queue.complete(offset)  # gone from the store: nothing to dead-letter
+            elif self._send_to_dead_letter(group, stored, entry.attempt):
+                queue.complete(offset)
+            else:
+                queue.hide(offset, now + DEAD_LETTER_RETRY_MS, next(self._epochs))
+                self._watch(state, queue_id, offset, entry)
+            return True
+
     # -- ack and friends -----------------------------------------------------
 
     def ack(self, group: str, topic: str, handle: str) -> None:
@@ -355,11 +432,14 @@ class PopService:
         check_invisible_ms(invisible_ms, MIN_CHANGE_INVISIBLE_MS)
         receipt = self._decode(topic, handle)
         state = self._state_for_handle(group, topic)
+        max_attempts = self._group_settings(group).max_delivery_attempts
         with state.lock:
             queue, entry = self._in_flight(state, receipt)
             visible_at = self._clock.now_ms() + invisible_ms
             epoch = next(self._epochs)
             queue.hide(receipt.queue_offset, visible_at, epoch)
+            if entry.attempt >= max_attempts:
+                self._watch(state, receipt.queue_id, receipt.queue_offset, entry)
             state.dirty = True
             return self._codec.encode(
                 ReceiptHandle(
