@@ -22,10 +22,12 @@ Algorithm (``Broker.tick`` calls :meth:`PopService.revive` every
   restored from the consumption snapshot (restored deliveries are visible
   at once, so these are checked on the first tick).
 * Each tick pops the watches that are due (``visible_at <= now``), oldest
-  first: at most ``SCAN_LIMIT`` (1024) watches and at most
-  ``DEAD_LETTER_LIMIT`` (32) dead-letterings per tick, so one tick's cost
-  is bounded (a dead-lettering is a durable append); what is left waits
-  for the next tick. Each due watch is checked under its (group, topic)
+  first: at most ``SCAN_LIMIT`` (1024) watches, at most
+  ``DEAD_LETTER_LIMIT`` (32) dead-letterings and at most ``TICK_BUDGET_MS``
+  (50 ms) of real time per tick, so one tick's cost is bounded (a
+  dead-lettering is a durable append: an fsync under sync flush) and the
+  delay timer and transaction checks sharing the tick are not starved;
+  what is left waits for the next tick. Each due watch is checked under its (group, topic)
   lock, the same lock receive and ack take: if the delivery is no longer in
   flight with the same epoch (acked, its invisible time changed,
   redelivered, dead-lettered by a receive, reset) or is no longer final
@@ -54,6 +56,7 @@ from __future__ import annotations
 import heapq
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -61,6 +64,8 @@ log = logging.getLogger(__name__)
 # Due watches examined per tick, and dead-letterings (durable appends) per tick.
 SCAN_LIMIT = 1024
 DEAD_LETTER_LIMIT = 32
+# Real time one tick may spend dead-lettering before leaving the rest to the next.
+TICK_BUDGET_MS = 50
 # Compact the heap when it holds more watches than this (and twice as many as after the
 # last compaction): bounds the stale watches acked deliveries leave behind.
 COMPACT_MIN = 4096
@@ -82,12 +87,14 @@ class ReviveQueue:
         *,
         scan_limit: int = SCAN_LIMIT,
         dead_letter_limit: int = DEAD_LETTER_LIMIT,
+        budget_ms: int = TICK_BUDGET_MS,
         compact_min: int = COMPACT_MIN,
         retry_ms: int = 1_000,
     ) -> None:
         self._is_live = is_live
         self._scan_limit = scan_limit
         self._dead_letter_limit = dead_letter_limit
+        self._budget_s = budget_ms / 1000
         self._compact_min = compact_min
         self._compact_at = compact_min
         self._retry_ms = retry_ms
@@ -114,6 +121,7 @@ class ReviveQueue:
     def run(self, now: int, revive_one: ReviveOne) -> int:
         """Handle due watches within this tick's limits; the number dead-lettered (or tried)."""
         done = 0
+        started = time.monotonic()
         for _ in range(self._scan_limit):
             with self._lock:
                 if not self._heap or self._heap[0][0] > now:
@@ -133,7 +141,7 @@ class ReviveQueue:
                 )
                 self.watch(now + self._retry_ms, *item[1:])
                 break
-            if done >= self._dead_letter_limit:
+            if done >= self._dead_letter_limit or time.monotonic() - started > self._budget_s:
                 break
         return done
 

@@ -110,7 +110,11 @@ def test_dead_letterings_per_tick_are_bounded(broker: Broker) -> None:
     broker.send(*[f"m{i}" for i in range(count)])
     assert len(broker.receive(batch=count)) == count
     broker.clock.advance(INVISIBLE)
-    assert [revive(broker) for _ in range(4)] == [DEAD_LETTER_LIMIT, DEAD_LETTER_LIMIT, 5, 0]
+    per_tick = []
+    while len(broker.dead) < count and len(per_tick) < count:
+        per_tick.append(revive(broker))
+    # The real-time budget may cut a tick short on a slow machine, never the count limit.
+    assert max(per_tick) <= DEAD_LETTER_LIMIT and len(per_tick) >= 3 and sum(per_tick) == count
     assert [s.body for _, s, _ in broker.dead] == [f"m{i}".encode() for i in range(count)]
 
 
@@ -151,7 +155,7 @@ def test_fifo_dead_letters_a_queue_in_order(broker: Broker) -> None:
     revive(broker)
     assert broker.dead == []  # f0 failed; f1 and f2 wait behind it
     broker.fail_dead_letters = False
-    for _ in range(4):
+    for _ in range(10):
         broker.clock.advance(DEAD_LETTER_RETRY_MS)
         revive(broker)
     assert [s.body for _, s, _ in broker.dead] == [b"f0", b"f1", b"f2"]
@@ -182,3 +186,17 @@ def test_facade_tick_moves_the_message_to_the_dead_letter_topic(tmp_path: Path) 
         assert [(m.body, m.message_id) for m in dead] == [(b"poison", "P1")]
     finally:
         facade.close()
+
+
+def test_a_tick_stops_when_its_time_budget_is_spent() -> None:
+    queue = ReviveQueue(lambda watch: True, budget_ms=-1)  # spent before it starts
+    for offset in range(3):
+        queue.watch(0, "g", "t", 0, offset, offset)
+    handled: list[int] = []
+
+    def revive_one(watch: tuple, now: int) -> bool:
+        handled.append(watch[4])
+        return True
+
+    assert [queue.run(1, revive_one) for _ in range(4)] == [1, 1, 1, 0]
+    assert handled == [0, 1, 2]
