@@ -502,8 +502,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             views = await self._long_poll(
                 group, topic, spec, batch, invisible_ms, client_id, budget
             )
-            if renew and views:
-                self.renewer.track(client_id, group, topic, views)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001
@@ -521,6 +519,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         yield svc.ReceiveMessageResponse(
             delivery_timestamp=convert.to_timestamp(int(time.time() * 1000))
         )
+        if renew:
+            # Only once the client has them: an answer that never reached it (the call was
+            # cancelled) is left to expire, not renewed for hours.
+            self.renewer.track(client_id, group, topic, views)
 
     async def _long_poll(
         self,
