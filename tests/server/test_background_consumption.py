@@ -111,8 +111,10 @@ def test_last_delivery_is_dead_lettered_after_its_consumer_stopped(
 
 
 class SlowListener(MessageListener):
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, result: ConsumeResult = ConsumeResult.SUCCESS) -> None:
         self.seconds = seconds
+        self.result = result
+        self.started: list[float] = []
         self.deliveries: list[tuple[str, int]] = []
         self.finished: list[str] = []
         self.lock = threading.Lock()
@@ -120,10 +122,11 @@ class SlowListener(MessageListener):
     def consume(self, message: Message) -> ConsumeResult:
         with self.lock:
             self.deliveries.append((message.body.decode(), message.delivery_attempt))
+            self.started.append(time.monotonic())
         time.sleep(self.seconds)  # the listener's work, longer than the invisible time
         with self.lock:
             self.finished.append(message.body.decode())
-        return ConsumeResult.SUCCESS
+        return self.result
 
 
 def test_python_push_consumer_slower_than_the_invisible_time_gets_each_message_once(
@@ -146,6 +149,48 @@ def test_python_push_consumer_slower_than_the_invisible_time_gets_each_message_o
         assert {attempt for _, attempt in listener.deliveries} == {1}
     finally:
         consumer.shutdown()
+
+
+@pytest.mark.parametrize("fifo", [False, True], ids=["nack", "fifo-forward"])
+def test_slow_failures_are_retried_then_dead_lettered_with_the_original_handles(
+    server: ServerProcess, producer: Any, fifo: bool
+) -> None:
+    """A slow listener fails twice; the client nacks (or, FIFO, forwards to the DLQ) with
+    the handle it received, several renewals old."""
+    topic, group = unique("renewfail"), unique("grenewfail")
+    server.create_topic(topic, "fifo" if fifo else "normal", queues=1)
+    server.create_group(
+        group,
+        fifo=fifo,
+        max_delivery_attempts=2,
+        retry_policy={"kind": "customized", "levels_ms": [1000]},
+    )
+    fields = {"message_group": "mg"} if fifo else {}
+    receipt = producer.send(message(topic, "always-fails", **fields))
+    listener = SlowListener(3.0, ConsumeResult.FAILURE)
+    consumer = PushConsumer(config(server), group, listener, {topic: FilterExpression()})
+    consumer.startup()
+    try:
+        dead_letter_topic = f"%DLQ%{group}"
+        wait_until(lambda: stored_count(server, dead_letter_topic) == 1, 30, "the dead letter")
+        wait_until(lambda: settled(server, group), 10, "nothing left in flight")
+        # A FIFO push consumer retries locally, with the same delivery (attempt 1).
+        assert [attempt for _, attempt in listener.deliveries] == ([1, 1] if fifo else [1, 2])
+        first, second = listener.started
+        assert second - first >= 3.9, "redelivered while the listener still worked on it"
+    finally:
+        consumer.shutdown()
+    reader_group = unique("gdlq")
+    server.create_group(reader_group)
+    reader = simple_consumer(server, reader_group, dead_letter_topic)
+    try:
+        deadline = time.monotonic() + 10
+        dead: list[Message] = []
+        while not dead and time.monotonic() < deadline:
+            dead = reader.receive(1, 10)
+        assert [m.message_id for m in dead] == [receipt.message_id]
+    finally:
+        reader.shutdown()
 
 
 def test_node_push_consumer_slower_than_the_invisible_time_gets_each_message_once(
