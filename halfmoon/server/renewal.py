@@ -34,6 +34,9 @@ brackets) renews for them; halfmoon does the same here:
   stream that ends without the client opening another within one
   ``renew_schedule_period`` counts the same (the proxy waits for the
   client's registration to expire).
+* Only clients with an open telemetry stream are renewed for (the proxy
+  answers an auto-renew receive from a client without one with
+  MESSAGE_NOT_FOUND); halfmoon serves the receive, unrenewed.
 * At most ``renew_max_handles`` (100 000) handles are tracked; receives
   beyond that are served unrenewed, with a warning.
 
@@ -240,7 +243,9 @@ class Renewer:
 
     def track(self, client_id: str, group: str, topic: str, views: Iterable[Any]) -> None:
         """Renew these freshly received messages until released."""
-        if not self.enabled or not client_id:
+        if not self.enabled or not client_id or not self._has_stream(client_id):
+            # Without a telemetry stream nothing would tell us the client left (RocketMQ's
+            # proxy refuses such a receive): its messages simply expire.
             return
         earliest = self.book.next_due()
         for view in views:

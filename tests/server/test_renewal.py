@@ -245,7 +245,7 @@ def test_renewing_stops_with_the_group_retry_backoff_after_max_time(clock: FakeC
 def test_terminated_client_handles_become_visible_soon(clock: FakeClock) -> None:
     async def scenario() -> None:
         broker = FakeBroker()
-        renewer = make_renewer(clock, broker, {"c1"})
+        renewer = make_renewer(clock, broker, {"c1", "c2"})
         renewer.track("c1", "g", "t", [View("a"), View("b")])
         renewer.track("c2", "g", "t", [View("c")])
         renewer.close()
@@ -262,10 +262,11 @@ def test_terminated_client_handles_become_visible_soon(clock: FakeClock) -> None
 def test_a_closed_stream_releases_handles_unless_the_client_reconnects(clock: FakeClock) -> None:
     async def scenario() -> None:
         broker = FakeBroker()
-        streams = {"back"}
+        streams = {"back", "gone"}
         renewer = make_renewer(clock, broker, streams)
         renewer.track("gone", "g", "t", [View("a")])
         renewer.track("back", "g", "t", [View("b")])
+        streams.discard("gone")
         renewer.close()
         renewer._closed = False
         renewer.stream_closed("gone")
@@ -277,6 +278,16 @@ def test_a_closed_stream_releases_handles_unless_the_client_reconnects(clock: Fa
         for _ in range(5):
             await asyncio.sleep(0)
         assert broker.changes == [("a", 1_000)] and len(renewer.book) == 1
+
+    run(scenario)
+
+
+def test_a_client_without_a_telemetry_stream_is_not_renewed_for(clock: FakeClock) -> None:
+    async def scenario() -> None:
+        renewer = make_renewer(clock, FakeBroker(), {"c1"})
+        renewer.track("nostream", "g", "t", [View("a")])
+        assert len(renewer.book) == 0
+        renewer.close()
 
     run(scenario)
 
