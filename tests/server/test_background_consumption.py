@@ -205,7 +205,7 @@ def test_node_push_consumer_slower_than_the_invisible_time_gets_each_message_onc
     for body in bodies:
         producer.send(message(topic, body))
     run = scripts(
-        "push_consume.js",
+        "push_slow_consume.js",
         {
             "endpoints": server.grpc,
             "group": group,
