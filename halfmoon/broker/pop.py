@@ -67,7 +67,7 @@ from halfmoon.broker.receipt import (
     check_invisible_ms,
     new_receipt_key,
 )
-from halfmoon.broker.revive import ReviveQueue, Watch
+from halfmoon.broker.revive import ReviveQueue
 from halfmoon.errors import InvalidArgument
 from halfmoon.store.api import GetStatus, Store
 from halfmoon.store.message import StoredMessage
@@ -132,21 +132,18 @@ class PopService:
         # snapshot: start above both the saved counter and 1024 per elapsed ms.
         first_epoch = max(snapshot.next_epoch if snapshot else 0, clock.now_ms() * 1024)
         self._epochs = itertools.count(first_epoch)
-        self._revive = ReviveQueue(self._watch_is_live, retry_ms=DEAD_LETTER_RETRY_MS)
+        self._revive = ReviveQueue(
+            self._states,
+            lambda group: self._group_settings(group).max_delivery_attempts,
+            self._read,
+            self._send_to_dead_letter,
+            lambda: next(self._epochs),
+            retry_ms=DEAD_LETTER_RETRY_MS,
+        )
         if snapshot:
             for state in snapshot.topics:
                 self._states[(state.group, state.topic)] = state
-                for queue_id, queue in state.queues.items():
-                    for offset, entry in queue.inflight.items():
-                        # Restored deliveries are visible at once; the first tick sorts them.
-                        self._revive.watch(
-                            entry.visible_at,
-                            state.group,
-                            state.topic,
-                            queue_id,
-                            offset,
-                            entry.epoch,
-                        )
+                self._revive.watch_restored(state)
 
     # -- receive -------------------------------------------------------------
 
@@ -386,51 +383,10 @@ class PopService:
 
         Bounded work per call; returns how many were dead-lettered (or tried).
         """
-        return self._revive.run(now, self._revive_one)
+        return self._revive.run(now)
 
     def _watch(self, state: TopicConsumption, queue_id: int, offset: int, entry: InFlight) -> None:
-        self._revive.watch(
-            entry.visible_at, state.group, state.topic, queue_id, offset, entry.epoch
-        )
-
-    def _watch_is_live(self, watch: Watch) -> bool:
-        _, group, topic, queue_id, offset, epoch = watch
-        state = self._states.get((group, topic))
-        queue = state.queues.get(queue_id) if state is not None else None
-        entry = queue.inflight.get(offset) if queue is not None else None
-        return entry is not None and entry.epoch == epoch
-
-    def _revive_one(self, watch: Watch, now: int) -> bool:
-        _, group, topic, queue_id, offset, epoch = watch
-        state = self._states.get((group, topic))
-        if state is None or not self._watch_is_live(watch):
-            return False
-        max_attempts = self._group_settings(group).max_delivery_attempts
-        with state.lock:
-            queue = state.queues.get(queue_id)
-            entry = queue.inflight.get(offset) if queue is not None else None
-            if (
-                queue is None
-                or entry is None
-                or entry.epoch != epoch
-                or entry.visible_at > now
-                or entry.attempt < max_attempts
-            ):
-                return False  # acked, changed, redelivered, or no longer the last attempt
-            if entry.ordered and any(o < offset for o in queue.ordered):
-                # FIFO: the lower offsets of this queue go first.
-                self._revive.watch(now + DEAD_LETTER_RETRY_MS, *watch[1:])
-                return False
-            stored = self._read(topic, queue_id, offset)
-            state.dirty = True
-            if stored is None:
-                queue.complete(offset)  # gone from the store: nothing to dead-letter
-            elif self._send_to_dead_letter(group, stored, entry.attempt):
-                queue.complete(offset)
-            else:
-                queue.hide(offset, now + DEAD_LETTER_RETRY_MS, next(self._epochs))
-                self._watch(state, queue_id, offset, entry)
-            return True
+        self._revive.watch_entry(state, queue_id, offset, entry)
 
     # -- ack and friends -----------------------------------------------------
 

@@ -57,7 +57,10 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+
+from halfmoon.broker.consumption import InFlight, TopicConsumption
+from halfmoon.store.message import StoredMessage
 
 log = logging.getLogger(__name__)
 
@@ -72,37 +75,44 @@ COMPACT_MIN = 4096
 
 # (visible_at, group, topic, queue_id, offset, epoch)
 Watch = tuple[int, str, str, int, int, int]
-# Dead-letter one due watch if it still names a final delivery; True if it did or tried to.
-ReviveOne = Callable[[Watch, int], bool]
-# Whether a watch may still be due (its delivery is in flight with that epoch); lock-free.
-IsLive = Callable[[Watch], bool]
 
 
 class ReviveQueue:
-    """Final deliveries by the time they become visible; see the module doc."""
+    """Final deliveries by the time they become visible; see the module doc.
+
+    It works on pop.py's state through what it is given: the states by (group,
+    topic), the group's max attempts, a store read, the dead-letter call
+    (False when it failed) and the epoch counter.
+    """
 
     def __init__(
         self,
-        is_live: IsLive,
+        states: Mapping[tuple[str, str], TopicConsumption],
+        max_attempts: Callable[[str], int],
+        read: Callable[[str, int, int], StoredMessage | None],
+        dead_letter: Callable[[str, StoredMessage, int], bool],
+        next_epoch: Callable[[], int],
         *,
-        scan_limit: int = SCAN_LIMIT,
-        dead_letter_limit: int = DEAD_LETTER_LIMIT,
-        budget_ms: int = TICK_BUDGET_MS,
-        compact_min: int = COMPACT_MIN,
-        retry_ms: int = 1_000,
+        retry_ms: int,
     ) -> None:
-        self._is_live = is_live
-        self._scan_limit = scan_limit
-        self._dead_letter_limit = dead_letter_limit
-        self._budget_s = budget_ms / 1000
-        self._compact_min = compact_min
-        self._compact_at = compact_min
+        self._states = states
+        self._max_attempts = max_attempts
+        self._read = read
+        self._dead_letter = dead_letter
+        self._next_epoch = next_epoch
         self._retry_ms = retry_ms
+        self.scan_limit = SCAN_LIMIT
+        self.dead_letter_limit = DEAD_LETTER_LIMIT
+        self.budget_ms = TICK_BUDGET_MS
+        self.compact_min = COMPACT_MIN
+        self._compacted_to = 0  # watches left by the last compaction
         self._heap: list[Watch] = []
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._heap)
+
+    # -- watching (pop.py, with the state's lock held) ---------------------------
 
     def watch(
         self, visible_at: int, group: str, topic: str, queue_id: int, offset: int, epoch: int
@@ -110,25 +120,33 @@ class ReviveQueue:
         """Check this delivery at ``visible_at``: dead-letter it if it is still in flight then."""
         with self._lock:
             heapq.heappush(self._heap, (visible_at, group, topic, queue_id, offset, epoch))
-            if len(self._heap) > self._compact_at:
+            if len(self._heap) > max(self.compact_min, 2 * self._compacted_to):
                 self._compact()
 
-    def next_due(self) -> int | None:
-        """When the earliest watch falls due (it may be stale); None when there is none."""
-        with self._lock:
-            return self._heap[0][0] if self._heap else None
+    def watch_entry(
+        self, state: TopicConsumption, queue_id: int, offset: int, entry: InFlight
+    ) -> None:
+        self.watch(entry.visible_at, state.group, state.topic, queue_id, offset, entry.epoch)
 
-    def run(self, now: int, revive_one: ReviveOne) -> int:
+    def watch_restored(self, state: TopicConsumption) -> None:
+        """Every in-flight delivery of a restored state (visible at once): the first tick sorts them."""
+        for queue_id, queue in state.queues.items():
+            for offset, entry in queue.inflight.items():
+                self.watch_entry(state, queue_id, offset, entry)
+
+    # -- the scan (tick thread) ----------------------------------------------------
+
+    def run(self, now: int) -> int:
         """Handle due watches within this tick's limits; the number dead-lettered (or tried)."""
         done = 0
         started = time.monotonic()
-        for _ in range(self._scan_limit):
+        for _ in range(self.scan_limit):
             with self._lock:
                 if not self._heap or self._heap[0][0] > now:
                     break
                 item = heapq.heappop(self._heap)
             try:
-                if revive_one(item, now):
+                if self._revive_one(item, now):
                     done += 1
             except Exception:  # noqa: BLE001 - a bad read must not stop the tick
                 log.exception(
@@ -141,13 +159,56 @@ class ReviveQueue:
                 )
                 self.watch(now + self._retry_ms, *item[1:])
                 break
-            if done >= self._dead_letter_limit or time.monotonic() - started > self._budget_s:
+            if (
+                done >= self.dead_letter_limit
+                or (time.monotonic() - started) * 1000 > self.budget_ms
+            ):
                 break
         return done
 
+    def _is_live(self, watch: Watch) -> bool:
+        # Reads pop state without its lock, which is safe: a delivery's epoch never comes
+        # back, so a watch found stale stays stale.
+        _, group, topic, queue_id, offset, epoch = watch
+        state = self._states.get((group, topic))
+        queue = state.queues.get(queue_id) if state is not None else None
+        entry = queue.inflight.get(offset) if queue is not None else None
+        return entry is not None and entry.epoch == epoch
+
+    def _revive_one(self, watch: Watch, now: int) -> bool:
+        _, group, topic, queue_id, offset, epoch = watch
+        state = self._states.get((group, topic))
+        if state is None or not self._is_live(watch):
+            return False
+        max_attempts = self._max_attempts(group)
+        with state.lock:
+            queue = state.queues.get(queue_id)
+            entry = queue.inflight.get(offset) if queue is not None else None
+            if (
+                queue is None
+                or entry is None
+                or entry.epoch != epoch
+                or entry.visible_at > now
+                or entry.attempt < max_attempts
+            ):
+                return False  # acked, changed, redelivered, or no longer the last attempt
+            if entry.ordered and any(o < offset for o in queue.ordered):
+                # FIFO: the lower offsets of this queue go first.
+                self.watch(now + self._retry_ms, *watch[1:])
+                return False
+            stored = self._read(topic, queue_id, offset)
+            state.dirty = True
+            if stored is None:
+                queue.complete(offset)  # gone from the store: nothing to dead-letter
+            elif self._dead_letter(group, stored, entry.attempt):
+                queue.complete(offset)
+            else:
+                queue.hide(offset, now + self._retry_ms, self._next_epoch())
+                self.watch_entry(state, queue_id, offset, entry)
+            return True
+
     def _compact(self) -> None:
-        # Called with the heap lock held; is_live reads pop state without its lock, which
-        # is safe: a delivery's epoch never comes back, so a watch found stale stays stale.
+        # Called with the heap lock held.
         self._heap = [item for item in self._heap if self._is_live(item)]
         heapq.heapify(self._heap)
-        self._compact_at = max(self._compact_min, 2 * len(self._heap))
+        self._compacted_to = len(self._heap)

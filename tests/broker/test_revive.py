@@ -9,7 +9,7 @@ import pytest
 from halfmoon.broker import Broker as BrokerFacade
 from halfmoon.broker import FakeClock, FilterSpec, OutgoingMessage, dead_letter_topic
 from halfmoon.broker.pop import DEAD_LETTER_RETRY_MS, PopGroupSettings
-from halfmoon.broker.revive import DEAD_LETTER_LIMIT, ReviveQueue
+from halfmoon.broker.revive import DEAD_LETTER_LIMIT
 from halfmoon.store.memory import MemoryStore
 from tests.broker.test_pop import GROUP, INVISIBLE, TOPIC, Broker, bodies
 
@@ -162,14 +162,15 @@ def test_fifo_dead_letters_a_queue_in_order(broker: Broker) -> None:
     assert broker.pop.progress(GROUP, TOPIC) == [(0, 3, 3, 0)]
 
 
-def test_stale_watches_are_compacted() -> None:
-    live: set[int] = set()
-    queue = ReviveQueue(lambda watch: watch[4] in live, compact_min=8)
-    for offset in range(1000):
-        queue.watch(1_000 + offset, "g", "t", 0, offset, offset)
-        live.discard(offset - 1)
-        live.add(offset)
-    assert len(queue) <= 16
+def test_watches_of_acked_deliveries_are_compacted(broker: Broker) -> None:
+    broker.groups[GROUP] = PopGroupSettings(consume_from="earliest", max_delivery_attempts=1)
+    revive_queue = broker.pop._revive
+    revive_queue.compact_min = 8
+    for i in range(200):
+        broker.send(f"m{i}")
+        (view,) = broker.receive()
+        broker.pop.ack(GROUP, TOPIC, view.receipt_handle)
+    assert len(revive_queue) <= 16
 
 
 def test_facade_tick_moves_the_message_to_the_dead_letter_topic(tmp_path: Path) -> None:
@@ -188,15 +189,11 @@ def test_facade_tick_moves_the_message_to_the_dead_letter_topic(tmp_path: Path) 
         facade.close()
 
 
-def test_a_tick_stops_when_its_time_budget_is_spent() -> None:
-    queue = ReviveQueue(lambda watch: True, budget_ms=-1)  # spent before it starts
-    for offset in range(3):
-        queue.watch(0, "g", "t", 0, offset, offset)
-    handled: list[int] = []
-
-    def revive_one(watch: tuple, now: int) -> bool:
-        handled.append(watch[4])
-        return True
-
-    assert [queue.run(1, revive_one) for _ in range(4)] == [1, 1, 1, 0]
-    assert handled == [0, 1, 2]
+def test_a_tick_stops_when_its_time_budget_is_spent(broker: Broker) -> None:
+    broker.groups[GROUP] = PopGroupSettings(consume_from="earliest", max_delivery_attempts=1)
+    broker.send("a", "b", "c")
+    assert len(broker.receive()) == 3
+    broker.clock.advance(INVISIBLE)
+    broker.pop._revive.budget_ms = -1  # spent before it starts: one dead-lettering per tick
+    assert [revive(broker) for _ in range(4)] == [1, 1, 1, 0]
+    assert [s.body for _, s, _ in broker.dead] == [b"a", b"b", b"c"]
