@@ -42,28 +42,39 @@ from dataclasses import dataclass
 
 from halfmoon.store.message import Message, StoredMessage
 
+# -- the format: every magic number, field position and struct of the framing.
+# The commit log, recovery and tools take these from here, never by number.
+
 MESSAGE_MAGIC = 0x484D3031  # "HM01"
 BLANK_MAGIC = 0x484D4242  # "HMBB"
+
+FRAME = struct.Struct(">II")  # total_size, magic: how every record and filler starts
+BLANK_SIZE = FRAME.size  # 8: the smallest filler that can be framed
+MAGIC_AT = 4
+CRC_AT = 8
+CRC = struct.Struct(">I")
+CRC_START = 12  # the CRC covers bytes [CRC_START, total_size)
+QUEUE_OFFSET_AT = 20
+COMMIT_LOG_OFFSET_AT = 28
+STORE_TIMESTAMP_AT = 48
+STORE_FIELDS = struct.Struct(">qq")  # queue_offset, commit_log_offset, at QUEUE_OFFSET_AT
+I64 = struct.Struct(">q")  # one i64 field (commit_log_offset, store_timestamp)
 
 _HEADER = struct.Struct(">IIIiiqqiqqiqI")
 HEADER_SIZE = _HEADER.size  # 72: everything up to and including body_length
 # The header as encode_unsealed writes it: what the writer fills in later (crc,
 # queue and commit-log offsets, store timestamp) is zero padding, not packed.
 _UNSEALED_HEADER = struct.Struct(">II4xii16xiq8xiqI")
-assert _UNSEALED_HEADER.size == HEADER_SIZE
-BLANK_SIZE = 8  # total_size + magic: the smallest filler that can be framed
 MIN_RECORD_SIZE = HEADER_SIZE + 5  # header, then topic, host and properties lengths (1+1+1+2)
-CRC_START = 12
-
-QUEUE_OFFSET_AT = 20  # queue_offset, then commit_log_offset
-STORE_TIMESTAMP_AT = 48
-CRC_AT = 8
-_STORE_FIELDS = struct.Struct(">qq")  # queue_offset, commit_log_offset at 20
-_STORE_TIMESTAMP = struct.Struct(">q")  # at 48
-_CRC = struct.Struct(">I")
-_FRAME = struct.Struct(">II")  # total_size, magic
-_U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
+
+# The named positions must agree with the header struct (and the table above).
+assert _UNSEALED_HEADER.size == HEADER_SIZE
+assert struct.calcsize(">I") == MAGIC_AT and struct.calcsize(">II") == CRC_AT
+assert struct.calcsize(">III") == CRC_START
+assert struct.calcsize(">IIIii") == QUEUE_OFFSET_AT
+assert struct.calcsize(">IIIiiq") == COMMIT_LOG_OFFSET_AT
+assert struct.calcsize(">IIIiiqqiq") == STORE_TIMESTAMP_AT
 
 PROPERTY_SEPARATOR = "\x01"
 PAIR_SEPARATOR = "\x02"
@@ -191,9 +202,9 @@ def seal(
     buffer: bytearray, queue_offset: int, commit_log_offset: int, store_timestamp: int
 ) -> None:
     """Fill in what the writer assigns and compute the CRC, in place."""
-    _STORE_FIELDS.pack_into(buffer, QUEUE_OFFSET_AT, queue_offset, commit_log_offset)
-    _STORE_TIMESTAMP.pack_into(buffer, STORE_TIMESTAMP_AT, store_timestamp)
-    _CRC.pack_into(buffer, CRC_AT, zlib.crc32(memoryview(buffer)[CRC_START:]))
+    STORE_FIELDS.pack_into(buffer, QUEUE_OFFSET_AT, queue_offset, commit_log_offset)
+    I64.pack_into(buffer, STORE_TIMESTAMP_AT, store_timestamp)
+    CRC.pack_into(buffer, CRC_AT, zlib.crc32(memoryview(buffer)[CRC_START:]))
 
 
 def finalize(
@@ -219,7 +230,7 @@ def encode(
 
 def blank(size: int) -> bytes:
     """The filler that closes a segment: ``size`` bytes, ``size >= BLANK_SIZE``."""
-    return _FRAME.pack(size, BLANK_MAGIC) + bytes(size - BLANK_SIZE)
+    return FRAME.pack(size, BLANK_MAGIC) + bytes(size - BLANK_SIZE)
 
 
 def frame_at(buf: bytes | bytearray | memoryview, position: int, limit: int) -> tuple[int, int]:
@@ -230,7 +241,7 @@ def frame_at(buf: bytes | bytearray | memoryview, position: int, limit: int) -> 
     """
     if limit - position < BLANK_SIZE:
         raise RecordError("truncated", position, "not enough bytes for a record frame")
-    total, magic = _FRAME.unpack_from(buf, position)
+    total, magic = FRAME.unpack_from(buf, position)
     if magic == BLANK_MAGIC:
         if total < BLANK_SIZE or position + total > limit:
             raise RecordError("bad_length", position, f"blank record of {total} bytes")
@@ -245,7 +256,7 @@ def frame_at(buf: bytes | bytearray | memoryview, position: int, limit: int) -> 
 
 
 def check_crc(buf: bytes | bytearray | memoryview, position: int, total: int) -> bool:
-    (stored,) = _CRC.unpack_from(buf, position + 8)
+    (stored,) = CRC.unpack_from(buf, position + CRC_AT)
     return stored == zlib.crc32(memoryview(buf)[position + CRC_START : position + total])
 
 
