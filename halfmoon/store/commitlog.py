@@ -95,7 +95,7 @@ class Segment:
             return False
         if magic != record.MESSAGE_MAGIC or not record.check_crc(self.mm, relative, total):
             return False
-        (offset,) = record.I64.unpack_from(self.mm, relative + record.COMMIT_LOG_OFFSET_AT)
+        offset: int = record.I64.unpack_from(self.mm, relative + record.COMMIT_LOG_OFFSET_AT)[0]
         return offset == self.start + relative
 
     def zero_from(self, relative: int) -> None:
@@ -267,7 +267,8 @@ class CommitLog:
             raise OffsetGone(offset) from None
 
     def store_timestamp_at(self, offset: int) -> int:
-        (value,) = record.I64.unpack(self.read(offset + record.STORE_TIMESTAMP_AT, record.I64.size))
+        at = offset + record.STORE_TIMESTAMP_AT
+        value: int = record.I64.unpack(self.read(at, record.I64.size))[0]
         return value
 
     def records(self, start: int, end: int | None = None) -> Iterator[StoredMessage]:
@@ -356,7 +357,7 @@ class CommitLog:
             total, magic = record.FRAME.unpack_from(segment.mm, 0)
             if magic != record.MESSAGE_MAGIC or segment.start >= self.write_position:
                 return None
-            (value,) = record.I64.unpack_from(segment.mm, record.STORE_TIMESTAMP_AT)
+            value: int = record.I64.unpack_from(segment.mm, record.STORE_TIMESTAMP_AT)[0]
         except (ValueError, struct.error):
             return None
         return value

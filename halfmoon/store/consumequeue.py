@@ -271,7 +271,8 @@ class ConsumeQueues:
         f = queue.file_for(queue_offset)
         assert f is not None
         mm = self._maps.get(f)
-        return ENTRY.unpack_from(mm, (queue_offset - f.start) * ENTRY_SIZE)[0]
+        offset: int = ENTRY.unpack_from(mm, (queue_offset - f.start) * ENTRY_SIZE)[0]
+        return offset
 
     def reset_queue(self, topic: str, queue_id: int) -> None:
         with self._lock:

@@ -39,6 +39,7 @@ import operator
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import NoReturn
 
 from halfmoon.store.message import Message, StoredMessage
 
@@ -75,6 +76,9 @@ assert struct.calcsize(">III") == CRC_START
 assert struct.calcsize(">IIIii") == QUEUE_OFFSET_AT
 assert struct.calcsize(">IIIiiq") == COMMIT_LOG_OFFSET_AT
 assert struct.calcsize(">IIIiiqqiq") == STORE_TIMESTAMP_AT
+
+# What records are read from: a segment's mapping, or bytes copied out of one.
+Buffer = bytes | bytearray | memoryview | mmap.mmap
 
 PROPERTY_SEPARATOR = "\x01"
 PAIR_SEPARATOR = "\x02"
@@ -233,7 +237,7 @@ def blank(size: int) -> bytes:
     return FRAME.pack(size, BLANK_MAGIC) + bytes(size - BLANK_SIZE)
 
 
-def frame_at(buf: bytes | bytearray | memoryview, position: int, limit: int) -> tuple[int, int]:
+def frame_at(buf: Buffer, position: int, limit: int) -> tuple[int, int]:
     """Return (total_size, magic) of the record at ``position`` without checking its CRC.
 
     ``limit`` is where readable data ends. Raises :class:`RecordError` when
@@ -241,6 +245,8 @@ def frame_at(buf: bytes | bytearray | memoryview, position: int, limit: int) -> 
     """
     if limit - position < BLANK_SIZE:
         raise RecordError("truncated", position, "not enough bytes for a record frame")
+    total: int
+    magic: int
     total, magic = FRAME.unpack_from(buf, position)
     if magic == BLANK_MAGIC:
         if total < BLANK_SIZE or position + total > limit:
@@ -255,13 +261,13 @@ def frame_at(buf: bytes | bytearray | memoryview, position: int, limit: int) -> 
     return total, magic
 
 
-def check_crc(buf: bytes | bytearray | memoryview, position: int, total: int) -> bool:
-    (stored,) = CRC.unpack_from(buf, position + CRC_AT)
+def check_crc(buf: Buffer, position: int, total: int) -> bool:
+    stored: int = CRC.unpack_from(buf, position + CRC_AT)[0]
     return stored == zlib.crc32(memoryview(buf)[position + CRC_START : position + total])
 
 
 def decode(
-    buf: bytes | bytearray | memoryview | mmap.mmap,
+    buf: Buffer,
     position: int = 0,
     limit: int | None = None,
     *,
@@ -277,7 +283,7 @@ def decode(
 
 
 def decode_at(
-    buf: bytes | bytearray | memoryview | mmap.mmap,
+    buf: Buffer,
     position: int,
     limit: int,
     verify: bool,
@@ -309,17 +315,19 @@ def decode_at(
     end = position + total
     if magic != MESSAGE_MAGIC or total < MIN_RECORD_SIZE or end > limit:
         _raise_frame_error(buf, position, limit, base_offset)
-    kind = type(buf)
-    if kind is not bytes and (verify or kind is not mmap.mmap):
-        # Decode from an immutable copy. An mmap is read in place when no CRC
-        # is checked (the read path: one copy less); slicing it yields bytes.
-        buf = bytes(buf[position:end])
+    # Decode from an immutable copy. An mmap is read in place when no CRC is
+    # checked (the read path: one copy less); slicing either yields bytes.
+    data: bytes | mmap.mmap
+    if type(buf) is bytes or (type(buf) is mmap.mmap and not verify):
+        data = buf
+    else:
+        data = bytes(buf[position:end])
         position, end = 0, total
-    if verify and crc != zlib.crc32(memoryview(buf)[position + CRC_START : end]):
+    if verify and crc != zlib.crc32(memoryview(data)[position + CRC_START : end]):
         raise RecordError("checksum", base_offset + position, "CRC mismatch")
     p = position + HEADER_SIZE + body_length
-    body = buf[position + HEADER_SIZE : p]
-    tail = buf[p:end]  # topic_length topic born_host... properties_length properties
+    body = data[position + HEADER_SIZE : p]
+    tail = data[p:end]  # topic_length topic born_host... properties_length properties
     try:
         a = tail[0]
         b = tail[1 + a]
@@ -365,9 +373,7 @@ def decode_at(
     )
 
 
-def _raise_frame_error(
-    buf: bytes | bytearray | memoryview, position: int, limit: int, base_offset: int
-) -> None:
+def _raise_frame_error(buf: Buffer, position: int, limit: int, base_offset: int) -> NoReturn:
     """Say precisely why no message record can be framed at ``position``."""
     where = base_offset + position
     try:
