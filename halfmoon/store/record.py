@@ -69,13 +69,17 @@ _UNSEALED_HEADER = struct.Struct(">II4xii16xiq8xiqI")
 MIN_RECORD_SIZE = HEADER_SIZE + 5  # header, then topic, host and properties lengths (1+1+1+2)
 _U16 = struct.Struct(">H")
 
+
+def _field_at(index: int) -> int:
+    """Byte position of the header's field number ``index`` (0 is total_size)."""
+    return struct.calcsize(">" + _HEADER.format[1 : 1 + index])
+
+
 # The named positions must agree with the header struct (and the table above).
 assert _UNSEALED_HEADER.size == HEADER_SIZE
-assert struct.calcsize(">I") == MAGIC_AT and struct.calcsize(">II") == CRC_AT
-assert struct.calcsize(">III") == CRC_START
-assert struct.calcsize(">IIIii") == QUEUE_OFFSET_AT
-assert struct.calcsize(">IIIiiq") == COMMIT_LOG_OFFSET_AT
-assert struct.calcsize(">IIIiiqqiq") == STORE_TIMESTAMP_AT
+assert (_field_at(1), _field_at(2), _field_at(3)) == (MAGIC_AT, CRC_AT, CRC_START)
+assert (_field_at(5), _field_at(6)) == (QUEUE_OFFSET_AT, COMMIT_LOG_OFFSET_AT)
+assert _field_at(9) == STORE_TIMESTAMP_AT
 
 # What records are read from: a segment's mapping, or bytes copied out of one.
 Buffer = bytes | bytearray | memoryview | mmap.mmap
