@@ -198,7 +198,7 @@ def one_line(message: dict[str, Any]) -> str:
 def get_message(args: argparse.Namespace) -> None:
     answer = client(args).get(f"/v1/messages/{quote(args.message_id)}", topic=args.topic)
     messages = answer["messages"]
-    emit(args, messages, lambda: "\n\n".join(render_message(m) for m in messages))
+    emit(args, answer, lambda: "\n\n".join(render_message(m) for m in messages))
 
 
 def query_messages(args: argparse.Namespace) -> None:
@@ -213,7 +213,7 @@ def query_messages(args: argparse.Namespace) -> None:
     messages = answer["messages"]
     emit(
         args,
-        messages,
+        answer,
         lambda: (
             render_table(messages, QUERY_COLUMNS)
             if messages
@@ -339,7 +339,7 @@ def consume_messages(args: argparse.Namespace) -> None:
     found = found[: args.count]
     emit(
         args,
-        found,
+        {"messages": found},
         lambda: "\n".join(one_line(m) for m in found) if found else "no messages in that range",
     )
 
@@ -376,7 +376,7 @@ def print_messages(args: argparse.Namespace) -> None:
         return
     emit(
         args,
-        found,
+        {"messages": found, "matched": matched},
         lambda: (
             "\n".join([*(one_line(m) for m in found), f"\ntotal: {matched}"])
             if found

@@ -152,7 +152,15 @@ def client(args: argparse.Namespace) -> AdminClient:
 
 
 def emit(args: argparse.Namespace, data: Any, human: Callable[[], str]) -> None:
-    """Print ``data`` as JSON under ``--json``, else the text ``human()`` renders."""
+    """Print ``data`` as JSON under ``--json``, else the text ``human()`` renders.
+
+    ``data`` is a JSON object, never a bare list: the admin API's answer where the
+    command makes one call (a listing under its plural name, ``{"topics": [...]}``),
+    so scripts read the same shape from the CLI and the API and a field can be
+    added later without breaking them.
+    """
+    if not isinstance(data, dict):
+        raise TypeError(f"--json output must be an object, not {type(data).__name__}")
     if args.json:
         json.dump(data, sys.stdout, indent=2, sort_keys=False)
         sys.stdout.write("\n")

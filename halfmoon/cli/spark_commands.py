@@ -149,7 +149,7 @@ def run_stats_command(args: argparse.Namespace) -> int:
     for row in rows:
         row["window_start"], row["window_end"] = str(row["window_start"]), str(row["window_end"])
     if args.json:
-        json.dump(rows, sys.stdout, indent=2)
+        json.dump({"rows": rows}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     print(f"{'WINDOW START':<20} {'TOPIC':<24} {'GROUP (- = in)':<24} MESSAGES")

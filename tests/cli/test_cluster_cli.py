@@ -53,7 +53,7 @@ def test_config_get_lists_runtime_keys_and_one_value(admin):
     out = ok(halfmoon("cluster", "config", "get", "broker.auto_create_groups", admin=admin))
     assert out == ("yes\n" if admin.broker.config.auto_create_groups else "no\n")
     data = json.loads(ok(halfmoon("cluster", "config", "get", "--json", admin=admin)))
-    assert {k["key"] for k in data} == set(keys)
+    assert {k["key"] for k in data["keys"]} == set(keys)
 
 
 def test_config_set_takes_effect_at_once(admin):

@@ -37,7 +37,7 @@ def test_send_with_the_shipped_topic_flag_still_sends_and_warns_once(admin):
     )
     sent = json.loads(result.stdout)
     stored = json.loads(ok(halfmoon("message", "get", sent["message_id"], "--json", admin=admin)))
-    assert [m["topic"] for m in stored] == [topic]
+    assert [m["topic"] for m in stored["messages"]] == [topic]
 
 
 def test_send_then_get_by_id_with_and_without_topic(admin):
@@ -73,8 +73,8 @@ def test_send_then_get_by_id_with_and_without_topic(admin):
     data = json.loads(
         ok(halfmoon("message", "get", message_id, "--topic", topic, "--json", admin=admin))
     )
-    assert len(data) == 1
-    got = data[0]
+    assert len(data["messages"]) == 1
+    got = data["messages"][0]
     assert (got["topic"], got["queue_id"], got["queue_offset"]) == (topic, 1, 0)
     assert (got["body"], got["body_encoding"], got["keys"], got["properties"]) == (
         "hello",
@@ -166,7 +166,7 @@ def test_query_by_key_within_a_time_range(admin):
     data = json.loads(
         ok(halfmoon("message", "query", topic, "--key", "order-7", "--json", admin=admin))
     )
-    assert sorted(m["body"] for m in data) == ["a", "b"]
+    assert sorted(m["body"] for m in data["messages"]) == ["a", "b"]
 
     past = str(int(time.time() * 1000) - 3_600_000)
     out = ok(halfmoon("message", "query", topic, "--key", "order-7", "--end", past, admin=admin))
@@ -239,7 +239,7 @@ def test_consume_from_an_offset_or_a_time_with_a_count(admin):
             )
         )
     )
-    assert [m["body"] for m in data] == [f"q0-{i}" for i in range(5)] + ["q1-0", "q1-1"]
+    assert [m["body"] for m in data["messages"]] == [f"q0-{i}" for i in range(5)] + ["q1-0", "q1-1"]
 
     # Reading moves no group: one that acknowledged two messages still has lag 8.
     group = unique("reader")
@@ -321,7 +321,8 @@ def test_print_with_filters_bodies_and_tag_counts(admin):
     printed = json.loads(
         ok(halfmoon("message", "print", topic, "--queue", "1", "--json", admin=admin))
     )
-    assert [m["body"] for m in printed] == ["b1", "b3", "b5"]
+    assert [m["body"] for m in printed["messages"]] == ["b1", "b3", "b5"]
+    assert printed["matched"] == 3
 
 
 def test_print_errors(admin):
@@ -344,7 +345,7 @@ def test_paging_reads_past_one_page(admin):
     data = json.loads(
         ok(halfmoon("message", "consume", topic, "--count", "1100", "--json", admin=admin))
     )
-    assert [m["queue_offset"] for m in data] == list(range(1100))
+    assert [m["queue_offset"] for m in data["messages"]] == list(range(1100))
     counted = json.loads(
         ok(halfmoon("message", "print", topic, "--tag-counts", "--json", admin=admin))
     )
