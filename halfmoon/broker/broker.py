@@ -40,7 +40,7 @@ from halfmoon.broker.message import (
     OutgoingMessage,
 )
 from halfmoon.broker.offsets import OffsetTable
-from halfmoon.broker.pop import PopGroupSettings, PopService
+from halfmoon.broker.pop import PopGroupSettings, PopService, default_hot_data_bytes
 from halfmoon.broker.produce import SendResult, plan_send
 from halfmoon.broker.queue_select import QueueSelector
 from halfmoon.broker.recall import RecallHandle, check_handle
@@ -154,6 +154,7 @@ class Broker:
             group_settings=self._pop_settings,
             dead_letter=self._dead_letter,
             state_path=metadata_dir / "consumption.json" if metadata_dir is not None else None,
+            hot_data_bytes=config.hot_data_bytes or default_hot_data_bytes(),
         )
         txn_config = transaction_config if transaction_config is not None else TransactionConfig()
         self.transactions = TransactionService(store, metadata_dir, txn_config, clock)
@@ -261,16 +262,17 @@ class Broker:
         fifo: bool = False,
         max_delivery_attempts: int = 17,
         retry_policy: RetryPolicy | None = None,
-        consume_from: str = "latest",
+        consume_from: str | None = None,
         consume_enabled: bool = True,
         broadcast: bool = False,
     ) -> GroupConfig:
+        """A new consumer group; ``consume_from`` None means ``config.default_consume_from``."""
         return self.groups.create(
             name,
             fifo=fifo,
             max_delivery_attempts=max_delivery_attempts,
             retry_policy=retry_policy,
-            consume_from=consume_from,
+            consume_from=consume_from or self.config.default_consume_from,
             consume_enabled=consume_enabled,
             broadcast=broadcast,
         )
@@ -284,7 +286,11 @@ class Broker:
         self._pop.drop_group(name)
 
     def get_group(self, name: str) -> GroupConfig:
-        return self.groups.get(name, auto_create=self.config.auto_create_groups)
+        return self.groups.get(
+            name,
+            auto_create=self.config.auto_create_groups,
+            consume_from=self.config.default_consume_from,
+        )
 
     def list_groups(self) -> list[GroupConfig]:
         return self.groups.all()
@@ -444,9 +450,16 @@ class Broker:
         batch_size: int,
         invisible_ms: int,
         client_id: str = "",
+        queue_id: int | None = None,
     ) -> list[MessageView]:
-        """Up to ``batch_size`` messages hidden for ``invisible_ms`` (0: the default); [] if none."""
-        self._check_consumable(group, topic)
+        """Up to ``batch_size`` messages hidden for ``invisible_ms`` (0: the default); [] if none.
+
+        ``queue_id`` receives from that queue only (IllegalQueueId if the topic has no
+        such readable queue).
+        """
+        config = self._check_consumable(group, topic)
+        if queue_id is not None:
+            self._check_queue(config, queue_id)
         compiled = self._filters.get(filter)
         views = self._pop.receive(
             group,
@@ -454,6 +467,7 @@ class Broker:
             compiled.compiled,
             batch_size,
             invisible_ms or self.config.default_invisible_ms,
+            queue_id,
         )
         self._out.add(len(views))
         self.statistics.record_out(group, topic, len(views))

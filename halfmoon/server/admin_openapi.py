@@ -52,9 +52,19 @@ def _op(
             "required": True,
             "content": {"application/json": {"schema": _ref(body)}},
         }
-    if params:
-        op["parameters"] = params
+    # Every /v1 endpoint takes ?namespace= (halfmoon.server.admin_namespace).
+    op["parameters"] = [*(params or []), _NAMESPACE]
     return op
+
+
+_NAMESPACE: dict[str, Any] = {
+    "name": "namespace",
+    "in": "query",
+    "required": False,
+    "description": "take the topic and consumer-group names of this request in this namespace "
+    "(stored as NAMESPACE%name, as RocketMQ does); topic and group lists show only its own",
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,125}$"},
+}
 
 
 def _path_param(name: str, what: str) -> dict[str, Any]:
@@ -178,7 +188,7 @@ SCHEMAS: dict[str, Any] = {
             "fifo": _BOOL,
             "max_delivery_attempts": _INT,
             "retry_policy": _ref("RetryPolicy"),
-            "consume_from": {"type": "string", "enum": ["latest", "earliest"]},
+            "consume_from": {"type": "string", "enum": ["latest", "earliest", "auto"]},
             "consume_enabled": _BOOL,
             "broadcast": _BOOL,
             "created_ms": _INT,
@@ -191,7 +201,11 @@ SCHEMAS: dict[str, Any] = {
             "fifo": {**_BOOL, "default": False},
             "max_delivery_attempts": {**_INT, "minimum": 1, "default": 17},
             "retry_policy": _ref("RetryPolicy"),
-            "consume_from": {"type": "string", "enum": ["latest", "earliest"], "default": "latest"},
+            "consume_from": {
+                "type": "string",
+                "enum": ["latest", "earliest", "auto"],
+                "default": "auto",
+            },
             "consume_enabled": {**_BOOL, "default": True},
             "broadcast": {**_BOOL, "default": False},
         },
