@@ -278,8 +278,8 @@ def describe_form(name: str, tp: Any) -> str:
         return "one of " + ", ".join(str(a) for a in typing.get_args(tp))
     if origin in (list, tuple, set, frozenset):
         args = [a for a in typing.get_args(tp) if a is not Ellipsis]
-        inner = describe_form("", args[0]) if args else "text"
-        return f"a list of {inner} (a TOML array or comma-separated text)"
+        item_form = describe_form("", args[0]) if args else "text"
+        return f"a list of {item_form} (a TOML array or comma-separated text)"
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return "one of " + ", ".join(str(m.value) for m in tp)
     if tp is bool:
@@ -325,8 +325,8 @@ def convert_value(name: str, tp: Any, value: Any) -> Any:
         )
         if not isinstance(items, list | tuple):
             raise ValueError(f"expected {describe_form(name, tp)}")
-        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
-        item_type = args[0] if args else str
+        item_args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        item_type = item_args[0] if item_args else str
         return origin(convert_value(name, item_type, item) for item in items)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         for member in tp:
@@ -389,7 +389,7 @@ def _walk(cls: type, instance: Any, prefix: str) -> Iterator[KeyInfo]:
             continue
         tp = hints[f.name]
         key = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             yield from _walk(tp, getattr(instance, f.name), key + ".")
         else:
             yield KeyInfo(key=key, type=tp, default=getattr(instance, f.name))

@@ -18,15 +18,14 @@ import platform
 import socket
 from typing import Any
 
-from rocketmq.grpc_protocol import definition_pb2, service_pb2
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
 
 from halfmoon.client.connection import CLIENT_VERSION, ClientConfig, ConnectionPool, endpoints_pb
 from halfmoon.client.errors import ClientClosed, ClientError
 from halfmoon.client.route import RouteCache
 from halfmoon.client.telemetry import TelemetrySession
 
-pb = definition_pb2
-svc = service_pb2
 log = logging.getLogger("halfmoon.client")
 
 

@@ -45,13 +45,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from rocketmq.grpc_protocol import definition_pb2
+from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from halfmoon.client.batch import framed_size
 from halfmoon.client.errors import BadRequest, ClientError
 from halfmoon.client.message import SendReceipt
 
-pb = definition_pb2
 log = logging.getLogger("halfmoon.client.coalesce")
 
 DEFAULT_MAX_ENTRIES = 256

@@ -28,11 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from rocketmq.grpc_protocol import definition_pb2, service_pb2_grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2_grpc
 
 from halfmoon.client.errors import ClientClosed, ConnectionFailed, error_for_rpc_error
-
-pb = definition_pb2
 
 CLIENT_VERSION = "halfmoon-0.1.0"
 # Received batches may exceed grpc's 4 MiB default; the server bounds them anyway.

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import duration_pb2
-from rocketmq.grpc_protocol import definition_pb2, service_pb2
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
 
 from halfmoon.client.client import BaseClient
 from halfmoon.client.connection import ClientConfig
@@ -26,9 +27,6 @@ from halfmoon.client.errors import InvalidReceiptHandle, error_for_status, raise
 from halfmoon.client.message import MessageView, view_of
 from halfmoon.client.route import QueueInfo
 from halfmoon.client.selector import ALL, MessageSelector
-
-pb = definition_pb2
-svc = service_pb2
 
 
 @dataclass(frozen=True)

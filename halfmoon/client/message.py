@@ -20,9 +20,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from google.protobuf import timestamp_pb2
-from rocketmq.grpc_protocol import definition_pb2
+from rocketmq.grpc_protocol import definition_pb2 as pb
 
-pb = definition_pb2
 WireType = pb.MessageType
 
 # Stored properties the server hands over among the user properties, as RocketMQ's

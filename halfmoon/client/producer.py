@@ -28,7 +28,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from rocketmq.grpc_protocol import definition_pb2, service_pb2
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
 
 from halfmoon.client.batch import DEFAULT_MAX_BATCH_BYTES, split_batch
 from halfmoon.client.client import BaseClient, as_config
@@ -45,8 +46,6 @@ from halfmoon.client.fault import LatencyFaultPolicy, LatencyFaultTolerance
 from halfmoon.client.message import Message, SendReceipt, message_ids, to_wire
 from halfmoon.client.route import QueueInfo, TopicRoute
 
-pb = definition_pb2
-svc = service_pb2
 log = logging.getLogger("halfmoon.client.producer")
 
 SendCallback = Callable[[SendReceipt | None, BaseException | None], Any]

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rocketmq.grpc_protocol import definition_pb2
+from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from halfmoon.client.allocation import AllocationStrategy, strategy_named
 from halfmoon.client.client import as_config
@@ -39,7 +39,6 @@ from halfmoon.client.producer import Producer
 from halfmoon.client.route import QueueInfo
 from halfmoon.client.selector import ALL, MessageSelector
 
-pb = definition_pb2
 log = logging.getLogger("halfmoon.client.pull")
 
 

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rocketmq.grpc_protocol import definition_pb2
+from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from halfmoon.client.client import as_config
 from halfmoon.client.connection import ClientConfig
@@ -42,7 +42,6 @@ from halfmoon.client.message import MessageView
 from halfmoon.client.route import QueueInfo
 from halfmoon.client.selector import MessageSelector
 
-pb = definition_pb2
 log = logging.getLogger("halfmoon.client.push")
 
 

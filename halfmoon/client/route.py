@@ -14,12 +14,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rocketmq.grpc_protocol import definition_pb2, service_pb2
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2
 
 from halfmoon.client.connection import ConnectionPool, endpoint_of, endpoints_pb
 from halfmoon.client.errors import TopicNotFound, raise_for_status
 
-pb = definition_pb2
 log = logging.getLogger("halfmoon.client.route")
 
 _PERM = {

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rocketmq.grpc_protocol import definition_pb2
-
-pb = definition_pb2
+from rocketmq.grpc_protocol import definition_pb2 as pb
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,13 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
-from rocketmq.grpc_protocol import definition_pb2
+from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from halfmoon.client.client import as_config
 from halfmoon.client.connection import ClientConfig
 from halfmoon.client.consumer import ConsumerBase
 from halfmoon.client.message import MessageView
 from halfmoon.client.selector import MessageSelector
-
-pb = definition_pb2
 
 
 class SimpleConsumer(ConsumerBase):

@@ -23,13 +23,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
-from rocketmq.grpc_protocol import definition_pb2, service_pb2
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
 
 from halfmoon.client.connection import Connection
 from halfmoon.client.errors import ClientError, error_for_rpc_error, error_for_status
 
-pb = definition_pb2
-svc = service_pb2
 log = logging.getLogger("halfmoon.client.telemetry")
 
 CommandHandler = Callable[[str, svc.TelemetryCommand], Awaitable[None] | None]

@@ -28,15 +28,14 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rocketmq.grpc_protocol import definition_pb2, service_pb2
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
 
 from halfmoon.client.connection import ClientConfig
 from halfmoon.client.errors import ClientError, raise_for_status
 from halfmoon.client.message import Message, MessageView, SendReceipt, view_of
 from halfmoon.client.producer import Producer
 
-pb = definition_pb2
-svc = service_pb2
 log = logging.getLogger("halfmoon.client.transaction")
 
 PROPERTY_TRANSACTION_GROUP = "__HM_TXN_GROUP"

@@ -46,6 +46,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.engine.url import make_url
+from sqlalchemy.sql.dml import Insert
 
 from halfmoon.outbox.errors import UnsupportedDatabase
 from halfmoon.outbox.schema import FAILED, PENDING, SENT, OutboxTables
@@ -234,6 +235,7 @@ class Claimer:
         self.lease_ms = int(lease_seconds * 1000)
         self.failed_blocks = failed_blocks_aggregate
         self.kind = backend(engine)
+        self._claim_engine: Engine
         if self.kind == "mysql":
             self._claim_engine = engine.execution_options(isolation_level="READ COMMITTED")
         else:
@@ -302,13 +304,14 @@ def insert_if_absent(conn: Connection, tables: OutboxTables, key: str, now_ms: i
     kind = backend(conn)
     if kind == "postgresql":
         # RETURNING rather than rowcount: psycopg reports -1 for ON CONFLICT through SQLAlchemy.
-        stmt = (
+        returning = (
             pg_insert(t)
             .values(**values)
             .on_conflict_do_nothing(index_elements=[t.c.id])
             .returning(t.c.id)
         )
-        return conn.execute(stmt).first() is not None
+        return conn.execute(returning).first() is not None
+    stmt: Insert
     if kind == "mysql":
         stmt = insert(t).values(**values).prefix_with("IGNORE")
     else:

@@ -54,6 +54,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.sql.dml import Insert
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -96,10 +97,10 @@ def insert_if_absent(conn: Connection, table: Table, values: Mapping[str, Any]) 
     if kind == "postgresql":
         # RETURNING says it plainly; psycopg's rowcount for DO NOTHING is not to be relied on.
         first_key = next(iter(table.primary_key.columns))
-        stmt = pg_insert(table).values(**values).on_conflict_do_nothing().returning(first_key)
-        return conn.execute(stmt).first() is not None
+        returning = pg_insert(table).values(**values).on_conflict_do_nothing().returning(first_key)
+        return conn.execute(returning).first() is not None
     elif kind == "mysql":
-        stmt: Any = insert(table).values(**values).prefix_with("IGNORE")
+        stmt: Insert = insert(table).values(**values).prefix_with("IGNORE")
     elif kind == "sqlite":
         stmt = insert(table).values(**values).prefix_with("OR IGNORE")
     else:

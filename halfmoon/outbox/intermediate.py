@@ -38,7 +38,7 @@ import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, delete, text
 
@@ -47,6 +47,9 @@ from halfmoon.outbox import dialects
 from halfmoon.outbox.outbox import Executor, now_ms
 from halfmoon.outbox.schema import outbox_tables
 from halfmoon.outbox.targets import UnroutableMessage
+
+if TYPE_CHECKING:  # aiormq comes with the optional aio-pika
+    from aiormq.abc import FieldTable
 
 log = logging.getLogger("halfmoon.outbox")
 
@@ -120,10 +123,10 @@ class IntermediatePublisher:
         import aio_pika  # here: optional (only RabbitMQ needs it), and slow to import
 
         channel = await self._ensure()
-        headers = {**headers, EXCHANGE_HEADER: exchange, ROUTING_KEY_HEADER: routing_key}
+        table: FieldTable = {**headers, EXCHANGE_HEADER: exchange, ROUTING_KEY_HEADER: routing_key}
         message = aio_pika.Message(
             body=body,
-            headers=headers,
+            headers=table,
             message_id=key,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         )

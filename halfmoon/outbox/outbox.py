@@ -190,7 +190,9 @@ class Outbox:
     def status(self) -> OutboxStatus:
         t = self.table
         with self.engine.connect() as conn:
-            counts = dict(conn.execute(select(t.c.status, func.count()).group_by(t.c.status)).all())
+            counts: dict[str, int] = dict(
+                conn.execute(select(t.c.status, func.count()).group_by(t.c.status)).all()
+            )
             oldest = conn.execute(
                 select(func.min(t.c.created_at)).where(t.c.status == PENDING)
             ).scalar()

@@ -18,7 +18,7 @@ import itertools
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from halfmoon.client.message import Message
@@ -26,6 +26,9 @@ from halfmoon.client.producer import Producer
 from halfmoon.client.sync import run_sync
 from halfmoon.outbox.errors import OutboxError
 from halfmoon.outbox.outbox import OutboxRecord
+
+if TYPE_CHECKING:  # aiormq comes with the optional aio-pika
+    from aiormq.abc import FieldTable
 
 log = logging.getLogger("halfmoon.outbox")
 
@@ -259,7 +262,8 @@ class RabbitTarget(PublishTarget):
             try:
                 underlay = await channel.get_underlay_channel()
             except Exception as exc:  # noqa: BLE001 — the channel closed under us: reconnect below
-                underlay, outcomes = None, [exc] * len(todo)
+                underlay = None
+                outcomes: Sequence[BaseException | None] = [exc] * len(todo)
             if underlay is not None:
                 # Every publish goes out before any confirm is awaited: one round trip per batch.
                 outcomes = await asyncio.gather(
@@ -285,10 +289,11 @@ class RabbitTarget(PublishTarget):
         # message object, a lock and a socket drain per publish, which made the
         # relay's event loop the bottleneck. ``wait=False`` skips only the drain: the
         # confirm below is what says the broker has the message.
+        headers: FieldTable = {**_headers(record)}
         properties = aiormq.spec.Basic.Properties(
             content_type="application/octet-stream",
             delivery_mode=2,  # persistent
-            headers=_headers(record),
+            headers=headers,
             message_id=record.message_id,
             message_type=record.tag,
         )

@@ -30,11 +30,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rocketmq.grpc_protocol import definition_pb2
+from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from halfmoon.errors import InvalidArgument
-
-pb = definition_pb2
 
 EARLIEST = -2
 LATEST = -1

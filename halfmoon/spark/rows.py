@@ -23,9 +23,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
-from rocketmq.grpc_protocol import definition_pb2
+from rocketmq.grpc_protocol import definition_pb2 as pb
 
-pb = definition_pb2
 _TRANSACTION = pb.MessageType.TRANSACTION
 _SERVER_ADDED = frozenset({"__SHARDINGKEY", "__transactionId__"})
 

@@ -23,7 +23,9 @@ from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
-from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc
 
 from halfmoon.client.errors import (
     ClientError,
@@ -34,8 +36,6 @@ from halfmoon.client.errors import (
 from halfmoon.client.message import Message, message_ids, to_wire
 from halfmoon.client.transaction import GROUP_ID_PREFIX, PROPERTY_TRANSACTION_GROUP
 
-pb = definition_pb2
-svc = service_pb2
 Code = pb.Code
 
 _OPTIONS = (

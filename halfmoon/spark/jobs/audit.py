@@ -19,7 +19,7 @@ default, or a user property (``key_property``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,7 +108,7 @@ def key_ranges(low: int, high: int, parts: int) -> list[tuple[int, int]]:
     return [(start, min(start + size, high + 1)) for start in range(low, high + 1, size)]
 
 
-def _read_range(spec: AuditSpec, bounds: Iterator[tuple[int, int]]) -> Iterator[tuple[str]]:
+def _read_range(spec: AuditSpec, bounds: Iterable[tuple[int, int]]) -> Iterator[tuple[str]]:
     engine = sa.create_engine(spec.database_url)
     table, key, pk = spec.table, spec.key_column, spec.primary_key or spec.key_column
     condition = f" AND ({spec.where})" if spec.where else ""
