@@ -241,7 +241,9 @@ class Snapshot:
     topics: list[TopicConsumption]
 
 
-def write_snapshot(path: Path, receipt_key: bytes, next_epoch: int, topics: list[dict]) -> None:
+def write_snapshot(
+    path: Path, receipt_key: bytes, next_epoch: int, topics: list[dict[str, Any]]
+) -> None:
     """Atomically replace ``path``: write a temp file, fsync, rename, fsync the directory."""
     document = {
         "version": SNAPSHOT_VERSION,

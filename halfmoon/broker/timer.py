@@ -52,7 +52,7 @@ from __future__ import annotations
 import heapq
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from halfmoon.broker.config import read_json, write_json_atomic
@@ -287,7 +287,7 @@ class DelayTimer:
             self._low = self._scan_offset
             self._dirty = True
 
-    def _read(self, start: int, stop: int | None):
+    def _read(self, start: int, stop: int | None) -> Iterator[StoredMessage]:
         offset = start
         while stop is None or offset < stop:
             result = self._store.get(TIMER_TOPIC, QUEUE_ID, offset, _READ_BATCH)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Final, TypeAlias
+from typing import Any, Final, TypeAlias
 
 Value: TypeAlias = str | int | float | bool | None
 Properties: TypeAlias = Mapping[str, str]
@@ -37,7 +37,9 @@ Condition: TypeAlias = Callable[[Properties], bool | None]
 
 EQUALITY: Final = frozenset({"=", "<>"})
 ORDERING: Final = frozenset({"<", "<=", ">", ">="})
-_OPS: Final[dict[str, Callable[[object, object], bool]]] = {
+# Any: compare() hands these two numbers, two strings or two bools; typeshed's
+# comparison protocols cannot say "both of one type".
+_OPS: Final[dict[str, Callable[[Any, Any], bool]]] = {
     "=": operator.eq,
     "<>": operator.ne,
     "<": operator.lt,
@@ -97,6 +99,8 @@ def compare(op: str, left: Value, right: Value) -> bool | None:
     """``left OP right`` under the rules above, for any two values."""
     if left is None or right is None:
         return None
+    a: Value
+    b: Value
     if op in ORDERING:
         a, b = as_number(left), as_number(right)
     elif isinstance(left, str) and isinstance(right, str):

@@ -79,7 +79,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from halfmoon.broker.message import MessageView
 from halfmoon.broker.transactions.config import TransactionConfig
@@ -109,6 +109,14 @@ class CheckSender(Protocol):
         ``send_check(producer_group, topic, message, transaction_id) -> bool``
         is still accepted and called once per check.
         """
+
+
+class _PerMessageSender(Protocol):
+    """The older sender that :class:`CheckSender` still accepts: one call per check."""
+
+    def send_check(
+        self, producer_group: str | None, topic: str, message: MessageView, transaction_id: str
+    ) -> bool: ...
 
 
 # Checks prepared (state re-read, half record read) before they are handed to the sender at once.
@@ -278,6 +286,7 @@ class CheckService:
                 wanted.append((half_offset, request))
         if not wanted:
             return
+        taken: list[bool | None]
         if sender is None:
             taken = [False] * len(wanted)
         elif hasattr(sender, "send_checks"):
@@ -292,7 +301,8 @@ class CheckService:
                     f"CheckSender answered {len(taken)} results for {len(wanted)} checks"
                 )
         else:
-            taken = self._send_one_by_one(sender, wanted, report)
+            # Not a CheckSender after all: the older per-message kind (see CheckSender).
+            taken = self._send_one_by_one(cast(_PerMessageSender, sender), wanted, report)
         took_by_pair: dict[tuple[str | None, str], bool] = {}
         for (_, request), took in zip(wanted, taken, strict=True):
             if took is not None:  # None: failed, says nothing about room
@@ -311,7 +321,7 @@ class CheckService:
                 report.sent += 1
 
     def _send_one_by_one(
-        self, sender: object, wanted: list[tuple[int, CheckRequest]], report: ScanReport
+        self, sender: _PerMessageSender, wanted: list[tuple[int, CheckRequest]], report: ScanReport
     ) -> list[bool | None]:
         """The older per-message sender: each check asked for on its own, rechecked just before."""
         taken: list[bool | None] = []
@@ -323,7 +333,7 @@ class CheckService:
                     continue
                 taken.append(
                     bool(sender.send_check(r.producer_group, r.topic, r.message, r.transaction_id))
-                )  # type: ignore[attr-defined]
+                )
             except Exception:
                 self._failed(report, half_offset)
                 taken.append(None)

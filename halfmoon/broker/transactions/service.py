@@ -32,6 +32,7 @@ short by a crash is finished.
 from __future__ import annotations
 
 import bisect
+import builtins  # ``list`` is also a method of TransactionService
 import logging
 import threading
 from collections import OrderedDict
@@ -273,7 +274,7 @@ class TransactionService:
         with self._lock:
             entry = self.pending.get(half_offset)
             if entry is not None and entry.group in self.groups.unfinished:
-                self.finish_group(entry.group)  # type: ignore[arg-type]  # its group is decided
+                self.finish_group(entry.group)  # its group is decided
                 entry = None
             if entry is None:
                 state, end_offset = self._decision_of(half_offset, transaction_id)
@@ -545,7 +546,7 @@ class TransactionService:
     # -- listing ---------------------------------------------------------------------
     def list(
         self, *, topic: str | None = None, state: TxnState | None = None, limit: int = 1000
-    ) -> list[TransactionInfo]:
+    ) -> builtins.list[TransactionInfo]:
         """Undecided transactions, oldest first (optionally of one topic / one state)."""
         now = self.clock.now_ms()
         with self._lock:
@@ -652,7 +653,7 @@ class TransactionService:
             self.store.wait_durable(half_end, timeout=30.0)
             return self.store.read_at(half_offset)
 
-    def _append(self, batch: list[Message]) -> list[AppendResult]:
+    def _append(self, batch: builtins.list[Message]) -> builtins.list[AppendResult]:
         """Append buffered ops then ``batch`` in one store call; results for ``batch``. Locked."""
         buffered = [op_message(op) for op in self._op_buffer]
         results = self.store.append(buffered + batch)
