@@ -136,11 +136,18 @@ class TopicConfig:
         return cls(
             name=str(data["name"]),
             message_type=MessageType(data["message_type"]),
-            queue_count=int(data["queue_count"]),  # type: ignore[arg-type]
+            queue_count=_json_int(data["queue_count"]),
             perm=str(data["perm"]),
-            read_queue_count=int(data.get("read_queue_count", data["queue_count"])),  # type: ignore[arg-type]
-            created_ms=int(data.get("created_ms", 0)),  # type: ignore[arg-type]
+            read_queue_count=_json_int(data.get("read_queue_count", data["queue_count"])),
+            created_ms=_json_int(data.get("created_ms", 0)),
         )
+
+
+def _json_int(value: object) -> int:
+    """``int(value)`` for a number read from topics.json; TypeError (as int() raises) otherwise."""
+    if isinstance(value, int | float | str):
+        return int(value)
+    raise TypeError(f"expected a number, not {type(value).__name__}")
 
 
 class TopicRegistry:

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import platform
 import socket
-from typing import Any
+from typing import Any, Self
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
@@ -112,7 +112,7 @@ class BaseClient:
     async def _on_closing(self) -> None:
         """Subclass hook before shutdown (drain in-flight work)."""
 
-    async def __aenter__(self) -> BaseClient:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 

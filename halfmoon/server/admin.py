@@ -159,7 +159,7 @@ def take(
         raise ApiError(f"field {name!r} must be {names}, not {json.dumps(value)}")
     if choices is not None and value not in choices:
         raise ApiError(f"field {name!r} must be one of {', '.join(choices)}, not {value!r}")
-    if minimum is not None and value < minimum:
+    if minimum is not None and isinstance(value, int | float) and value < minimum:
         raise ApiError(f"field {name!r} must be at least {minimum}, not {value}")
     return value
 

@@ -9,14 +9,12 @@ GroupConfig), the receive batch size and the long-polling timeout.
 
 from __future__ import annotations
 
-from rocketmq.grpc_protocol import definition_pb2
+from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from halfmoon.broker.filter_spec import FilterSpec, compile_spec
 from halfmoon.broker.groups import GroupConfig, RetryPolicy
 from halfmoon.config import ServerConfig
 from halfmoon.server.convert import filter_spec, to_duration
-
-pb = definition_pb2
 
 
 def producer_settings(client: pb.Settings, server: ServerConfig, max_body_size: int) -> pb.Settings:

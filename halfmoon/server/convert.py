@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from google.protobuf import duration_pb2, timestamp_pb2
 from rocketmq.grpc_protocol import definition_pb2
+from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import (
@@ -28,7 +29,6 @@ from halfmoon.broker.produce import verify_body_digest
 from halfmoon.server import namespace as ns
 from halfmoon.server.errors import RequestError, Unsupported
 
-pb = definition_pb2
 WireType = definition_pb2.MessageType
 
 _TYPE_FROM_WIRE = {

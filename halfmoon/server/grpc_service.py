@@ -19,7 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import grpc
-from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc
 
 from halfmoon.broker.message import MessageType
 from halfmoon.errors import HalfmoonError
@@ -33,8 +35,6 @@ from halfmoon.server.telemetry import ClientRegistry
 
 log = logging.getLogger("halfmoon.server.grpc")
 
-pb = definition_pb2
-svc = service_pb2
 T = TypeVar("T")
 
 _RESOLUTIONS = {
