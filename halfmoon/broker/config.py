@@ -49,7 +49,7 @@ class BrokerConfig:
     max_message_group_length: int = 128
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: object) -> None:
     """Replace ``path`` with ``data`` as JSON so a crash leaves the old or the new file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     replace_atomically(path, json.dumps(data, indent=1, sort_keys=True).encode("utf-8"))

@@ -14,9 +14,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
 
-from halfmoon.broker.filter import compile_filter
+from halfmoon.broker.filter import MessageFilter, compile_filter
 from halfmoon.broker.message import SYSTEM_PROPERTIES
 from halfmoon.store.api import MessagePredicate, TagHashes
 from halfmoon.store.message import StoredMessage
@@ -37,7 +36,7 @@ class FilterSpec:
 MATCH_ALL = FilterSpec()
 
 
-def compile_spec(spec: FilterSpec) -> Any:
+def compile_spec(spec: FilterSpec) -> MessageFilter:
     """The compiled filter: ``.matches_message(tag, properties)`` and ``.tag_hash_codes``."""
     return compile_filter(spec.kind, spec.expression)
 
@@ -56,7 +55,7 @@ class CompiledFilter:
     spec: FilterSpec
     tag_hashes: TagHashes
     predicate: MessagePredicate | None
-    compiled: Any
+    compiled: MessageFilter | None  # None: matches everything
 
     def matches(self, stored: StoredMessage) -> bool:
         return self.predicate is None or self.predicate(stored)

@@ -33,6 +33,7 @@ queue a dead-letter exchange to keep it); its id stays in the table.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import uuid
@@ -181,7 +182,7 @@ class IntermediateMover:
         self.confirm_timeout = confirm_timeout
         self.stats = MoverStats()
         self._stop: asyncio.Event | None = None
-        self._future: Any = None
+        self._future: concurrent.futures.Future[None] | None = None
         self._started = threading.Event()
 
     # -- lifecycle (on the client's background loop) -------------------------------------------

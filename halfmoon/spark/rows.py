@@ -20,9 +20,9 @@ column: Spark takes them without converting row by row.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import pyarrow as pa
+from google.protobuf import timestamp_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 _TRANSACTION = pb.MessageType.TRANSACTION
@@ -52,7 +52,7 @@ ARROW_SCHEMA = pa.schema(
 )
 
 
-def _micros(ts: Any) -> int:
+def _micros(ts: timestamp_pb2.Timestamp) -> int:
     return ts.seconds * 1_000_000 + ts.nanos // 1000
 
 
