@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from halfmoon.server.admin_openapi import _op, _path_param, _ref
+from halfmoon.server.admin_openapi_common import _op, _path_param, _ref
 
 _INT = {"type": "integer"}
 _NUM = {"type": "number"}
