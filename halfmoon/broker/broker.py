@@ -1,9 +1,11 @@
-"""The broker facade: every domain operation the server and the admin API call.
+"""The in-process broker: the :class:`~halfmoon.broker.facade.Broker` facade over a store.
 
-Plain synchronous objects over a :class:`~halfmoon.store.api.Store`: topics
-and groups (:mod:`topics`, :mod:`groups`), the send path (:mod:`produce`),
-delay messages (:mod:`timer`), pop consumption (:mod:`pop`), pull with
-committed offsets (:mod:`offsets`), and the status page (:mod:`stats`).
+Every operation is documented once, on the facade (:mod:`facade`). Plain
+synchronous objects over a :class:`~halfmoon.store.api.Store`: topics and
+groups (:mod:`topics`, :mod:`groups`), the send path (:mod:`produce`), delay
+messages (:mod:`timer`), pop consumption (:mod:`pop`), pull with committed
+offsets (:mod:`offsets`), operators' reads (:mod:`browse`), and the status
+page (:mod:`stats`).
 Time comes from the injected clock; background work happens only in
 :meth:`Broker.tick`, which the server calls every ~100 ms from one thread.
 The broker does not own the store: close the store after the broker.
@@ -11,13 +13,15 @@ The broker does not own the store: close the store after the broker.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import halfmoon.broker.browse as browse
 from halfmoon.broker.clock import Clock, SystemClock
 from halfmoon.broker.config import BrokerConfig
 from halfmoon.broker.errors import (
@@ -28,6 +32,7 @@ from halfmoon.broker.errors import (
     TopicExists,
     TopicNotFound,
 )
+from halfmoon.broker.facade import PullResult, QueueProgress, QueueRoute, QueueStatus, Written
 from halfmoon.broker.filter_spec import FilterCache, FilterSpec
 from halfmoon.broker.groups import GroupConfig, GroupRegistry, RetryPolicy
 from halfmoon.broker.message import (
@@ -45,7 +50,7 @@ from halfmoon.broker.produce import SendResult, plan_send
 from halfmoon.broker.queue_select import QueueSelector
 from halfmoon.broker.recall import RecallHandle, check_handle
 from halfmoon.broker.recall import encode as encode_recall_handle
-from halfmoon.broker.statistics import TrafficStatistics
+from halfmoon.broker.statistics import TrafficRow, TrafficStatistics
 from halfmoon.broker.stats import BrokerStatus, RateCounter
 from halfmoon.broker.timer import DelayTimer
 from halfmoon.broker.topics import (
@@ -66,51 +71,25 @@ from halfmoon.broker.transactions import (
     TransactionStats,
 )
 from halfmoon.errors import InvalidArgument
-from halfmoon.store.api import AppendResult, GetStatus, Store
+from halfmoon.store.api import AppendResult, GetStatus, Store, StoreStats
 from halfmoon.store.message import Message, StoredMessage
 
 log = logging.getLogger(__name__)
 
 MAX_PULL_BATCH = 1024
 _DRAINED_CHECK_INTERVAL_MS = 60_000
+# Re-exported: the facade's result types used to live here.
+__all__ = ["Broker", "PullResult", "QueueProgress", "QueueRoute", "QueueStatus"]
 
 
-@dataclass(frozen=True)
-class QueueStatus:
-    topic: str
-    queue_id: int
-    min_offset: int
-    max_offset: int
-    last_store_timestamp: int | None  # None for an empty queue
-    perm: str
+def _completed() -> Future[None]:
+    future: Future[None] = Future()
+    future.set_result(None)
+    return future
 
 
-@dataclass(frozen=True)
-class QueueProgress:
-    group: str
-    topic: str
-    queue_id: int
-    committed_offset: int
-    max_offset: int
-    lag: int
-    inflight: int
-
-
-@dataclass(frozen=True)
-class QueueRoute:
-    topic: str
-    queue_id: int
-    perm: str  # "rw", "r", "w" or "-"
-    accepted_types: list[MessageType]
-
-
-@dataclass
-class PullResult:
-    status: GetStatus
-    messages: list[MessageView]
-    next_offset: int
-    min_offset: int
-    max_offset: int
+# What a write that needs no flush waits for (nothing written, or nothing to append).
+_DURABLE = _completed()
 
 
 class Broker:
@@ -171,8 +150,7 @@ class Broker:
             self.topics.close()
             self.groups.close()
 
-    def tick(self) -> None:
-        """Deliver due delay messages; persist offsets and consumption state periodically."""
+    def tick(self) -> bool:
         with self._tick_lock:
             now = self.clock.now_ms()
             self.timer.tick(now)
@@ -189,6 +167,16 @@ class Broker:
                         self.topics.drop_drained_queues(
                             topic.name, self._queue_has_messages(topic.name)
                         )
+            return self._checks.scanning
+
+    def update_config(self, changes: Mapping[str, Any]) -> BrokerConfig:
+        fields = {f.name for f in dataclasses.fields(BrokerConfig)}
+        unknown = sorted(set(changes) - fields)
+        if unknown:
+            raise InvalidArgument(f"no broker setting {', '.join(map(repr, unknown))}")
+        for name, value in changes.items():
+            setattr(self.config, name, value)
+        return self.config
 
     # -- topics ------------------------------------------------------------------
     def create_topic(
@@ -223,7 +211,6 @@ class Broker:
         self._selector.forget(name)
 
     def get_topic(self, name: str) -> TopicConfig:
-        """The topic; raises TopicNotFound unless auto-creation is on (then a mixed topic)."""
         topic = self.topics.find(name)
         if topic is not None:
             return topic
@@ -234,8 +221,10 @@ class Broker:
         except TopicExists:
             return self.topics.get(name)
 
+    def find_topic(self, name: str) -> TopicConfig | None:
+        return self.topics.find(name)
+
     def list_topics(self) -> list[TopicConfig]:
-        """User topics and dead-letter topics (not the broker's internal ones)."""
         return [t for t in self.topics.all() if not is_internal_topic(t.name)]
 
     def topic_status(self, name: str) -> list[QueueStatus]:
@@ -286,11 +275,13 @@ class Broker:
     def get_group(self, name: str) -> GroupConfig:
         return self.groups.get(name, auto_create=self.config.auto_create_groups)
 
+    def find_group(self, name: str) -> GroupConfig | None:
+        return self.groups.find(name)
+
     def list_groups(self) -> list[GroupConfig]:
         return self.groups.all()
 
     def group_progress(self, group: str, topic: str | None = None) -> list[QueueProgress]:
-        """Per queue the group consumed by pop or pull: committed offset, lag, in flight."""
         self.groups.get(group)
         names = [topic] if topic is not None else [t.name for t in self.list_topics()]
         pulled = self.offsets.of_group(group, topic)
@@ -314,7 +305,25 @@ class Broker:
 
     # -- produce -----------------------------------------------------------------
     def send(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
-        """Validate every message, store them; returns once written (see the module docs)."""
+        written = self.send_nowait(messages)
+        written.durable.result()
+        return written.result
+
+    def send_nowait(self, messages: Sequence[OutgoingMessage]) -> Written[list[SendResult]]:
+        results = self._send(messages)
+        if not results:
+            return Written(results, _DURABLE)
+        return Written(results, self.store.durable(max(r.end_offset for r in results)))
+
+    def sends_cheaply(self, messages: Sequence[OutgoingMessage]) -> bool:
+        find = self.topics.find
+        return all(
+            find(m.topic) is not None
+            and (m.message_type is not MessageType.TRANSACTION or m.transaction_group is None)
+            for m in messages
+        )
+
+    def _send(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
         if not messages:
             return []
         planned = plan_send(
@@ -349,11 +358,6 @@ class Broker:
 
     # -- recall (halfmoon/broker/recall.py) ------------------------------------------
     def recall(self, topic: str, recall_handle: str) -> str:
-        """Cancel a delay message before its delivery time; returns its message id.
-
-        Durable on return; recalling again is a no-op. Raises IllegalRecallHandle
-        (garbled, forged, or another topic's handle) or RecallTooLate (already delivered).
-        """
         self.get_topic(topic)
         handle = check_handle(recall_handle, topic, self.config.name, self.store)
         self.timer.cancel(handle.timer_key, handle.message_id)
@@ -383,17 +387,11 @@ class Broker:
         source: str,
         producer_group: str | None = None,
     ) -> TxnState:
-        """Commit, roll back or leave (``unknown``) a transaction; returns once the decision is durable.
-
-        ``resolution``: commit|rollback|unknown; ``source``: client|check|operator.
-        Repeating a decision is a no-op; the opposite raises TransactionAlreadyEnded.
-        """
-        result = self.end_transaction_nowait(
+        written = self.end_transaction_nowait(
             topic, message_id, transaction_id, resolution, source, producer_group
         )
-        if result.end_offset:
-            self.store.wait_durable(result.end_offset)
-        return result.state
+        written.durable.result()
+        return written.result.state
 
     def end_transaction_nowait(
         self,
@@ -403,30 +401,38 @@ class Broker:
         resolution: str,
         source: str,
         producer_group: str | None = None,
-    ) -> EndResult:
-        """As :meth:`end_transaction`, returning once written: await store.durable(result.end_offset)."""
-        return self.transactions.end(
+    ) -> Written[EndResult]:
+        result = self.transactions.end(
             transaction_id, resolution, source, message_id=message_id, topic=topic
         )
+        return Written(result, self._durable(result.end_offset))
+
+    def transaction_ends_cheaply(self, transaction_id: str) -> bool:
+        return self.transactions.ends_cheaply(transaction_id)
 
     def end_transaction_group(self, group_id: str, resolution: str, source: str = "client") -> int:
-        """Commit or roll back every member of a transaction group atomically; members decided now."""
+        written = self.end_transaction_group_nowait(group_id, resolution, source)
+        written.durable.result()
+        return written.result
+
+    def end_transaction_group_nowait(
+        self, group_id: str, resolution: str, source: str = "client"
+    ) -> Written[int]:
         count, end_offset = self.transactions.end_group(group_id, resolution, source)
-        if end_offset:
-            self.store.wait_durable(end_offset)
-        return count
+        return Written(count, self._durable(end_offset))
+
+    def _durable(self, end_offset: int) -> Future[None]:
+        return self.store.durable(end_offset) if end_offset else _DURABLE
 
     def list_transactions(
         self, topic: str | None = None, limit: int = 1000
     ) -> list[TransactionInfo]:
-        """Undecided transactions (prepared and parked), oldest first."""
         return self.transactions.list(topic=topic, limit=limit)
 
     def parked_transactions(self, limit: int = 1000) -> list[TransactionInfo]:
         return self.transactions.list(state=TxnState.PARKED, limit=limit)
 
     def resume_transaction(self, transaction_id: str) -> TransactionInfo:
-        """Put a parked transaction back under checks (count reset)."""
         return self.transactions.resume(transaction_id)
 
     def set_check_sender(self, sender: CheckSender | None) -> None:
@@ -445,7 +451,6 @@ class Broker:
         invisible_ms: int,
         client_id: str = "",
     ) -> list[MessageView]:
-        """Up to ``batch_size`` messages hidden for ``invisible_ms`` (0: the default); [] if none."""
         self._check_consumable(group, topic)
         compiled = self._filters.get(filter)
         views = self._pop.receive(
@@ -460,7 +465,6 @@ class Broker:
         return views
 
     def subscribe(self, group: str, topic: str) -> None:
-        """Fix a new group's start position in ``topic`` now (call when a consumer subscribes)."""
         self._check_consumable(group, topic)
         self._pop.subscribe(group, topic)
 
@@ -535,7 +539,6 @@ class Broker:
     def query_offset(
         self, topic: str, queue_id: int, policy: str, timestamp: int | None = None
     ) -> int:
-        """``beginning`` (min offset), ``end`` (max offset) or ``timestamp`` (first stored at/after it)."""
         self._check_queue(self.get_topic(topic), queue_id)
         if policy == "beginning":
             return self.store.min_offset(topic, queue_id)
@@ -548,7 +551,6 @@ class Broker:
         raise InvalidArgument(f"unknown offset policy {policy!r}: use beginning, end or timestamp")
 
     def reset_offset(self, group: str, topic: str, timestamp: int) -> dict[int, int]:
-        """Move the group (pull offsets and pop position) to ``timestamp`` in every queue."""
         self.get_group(group)
         config = self.get_topic(topic)
         offsets = {}
@@ -558,6 +560,51 @@ class Broker:
             self.offsets.set(group, topic, queue_id, offset)
             self._pop.reset(group, topic, queue_id, offset)
         return offsets
+
+    # -- reading stored messages (halfmoon/broker/browse.py) ------------------------
+    def messages_by_id(self, message_id: str, topic: str | None = None) -> list[MessageView]:
+        if topic is None:
+            names, where = [t.name for t in self.list_topics()], "any topic"
+        else:
+            names, where = [self._existing_topic(topic).name], f"topic {topic!r}"
+        return browse.by_id(self.store, names, message_id, where)
+
+    def messages_by_key(
+        self, topic: str, key: str, begin_ms: int, end_ms: int, limit: int
+    ) -> list[MessageView]:
+        self._existing_topic(topic)
+        return browse.by_key(self.store, topic, key, begin_ms, end_ms, limit)
+
+    def message_at(self, topic: str, queue_id: int, offset: int) -> MessageView:
+        return browse.at(self.store, self._existing_topic(topic), queue_id, offset)
+
+    def scan(
+        self,
+        topic: str,
+        queue_id: int | None,
+        offset: int | None,
+        begin_ms: int,
+        end_ms: int,
+        limit: int,
+        filter: FilterSpec,
+        with_messages: bool = True,
+    ) -> browse.ScanResult:
+        config = self._existing_topic(topic)
+        queues = list(config.readable_queues())
+        if queue_id is not None:
+            browse.readable_queue(config, queue_id)
+            queues = [queue_id]
+        compiled = self._filters.get(filter)
+        return browse.scan(
+            self.store, topic, queues, offset, begin_ms, end_ms, limit, compiled, with_messages
+        )
+
+    def _existing_topic(self, name: str) -> TopicConfig:
+        # Unlike get_topic, never auto-create what an operator only looks at.
+        topic = self.topics.find(name)
+        if topic is None:
+            raise TopicNotFound(name)
+        return topic
 
     # -- routes, notifications, status -------------------------------------------
     def route(self, topic: str) -> list[QueueRoute]:
@@ -570,6 +617,12 @@ class Broker:
 
     def add_arrival_listener(self, callback: Callable[[str, int], None]) -> None:
         self._listeners.append(callback)
+
+    def store_stats(self) -> StoreStats:
+        return self.store.stats()
+
+    def traffic(self, topic: str | None = None, group: str | None = None) -> list[TrafficRow]:
+        return self.statistics.rows(topic=topic, group=group)
 
     def status(self) -> BrokerStatus:
         stats = self.store.stats()

@@ -6,6 +6,7 @@ the gRPC pieces load on first use.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from halfmoon.server.config import ServerConfig
@@ -24,6 +25,5 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'halfmoon.server' has no attribute {name!r}")
-    import importlib
-
+    # Loaded on first use: gRPC and the broker are heavy for the config loader.
     return getattr(importlib.import_module(module), name)

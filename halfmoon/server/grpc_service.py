@@ -3,7 +3,8 @@
 Each RPC translates its request into one broker call and the result back;
 no business rule lives here. Broker calls are synchronous, so they run on a
 small thread pool (``_call``) and the event loop stays free for the
-thousands of parked long polls. Every failure becomes a protocol ``Status``
+thousands of parked long polls; the few the facade says cannot block (see
+:mod:`halfmoon.broker.facade`) run on the loop. Every failure becomes a protocol ``Status``
 (see :mod:`halfmoon.server.errors`); a handler never raises into grpc, so no
 request can take the server down.
 """
@@ -15,13 +16,16 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import grpc
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
-from halfmoon.broker.message import MessageType
+from halfmoon.broker.facade import Broker, PullResult
+from halfmoon.broker.filter_spec import FilterSpec
+from halfmoon.broker.message import MessageView, OutgoingMessage
+from halfmoon.broker.produce import SendResult
 from halfmoon.errors import HalfmoonError
 from halfmoon.server import client_settings, convert
 from halfmoon.server.config import ServerConfig
@@ -56,8 +60,6 @@ _MIN_REPOLL = 0.05
 # Built once and copied into each answer: ``ok()`` resolves ``Code.OK`` through
 # protobuf's Python-level enum wrapper, a visible cost per message on the send path.
 _OK = ok()
-_TRANSACTION = MessageType.TRANSACTION
-_MAX_SENT_TOPICS = 100_000
 
 
 def _metadata(context: grpc.aio.ServicerContext, key: str) -> str:
@@ -102,11 +104,23 @@ def _name(resource: pb.Resource, what: str) -> str:
     return resource.name
 
 
+async def _until_durable(durable: Future[None]) -> None:
+    """Wait for a write's promise to hold; no loop wake-up when it already does (async flush).
+
+    Each waiter wraps the future itself. Sharing one wrapper per fsync
+    (shielded per RPC) was measured: sequential sync-flush sends got ~100 ms
+    p99 outliers that the plain wrap does not have.
+    """
+    if durable.done():
+        durable.result()
+        return
+    await asyncio.wrap_future(durable)
+
+
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def __init__(
         self,
-        broker: Any,
-        store: Any,
+        broker: Broker,
         config: ServerConfig,
         registry: ClientRegistry,
         notifier: ArrivalNotifier,
@@ -115,7 +129,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         executor: ThreadPoolExecutor | None = None,
     ) -> None:
         self.broker = broker
-        self.store = store
         self.config = config
         self.registry = registry
         self.notifier = notifier
@@ -123,16 +136,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self._executor = executor or ThreadPoolExecutor(
             config.worker_threads, thread_name_prefix="halfmoon-rpc"
         )
-        # Topics a send reached before: a send to one of them (not transactional) is an
-        # append to memory and runs on the event loop (see _send).
-        self._sent_topics: set[str] = set()
-        self.max_body_size = getattr(
-            getattr(broker, "config", None), "max_body_size", 4 * 1024 * 1024
-        )
-        self.default_invisible_ms = getattr(
-            getattr(broker, "config", None), "default_invisible_ms", 30_000
-        )
-        self.broker_name = getattr(getattr(broker, "config", None), "name", "halfmoon")
+        self.max_body_size = broker.config.max_body_size
+        self.default_invisible_ms = broker.config.default_invisible_ms
+        self.broker_name = broker.config.name
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -326,9 +332,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         producer_group = self._producer_group(client_id)
         outgoing = [convert.outgoing_message(m, peer, producer_group) for m in request.messages]
         results = await self._send(outgoing)
-        if results:
-            # The answer promises durability under the store's flush policy.
-            await self._until_durable(max(r.end_offset for r in results))
         topics = {m.topic for m in outgoing}
         if client_id:
             for topic in topics:
@@ -339,52 +342,31 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 message_id=r.message_id,
                 transaction_id=r.transaction_id or "",
                 offset=r.queue_offset,
-                recall_handle=getattr(r, "recall_handle", None) or "",
+                recall_handle=r.recall_handle or "",
             )
             for r in results
         ]
         return svc.SendMessageResponse(status=_OK, entries=entries)
 
-    async def _until_durable(self, end_offset: int) -> None:
-        """Wait for ``store.durable(end_offset)``; no loop wake-up when it already is (async flush).
-
-        Each waiter wraps the store's future itself. Sharing one wrapper per
-        fsync (shielded per RPC) was measured: sequential sync-flush sends got
-        ~100 ms p99 outliers that the plain wrap does not have.
-        """
-        durable = self.store.durable(end_offset)
-        if durable.done():
-            durable.result()
-            return
-        await asyncio.wrap_future(durable)
-
-    async def _send(self, outgoing: list[Any]) -> list[Any]:
-        """``broker.send``, on the event loop when it cannot block, else on a worker thread.
+    async def _send(self, outgoing: list[OutgoingMessage]) -> list[SendResult]:
+        """``broker.send_nowait``, on the event loop when it cannot block, else on a worker
+        thread; then wait, on the loop, until the answer's promise (durability) holds.
 
         A send of ordinary messages to a topic that exists validates, appends to
-        the commit log's page-cache mapping and returns (durability is awaited
-        separately): tens of microseconds, less than the two thread hand-offs
-        of a worker call. Half messages too: the transaction lock they take is
-        held by a check scan one message at a time. The first send to a topic
-        may create it (metadata written to disk) and a transaction group
-        member may need a key-index lookup (is its group decided?): those stay
-        on the worker threads.
+        the commit log's page-cache mapping and returns: tens of microseconds,
+        less than the two thread hand-offs of a worker call. Half messages too:
+        the transaction lock they take is held by a check scan one message at a
+        time. The first send to a topic may create it (metadata written to
+        disk) and a transaction group member may need a key-index lookup (is
+        its group decided?): ``sends_cheaply`` says no and those run on the
+        worker threads.
         """
-        known = self._sent_topics
-        if all(
-            m.topic in known and (m.message_type is not _TRANSACTION or m.transaction_group is None)
-            for m in outgoing
-        ):
-            try:
-                return self.broker.send(outgoing)
-            except HalfmoonError:
-                known.difference_update(m.topic for m in outgoing)  # e.g. deleted since
-                raise
-        results = await self._call(self.broker.send, outgoing)
-        if len(known) > _MAX_SENT_TOPICS:
-            known.clear()  # topics come and go; forgetting only costs one worker call each
-        known.update(m.topic for m in outgoing)
-        return results
+        if self.broker.sends_cheaply(outgoing):
+            written = self.broker.send_nowait(outgoing)
+        else:
+            written = await self._call(self.broker.send_nowait, outgoing)
+        await _until_durable(written.durable)
+        return written.result
 
     def _producer_group(self, client_id: str) -> str | None:
         """The producer group a client named in its heartbeats (halfmoon's client does)."""
@@ -404,9 +386,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         message) and we wait for the store to hold it. ``transaction_id``
         ``hm-group:<id>`` ends transaction group ``<id>`` (docs/transactions.md).
         """
-        end = getattr(self.broker, "end_transaction_nowait", None)
-        if end is None:
-            raise Unsupported("transactional messages are not supported by this halfmoon build yet")
+        end = self.broker.end_transaction_nowait
         if not request.transaction_id:
             raise RequestError(
                 "transaction_id is missing; use the one SendMessage returned",
@@ -416,31 +396,30 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         source = "check" if request.source == pb.TransactionSource.SOURCE_SERVER_CHECK else "client"
         if request.transaction_id.startswith(TRANSACTION_GROUP_PREFIX):
             group = request.transaction_id[len(TRANSACTION_GROUP_PREFIX) :]
-            # Waits for durability in the worker thread (the facade has no "nowait" for groups).
-            await self._call(self.broker.end_transaction_group, group, resolution, source)
+            written = await self._call(
+                self.broker.end_transaction_group_nowait, group, resolution, source
+            )
+            await _until_durable(written.durable)
             return svc.EndTransactionResponse(status=ok())
         topic = _name(request.topic, "topic")
-        service = getattr(self.broker, "transactions", None)
-        if service is not None and service.ends_cheaply(request.transaction_id):
+        if self.broker.transaction_ends_cheaply(request.transaction_id):
             # Pending or recently decided: an append (or nothing), like a plain send; no thread hop.
             result = end(topic, request.message_id, request.transaction_id, resolution, source)
         else:  # may look the decision up in the key index
             result = await self._call(
                 end, topic, request.message_id, request.transaction_id, resolution, source
             )
-        if getattr(result, "end_offset", None):
-            # The decision is acknowledged only once durable (it may publish the message).
-            await self._until_durable(result.end_offset)
+        # The decision is acknowledged only once durable (it may publish the message).
+        await _until_durable(result.durable)
         return svc.EndTransactionResponse(status=ok())
 
     @_unary(svc.RecallMessageResponse)
     async def RecallMessage(
         self, request: svc.RecallMessageRequest, context: grpc.aio.ServicerContext
     ) -> svc.RecallMessageResponse:
-        recall = getattr(self.broker, "recall", None)
-        if recall is None:
-            raise Unsupported("recalling delay messages is not supported by halfmoon yet")
-        message_id = await self._call(recall, _name(request.topic, "topic"), request.recall_handle)
+        message_id = await self._call(
+            self.broker.recall, _name(request.topic, "topic"), request.recall_handle
+        )
         return svc.RecallMessageResponse(status=ok(), message_id=message_id)
 
     # -- consume by pop -------------------------------------------------------------
@@ -456,8 +435,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return max(seconds, 0.0)
 
     def _receive_once(
-        self, group: str, topic: str, spec: Any, batch: int, invisible_ms: int, client_id: str
-    ) -> tuple[list[Any], int | None]:
+        self,
+        group: str,
+        topic: str,
+        spec: FilterSpec,
+        batch: int,
+        invisible_ms: int,
+        client_id: str,
+    ) -> tuple[list[MessageView], int | None]:
         views = self.broker.receive(group, topic, spec, batch, invisible_ms, client_id)
         if views:
             return views, None
@@ -510,12 +495,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self,
         group: str,
         topic: str,
-        spec: Any,
+        spec: FilterSpec,
         batch: int,
         invisible_ms: int,
         client_id: str,
         budget: float,
-    ) -> list[Any]:
+    ) -> list[MessageView]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
         while True:
@@ -657,9 +642,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         queue_id: int,
         offset: int,
         batch: int,
-        spec: Any,
+        spec: FilterSpec,
         budget: float,
-    ) -> Any:
+    ) -> PullResult:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
         while True:
@@ -733,12 +718,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 _WAITABLE = {"NO_MESSAGE", "FOUND"}
 
 
-def _status_name(result: Any) -> str:
-    value = getattr(result, "status", "")
-    return str(getattr(value, "name", value)).upper()
+def _status_name(result: PullResult) -> str:
+    return result.status.name
 
 
-def _pull_status(result: Any) -> tuple[int, str]:
+def _pull_status(result: PullResult) -> tuple[int, str]:
     name = _status_name(result)
     if name in (
         "OFFSET_TOO_SMALL",
@@ -747,8 +731,8 @@ def _pull_status(result: Any) -> tuple[int, str]:
         "OFFSET_OVERFLOW_BADLY",
     ):
         return Code.ILLEGAL_OFFSET, (
-            f"offset is outside the queue's range [{getattr(result, 'min_offset', '?')}, "
-            f"{getattr(result, 'max_offset', '?')}]; continue from next_offset {result.next_offset}"
+            f"offset is outside the queue's range [{result.min_offset}, "
+            f"{result.max_offset}]; continue from next_offset {result.next_offset}"
         )
     if name == "NO_SUCH_QUEUE":
         return Code.NOT_FOUND, "no such queue"

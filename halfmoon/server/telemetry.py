@@ -28,6 +28,7 @@ from typing import Any
 from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
 from halfmoon.server.check_pacing import OutstandingChecks
+from halfmoon.server.convert import wire_message
 
 log = logging.getLogger("halfmoon.server.telemetry")
 
@@ -429,8 +430,6 @@ class TelemetryCheckSender:
         round; a command queued after all reaches the producer as one extra,
         uncounted check, which it answers like any other).
         """
-        from halfmoon.server.convert import wire_message
-
         if not checks:
             return []
         commands = [
