@@ -563,17 +563,14 @@ class Broker:
 
     # -- reading stored messages (halfmoon/broker/browse.py) ------------------------
     def messages_by_id(self, message_id: str, topic: str | None = None) -> list[MessageView]:
-        if topic is None:
-            names, where = [t.name for t in self.list_topics()], "any topic"
-        else:
-            names, where = [self._existing_topic(topic).name], f"topic {topic!r}"
-        return browse.by_id(self.store, names, message_id, where)
+        topics = self.list_topics() if topic is None else [self._existing_topic(topic)]
+        return browse.by_id(self.store, topics, message_id, topic)
 
     def messages_by_key(
         self, topic: str, key: str, begin_ms: int, end_ms: int, limit: int
     ) -> list[MessageView]:
-        self._existing_topic(topic)
-        return browse.by_key(self.store, topic, key, begin_ms, end_ms, limit)
+        config = self._existing_topic(topic)
+        return browse.by_key(self.store, config, key, begin_ms, end_ms, limit)
 
     def message_at(self, topic: str, queue_id: int, offset: int) -> MessageView:
         return browse.at(self.store, self._existing_topic(topic), queue_id, offset)
@@ -589,14 +586,9 @@ class Broker:
         filter: FilterSpec,
         with_messages: bool = True,
     ) -> browse.ScanResult:
-        config = self._existing_topic(topic)
-        queues = list(config.readable_queues())
-        if queue_id is not None:
-            browse.readable_queue(config, queue_id)
-            queues = [queue_id]
-        compiled = self._filters.get(filter)
+        config, compiled = self._existing_topic(topic), self._filters.get(filter)
         return browse.scan(
-            self.store, topic, queues, offset, begin_ms, end_ms, limit, compiled, with_messages
+            self.store, config, queue_id, offset, begin_ms, end_ms, limit, compiled, with_messages
         )
 
     def _existing_topic(self, name: str) -> TopicConfig:

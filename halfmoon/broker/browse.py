@@ -40,7 +40,7 @@ class ScanResult:
     complete: bool = True  # False: stopped at a limit before the end
 
 
-def readable_queue(topic: TopicConfig, queue_id: int) -> None:
+def _readable_queue(topic: TopicConfig, queue_id: int) -> None:
     if queue_id not in topic.readable_queues():
         raise InvalidArgument(
             f"topic {topic.name!r} has no queue {queue_id} "
@@ -48,14 +48,18 @@ def readable_queue(topic: TopicConfig, queue_id: int) -> None:
         )
 
 
-def by_id(store: Store, topics: list[str], message_id: str, where: str) -> list[MessageView]:
+def by_id(
+    store: Store, topics: list[TopicConfig], message_id: str, named: str | None
+) -> list[MessageView]:
+    """Messages with this id in ``topics`` (``named``: the topic the caller asked for, if any)."""
     found = [
         MessageView.of(stored)
-        for name in topics
-        for stored in store.query_by_key(name, message_id, max_results=_ID_RESULTS_PER_TOPIC)
+        for topic in topics
+        for stored in store.query_by_key(topic.name, message_id, max_results=_ID_RESULTS_PER_TOPIC)
         if stored.unique_id == message_id
     ]
     if not found:
+        where = f"topic {named!r}" if named else "any topic"
         raise MessageNotFound(
             f"no message with id {message_id!r} in {where} (it may be older than the "
             "retention, or the id may be mistyped)"
@@ -64,14 +68,14 @@ def by_id(store: Store, topics: list[str], message_id: str, where: str) -> list[
 
 
 def by_key(
-    store: Store, topic: str, key: str, begin_ms: int, end_ms: int, limit: int
+    store: Store, topic: TopicConfig, key: str, begin_ms: int, end_ms: int, limit: int
 ) -> list[MessageView]:
-    found = store.query_by_key(topic, key, begin_ms, end_ms, limit)
+    found = store.query_by_key(topic.name, key, begin_ms, end_ms, limit)
     return [MessageView.of(m) for m in found if key in m.keys]
 
 
 def at(store: Store, topic: TopicConfig, queue_id: int, offset: int) -> MessageView:
-    readable_queue(topic, queue_id)
+    _readable_queue(topic, queue_id)
     got = store.get(topic.name, queue_id, offset, max_messages=1)
     if got.status is not GetStatus.FOUND or got.messages[0].queue_offset != offset:
         raise MessageNotFound(
@@ -84,8 +88,8 @@ def at(store: Store, topic: TopicConfig, queue_id: int, offset: int) -> MessageV
 
 def scan(
     store: Store,
-    topic: str,
-    queues: list[int],
+    config: TopicConfig,
+    queue: int | None,
     offset: int | None,
     begin: int,
     end: int,
@@ -93,6 +97,12 @@ def scan(
     compiled: CompiledFilter,
     with_messages: bool,
 ) -> ScanResult:
+    """One queue (``queue``) or every readable queue (None); see the module docs."""
+    topic = config.name
+    queues = list(config.readable_queues())
+    if queue is not None:
+        _readable_queue(config, queue)
+        queues = [queue]
     messages: list[MessageView] = []
     tag_counts: dict[str, int] = {}
     next_offsets: dict[int, int] = {}

@@ -1,12 +1,13 @@
 """The ``apache.rocketmq.v2.MessagingService`` servicer (grpc.aio).
 
 Each RPC translates its request into one broker call and the result back;
-no business rule lives here. Broker calls are synchronous, so they run on a
+no business rule lives here. The broker is the :mod:`halfmoon.broker.facade`
+protocol and nothing below it. Its calls are synchronous, so they run on a
 small thread pool (``_call``) and the event loop stays free for the
-thousands of parked long polls; the few the facade says cannot block (see
-:mod:`halfmoon.broker.facade`) run on the loop. Every failure becomes a protocol ``Status``
-(see :mod:`halfmoon.server.errors`); a handler never raises into grpc, so no
-request can take the server down.
+thousands of parked long polls; the writes the facade says cannot block run
+on the loop, and durability is awaited there too. Every failure becomes a
+protocol ``Status`` (see :mod:`halfmoon.server.errors`); a handler never
+raises into grpc, so no request can take the server down.
 """
 
 from __future__ import annotations
@@ -381,9 +382,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     ) -> svc.EndTransactionResponse:
         """Commit, roll back or leave (UNKNOWN) a transaction, or a whole transaction group.
 
-        A decision is answered only once durable: the broker returns the end
-        offset of its records (for a commit, the op record and the real
-        message) and we wait for the store to hold it. ``transaction_id``
+        A decision is answered only once durable: the broker returns once its
+        records are written (for a commit, the op record and the real message)
+        with a future we await until they are durable. ``transaction_id``
         ``hm-group:<id>`` ends transaction group ``<id>`` (docs/transactions.md).
         """
         end = self.broker.end_transaction_nowait
