@@ -26,7 +26,7 @@ from halfmoon.errors import Conflict, HalfmoonError, InvalidArgument, NotFound
 from halfmoon.server.metrics import MetricsRegistry
 from halfmoon.server.telemetry import ClientRegistry
 
-BROKER_KEY: web.AppKey[Broker] = web.AppKey("broker", object)
+BROKER_KEY: web.AppKey[Broker] = web.AppKey("broker")
 CONFIG_KEY: web.AppKey[Config] = web.AppKey("config", Config)
 REGISTRY_KEY: web.AppKey[MetricsRegistry] = web.AppKey("metrics", MetricsRegistry)
 # The gRPC server's registry of connected clients; absent for an admin app on its own.
