@@ -13,10 +13,13 @@ Calling conventions:
   network): a front end on an event loop runs them on a worker thread.
 - The exceptions are the ``*_nowait`` calls when their ``*_cheaply`` check
   said yes: they neither read the disk nor wait for a flush, so a front end
-  may run them on its event loop. A ``*_nowait`` call returns a
-  :class:`Written`: its result, and a future that completes when the
-  operation's promise holds (durable under the flush policy), to be awaited
-  without holding a thread (``asyncio.wrap_future``).
+  may run them on its event loop. (The checks themselves never block; an
+  implementation that cannot promise that, e.g. one a network hop away,
+  answers False and its calls go to a worker thread.)
+- A ``*_nowait`` call returns a :class:`Written`: its result, and a future
+  that completes when the operation's promise holds (durable under the
+  flush policy), to be awaited without holding a thread
+  (``asyncio.wrap_future``). The plain form of the same call waits for it.
 - Errors are :class:`halfmoon.errors.HalfmoonError` subclasses with stable
   codes; each front end maps them to its own wire format.
 """
