@@ -45,7 +45,7 @@ from halfmoon.broker.message import (
     OutgoingMessage,
 )
 from halfmoon.broker.offsets import OffsetTable
-from halfmoon.broker.pop import PopGroupSettings, PopService
+from halfmoon.broker.pop import PopGroupSettings, PopService, default_hot_data_bytes
 from halfmoon.broker.produce import SendResult, plan_send
 from halfmoon.broker.queue_select import QueueSelector
 from halfmoon.broker.recall import RecallHandle, check_handle
@@ -133,6 +133,7 @@ class Broker:
             group_settings=self._pop_settings,
             dead_letter=self._dead_letter,
             state_path=metadata_dir / "consumption.json" if metadata_dir is not None else None,
+            hot_data_bytes=config.hot_data_bytes or default_hot_data_bytes(),
         )
         txn_config = transaction_config if transaction_config is not None else TransactionConfig()
         self.transactions = TransactionService(store, metadata_dir, txn_config, clock)
@@ -250,7 +251,7 @@ class Broker:
         fifo: bool = False,
         max_delivery_attempts: int = 17,
         retry_policy: RetryPolicy | None = None,
-        consume_from: str = "latest",
+        consume_from: str | None = None,
         consume_enabled: bool = True,
         broadcast: bool = False,
     ) -> GroupConfig:
@@ -259,7 +260,7 @@ class Broker:
             fifo=fifo,
             max_delivery_attempts=max_delivery_attempts,
             retry_policy=retry_policy,
-            consume_from=consume_from,
+            consume_from=consume_from or self.config.default_consume_from,
             consume_enabled=consume_enabled,
             broadcast=broadcast,
         )
@@ -273,7 +274,11 @@ class Broker:
         self._pop.drop_group(name)
 
     def get_group(self, name: str) -> GroupConfig:
-        return self.groups.get(name, auto_create=self.config.auto_create_groups)
+        return self.groups.get(
+            name,
+            auto_create=self.config.auto_create_groups,
+            consume_from=self.config.default_consume_from,
+        )
 
     def find_group(self, name: str) -> GroupConfig | None:
         return self.groups.find(name)
@@ -450,8 +455,11 @@ class Broker:
         batch_size: int,
         invisible_ms: int,
         client_id: str = "",
+        queue_id: int | None = None,
     ) -> list[MessageView]:
-        self._check_consumable(group, topic)
+        config = self._check_consumable(group, topic)
+        if queue_id is not None:
+            self._check_queue(config, queue_id)
         compiled = self._filters.get(filter)
         views = self._pop.receive(
             group,
@@ -459,6 +467,7 @@ class Broker:
             compiled.compiled,
             batch_size,
             invisible_ms or self.config.default_invisible_ms,
+            queue_id,
         )
         self._out.add(len(views))
         self.statistics.record_out(group, topic, len(views))

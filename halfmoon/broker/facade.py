@@ -203,11 +203,12 @@ class Broker(Protocol):
         fifo: bool = False,
         max_delivery_attempts: int = 17,
         retry_policy: RetryPolicy | None = None,
-        consume_from: str = "latest",
+        consume_from: str | None = None,
         consume_enabled: bool = True,
         broadcast: bool = False,
     ) -> GroupConfig:
-        """A new consumer group; GroupExists when the name is taken."""
+        """A new consumer group; GroupExists when the name is taken. ``consume_from``
+        (latest|earliest|auto) None means ``config.default_consume_from``."""
         ...
 
     def update_group(self, name: str, **changes: Any) -> GroupConfig:
@@ -340,10 +341,12 @@ class Broker(Protocol):
         batch_size: int,
         invisible_ms: int,
         client_id: str = "",
+        queue_id: int | None = None,
     ) -> list[MessageView]:
         """Up to ``batch_size`` messages hidden for ``invisible_ms`` (0: the default); [] if none.
 
-        Each carries a receipt handle for ack / change_invisible_duration /
+        ``queue_id`` receives from that queue only (IllegalQueueId if the topic
+        has no such readable queue). Each carries a receipt handle for ack / change_invisible_duration /
         forward_to_dead_letter. FIFO groups get at most one message group's
         next message per queue at a time.
         """

@@ -9,6 +9,10 @@ result to JSON; no rule about topics or groups lives here. Errors are JSON::
 with the HTTP status following the error's class: 400 for a bad request,
 403 forbidden, 404 not found, 409 conflict, 500 for anything else.
 
+Every endpoint takes ``?namespace=NS``: the topic and group names the request
+gives are then taken in namespace NS and the topic and group lists show only
+NS's (see :mod:`halfmoon.server.admin_namespace`).
+
 Endpoints (``/openapi.json`` describes each, with its request and answer):
 
     GET    /v1/status                       broker status
@@ -67,6 +71,7 @@ from halfmoon.server.admin_http import (
     reply,
     take,
 )
+from halfmoon.server.admin_namespace import namespaced_names
 from halfmoon.server.admin_openapi import openapi_document
 from halfmoon.server.metrics import CONTENT_TYPE, MetricFamily, MetricsRegistry, default_registry
 from halfmoon.server.telemetry import ClientRegistry
@@ -75,7 +80,7 @@ log = logging.getLogger(__name__)
 
 TOPIC_TYPES = [t.value for t in MessageType]
 PERMS = ["rw", "r", "w"]
-CONSUME_FROM = ["latest", "earliest"]
+CONSUME_FROM = ["latest", "earliest", "auto"]
 
 
 def retry_policy_from(body: dict[str, Any]) -> RetryPolicy | None:
@@ -407,7 +412,9 @@ def create_admin_app(
     """The admin API over ``broker``; run it with aiohttp's ``AppRunner`` on
     ``config.server.admin_listen``. ``registry`` defaults to the process-wide one;
     ``clients`` is the gRPC server's ClientRegistry (connected consumers), if any."""
-    app = web.Application(middlewares=[errors_and_metrics], client_max_size=1024 * 1024)
+    app = web.Application(
+        middlewares=[errors_and_metrics, namespaced_names], client_max_size=1024 * 1024
+    )
     app[BROKER_KEY] = broker
     app[CONFIG_KEY] = config
     registry = registry or default_registry()

@@ -86,7 +86,16 @@ def http_status(exc: HalfmoonError) -> int:
 # -- request bodies ----------------------------------------------------------
 
 
+# A body already read and rewritten (its names namespaced) by admin_namespace.
+# (web.RequestKey exists from aiohttp 3.12; older ones take the plain string.)
+BODY_KEY: Any = (
+    web.RequestKey("halfmoon.body", dict) if hasattr(web, "RequestKey") else "halfmoon.body"
+)
+
+
 async def read_body(request: web.Request) -> dict[str, Any]:
+    if BODY_KEY in request:
+        return dict(request[BODY_KEY])
     raw = await request.read()
     if not raw:
         return {}

@@ -29,6 +29,7 @@ from halfmoon.broker.message import MessageView, OutgoingMessage
 from halfmoon.broker.produce import SendResult
 from halfmoon.errors import HalfmoonError
 from halfmoon.server import client_settings, convert
+from halfmoon.server import namespace as ns
 from halfmoon.server.config import ServerConfig
 from halfmoon.server.errors import Code, RequestError, Unsupported, ok, status, status_for
 from halfmoon.server.longpoll import ArrivalNotifier
@@ -99,10 +100,13 @@ def _unary(response_type: type) -> Callable:
     return decorate
 
 
-def _name(resource: pb.Resource, what: str) -> str:
+def _name(resource: pb.Resource, what: str, context: Any = None, header: str | None = None) -> str:
+    """The stored name a request's topic or group Resource stands for (its namespace applied)."""
     if not resource.name:
         raise RequestError(f"{what} is missing; set {what}.name")
-    return resource.name
+    if header is None:
+        header = _metadata(context, ns.HEADER) if context is not None else ""
+    return ns.resolve(resource, header, "group" if what.endswith("group") else "topic")
 
 
 async def _until_durable(durable: Future[None]) -> None:
@@ -160,16 +164,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def QueryRoute(
         self, request: svc.QueryRouteRequest, context: grpc.aio.ServicerContext
     ) -> svc.QueryRouteResponse:
-        topic = _name(request.topic, "topic")
+        topic = _name(request.topic, "topic", context)
         routes = await self._call(self.broker.route, topic)
         broker = self._broker_pb(request.endpoints if request.HasField("endpoints") else None)
         queues = []
         for route in routes:
             queues.append(
                 pb.MessageQueue(
-                    topic=pb.Resource(
-                        name=topic, resource_namespace=request.topic.resource_namespace
-                    ),
+                    topic=request.topic,  # as the client named it (RocketMQ's proxy too)
                     id=route.queue_id,
                     permission=_PERMISSION.get(route.perm, pb.Permission.NONE),
                     broker=broker,
@@ -184,25 +186,41 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def QueryAssignment(
         self, request: svc.QueryAssignmentRequest, context: grpc.aio.ServicerContext
     ) -> svc.QueryAssignmentResponse:
-        topic = _name(request.topic, "topic")
-        group = _name(request.group, "group")
+        topic = _name(request.topic, "topic", context)
+        group = _name(request.group, "group", context)
         routes = await self._call(self.broker.route, topic)
-        await self._call(self.broker.get_group, group)
-        if not any("r" in r.perm for r in routes):
+        config = await self._call(self.broker.get_group, group)
+        readable = [r for r in routes if "r" in r.perm]
+        if not readable:
             return svc.QueryAssignmentResponse(
                 status=status(Code.FORBIDDEN, f"topic {topic!r} has no readable queue")
             )
-        # One assignment per broker, queue id -1: the broker balances consumers across
-        # queues itself (pop), as RocketMQ's proxy does for non-FIFO groups. FIFO order is
-        # kept by the broker too, so FIFO groups get the same single assignment.
-        queue = pb.MessageQueue(
-            topic=pb.Resource(name=topic, resource_namespace=request.topic.resource_namespace),
-            id=-1,
-            permission=pb.Permission.READ_WRITE,
-            broker=self._broker_pb(request.endpoints if request.HasField("endpoints") else None),
-        )
+        resource = request.topic  # as the client named it (RocketMQ's proxy too)
+        broker = self._broker_pb(request.endpoints if request.HasField("endpoints") else None)
+        # As RocketMQ's proxy (RouteActivity.queryAssignment): a FIFO group gets every
+        # readable queue, so a push consumer runs one receive loop per queue (see
+        # ReceiveMessage); any other group one assignment, queue id -1, and the broker
+        # balances its consumers over the queues itself (pop). Every consumer of the
+        # group gets the same answer: a FIFO queue with an ordered message in flight
+        # delivers nothing to anyone, which is what keeps the order.
+        if config.fifo:
+            queues = [
+                pb.MessageQueue(
+                    topic=resource,
+                    id=r.queue_id,
+                    permission=_PERMISSION.get(r.perm, pb.Permission.NONE),
+                    broker=broker,
+                )
+                for r in readable
+            ]
+        else:
+            queues = [
+                pb.MessageQueue(
+                    topic=resource, id=-1, permission=pb.Permission.READ_WRITE, broker=broker
+                )
+            ]
         return svc.QueryAssignmentResponse(
-            status=ok(), assignments=[pb.Assignment(message_queue=queue)]
+            status=ok(), assignments=[pb.Assignment(message_queue=q) for q in queues]
         )
 
     # -- clients -----------------------------------------------------------------
@@ -212,7 +230,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self, request: svc.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> svc.HeartbeatResponse:
         client_id = _metadata(context, "x-mq-client-id")
-        group = request.group.name if request.HasField("group") else ""
+        group = _name(request.group, "group", context) if request.group.name else ""
         if group and request.client_type != pb.ClientType.PRODUCER:
             await self._call(
                 self.broker.get_group, group
@@ -247,7 +265,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             )
             return
         session, outbox = self.registry.open_stream(client_id, _peer_host(context))
-        reader = asyncio.create_task(self._read_telemetry(request_iterator, session, outbox))
+        header = _metadata(context, ns.HEADER)
+        reader = asyncio.create_task(
+            self._read_telemetry(request_iterator, session, outbox, header)
+        )
         try:
             while True:
                 command = await outbox.get()
@@ -259,7 +280,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             self.registry.close_stream(session, outbox)
 
     async def _read_telemetry(
-        self, commands: AsyncIterator[svc.TelemetryCommand], session: Any, outbox: asyncio.Queue
+        self,
+        commands: AsyncIterator[svc.TelemetryCommand],
+        session: Any,
+        outbox: asyncio.Queue,
+        namespace: str = "",
     ) -> None:
         try:
             async for command in commands:
@@ -270,7 +295,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     continue
                 kind = command.WhichOneof("command")
                 if kind == "settings":
-                    outbox.put_nowait(await self._settings_answer(session, command.settings))
+                    outbox.put_nowait(
+                        await self._settings_answer(session, command.settings, namespace)
+                    )
                 elif kind in ("thread_stack_trace", "verify_message_result"):
                     log.info("event=telemetry_reply client_id=%s kind=%s", session.client_id, kind)
                 session.last_seen = time.monotonic()
@@ -283,18 +310,24 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         # The client half-closed (or broke) its side: end ours too.
         outbox.put_nowait(None)
 
-    async def _settings_answer(self, session: Any, settings: pb.Settings) -> svc.TelemetryCommand:
+    async def _settings_answer(
+        self, session: Any, settings: pb.Settings, namespace: str = ""
+    ) -> svc.TelemetryCommand:
         try:
-            self.registry.apply_settings(session, settings)
+            # The registry and the broker know stored names; the answer echoes the client's.
+            stored = _stored_settings(settings, namespace)
+            self.registry.apply_settings(session, stored)
             if settings.HasField("publishing"):
                 answer = client_settings.producer_settings(
                     settings, self.config, self.max_body_size
                 )
             elif settings.HasField("subscription"):
-                group_name = _name(settings.subscription.group, "subscription.group")
+                group_name = stored.subscription.group.name
+                if not group_name:
+                    raise RequestError("subscription.group is missing; set subscription.group.name")
                 group = await self._call(self.broker.get_group, group_name)
                 client_settings.validate_subscriptions(settings)
-                await self._call(self._subscribe, group_name, settings.subscription)
+                await self._call(self._subscribe, group_name, stored.subscription)
                 answer = client_settings.consumer_settings(settings, group, self.config)
             else:
                 answer = pb.Settings()
@@ -331,17 +364,23 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         peer = _peer_host(context)
         client_id = _metadata(context, "x-mq-client-id")
         producer_group = self._producer_group(client_id)
-        outgoing = [convert.outgoing_message(m, peer, producer_group) for m in request.messages]
+        header = _metadata(context, ns.HEADER)
+        outgoing = [
+            convert.outgoing_message(m, peer, producer_group, namespace=header)
+            for m in request.messages
+        ]
         results = await self._send(outgoing)
         topics = {m.topic for m in outgoing}
         if client_id:
             for topic in topics:
                 self.registry.note_topic(client_id, topic)
+        # Every entry carries a transaction id, the message id for a plain send: RocketMQ's
+        # broker answers every send so (SendMessageProcessor sets it from the message id).
         entries = [
             svc.SendResultEntry(
                 status=_OK,
                 message_id=r.message_id,
-                transaction_id=r.transaction_id or "",
+                transaction_id=r.transaction_id or r.message_id,
                 offset=r.queue_offset,
                 recall_handle=r.recall_handle or "",
             )
@@ -390,7 +429,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         end = self.broker.end_transaction_nowait
         if not request.transaction_id:
             raise RequestError(
-                "transaction_id is missing; use the one SendMessage returned",
+                # RocketMQ's EndTransactionActivity wording follows halfmoon's.
+                "transaction_id is missing; use the one SendMessage returned. "
+                "transaction id cannot be empty",
                 code="INVALID_TRANSACTION_ID",
             )
         resolution = _RESOLUTIONS.get(request.resolution, "unknown")
@@ -402,7 +443,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             )
             await _until_durable(written.durable)
             return svc.EndTransactionResponse(status=ok())
-        topic = _name(request.topic, "topic")
+        topic = _name(request.topic, "topic", context)
         if self.broker.transaction_ends_cheaply(request.transaction_id):
             # Pending or recently decided: an append (or nothing), like a plain send; no thread hop.
             result = end(topic, request.message_id, request.transaction_id, resolution, source)
@@ -419,7 +460,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self, request: svc.RecallMessageRequest, context: grpc.aio.ServicerContext
     ) -> svc.RecallMessageResponse:
         message_id = await self._call(
-            self.broker.recall, _name(request.topic, "topic"), request.recall_handle
+            self.broker.recall, _name(request.topic, "topic", context), request.recall_handle
         )
         return svc.RecallMessageResponse(status=ok(), message_id=message_id)
 
@@ -443,8 +484,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         batch: int,
         invisible_ms: int,
         client_id: str,
+        queue_id: int | None = None,
     ) -> tuple[list[MessageView], int | None]:
-        views = self.broker.receive(group, topic, spec, batch, invisible_ms, client_id)
+        views = self.broker.receive(
+            group, topic, spec, batch, invisible_ms, client_id, queue_id=queue_id
+        )
         if views:
             return views, None
         return views, self.broker.next_wakeup_ms(group, topic)
@@ -453,8 +497,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[svc.ReceiveMessageResponse]:
         try:
-            group = _name(request.group, "group")
-            topic = _name(request.message_queue.topic, "message_queue.topic")
+            group = _name(request.group, "group", context)
+            topic = _name(request.message_queue.topic, "message_queue.topic", context)
             if request.batch_size <= 0:
                 raise RequestError(f"batch_size must be positive, got {request.batch_size}")
             batch = min(request.batch_size, self.config.max_receive_batch_size)
@@ -471,8 +515,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 context,
             )
             client_id = _metadata(context, "x-mq-client-id")
+            queue_id = self._assigned_queue(request.message_queue.id, client_id)
             views = await self._long_poll(
-                group, topic, spec, batch, invisible_ms, client_id, budget
+                group, topic, spec, batch, invisible_ms, client_id, budget, queue_id
             )
         except asyncio.CancelledError:
             raise
@@ -484,13 +529,28 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 status=status(Code.MESSAGE_NOT_FOUND, "no new message")
             )
             return
-        namespace = request.group.resource_namespace
         yield svc.ReceiveMessageResponse(status=_OK)
         for view in views:
-            yield svc.ReceiveMessageResponse(message=convert.wire_message(view, namespace))
+            yield svc.ReceiveMessageResponse(message=convert.wire_message(view))
         yield svc.ReceiveMessageResponse(
             delivery_timestamp=convert.to_timestamp(int(time.time() * 1000))
         )
+
+    def _assigned_queue(self, queue_id: int, client_id: str) -> int | None:
+        """The one queue a receive is limited to, or None for all of the topic's.
+
+        Only a push consumer's receive names its queue on purpose: it receives per
+        assignment, and a FIFO group's assignments are single queues. A simple
+        consumer names whichever queue of the route it picked in turn and expects
+        messages from any (RocketMQ's proxy pops broker-wide for it), so its queue
+        id is not binding.
+        """
+        if queue_id < 0 or not client_id:
+            return None
+        session = self.registry.get(client_id)
+        if session is None or session.client_type != pb.ClientType.PUSH_CONSUMER:
+            return None
+        return queue_id
 
     async def _long_poll(
         self,
@@ -501,13 +561,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         invisible_ms: int,
         client_id: str,
         budget: float,
+        queue_id: int | None = None,
     ) -> list[MessageView]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
         while True:
             with self.notifier.waiter(topic) as waiter:
                 views, wakeup_ms = await self._call(
-                    self._receive_once, group, topic, spec, batch, invisible_ms, client_id
+                    self._receive_once, group, topic, spec, batch, invisible_ms, client_id, queue_id
                 )
                 remaining = deadline - loop.time()
                 if views or remaining <= 0 or self.notifier.shutting_down:
@@ -521,8 +582,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def AckMessage(
         self, request: svc.AckMessageRequest, context: grpc.aio.ServicerContext
     ) -> svc.AckMessageResponse:
-        group = _name(request.group, "group")
-        topic = _name(request.topic, "topic")
+        group = _name(request.group, "group", context)
+        topic = _name(request.topic, "topic", context)
         if not request.entries:
             raise RequestError(
                 "AckMessage carries no entry; add the receipt handles to acknowledge"
@@ -569,8 +630,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def ChangeInvisibleDuration(
         self, request: svc.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext
     ) -> svc.ChangeInvisibleDurationResponse:
-        group = _name(request.group, "group")
-        topic = _name(request.topic, "topic")
+        group = _name(request.group, "group", context)
+        topic = _name(request.topic, "topic", context)
         if not request.receipt_handle:
             raise RequestError("receipt_handle is missing")
         handle = await self._call(
@@ -588,8 +649,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def ForwardMessageToDeadLetterQueue(
         self, request: svc.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext
     ) -> svc.ForwardMessageToDeadLetterQueueResponse:
-        group = _name(request.group, "group")
-        topic = _name(request.topic, "topic")
+        group = _name(request.group, "group", context)
+        topic = _name(request.topic, "topic", context)
         if not request.receipt_handle:
             raise RequestError("receipt_handle is missing")
         await self._call(self.broker.forward_to_dead_letter, group, topic, request.receipt_handle)
@@ -602,8 +663,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self, request: svc.PullMessageRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[svc.PullMessageResponse]:
         try:
-            group = _name(request.group, "group")
-            topic = _name(request.message_queue.topic, "message_queue.topic")
+            group = _name(request.group, "group", context)
+            topic = _name(request.message_queue.topic, "message_queue.topic", context)
             if request.batch_size <= 0:
                 raise RequestError(f"batch_size must be positive, got {request.batch_size}")
             if request.offset < 0:
@@ -628,9 +689,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if messages:
             yield svc.PullMessageResponse(status=_OK)
             for view in messages:
-                yield svc.PullMessageResponse(
-                    message=convert.wire_message(view, request.group.resource_namespace)
-                )
+                yield svc.PullMessageResponse(message=convert.wire_message(view))
         else:
             code, text = _pull_status(result)
             yield svc.PullMessageResponse(status=status(code, text))
@@ -667,8 +726,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def UpdateOffset(
         self, request: svc.UpdateOffsetRequest, context: grpc.aio.ServicerContext
     ) -> svc.UpdateOffsetResponse:
-        group = _name(request.group, "group")
-        topic = _name(request.message_queue.topic, "message_queue.topic")
+        group = _name(request.group, "group", context)
+        topic = _name(request.message_queue.topic, "message_queue.topic", context)
         await self._call(
             self.broker.update_offset, group, topic, request.message_queue.id, request.offset
         )
@@ -678,8 +737,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def GetOffset(
         self, request: svc.GetOffsetRequest, context: grpc.aio.ServicerContext
     ) -> svc.GetOffsetResponse:
-        group = _name(request.group, "group")
-        topic = _name(request.message_queue.topic, "message_queue.topic")
+        group = _name(request.group, "group", context)
+        topic = _name(request.message_queue.topic, "message_queue.topic", context)
         offset = await self._call(self.broker.get_offset, group, topic, request.message_queue.id)
         return svc.GetOffsetResponse(status=ok(), offset=offset)
 
@@ -687,7 +746,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def QueryOffset(
         self, request: svc.QueryOffsetRequest, context: grpc.aio.ServicerContext
     ) -> svc.QueryOffsetResponse:
-        topic = _name(request.message_queue.topic, "message_queue.topic")
+        topic = _name(request.message_queue.topic, "message_queue.topic", context)
         policy = request.query_offset_policy
         timestamp = None
         if policy == pb.QueryOffsetPolicy.BEGINNING:
@@ -712,6 +771,36 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     @_unary(svc.SyncLiteSubscriptionResponse)
     async def SyncLiteSubscription(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         raise Unsupported("lite topics are not supported by halfmoon")
+
+
+def _stored_settings(settings: pb.Settings, header: str) -> pb.Settings:
+    """A copy of a client's Settings with every topic and group as its stored name."""
+    if not header and not _names_namespace(settings):
+        return settings
+    stored = pb.Settings()
+    stored.CopyFrom(settings)
+    resources: list[tuple[pb.Resource, str]] = []
+    if stored.HasField("publishing"):
+        resources.extend((r, "topic") for r in stored.publishing.topics)
+    if stored.HasField("subscription"):
+        resources.append((stored.subscription.group, "group"))
+        resources.extend((e.topic, "topic") for e in stored.subscription.subscriptions)
+    for resource, kind in resources:
+        if resource.name:
+            resource.name = ns.resolve(resource, header, kind)
+            resource.resource_namespace = ""
+    return stored
+
+
+def _names_namespace(settings: pb.Settings) -> bool:
+    if settings.HasField("publishing"):
+        return any(r.resource_namespace for r in settings.publishing.topics)
+    if settings.HasField("subscription"):
+        sub = settings.subscription
+        return bool(sub.group.resource_namespace) or any(
+            e.topic.resource_namespace for e in sub.subscriptions
+        )
+    return False
 
 
 # Only "nothing at this offset yet" is worth waiting for; filtered-out entries and bad
