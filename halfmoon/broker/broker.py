@@ -134,6 +134,7 @@ class Broker:
             dead_letter=self._dead_letter,
             state_path=metadata_dir / "consumption.json" if metadata_dir is not None else None,
             hot_data_bytes=config.hot_data_bytes or default_hot_data_bytes(),
+            min_receive_invisible_ms=config.min_receive_invisible_ms,
         )
         txn_config = transaction_config if transaction_config is not None else TransactionConfig()
         self.transactions = TransactionService(store, metadata_dir, txn_config, clock)
@@ -155,6 +156,7 @@ class Broker:
         with self._tick_lock:
             now = self.clock.now_ms()
             self.timer.tick(now)
+            self._pop.revive(now)  # dead-letter expired last deliveries (broker/revive.py)
             self._checks.tick(now)
             self.transactions.maybe_snapshot(now)
             self.offsets.maybe_persist(now)

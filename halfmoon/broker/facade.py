@@ -119,7 +119,8 @@ class Broker(Protocol):
         ...
 
     def tick(self) -> bool:
-        """Background work: due delay messages, transaction checks, periodic persistence.
+        """Background work: due delay messages, dead letters of expired last deliveries,
+        transaction checks, periodic persistence.
 
         Call every ~100 ms from one thread. True while a transaction check scan
         is unfinished: tick again at once rather than after the interval.

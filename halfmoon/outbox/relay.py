@@ -41,7 +41,9 @@ workers use every core; the claims already keep order across processes.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
+import signal
 import socket
 import threading
 import time
@@ -53,11 +55,11 @@ from typing import Any
 
 from sqlalchemy import delete, select
 
-from halfmoon.outbox.dialects import Claimer, NotifyListener, Outcome
+from halfmoon.metrics import MetricFamily, MetricsRegistry
+from halfmoon.outbox.dialects import Claimer, NotifyListener, Outcome, make_engine
 from halfmoon.outbox.outbox import Outbox, OutboxRecord, now_ms
 from halfmoon.outbox.schema import SENT
-from halfmoon.outbox.targets import PublishTarget
-from halfmoon.server.metrics import MetricFamily, MetricsRegistry
+from halfmoon.outbox.targets import PublishTarget, target_for_url
 
 log = logging.getLogger("halfmoon.outbox")
 
@@ -84,6 +86,14 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+# The defaults of Relay and of `halfmoon outbox relay` (tests/cli/test_defaults.py keeps
+# them equal). Four threads: the relay benchmark's best single-process setting
+# (docs/benchmarks.md, 2.2x one worker's rate to halfmoon); a batch of 100 bounds
+# what a crash republishes to 100 rows per worker.
+DEFAULT_WORKERS = 4
+DEFAULT_BATCH_SIZE = 100
+
+
 class Relay:
     """Publishes an :class:`Outbox` to a :class:`PublishTarget` with ``workers`` threads."""
 
@@ -92,8 +102,8 @@ class Relay:
         outbox: Outbox,
         target: PublishTarget,
         *,
-        workers: int = 1,
-        batch_size: int = 100,
+        workers: int = DEFAULT_WORKERS,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         poll_interval: float = 0.5,
         max_attempts: int = 10,
         backoff_initial: float = 1.0,
@@ -427,16 +437,11 @@ def _relay_process(
     event's condition counting a sleeper that never wakes, and the parent's
     next read or ``set()`` blocks forever.
     """
-    import signal
-
-    from halfmoon.outbox.dialects import make_engine
-    from halfmoon.outbox.targets import target_for_url
-
     signal.signal(
         signal.SIGINT, signal.SIG_IGN
     )  # Ctrl-C reaches the whole group: the parent decides
     signal.signal(signal.SIGTERM, lambda *_: setattr(stop, "value", 1))
-    workers = int(options.get("workers", 1))
+    workers = int(options.get("workers", DEFAULT_WORKERS))
     outbox = Outbox(make_engine(db_url, pool_size=workers + 2), table_prefix=table_prefix)
     relay = Relay(outbox, target_for_url(target_url), **options)
     relay.start()
@@ -471,8 +476,6 @@ class RelayProcesses:
         table_prefix: str = "hm_",
         **relay_options: Any,
     ) -> None:
-        import multiprocessing
-
         if processes < 1:
             raise ValueError("processes must be at least 1")
         # spawn, not fork: the parent may already run threads and an event loop.

@@ -22,7 +22,7 @@ from halfmoon.broker.errors import GroupNotFound, TopicNotFound
 from halfmoon.broker.facade import Broker
 from halfmoon.broker.groups import GroupConfig
 from halfmoon.config import Config
-from halfmoon.errors import Conflict, HalfmoonError, InvalidArgument, NotFound
+from halfmoon.errors import HalfmoonError, InvalidArgument
 from halfmoon.server.metrics import MetricsRegistry
 from halfmoon.server.telemetry import ClientRegistry
 
@@ -72,15 +72,7 @@ def error_reply(status: int, code: str, message: str) -> web.Response:
 
 
 def http_status(exc: HalfmoonError) -> int:
-    if exc.code == "FORBIDDEN":
-        return 403
-    if isinstance(exc, NotFound):
-        return 404
-    if isinstance(exc, Conflict):
-        return 409
-    if isinstance(exc, InvalidArgument):
-        return 400
-    return 500
+    return exc.http_status  # each error class says (see halfmoon.errors)
 
 
 # -- request bodies ----------------------------------------------------------

@@ -62,6 +62,7 @@ RUNTIME_KEYS: dict[str, str] = {
 
 class UnknownRuntimeKey(InvalidArgument):
     code = "ILLEGAL_CONFIG"
+    protocol_code = "BAD_REQUEST"
 
 
 def _version() -> str:
