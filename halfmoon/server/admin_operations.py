@@ -221,7 +221,7 @@ async def get_group_clients(request: web.Request) -> web.Response:
     name = request.match_info["group"]
     group = jsonable(await call(existing_group, broker, name))
     clients = request.app.get(CLIENTS_KEY)
-    described = []
+    described: list[dict[str, Any]] = []
     if clients is not None:
         for session in clients.consumers(name):
             info = session.describe()
