@@ -84,6 +84,9 @@ class PopGroupSettings:
     fifo: bool = False
     max_delivery_attempts: int = 17
     consume_from: str = "latest"  # where a new group starts: "earliest" | "latest"
+    # With fifo: order every message of a queue, not only those with a message group
+    # (lite topics: one queue per lite topic, always delivered in order).
+    every_message_ordered: bool = False
 
 
 class PopService:
@@ -97,6 +100,7 @@ class PopService:
         dead_letter: DeadLetter,
         state_path: Path | None,
         min_receive_invisible_ms: int = MIN_RECEIVE_INVISIBLE_MS,
+        priority_order: Callable[[str], bool] = lambda topic: False,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -105,6 +109,9 @@ class PopService:
         self._dead_letter = dead_letter
         self._state_path = state_path
         self._min_receive_invisible_ms = min_receive_invisible_ms
+        # Topics whose receives start at the first of topic_queues every time: priority
+        # topics, which list their queues highest priority first (priority.py).
+        self._priority_order = priority_order
         self._states: dict[tuple[str, str], TopicConsumption] = {}
         self._states_lock = threading.Lock()
         self._snapshot_lock = threading.Lock()
@@ -145,8 +152,11 @@ class PopService:
         with state.lock:
             self._ensure_queues(state, queue_ids, settings)
             now = self._clock.now_ms()
-            start = state.rotation
-            state.rotation = (start + 1) % len(queue_ids)
+            if not settings.fifo and self._priority_order(topic):
+                start = 0
+            else:
+                start = state.rotation
+                state.rotation = (start + 1) % len(queue_ids)
             for step in range(len(queue_ids)):
                 queue_id = queue_ids[(start + step) % len(queue_ids)]
                 self._receive_queue(
@@ -283,7 +293,9 @@ class PopService:
                 if matcher is not None and not matcher.matches_message(view.tag, view.properties):
                     continue
                 epoch = next(self._epochs)
-                ordered = settings.fifo and view.message_group is not None
+                ordered = settings.fifo and (
+                    settings.every_message_ordered or view.message_group is not None
+                )
                 queue.deliver(
                     stored.queue_offset, stored.commit_log_offset, visible_at, epoch, ordered
                 )
