@@ -65,7 +65,7 @@ from halfmoon.broker.lite_names import (
 )
 from halfmoon.broker.message import MessageView
 from halfmoon.broker.pop import DeadLetter, PopGroupSettings, PopService
-from halfmoon.errors import InvalidArgument
+from halfmoon.errors import InvalidArgument, NotFound
 from halfmoon.store.api import Store
 
 log = logging.getLogger(__name__)
@@ -316,7 +316,7 @@ class LiteTopics:
         queue_topic = lite_queue_topic(topic, lite_topic, self._config.max_lite_topic_length)
         with self._lock:
             if lite_topic not in self._index.get(topic, ()):
-                raise IllegalLiteTopic(f"topic {topic!r} has no lite topic {lite_topic!r}")
+                raise NotFound(f"topic {topic!r} has no lite topic {lite_topic!r}")
             self._index[topic].discard(lite_topic)
             dropped = self._drop_subscriptions(topic, {lite_topic})
         self._store.delete_topic(queue_topic)

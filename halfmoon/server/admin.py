@@ -578,8 +578,9 @@ def create_admin_app(
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/openapi.json", get_openapi)
     app.router.add_get("/healthz", healthz)
-    from halfmoon.server import admin_messages, admin_operations  # they import this module
+    from halfmoon.server import admin_lite, admin_messages, admin_operations  # they import this
 
+    admin_lite.add_routes(app)
     admin_messages.add_routes(app)
     admin_operations.add_routes(app, clients)
     return app

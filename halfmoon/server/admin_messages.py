@@ -36,7 +36,7 @@ from typing import Any
 from aiohttp import web
 
 from halfmoon.broker.filter_spec import FilterCache, FilterSpec
-from halfmoon.broker.message import MessageView, OutgoingMessage
+from halfmoon.broker.message import MessageType, MessageView, OutgoingMessage
 from halfmoon.errors import InvalidArgument
 from halfmoon.server.admin import ApiError, broker_of, call, read_body, reject_unknown, reply, take
 from halfmoon.store.api import GetStatus
@@ -66,6 +66,8 @@ def message_json(view: MessageView, *, body: bool = True) -> dict[str, Any]:
         "message_type": view.message_type.value,
         "message_group": view.message_group,
         "delivery_timestamp": view.delivery_timestamp,
+        "priority": view.priority,
+        "lite_topic": view.lite_topic,
         "born_timestamp": view.born_timestamp,
         "store_timestamp": view.store_timestamp,
         "born_host": view.born_host,
@@ -221,6 +223,8 @@ SEND_FIELDS = {
     "properties",
     "message_group",
     "delivery_timestamp",
+    "priority",
+    "lite_topic",
 }
 
 
@@ -251,8 +255,14 @@ async def send_message(request: web.Request) -> web.Response:
         queue_id=take(body, "queue_id", int, minimum=0),
         message_group=take(body, "message_group", str),
         delivery_timestamp=take(body, "delivery_timestamp", int, minimum=0),
+        priority=take(body, "priority", int),
+        lite_topic=take(body, "lite_topic", str),
         born_host="admin",
     )
+    if message.priority is not None:
+        message.message_type = MessageType.PRIORITY
+    elif message.lite_topic is not None:
+        message.message_type = MessageType.LITE
     broker = broker_of(request)
 
     def send() -> Any:

@@ -291,6 +291,8 @@ SCHEMAS: dict[str, Any] = {
 
 @cache
 def openapi_document() -> dict[str, Any]:
+    from halfmoon.server.admin_openapi_lite import SCHEMAS as LITE_SCHEMAS
+    from halfmoon.server.admin_openapi_lite import paths as lite_paths
     from halfmoon.server.admin_openapi_ops import SCHEMAS as OPERATOR_SCHEMAS
     from halfmoon.server.admin_openapi_ops import paths as operator_paths
 
@@ -476,6 +478,7 @@ def openapi_document() -> dict[str, Any]:
                 ),
             },
             **operator_paths(),
+            **lite_paths(),
             "/metrics": {
                 "get": {
                     "summary": "Prometheus metrics",
@@ -498,5 +501,5 @@ def openapi_document() -> dict[str, Any]:
                 }
             },
         },
-        "components": {"schemas": {**SCHEMAS, **OPERATOR_SCHEMAS}},
+        "components": {"schemas": {**SCHEMAS, **OPERATOR_SCHEMAS, **LITE_SCHEMAS}},
     }

@@ -33,6 +33,7 @@ from typing import Any
 
 import grpc
 
+from halfmoon.server import lite_subscriptions
 from halfmoon.server.config import ServerConfig, parse_host_port
 from halfmoon.server.grpc_service import MessagingServicer
 from halfmoon.server.handlers import messaging_handler
@@ -189,6 +190,7 @@ async def serve(config: Any, *, stop: asyncio.Event | None = None) -> None:
         if hasattr(broker, "set_check_sender"):
             # Transaction checks reach producers over their telemetry streams.
             broker.set_check_sender(TelemetryCheckSender(registry))
+        lite_subscriptions.install_notifier(broker, registry)  # NotifyUnsubscribeLiteCommand
         collector = _grpc_collector(registry, notifier)
         default_registry().add_collector(collector)
         admin, admin_address = await _start_admin(broker, store, config, registry)
@@ -210,6 +212,7 @@ async def serve(config: Any, *, stop: asyncio.Event | None = None) -> None:
         # Each step runs even if an earlier one failed: the store must get closed.
         if hasattr(broker, "set_check_sender"):
             broker.set_check_sender(None)
+        lite_subscriptions.remove_notifier(broker)
         try:
             await _shutdown(server, server_config, notifier, registry, force, admin)
         finally:

@@ -23,7 +23,7 @@ from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
 from halfmoon.broker.message import MessageType
 from halfmoon.errors import HalfmoonError
-from halfmoon.server import client_settings, convert
+from halfmoon.server import client_settings, convert, lite_subscriptions
 from halfmoon.server.config import ServerConfig
 from halfmoon.server.errors import Code, RequestError, Unsupported, ok, status, status_for
 from halfmoon.server.longpoll import ArrivalNotifier
@@ -226,6 +226,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         client_id = _metadata(context, "x-mq-client-id")
         if client_id:
             self.registry.remove(client_id)
+            lite = getattr(self.broker, "lite", None)
+            if lite is not None:  # a lite consumer's subscriptions end with it
+                lite.remove_client(client_id)
         return svc.NotifyClientTerminationResponse(status=ok())
 
     async def Telemetry(
@@ -289,6 +292,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 client_settings.validate_subscriptions(settings)
                 await self._call(self._subscribe, group_name, settings.subscription)
                 answer = client_settings.consumer_settings(settings, group, self.config)
+                lite_subscriptions.add_lite_settings(answer, settings, self.broker)
             else:
                 answer = pb.Settings()
                 answer.CopyFrom(settings)
@@ -461,7 +465,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         views = self.broker.receive(group, topic, spec, batch, invisible_ms, client_id)
         if views:
             return views, None
-        return views, self.broker.next_wakeup_ms(group, topic)
+        return views, self.broker.next_wakeup_ms(group, topic, client_id)
 
     async def ReceiveMessage(
         self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
@@ -548,15 +552,17 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 try:
                     if not entry.receipt_handle:
                         raise RequestError("ack entry has no receipt_handle")
-                    self.broker.ack(group, topic, entry.receipt_handle)
+                    lite_topic = entry.lite_topic if entry.HasField("lite_topic") else None
+                    self.broker.ack(group, topic, entry.receipt_handle, lite_topic=lite_topic)
                     statuses.append(_OK)
                 except Exception as exc:  # noqa: BLE001 - one bad handle does not fail the others
                     statuses.append(status_for(exc, "AckMessage"))
-            return statuses, self._is_fifo(group)
+            lite = any(e.HasField("lite_topic") for e in request.entries)
+            return statuses, lite or self._is_fifo(group)
 
         statuses, fifo = await self._call(ack_all)
         if fifo:
-            # In a FIFO group an ack releases the next message of its queue.
+            # In a FIFO group (and a lite topic) an ack releases the next message of its queue.
             self.notifier.wake(topic)
         results = [
             svc.AckMessageResultEntry(
@@ -593,6 +599,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             topic,
             request.receipt_handle,
             convert.duration_ms(request.invisible_duration),
+            lite_topic=request.lite_topic if request.HasField("lite_topic") else None,
         )
         # Parked polls computed their wake-up from the old invisible time: let them look again.
         self.notifier.wake(topic)
@@ -606,7 +613,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         topic = _name(request.topic, "topic")
         if not request.receipt_handle:
             raise RequestError("receipt_handle is missing")
-        await self._call(self.broker.forward_to_dead_letter, group, topic, request.receipt_handle)
+        await self._call(
+            self.broker.forward_to_dead_letter,
+            group,
+            topic,
+            request.receipt_handle,
+            lite_topic=request.lite_topic if request.HasField("lite_topic") else None,
+        )
         self.notifier.wake(topic)  # a FIFO queue blocked behind this message moves on
         return svc.ForwardMessageToDeadLetterQueueResponse(status=ok())
 
@@ -721,11 +734,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         )
         return svc.QueryOffsetResponse(status=ok(), offset=offset)
 
-    # -- not offered ------------------------------------------------------------------
+    # -- lite topics (server/lite_subscriptions.py) ------------------------------------
 
     @_unary(svc.SyncLiteSubscriptionResponse)
-    async def SyncLiteSubscription(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        raise Unsupported("lite topics are not supported by halfmoon")
+    async def SyncLiteSubscription(
+        self, request: svc.SyncLiteSubscriptionRequest, context: grpc.aio.ServicerContext
+    ) -> svc.SyncLiteSubscriptionResponse:
+        call = lite_subscriptions.sync_call(request, _metadata(context, "x-mq-client-id"))
+        await self._call(self.broker.sync_lite_subscription, *call)
+        return svc.SyncLiteSubscriptionResponse(status=ok())
 
 
 # Only "nothing at this offset yet" is worth waiting for; filtered-out entries and bad

@@ -18,6 +18,7 @@ from halfmoon.broker.lite_names import (
     split_lite_queue_topic,
 )
 from halfmoon.broker.message import MessageType, OutgoingMessage
+from halfmoon.errors import NotFound
 from halfmoon.store.memory import MemoryStore
 
 TOPIC = "chat"
@@ -173,7 +174,7 @@ def test_delete_lite_topic_notifies_subscribers(chat: Broker) -> None:
     assert told == [(CLIENT, GROUP, TOPIC, "s1")]
     assert [t["lite_topic"] for t in chat.list_lite_topics(TOPIC)] == ["s2"]
     assert chat.lite.subscriptions(TOPIC)[0]["lite_topics"] == ["s2"]
-    with pytest.raises(IllegalLiteTopic):
+    with pytest.raises(NotFound):
         chat.delete_lite_topic(TOPIC, "s1")
     chat.delete_topic(TOPIC)
     assert told[-1] == (CLIENT, GROUP, TOPIC, "s2")
