@@ -11,7 +11,6 @@ The broker does not own the store: close the store after the broker.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -44,7 +43,7 @@ from halfmoon.broker.message import (
     OutgoingMessage,
 )
 from halfmoon.broker.offsets import OffsetTable
-from halfmoon.broker.pop import PopGroupSettings, PopService
+from halfmoon.broker.pop import PopGroupSettings, PopService, default_hot_data_bytes
 from halfmoon.broker.priority import scan_order
 from halfmoon.broker.produce import SendResult, plan_send
 from halfmoon.broker.queue_select import QueueSelector
@@ -159,6 +158,7 @@ class Broker:
             group_settings=self._pop_settings,
             dead_letter=self._dead_letter,
             state_path=metadata_dir / "consumption.json" if metadata_dir is not None else None,
+            hot_data_bytes=config.hot_data_bytes or default_hot_data_bytes(),
             priority_order=self._is_priority_topic,
         )
         # Lite topics (RIP-83): subscriptions and a pop service over their queues.
@@ -280,16 +280,17 @@ class Broker:
         fifo: bool = False,
         max_delivery_attempts: int = 17,
         retry_policy: RetryPolicy | None = None,
-        consume_from: str = "latest",
+        consume_from: str | None = None,
         consume_enabled: bool = True,
         broadcast: bool = False,
     ) -> GroupConfig:
+        """A new consumer group; ``consume_from`` None means ``config.default_consume_from``."""
         return self.groups.create(
             name,
             fifo=fifo,
             max_delivery_attempts=max_delivery_attempts,
             retry_policy=retry_policy,
-            consume_from=consume_from,
+            consume_from=consume_from or self.config.default_consume_from,
             consume_enabled=consume_enabled,
             broadcast=broadcast,
         )
@@ -304,7 +305,11 @@ class Broker:
         self.lite.drop_group(name)
 
     def get_group(self, name: str) -> GroupConfig:
-        return self.groups.get(name, auto_create=self.config.auto_create_groups)
+        return self.groups.get(
+            name,
+            auto_create=self.config.auto_create_groups,
+            consume_from=self.config.default_consume_from,
+        )
 
     def list_groups(self) -> list[GroupConfig]:
         return self.groups.all()
@@ -468,20 +473,26 @@ class Broker:
         batch_size: int,
         invisible_ms: int,
         client_id: str = "",
+        queue_id: int | None = None,
     ) -> list[MessageView]:
-        """Up to ``batch_size`` messages hidden for ``invisible_ms`` (0: the default); [] if none."""
+        """Up to ``batch_size`` messages hidden for ``invisible_ms`` (0: the default); [] if none.
+
+        ``queue_id`` receives from that queue only (IllegalQueueId if the topic has no
+        such readable queue).
+        """
         config = self._check_consumable(group, topic)
+        if queue_id is not None:
+            self._check_queue(config, queue_id)
         compiled = self._filters.get(filter)
-        receive = self._pop.receive
+        invisible_ms = invisible_ms or self.config.default_invisible_ms
         if config.message_type is MessageType.LITE:  # the lite topics client_id subscribes to
-            receive = functools.partial(self.lite.receive, client_id=client_id)
-        views = receive(
-            group,
-            topic,
-            matcher=compiled.compiled,
-            batch_size=batch_size,
-            invisible_ms=invisible_ms or self.config.default_invisible_ms,
-        )
+            views = self.lite.receive(
+                group, topic, client_id, compiled.compiled, batch_size, invisible_ms
+            )
+        else:
+            views = self._pop.receive(
+                group, topic, compiled.compiled, batch_size, invisible_ms, queue_id
+            )
         self._out.add(len(views))
         self.statistics.record_out(group, topic, len(views))
         return views

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from halfmoon.store.fsutil import replace_atomically
 
@@ -23,6 +23,16 @@ class BrokerConfig:
     name: str = "halfmoon"
     auto_create_topics: bool = False
     auto_create_groups: bool = True
+    # Where a consumer group starts in each queue when it was auto-created or created
+    # without an explicit start. "auto" is RocketMQ 5's pop rule: the queue's first message
+    # while the queue's start is retained and hot, otherwise its last message (so a consumer
+    # started after the producer still gets what was just sent). "earliest": the first
+    # retained message; "latest": only what is sent from then on.
+    default_consume_from: Literal["auto", "earliest", "latest"] = "auto"
+    # "Hot" for the "auto" rule: the queue's first message lies within this many bytes of
+    # the commit log's end. 0 means 40 % of physical memory, RocketMQ's
+    # accessMessageInMemoryMaxRatio: data that recent is most likely still in page cache.
+    hot_data_bytes: int = 0
     default_queue_count: int = 8
     max_body_size: int = 4 * 1024 * 1024
     default_invisible_ms: int = 30_000

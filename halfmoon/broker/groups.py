@@ -26,7 +26,7 @@ from halfmoon.errors import InvalidArgument
 
 MAX_GROUP_LENGTH = 255
 _NAME = re.compile(r"^[%a-zA-Z0-9_-]+$")
-CONSUME_FROM = ("latest", "earliest")
+CONSUME_FROM = ("latest", "earliest", "auto")
 
 # RocketMQ's customized backoff levels (messageDelayLevel without the leading
 # 1s level's duplicates): 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h.
@@ -168,7 +168,7 @@ def _checked(group: GroupConfig) -> GroupConfig:
         )
     if group.consume_from not in CONSUME_FROM:
         raise InvalidArgument(
-            f"illegal consume_from {group.consume_from!r}: use 'latest' or 'earliest'"
+            f"illegal consume_from {group.consume_from!r}: use 'latest', 'earliest' or 'auto'"
         )
     if not isinstance(group.retry_policy, RetryPolicy):
         raise InvalidArgument("retry_policy must be a RetryPolicy")
@@ -198,7 +198,11 @@ class GroupRegistry:
     def find(self, name: str) -> GroupConfig | None:
         return self._groups.get(name)
 
-    def get(self, name: str, *, auto_create: bool = False) -> GroupConfig:
+    def get(
+        self, name: str, *, auto_create: bool = False, consume_from: str = "latest"
+    ) -> GroupConfig:
+        """The group ``name``; with ``auto_create``, created on first use (starting at
+        ``consume_from``)."""
         group = self._groups.get(name)
         if group is not None:
             return group
@@ -207,7 +211,7 @@ class GroupRegistry:
             raise GroupNotFound(name)
         with self._lock:
             group = self._groups.get(name)
-            return group if group is not None else self.create(name)
+            return group if group is not None else self.create(name, consume_from=consume_from)
 
     def all(self) -> list[GroupConfig]:
         with self._lock:

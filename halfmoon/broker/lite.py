@@ -29,8 +29,9 @@ What RocketMQ does, and halfmoon with it (sources: apache/rocketmq
 - Delivery is ordered per lite topic (RocketMQ's lite pop is always FIFO):
   while a message of a lite topic is in flight for a group, nothing after it
   in that lite topic goes out. A group's first receive from a lite topic
-  starts at its oldest retained message (RocketMQ starts at 0 while the
-  queue's head is in memory, which is the case for a new lite topic).
+  starts where RocketMQ's ``getInitOffset(..., MAX)`` does (pop's "auto"):
+  at its first message while the queue starts at 0 and that message is hot
+  (always the case for a new lite topic), else at its last message.
 - A send that would create more than ``max_lite_topics_per_topic`` lite
   topics under one parent is refused with LITE_TOPIC_QUOTA_EXCEEDED.
 - NotifyUnsubscribeLiteCommand tells a client that the broker dropped one of
@@ -129,8 +130,8 @@ class LiteTopics:
             split = split_lite_queue_topic(name)
             if split is not None:
                 self._index.setdefault(split[0], set()).add(split[1])
-        # A pop service of its own: lite queues are FIFO and start at their oldest
-        # message whatever the group's settings say (see the module docs).
+        # A pop service of its own: lite queues are FIFO and start as RocketMQ's lite
+        # pop does, whatever the group's settings say (see the module docs).
         self._pop = PopService(
             store,
             clock,
@@ -145,7 +146,7 @@ class LiteTopics:
         return PopGroupSettings(
             fifo=True,
             max_delivery_attempts=self._max_attempts(group),
-            consume_from="earliest",
+            consume_from="auto",
             every_message_ordered=True,
         )
 

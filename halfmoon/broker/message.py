@@ -163,6 +163,8 @@ class MessageView:
     store_host: str
     commit_log_offset: int
     transaction_group: str | None = None
+    # A committed transactional message's transaction id (what its producer got back).
+    transaction_id: str | None = None
     delivery_attempt: int = 1
     receipt_handle: str | None = None
     invisible_duration_ms: int | None = None
@@ -198,6 +200,7 @@ class MessageView:
             store_host=stored.store_host,
             commit_log_offset=stored.commit_log_offset,
             transaction_group=props.get(PROPERTY_TRANSACTION_GROUP),
+            transaction_id=props.get(PROPERTY_TRANSACTION_ID),
             priority=int(priority) if priority and priority.isdigit() else None,
             lite_topic=lite_topic,
         )

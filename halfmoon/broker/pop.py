@@ -3,9 +3,10 @@
 Consumers of a group share each queue; the broker decides who gets what.
 State per (group, topic, queue) lives in :mod:`halfmoon.broker.consumption`.
 
-receive(group, topic, filter, batch, invisible):
+receive(group, topic, filter, batch, invisible[, queue]):
   1. Walk the topic's readable queues, starting one further each call so
-     concurrent consumers spread over the queues.
+     concurrent consumers spread over the queues; or only ``queue`` when
+     one is named (a consumer receiving per assigned queue).
   2. In each queue, first take in-flight deliveries whose invisible time is
      over: one at the group's max attempts goes to the dead-letter callback
      (then counts as consumed); any other is read again from its queue and
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,13 +79,21 @@ MAX_READS_PER_QUEUE = 4
 DeadLetter = Callable[[str, StoredMessage, int], None]
 
 
+def default_hot_data_bytes() -> int:
+    """40 % of physical memory: RocketMQ's ``accessMessageInMemoryMaxRatio`` default."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 40 // 100
+    except (ValueError, OSError):  # not on this platform: assume 4 GiB of memory
+        return 4 * 1024**3 * 40 // 100
+
+
 @dataclass(frozen=True, slots=True)
 class PopGroupSettings:
     """What pop needs to know about a consumer group."""
 
     fifo: bool = False
     max_delivery_attempts: int = 17
-    consume_from: str = "latest"  # where a new group starts: "earliest" | "latest"
+    consume_from: str = "latest"  # where a new group starts: "earliest" | "latest" | "auto"
     # With fifo: order every message of a queue, not only those with a message group
     # (lite topics: one queue per lite topic, always delivered in order).
     every_message_ordered: bool = False
@@ -100,6 +110,7 @@ class PopService:
         dead_letter: DeadLetter,
         state_path: Path | None,
         min_receive_invisible_ms: int = MIN_RECEIVE_INVISIBLE_MS,
+        hot_data_bytes: int = 0,
         priority_order: Callable[[str], bool] = lambda topic: False,
     ) -> None:
         self._store = store
@@ -109,6 +120,7 @@ class PopService:
         self._dead_letter = dead_letter
         self._state_path = state_path
         self._min_receive_invisible_ms = min_receive_invisible_ms
+        self._hot_data_bytes = hot_data_bytes or default_hot_data_bytes()
         # Topics whose receives start at the first of topic_queues every time: priority
         # topics, which list their queues highest priority first (priority.py).
         self._priority_order = priority_order
@@ -135,10 +147,13 @@ class PopService:
         matcher: MessageFilter | None,
         batch_size: int,
         invisible_ms: int,
+        queue_id: int | None = None,
     ) -> list[MessageView]:
         """Up to ``batch_size`` messages, hidden from the group for ``invisible_ms``.
 
-        Non-blocking: [] when nothing is available (see :meth:`next_wakeup_ms`).
+        ``queue_id`` limits the receive to that queue (none from a queue that is
+        not readable). Non-blocking: [] when nothing is available (see
+        :meth:`next_wakeup_ms`).
         """
         check_invisible_ms(invisible_ms, self._min_receive_invisible_ms)
         if batch_size < 1:
@@ -152,15 +167,17 @@ class PopService:
         with state.lock:
             self._ensure_queues(state, queue_ids, settings)
             now = self._clock.now_ms()
-            if not settings.fifo and self._priority_order(topic):
-                start = 0
+            if queue_id is not None:
+                walk = [queue_id] if queue_id in queue_ids else []
+            elif not settings.fifo and self._priority_order(topic):
+                walk = list(queue_ids)  # highest priority first, every time
             else:
                 start = state.rotation
                 state.rotation = (start + 1) % len(queue_ids)
-            for step in range(len(queue_ids)):
-                queue_id = queue_ids[(start + step) % len(queue_ids)]
+                walk = queue_ids[start:] + queue_ids[:start]
+            for walked in walk:
                 self._receive_queue(
-                    state, queue_id, settings, matcher, batch_size, now, invisible_ms, out
+                    state, walked, settings, matcher, batch_size, now, invisible_ms, out
                 )
                 if len(out) >= batch_size:
                     break
@@ -537,8 +554,8 @@ class PopService:
     ) -> None:
         """Give every readable queue a position; called with ``state.lock`` held.
 
-        "latest" applies only to a group's first contact with the topic: a queue
-        added later starts at its beginning, since all of it is news to the group.
+        "latest" and "auto" apply only to a group's first contact with the topic: a
+        queue added later starts at its beginning, since all of it is news to the group.
         """
         queues = state.queues
         first_contact = not queues
@@ -547,10 +564,31 @@ class PopService:
                 continue
             if first_contact and settings.consume_from == "latest":
                 start = self._store.max_offset(state.topic, queue_id)
+            elif first_contact and settings.consume_from == "auto":
+                start = self._auto_start(state.topic, queue_id)
             else:
                 start = self._store.min_offset(state.topic, queue_id)
             queues[queue_id] = QueueConsumption(start)
             state.dirty = True
+
+    def _auto_start(self, topic: str, queue_id: int) -> int:
+        """RocketMQ 5's first pop position (``PopMessageProcessor.getInitOffset``, mode MAX).
+
+        The queue's first message when the queue still starts at offset 0 and that
+        message is hot (``initPopOffsetByCheckMsgInMem``): a consumer started right
+        after its producer gets everything. Otherwise the queue's last message, so
+        the newest one is still delivered but an old backlog is not replayed.
+        """
+        end = self._store.max_offset(topic, queue_id)
+        if end == 0:
+            return 0
+        if self._store.min_offset(topic, queue_id) == 0:
+            first = self._store.get(topic, queue_id, 0, max_messages=1)
+            if first.messages and first.messages[0].queue_offset == 0:
+                log_end = self._store.stats().commit_log_max_offset
+                if log_end - first.messages[0].commit_log_offset <= self._hot_data_bytes:
+                    return 0
+        return end - 1
 
     def _read(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
         result = self._store.get(topic, queue_id, offset, max_messages=1)

@@ -50,9 +50,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     create.add_argument(
         "--from",
         dest="consume_from",
-        choices=("earliest", "latest"),
+        choices=("earliest", "latest", "auto"),
         default=None,
-        help="where a new group starts (default latest)",
+        help="where a new group starts: earliest, latest or auto (the queue's first message while hot, else its last); default: the broker's broker.default_consume_from (auto)",
     )
 
     add_command(sub, "list", list_groups, "list consumer groups")
@@ -86,7 +86,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     update.add_argument(
         "--from",
         dest="consume_from",
-        choices=("earliest", "latest"),
+        choices=("earliest", "latest", "auto"),
         default=None,
         help="where the group starts in a topic it has not consumed (earliest: the min offset)",
     )

@@ -1,8 +1,9 @@
 """Who is in a pull-consumer group right now, learned over the messaging protocol itself.
 
 RocketMQ 5's gRPC protocol has no "list the group's consumers" call, and
-halfmoon's QueryAssignment hands out one broker-balanced assignment (the
-pop model), so pull consumers find each other through a small coordination
+halfmoon's QueryAssignment gives every consumer of a group the same answer
+(one broker-balanced assignment in the pop model, every queue for a FIFO
+group), so pull consumers find each other through a small coordination
 topic (``HALFMOON_PULL_MEMBERS`` by default, one queue is enough): each member
 sends a heartbeat message tagged with its group every ``interval`` seconds
 (key = its client id; body ``alive`` or ``leaving``) and reads the topic by

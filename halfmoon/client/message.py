@@ -25,6 +25,11 @@ from rocketmq.grpc_protocol import definition_pb2
 pb = definition_pb2
 WireType = pb.MessageType
 
+# Stored properties the server hands over among the user properties, as RocketMQ's
+# proxy does; this client shows them as ``message_group`` and ``transaction_id``.
+_SHARDING_KEY = "__SHARDINGKEY"
+_TRANSACTION_ID = "__transactionId__"
+
 
 @dataclass
 class Message:
@@ -115,13 +120,16 @@ def to_timestamp(ms: int) -> timestamp_pb2.Timestamp:
 def view_of(message: pb.Message, endpoint: str = "") -> MessageView:
     """The :class:`MessageView` of a wire message."""
     sp = message.system_properties
+    properties = dict(message.user_properties)
+    properties.pop(_SHARDING_KEY, None)
+    transaction_id = properties.pop(_TRANSACTION_ID, "")
     return MessageView(
         topic=message.topic.name,
         body=message.body,
         message_id=sp.message_id,
         tag=sp.tag if sp.HasField("tag") and sp.tag else None,
         keys=list(sp.keys),
-        properties=dict(message.user_properties),
+        properties=properties,
         message_group=sp.message_group
         if sp.HasField("message_group") and sp.message_group
         else None,
@@ -139,6 +147,7 @@ def view_of(message: pb.Message, endpoint: str = "") -> MessageView:
         else "NORMAL",
         receipt_handle=sp.receipt_handle if sp.HasField("receipt_handle") else None,
         endpoint=endpoint,
+        transaction_id=transaction_id,
     )
 
 

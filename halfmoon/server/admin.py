@@ -63,7 +63,7 @@ REGISTRY_KEY: web.AppKey[MetricsRegistry] = web.AppKey("metrics", MetricsRegistr
 
 TOPIC_TYPES = [t.value for t in MessageType]
 PERMS = ["rw", "r", "w"]
-CONSUME_FROM = ["latest", "earliest"]
+CONSUME_FROM = ["latest", "earliest", "auto"]
 
 
 class ApiError(InvalidArgument):

@@ -17,7 +17,9 @@ from rocketmq.grpc_protocol import definition_pb2
 
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import (
+    PROPERTY_MESSAGE_GROUP,
     PROPERTY_TRANSACTION_GROUP,
+    PROPERTY_TRANSACTION_ID,
     MessageType,
     MessageView,
     OutgoingMessage,
@@ -246,13 +248,23 @@ _ENCODING_IDENTITY_NUMBER = pb.Encoding.IDENTITY
 
 
 def wire_message(view: MessageView, namespace: str = "", store_host: str = "") -> pb.Message:
-    """The wire Message for a delivered MessageView (receipt handle and attempt included)."""
+    """The wire Message for a delivered MessageView (receipt handle and attempt included).
+
+    The message group and a transaction id also go into the user properties
+    (``__SHARDINGKEY``, ``__transactionId__``): RocketMQ's proxy hands every
+    stored property outside its system set to the client, and these two are
+    outside it, so the official clients show them.
+    """
     body = view.body
     message = pb.Message(
         topic=pb.Resource(name=view.topic, resource_namespace=namespace),
         user_properties=view.properties,
         body=body,
     )
+    if view.message_group:
+        message.user_properties[PROPERTY_MESSAGE_GROUP] = view.message_group
+    if view.transaction_id:
+        message.user_properties[PROPERTY_TRANSACTION_ID] = view.transaction_id
     # Filled in place: building a SystemProperties and passing it in would copy it.
     sp = message.system_properties
     if view.keys:

@@ -5,6 +5,10 @@ the mapping is by name; the few halfmoon-only codes have a row in
 ``_ALIASES``. Anything that is not a :class:`HalfmoonError` is a bug: it is
 logged with its traceback and answered with INTERNAL_ERROR, never allowed to
 take the server down.
+
+Where Apache RocketMQ's proxy words the same failure in a way its official
+clients' users (and the clients' own tests) look for, that wording follows
+halfmoon's sentence in the Status message (:func:`rocketmq_wording`).
 """
 
 from __future__ import annotations
@@ -61,10 +65,35 @@ def ok() -> definition_pb2.Status:
     return definition_pb2.Status(code=Code.OK, message="OK")
 
 
+def rocketmq_wording(error: HalfmoonError) -> str:
+    """RocketMQ's own text for ``error`` ("" where halfmoon keeps only its own).
+
+    Unknown topic: the proxy's TopicRouteService raises MQClientException(17,
+    "No topic route info in name server for the topic: <topic>"), whose message
+    (the Status message) reads "CODE: 17  DESC: ..." (the FAQ link it adds is
+    left out). Unknown group: the broker's PopMessageProcessor remark,
+    "subscription group [<group>] does not exist" (its FAQ tip left out).
+    """
+    code = error.code
+    if code == "TOPIC_NOT_FOUND":
+        topic = getattr(error, "topic", None)
+        if topic:
+            return f"CODE: 17  DESC: No topic route info in name server for the topic: {topic}"
+    elif code in ("CONSUMER_GROUP_NOT_FOUND", "GROUP_NOT_FOUND"):
+        group = getattr(error, "group", None)
+        if group:
+            return f"subscription group [{group}] does not exist"
+    return ""
+
+
 def status_for(error: BaseException, rpc: str = "") -> definition_pb2.Status:
     """The Status to answer for ``error``; unexpected errors are logged as bugs."""
     if isinstance(error, HalfmoonError):
-        return status(code_for(error), error.message)
+        message = error.message
+        theirs = rocketmq_wording(error)
+        if theirs:
+            message = f"{message}. {theirs}"
+        return status(code_for(error), message)
     log.error("event=rpc_internal_error rpc=%s error=%r", rpc, error, exc_info=error)
     return status(
         Code.INTERNAL_ERROR,

@@ -180,22 +180,38 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         topic = _name(request.topic, "topic")
         group = _name(request.group, "group")
         routes = await self._call(self.broker.route, topic)
-        await self._call(self.broker.get_group, group)
-        if not any("r" in r.perm for r in routes):
+        config = await self._call(self.broker.get_group, group)
+        readable = [r for r in routes if "r" in r.perm]
+        if not readable:
             return svc.QueryAssignmentResponse(
                 status=status(Code.FORBIDDEN, f"topic {topic!r} has no readable queue")
             )
-        # One assignment per broker, queue id -1: the broker balances consumers across
-        # queues itself (pop), as RocketMQ's proxy does for non-FIFO groups. FIFO order is
-        # kept by the broker too, so FIFO groups get the same single assignment.
-        queue = pb.MessageQueue(
-            topic=pb.Resource(name=topic, resource_namespace=request.topic.resource_namespace),
-            id=-1,
-            permission=pb.Permission.READ_WRITE,
-            broker=self._broker_pb(request.endpoints if request.HasField("endpoints") else None),
-        )
+        resource = pb.Resource(name=topic, resource_namespace=request.topic.resource_namespace)
+        broker = self._broker_pb(request.endpoints if request.HasField("endpoints") else None)
+        # As RocketMQ's proxy (RouteActivity.queryAssignment): a FIFO group gets every
+        # readable queue, so a push consumer runs one receive loop per queue (see
+        # ReceiveMessage); any other group one assignment, queue id -1, and the broker
+        # balances its consumers over the queues itself (pop). Every consumer of the
+        # group gets the same answer: a FIFO queue with an ordered message in flight
+        # delivers nothing to anyone, which is what keeps the order.
+        if config.fifo:
+            queues = [
+                pb.MessageQueue(
+                    topic=resource,
+                    id=r.queue_id,
+                    permission=_PERMISSION.get(r.perm, pb.Permission.NONE),
+                    broker=broker,
+                )
+                for r in readable
+            ]
+        else:
+            queues = [
+                pb.MessageQueue(
+                    topic=resource, id=-1, permission=pb.Permission.READ_WRITE, broker=broker
+                )
+            ]
         return svc.QueryAssignmentResponse(
-            status=ok(), assignments=[pb.Assignment(message_queue=queue)]
+            status=ok(), assignments=[pb.Assignment(message_queue=q) for q in queues]
         )
 
     # -- clients -----------------------------------------------------------------
@@ -337,11 +353,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if client_id:
             for topic in topics:
                 self.registry.note_topic(client_id, topic)
+        # Every entry carries a transaction id, the message id for a plain send: RocketMQ's
+        # broker answers every send so (SendMessageProcessor sets it from the message id).
         entries = [
             svc.SendResultEntry(
                 status=_OK,
                 message_id=r.message_id,
-                transaction_id=r.transaction_id or "",
+                transaction_id=r.transaction_id or r.message_id,
                 offset=r.queue_offset,
                 recall_handle=getattr(r, "recall_handle", None) or "",
             )
@@ -413,7 +431,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             raise Unsupported("transactional messages are not supported by this halfmoon build yet")
         if not request.transaction_id:
             raise RequestError(
-                "transaction_id is missing; use the one SendMessage returned",
+                # RocketMQ's EndTransactionActivity wording follows halfmoon's.
+                "transaction_id is missing; use the one SendMessage returned. "
+                "transaction id cannot be empty",
                 code="INVALID_TRANSACTION_ID",
             )
         resolution = _RESOLUTIONS.get(request.resolution, "unknown")
@@ -460,9 +480,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return max(seconds, 0.0)
 
     def _receive_once(
-        self, group: str, topic: str, spec: Any, batch: int, invisible_ms: int, client_id: str
+        self,
+        group: str,
+        topic: str,
+        spec: Any,
+        batch: int,
+        invisible_ms: int,
+        client_id: str,
+        queue_id: int | None = None,
     ) -> tuple[list[Any], int | None]:
-        views = self.broker.receive(group, topic, spec, batch, invisible_ms, client_id)
+        views = self.broker.receive(
+            group, topic, spec, batch, invisible_ms, client_id, queue_id=queue_id
+        )
         if views:
             return views, None
         return views, self.broker.next_wakeup_ms(group, topic, client_id)
@@ -489,8 +518,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 context,
             )
             client_id = _metadata(context, "x-mq-client-id")
+            queue_id = self._assigned_queue(request.message_queue.id, client_id)
             views = await self._long_poll(
-                group, topic, spec, batch, invisible_ms, client_id, budget
+                group, topic, spec, batch, invisible_ms, client_id, budget, queue_id
             )
         except asyncio.CancelledError:
             raise
@@ -510,6 +540,22 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             delivery_timestamp=convert.to_timestamp(int(time.time() * 1000))
         )
 
+    def _assigned_queue(self, queue_id: int, client_id: str) -> int | None:
+        """The one queue a receive is limited to, or None for all of the topic's.
+
+        Only a push consumer's receive names its queue on purpose: it receives per
+        assignment, and a FIFO group's assignments are single queues. A simple
+        consumer names whichever queue of the route it picked in turn and expects
+        messages from any (RocketMQ's proxy pops broker-wide for it), so its queue
+        id is not binding.
+        """
+        if queue_id < 0 or not client_id:
+            return None
+        session = self.registry.get(client_id)
+        if session is None or session.client_type != pb.ClientType.PUSH_CONSUMER:
+            return None
+        return queue_id
+
     async def _long_poll(
         self,
         group: str,
@@ -519,13 +565,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         invisible_ms: int,
         client_id: str,
         budget: float,
+        queue_id: int | None = None,
     ) -> list[Any]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
         while True:
             with self.notifier.waiter(topic) as waiter:
                 views, wakeup_ms = await self._call(
-                    self._receive_once, group, topic, spec, batch, invisible_ms, client_id
+                    self._receive_once, group, topic, spec, batch, invisible_ms, client_id, queue_id
                 )
                 remaining = deadline - loop.time()
                 if views or remaining <= 0 or self.notifier.shutting_down:

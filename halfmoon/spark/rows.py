@@ -8,7 +8,10 @@ user properties, FIFO message group, transaction id.
 ``transaction_id`` is the message id of a message that went through a
 transaction (RocketMQ derives a transaction's id from its half message's id;
 the committed message keeps that id), null for other messages. The reserved
-transaction-group property never reaches readers.
+transaction-group property never reaches readers, and neither do the
+``__SHARDINGKEY`` and ``__transactionId__`` entries the server adds to the
+user properties for RocketMQ's clients: ``properties`` holds what a producer
+set, so a row can go back to the sink as it is.
 
 Rows leave the reader as ``pyarrow.RecordBatch`` objects built column by
 column: Spark takes them without converting row by row.
@@ -24,6 +27,7 @@ from rocketmq.grpc_protocol import definition_pb2
 
 pb = definition_pb2
 _TRANSACTION = pb.MessageType.TRANSACTION
+_SERVER_ADDED = frozenset({"__SHARDINGKEY", "__transactionId__"})
 
 SCHEMA_DDL = (
     "topic string, queue_id int, queue_offset bigint, message_id string, keys array<string>, "
@@ -65,7 +69,7 @@ def record_batch(messages: Sequence[pb.Message]) -> pa.RecordBatch:
         message_id.append(sp.message_id)
         keys.append(list(sp.keys))
         tag.append(sp.tag or None)
-        props.append(list(m.user_properties.items()))
+        props.append([(k, v) for k, v in m.user_properties.items() if k not in _SERVER_ADDED])
         body.append(m.body)
         born.append(_micros(sp.born_timestamp))
         stored.append(_micros(sp.store_timestamp))

@@ -11,6 +11,7 @@ from halfmoon.broker import (
     OutgoingMessage,
     dead_letter_topic,
 )
+from halfmoon.broker.errors import IllegalQueueId
 from halfmoon.store.memory import MemoryStore
 
 
@@ -36,6 +37,19 @@ def test_receive_ack_and_redelivery_through_the_facade(broker: Broker, clock: Fa
     progress = {p.queue_id: p for p in broker.group_progress("g", "t")}
     assert sum(p.inflight for p in progress.values()) == 0
     assert sum(p.lag for p in progress.values()) == 0
+
+
+def test_receive_from_one_queue_through_the_facade(broker: Broker) -> None:
+    broker.create_topic("t", queue_count=2)
+    broker.create_group("g", consume_from="earliest")
+    broker.send([OutgoingMessage("t", f"m{i}".encode()) for i in range(8)])
+    per_queue = {q: broker.receive("g", "t", FilterSpec(), 32, 30_000, queue_id=q) for q in (0, 1)}
+    for queue_id, views in per_queue.items():
+        assert views and {v.queue_id for v in views} == {queue_id}
+    assert sum(len(v) for v in per_queue.values()) == 8
+    with pytest.raises(IllegalQueueId) as raised:
+        broker.receive("g", "t", FilterSpec(), 1, 30_000, queue_id=2)
+    assert raised.value.code == "BAD_REQUEST" and "no queue 2" in raised.value.message
 
 
 def test_max_attempts_moves_the_message_to_a_consumable_dead_letter_topic(

@@ -63,7 +63,7 @@ def test_exponential_backoff_is_capped() -> None:
 
 def test_groups_are_auto_created_with_defaults(broker: Broker) -> None:
     group = broker.get_group("g1")
-    assert (group.fifo, group.max_delivery_attempts, group.consume_from) == (False, 17, "latest")
+    assert (group.fifo, group.max_delivery_attempts, group.consume_from) == (False, 17, "auto")
     assert [g.name for g in broker.list_groups()] == ["g1"]
 
 

@@ -74,9 +74,14 @@ class Broker:
         self.store.append(messages)
 
     def receive(
-        self, batch: int = 32, group: str = GROUP, matcher=None, invisible: int = INVISIBLE
+        self,
+        batch: int = 32,
+        group: str = GROUP,
+        matcher=None,
+        invisible: int = INVISIBLE,
+        queue_id: int | None = None,
     ):
-        return self.pop.receive(group, TOPIC, matcher, batch, invisible)
+        return self.pop.receive(group, TOPIC, matcher, batch, invisible, queue_id)
 
 
 def bodies(views: list[MessageView]) -> list[str]:
@@ -393,6 +398,39 @@ def test_fifo_dead_lettered_message_lets_queue_move_on(broker: Broker) -> None:
     views = broker.receive(batch=1)
     assert [(d[1].body, d[2]) for d in broker.dead] == [(b"poison", 2)]
     assert bodies(views) == ["next"]
+
+
+def test_receive_from_a_named_queue_takes_only_that_queue(broker: Broker) -> None:
+    broker.queues[TOPIC] = [0, 1, 2]
+    for queue_id in (0, 1, 2):
+        broker.send(f"q{queue_id}a", f"q{queue_id}b", queue_id=queue_id)
+    assert bodies(broker.receive(queue_id=1)) == ["q1a", "q1b"]
+    assert broker.receive(queue_id=1) == []
+    # The others are untouched, and still there for a receive of any queue.
+    assert sorted(bodies(broker.receive())) == ["q0a", "q0b", "q2a", "q2b"]
+
+
+def test_receive_from_a_queue_the_topic_does_not_read_gets_nothing(broker: Broker) -> None:
+    broker.queues[TOPIC] = [0, 1]
+    broker.send("q0", queue_id=0)
+    broker.send("q2", queue_id=2)  # stored, but not a readable queue of the topic
+    assert broker.receive(queue_id=2) == []
+    assert bodies(broker.receive()) == ["q0"]
+
+
+def test_fifo_named_queue_stays_blocked_for_everyone_while_in_flight(broker: Broker) -> None:
+    fifo(broker)
+    broker.queues[TOPIC] = [0, 1]
+    send_ordered(broker, "first", "second")
+    send_ordered(broker, "other", queue_id=1)
+    (first,) = broker.receive(batch=1, queue_id=0)
+    assert first.body == b"first"
+    # Neither a receive of that queue nor one of any queue takes "second" now.
+    assert broker.receive(queue_id=0) == []
+    assert bodies(broker.receive()) == ["other"]
+    assert broker.receive(queue_id=0) == []
+    broker.pop.ack(GROUP, TOPIC, first.receipt_handle)
+    assert bodies(broker.receive(queue_id=0)) == ["second"]
 
 
 def test_fifo_group_does_not_order_messages_without_a_message_group(broker: Broker) -> None:

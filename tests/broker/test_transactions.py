@@ -148,6 +148,64 @@ def test_committed_message_keeps_id_queue_and_properties(txn_broker: Broker) -> 
     assert message.topic == "orders" and message.message_type is MessageType.TRANSACTION
 
 
+def test_committed_message_carries_the_transaction_id_its_producer_got(
+    txn_broker: Broker, store: MemoryStore
+) -> None:
+    results = txn_broker.send([half(body=b"alone"), half(body=b"member", transaction_group="g9")])
+    end(txn_broker, results[0], "commit")
+    txn_broker.end_transaction_group("g9", "commit")
+    delivered = []
+    for queue_id in range(2):
+        delivered += txn_broker.pull("c", "orders", queue_id, 0, 10, FilterSpec()).messages
+    by_body = {m.body: m for m in delivered}
+    for result, body in zip(results, (b"alone", b"member"), strict=True):
+        message = by_body[body]
+        # As RocketMQ's broker: a stored __transactionId__, not one of the user's properties.
+        assert message.transaction_id == result.transaction_id, body
+        assert "__transactionId__" not in message.properties
+        stored = store.read_at(message.commit_log_offset)
+        assert stored.properties["__transactionId__"] == result.transaction_id
+        # The half record held the room for it, so the committed record is never larger.
+        half_record = store.read_at(decode_transaction_id(result.transaction_id))
+        assert len(half_record.properties["__transactionId__"]) == len(result.transaction_id)
+
+
+def test_a_half_message_at_the_properties_limit_still_commits(broker: Broker) -> None:
+    # A one-letter topic: its routing properties, dropped on commit, are the shortest.
+    broker.create_topic("t", MessageType.TRANSACTION, queue_count=1)
+
+    def fits(size: int):
+        try:
+            return broker.send([half("t", properties={"pad": "x" * size})])[0]
+        except InvalidArgument:
+            return None
+
+    low, high = 0, 64 * 1024  # fits(low), not fits(high)
+    assert fits(low) is not None and fits(high) is None
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) is not None else (low, middle)
+    largest = fits(low)
+    assert end(broker, largest, "commit") is TxnState.COMMITTED
+    (message,) = [
+        m for m in broker.pull("c", "t", 0, 0, 1000, FilterSpec()).messages
+        if m.message_id == largest.message_id
+    ]  # fmt: skip
+    assert message.transaction_id == largest.transaction_id
+
+
+def test_check_message_carries_the_transaction_id(txn_broker: Broker) -> None:
+    (result,) = txn_broker.send([half(body=b"open")])
+    service = txn_broker.transactions
+    entry = service.pending[decode_transaction_id(result.transaction_id)]
+    view = service.check_view(entry)
+    assert (view.body, view.transaction_id, view.topic) == (
+        b"open",
+        result.transaction_id,
+        "orders",
+    )
+
+
 def test_rollback_is_permanent(txn_broker: Broker) -> None:
     (result,) = txn_broker.send([half()])
     assert end(txn_broker, result, "rollback") is TxnState.ROLLED_BACK

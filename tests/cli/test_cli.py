@@ -208,7 +208,7 @@ def test_group_create_list_describe_delete(admin):
         plain,
         False,
         17,
-        "latest",
+        "auto",  # broker.default_consume_from
     )
 
     rows = table(ok(halfmoon("group", "list", admin=admin)))

@@ -13,7 +13,8 @@
 //
 // Output lines:
 //   {"event":"started"}
-//   {"event":"sent","index":i,"messageId":...,"offset":n,"queueId":q,"deliveryTimestampMs":t|null}
+//   {"event":"sent","index":i,"messageId":...,"transactionId":...,"offset":n,"queueId":q,
+//    "deliveryTimestampMs":t|null}
 //   (queueId is the queue the client named in its request; client 1.0.8 only ever
 //   picks queue 0 of a route, and the server chooses the real queue itself)
 //   {"event":"send_error","index":i,"error":"..."}
@@ -62,6 +63,7 @@ async function main() {
         event: 'sent',
         index,
         messageId: receipt.messageId,
+        transactionId: receipt.transactionId,
         offset: receipt.offset,
         queueId: receipt.messageQueue.queueId,
         deliveryTimestampMs: options.deliveryTimestamp ? options.deliveryTimestamp.getTime() : null,

@@ -9,12 +9,18 @@ import zlib
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from halfmoon.broker.errors import BodyDigestMismatch, TopicExists, TopicNotFound
+from halfmoon.broker.errors import BodyDigestMismatch, GroupNotFound, TopicExists, TopicNotFound
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageType, MessageView
 from halfmoon.errors import HalfmoonError
 from halfmoon.server import convert
-from halfmoon.server.errors import RequestError, Unsupported, code_for, status_for
+from halfmoon.server.errors import (
+    RequestError,
+    Unsupported,
+    code_for,
+    rocketmq_wording,
+    status_for,
+)
 
 
 def wire(body: bytes = b"payload", **system: object) -> pb.Message:
@@ -119,7 +125,13 @@ def test_delivered_messages_carry_handle_attempt_and_an_md5_digest() -> None:
     )  # fmt: skip
     msg = convert.wire_message(view)
     sp = msg.system_properties
-    assert (msg.topic.name, msg.body, dict(msg.user_properties)) == ("t", b"body", {"p": "1"})
+    # The message group is a user property too, as RocketMQ's proxy delivers it.
+    assert (msg.topic.name, msg.body, dict(msg.user_properties)) == (
+        "t",
+        b"body",
+        {"p": "1", "__SHARDINGKEY": "g"},
+    )
+    assert view.properties == {"p": "1"}  # the view itself is left alone
     assert (sp.receipt_handle, sp.delivery_attempt, sp.queue_id, sp.queue_offset) == (
         "RH",
         2,
@@ -224,3 +236,36 @@ def test_priority_and_lite_messages_in_and_out() -> None:
         0,
         False,
     )
+
+
+def test_a_committed_transactional_message_shows_its_transaction_id_as_a_user_property() -> None:
+    view = MessageView(
+        topic="t", queue_id=0, queue_offset=0, message_id="M", body=b"x", tag=None, keys=[],
+        properties={"p": "1"}, message_type=MessageType.TRANSACTION, message_group=None,
+        delivery_timestamp=None, born_timestamp=0, born_host="", store_timestamp=0, store_host="",
+        commit_log_offset=0, transaction_id="T00000000000000070123ABCD",
+    )  # fmt: skip
+    assert dict(convert.wire_message(view).user_properties) == {
+        "p": "1",
+        "__transactionId__": "T00000000000000070123ABCD",
+    }
+    view.transaction_id = None
+    assert dict(convert.wire_message(view).user_properties) == {"p": "1"}
+
+
+def test_unknown_topic_and_group_add_rocketmqs_wording() -> None:
+    topic = status_for(TopicNotFound("TopicTest-not-exists"), "QueryRoute")
+    assert topic.code == pb.Code.TOPIC_NOT_FOUND
+    # halfmoon's sentence first, then the text RocketMQ's proxy answers (the Node.js
+    # client's own test matches /CODE: 17 {2}DESC: No topic route info .../).
+    assert topic.message.startswith("topic 'TopicTest-not-exists' does not exist")
+    assert topic.message.endswith(
+        ". CODE: 17  DESC: No topic route info in name server for the topic: TopicTest-not-exists"
+    )
+    group = status_for(GroupNotFound("g1"), "ReceiveMessage")
+    assert group.code == pb.Code.CONSUMER_GROUP_NOT_FOUND
+    assert group.message.startswith("consumer group 'g1' does not exist")
+    assert group.message.endswith(". subscription group [g1] does not exist")
+    # Errors without a RocketMQ counterpart keep halfmoon's sentence alone.
+    assert status_for(TopicExists("t")).message == TopicExists("t").message
+    assert rocketmq_wording(HalfmoonError("x", code="TOPIC_NOT_FOUND")) == ""

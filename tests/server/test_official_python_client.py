@@ -6,9 +6,12 @@ own topic and group names.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
 import threading
 import time
+from typing import Any
 
 import pytest
 from rocketmq import (
@@ -21,8 +24,10 @@ from rocketmq import (
     Producer,
     PushConsumer,
     SimpleConsumer,
+    TransactionChecker,
+    TransactionResolution,
 )
-from rocketmq.v5.exception import BadRequestException
+from rocketmq.v5.exception import BadRequestException, NotFoundException
 
 from tests.server.conftest import ServerProcess, wait_until
 
@@ -157,6 +162,8 @@ def test_fifo_keeps_order_within_each_message_group(
         seen: dict[str, list[str]] = {g: [] for g in expected}
         for m in got:
             assert m.message_group in expected
+            # As on RocketMQ, the message group is also the __SHARDINGKEY user property.
+            assert m.properties == {"__SHARDINGKEY": m.message_group}, m.properties
             seen[m.message_group].append(m.body.decode())
         assert seen == expected
     finally:
@@ -313,3 +320,168 @@ def test_fifo_push_consumer_sees_each_group_in_order(
         assert seen == expected
     finally:
         consumer.shutdown()
+
+
+def test_consumer_started_after_the_producer_gets_what_was_already_sent(
+    server: ServerProcess, producer: Producer
+) -> None:
+    """The quick-start order: send, then start a consumer of a group nobody created.
+
+    RocketMQ 5 starts a new pop group at the queue's first message while it is
+    hot; halfmoon used to start it at the end and silently skip these.
+    """
+    topic, group = unique("late-consumer"), unique("g-late")
+    server.create_topic(topic, "normal", queues=4)
+    sent = {producer.send(message(topic, f"early-{i}")).message_id for i in range(8)}
+    consumer = simple_consumer(server, group, topic)
+    try:
+        got = receive_all(consumer, 8, timeout=15)
+        assert {m.message_id for m in got} == sent
+        assert consumer.receive(32, 15) == []
+    finally:
+        consumer.shutdown()
+
+
+def test_send_receipt_transaction_id_is_the_message_id(
+    server: ServerProcess, producer: Producer
+) -> None:
+    topic = unique("txid")
+    server.create_topic(topic, "normal", queues=1)
+    receipt = producer.send(message(topic, "plain"))
+    # RocketMQ's broker answers every send with a transaction id: the message id.
+    assert receipt.transaction_id == receipt.message_id
+
+
+class CommitChecker(TransactionChecker):
+    def check(self, message: Message) -> TransactionResolution:
+        return TransactionResolution.COMMIT
+
+
+def test_committed_transactional_message_carries_its_transaction_id(
+    server: ServerProcess,
+) -> None:
+    topic, group = unique("txn"), unique("g")
+    server.create_topic(topic, "transaction", queues=2)
+    server.create_group(group)
+    producer = Producer(config(server), topics=(topic,), checker=CommitChecker())
+    producer.startup()
+    consumer = None
+    try:
+        transaction = producer.begin_transaction()
+        receipt = producer.send(message(topic, "committed", properties={"k": "v"}), transaction)
+        transaction.commit()
+        assert receipt.transaction_id
+        consumer = simple_consumer(server, group, topic)
+        [got] = receive_all(consumer, 1, timeout=15)
+        assert got.message_id == receipt.message_id
+        # As RocketMQ's broker: the transaction id the producer got, as a user property.
+        assert got.properties == {"k": "v", "__transactionId__": receipt.transaction_id}
+    finally:
+        producer.shutdown()
+        if consumer is not None:
+            consumer.shutdown()
+
+
+def test_unknown_topic_error_carries_rocketmqs_wording(
+    server: ServerProcess, producer: Producer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The client turns the failed route query into its own exception and logs the
+    # server's answer (code and message), which is where a user sees the wording.
+    with caplog.at_level(logging.ERROR), pytest.raises(Exception, match="py-no-such-topic"):
+        producer.send(message("py-no-such-topic", "nowhere"))
+    text = caplog.text
+    assert "40402" in text and "topic 'py-no-such-topic' does not exist" in text, text
+    assert (
+        "CODE: 17  DESC: No topic route info in name server for the topic: py-no-such-topic" in text
+    ), text
+
+
+def test_unknown_group_error_carries_rocketmqs_wording(server_factory: Any) -> None:
+    srv = server_factory(settings=("broker.auto_create_groups=false",)).start()
+    topic, group = unique("nogroup"), unique("never-created")
+    srv.create_topic(topic, "normal", queues=1)
+    consumer = SimpleConsumer(config(srv), group, {topic: FilterExpression()}, await_duration=1)
+    try:
+        with pytest.raises(NotFoundException) as raised:
+            consumer.startup()
+            consumer.receive(1, 15)
+        text = str(raised.value)
+        # apache.rocketmq.v2.Code.CONSUMER_GROUP_NOT_FOUND = 40403
+        assert raised.value.code == 40403, text
+        assert f"consumer group '{group}' does not exist" in text, text
+        assert f"subscription group [{group}] does not exist" in text, text
+    finally:
+        with contextlib.suppress(Exception):
+            consumer.shutdown()
+
+
+def assigned_queue_ids(consumer: PushConsumer) -> set[int]:
+    """The queues the consumer receives from (one process queue per assignment).
+
+    The client keeps them private; a test may look, to know both consumers are
+    receiving before anything is sent.
+    """
+    queues = consumer._PushConsumer__process_queues.keys()  # type: ignore[attr-defined]
+    return {mq.message_queue0().id for mq in queues}
+
+
+def test_two_fifo_push_consumers_share_the_queues_and_keep_each_groups_order(
+    server: ServerProcess, producer: Producer
+) -> None:
+    topic, group = unique("fifoshare"), unique("gfifoshare")
+    server.create_topic(topic, "fifo", queues=4)
+    server.create_group(group, fifo=True)
+    order: list[tuple[int, str]] = []  # (consumer, body), in the order consumption began
+    order_lock = threading.Lock()
+
+    class Tracking(RecordingListener):
+        def __init__(self, index: int) -> None:
+            super().__init__(ConsumeResult.SUCCESS)
+            self.index = index
+
+        def consume(self, message: Message) -> ConsumeResult:
+            with order_lock:
+                order.append((self.index, message.body.decode()))
+            return super().consume(message)
+
+    listeners = [Tracking(0), Tracking(1)]
+    consumers = [
+        PushConsumer(config(server), group, listener, {topic: FilterExpression()})
+        for listener in listeners
+    ]
+    try:
+        for consumer in consumers:
+            consumer.startup()
+        # Each consumer is assigned every queue of the FIFO topic, as on RocketMQ.
+        wait_until(
+            lambda: all(assigned_queue_ids(c) == {0, 1, 2, 3} for c in consumers),
+            20,
+            "both consumers receiving from the 4 queues",
+        )
+        message_groups = [f"order-{g}" for g in range(8)]
+        expected = {g: [f"{g}:{i}" for i in range(6)] for g in message_groups}
+        for i in range(6):
+            for g in message_groups:
+                producer.send(message(topic, f"{g}:{i}", message_group=g))
+        total = sum(len(v) for v in expected.values())
+        wait_until(lambda: len(order) >= total, 30, "every FIFO message consumed")
+
+        bodies = [body for _, body in order]
+        assert len(bodies) == len(set(bodies)) == total, "a message was consumed twice"
+        seen: dict[str, list[str]] = {g: [] for g in message_groups}
+        for body in bodies:
+            seen[body.split(":")[0]].append(body)
+        assert seen == expected, "a message group's order was broken"
+        per_consumer = [sum(1 for index, _ in order if index == c) for c in (0, 1)]
+        assert all(per_consumer), f"one consumer got nothing: {per_consumer}"
+
+        def settled() -> bool:
+            _, progress = server.admin_call("GET", f"/v1/groups/{group}/progress")
+            queues = progress["queues"]  # type: ignore[index]
+            return sum(q["lag"] for q in queues) == 0 and sum(q["inflight"] for q in queues) == 0
+
+        wait_until(settled, 10, "every delivery acknowledged")
+        assert len(order) == total, "delivered again after being acknowledged"
+    finally:
+        for consumer in consumers:
+            consumer.shutdown()

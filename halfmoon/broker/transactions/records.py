@@ -2,12 +2,15 @@
 
 1. the *half* record in ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0: the producer's
    message with its real topic and queue in ``REAL_TOPIC`` / ``REAL_QID``,
-   ``TRAN_MSG=true``, sys flag ``TRANSACTION_PREPARED``, the producer group
-   and the (capped) check immunity in seconds;
+   ``TRAN_MSG=true``, sys flag ``TRANSACTION_PREPARED``, the producer group,
+   the (capped) check immunity in seconds and a placeholder for the
+   transaction id (its offset is not known before the append);
 2. the *real* record appended on commit to the real topic and queue: the same
    message id, body and user properties, sys flag ``TRANSACTION_COMMITTED``,
-   and the half record's offset in ``prepared_transaction_offset`` (the
-   back-reference recovery uses to tell a landed commit from a torn one);
+   the half record's offset in ``prepared_transaction_offset`` (the
+   back-reference recovery uses to tell a landed commit from a torn one) and
+   the transaction id in ``__transactionId__``, which consumers see as a user
+   property (RocketMQ's broker copies it from the half record);
 3. the *parked* copy in ``TRANS_CHECK_MAX_TIME_TOPIC`` once checks ran out.
 """
 
@@ -22,6 +25,7 @@ from halfmoon.broker.message import (
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_TRANSACTION_GROUP,
+    PROPERTY_TRANSACTION_ID,
     PROPERTY_TRANSACTION_PREPARED,
     MessageView,
 )
@@ -34,6 +38,9 @@ from halfmoon.store.message import Message, StoredMessage, SysFlag
 _MASK = int(SysFlag.TRANSACTION_MASK)
 _PREPARED = int(SysFlag.TRANSACTION_PREPARED)
 _COMMITTED = int(SysFlag.TRANSACTION_COMMITTED)
+# Holds the transaction id's room in the half record, so the real record is never the
+# larger one: a half that fits the store's properties limit always commits.
+_ID_PLACEHOLDER = "-" * len(encode_transaction_id(0))
 _ROUTING = (
     PROPERTY_REAL_TOPIC,
     PROPERTY_REAL_QUEUE_ID,
@@ -75,6 +82,7 @@ def make_half(
     props[PROPERTY_REAL_TOPIC] = real_topic
     props[PROPERTY_REAL_QUEUE_ID] = str(real_queue_id)
     props[PROPERTY_TRANSACTION_PREPARED] = "true"
+    props[PROPERTY_TRANSACTION_ID] = _ID_PLACEHOLDER
     if immunity_s is not None and immunity_s > 0:
         props[PROPERTY_CHECK_IMMUNITY] = str(immunity_s)
     else:
@@ -124,6 +132,7 @@ def real_from_half(half: StoredMessage | Message, half_offset: int) -> Message:
     queue_id = int(props.get(PROPERTY_REAL_QUEUE_ID, "0"))
     for name in _ROUTING:
         props.pop(name, None)
+    props[PROPERTY_TRANSACTION_ID] = encode_transaction_id(half_offset)
     return Message(
         topic=topic,
         body=half.body,
@@ -158,4 +167,9 @@ def parked_from_half(half: StoredMessage) -> Message:
 
 def check_view(half: StoredMessage, entry: PendingTxn) -> MessageView:
     """The message a producer's checker is shown: the half as it will look in its real queue."""
-    return dataclasses.replace(MessageView.of(half), topic=entry.topic, queue_id=entry.queue_id)
+    return dataclasses.replace(
+        MessageView.of(half),
+        topic=entry.topic,
+        queue_id=entry.queue_id,
+        transaction_id=entry.transaction_id,
+    )
