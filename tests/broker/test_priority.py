@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from halfmoon.broker import Broker
+from halfmoon.broker import Broker, FakeClock
 from halfmoon.broker.errors import MessageTypeMismatch
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageType, OutgoingMessage
@@ -101,3 +101,15 @@ def test_priority_and_topic_types_must_match(broker: Broker, jobs: Broker) -> No
         broker.send([OutgoingMessage(TOPIC, b"x")])
     with pytest.raises(MessageTypeMismatch):
         broker.send([OutgoingMessage("plain", b"x", message_type=MessageType.PRIORITY, priority=1)])
+
+
+def test_a_retried_message_keeps_its_priority(jobs: Broker, clock: FakeClock) -> None:
+    for p in (0, 0, 3):
+        jobs.send([priority_message(p, f"p{p}".encode())])
+    (urgent,) = receive(jobs)
+    assert urgent.body == b"p3"  # not acked: it comes back after its invisible time
+    (low,) = receive(jobs)
+    assert low.body == b"p0"
+    clock.advance(30_001)
+    (again,) = receive(jobs)
+    assert (again.body, again.delivery_attempt) == (b"p3", 2)  # before the low backlog
