@@ -12,10 +12,15 @@ from typing import Any
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8082"
 ADMIN_ENV = "HALFMOON_ADMIN"
+NAMESPACE_ENV = "HALFMOON_NAMESPACE"
 
 
 def default_admin_url() -> str:
     return os.environ.get(ADMIN_ENV) or DEFAULT_ADMIN_URL
+
+
+def default_namespace() -> str:
+    return os.environ.get(NAMESPACE_ENV) or ""
 
 
 class CliError(Exception):
@@ -36,7 +41,7 @@ def quote(name: str) -> str:
 
 
 class AdminClient:
-    def __init__(self, base_url: str, timeout: float = 10.0) -> None:
+    def __init__(self, base_url: str, timeout: float = 10.0, namespace: str = "") -> None:
         parsed = urllib.parse.urlsplit(base_url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise CliError(
@@ -44,6 +49,8 @@ class AdminClient:
             )
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        # Sent with every request: the API takes the names it is given in this namespace.
+        self.namespace = namespace
 
     def get(self, path: str, **query: Any) -> Any:
         params = {k: v for k, v in query.items() if v is not None}
@@ -63,6 +70,9 @@ class AdminClient:
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """The decoded JSON answer; raises CliError carrying the API's error code."""
         data = None if body is None else json.dumps(body).encode()
+        if self.namespace:
+            separator = "&" if "?" in path else "?"
+            path += separator + urllib.parse.urlencode({"namespace": self.namespace})
         req = urllib.request.Request(self.base_url + path, data=data, method=method)
         req.add_header("Accept", "application/json")
         if data is not None:

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from halfmoon.cli.admin_client import AdminClient, CliError, default_admin_url
+from halfmoon.cli.admin_client import AdminClient, CliError, default_admin_url, default_namespace
 
 
 class UsageError(CliError):
@@ -33,6 +33,13 @@ def admin_options() -> argparse.ArgumentParser:
         default=None,
         help="admin API address, http://HOST:PORT (default: $HALFMOON_ADMIN or http://127.0.0.1:8082)",
     )
+    common.add_argument(
+        "--namespace",
+        metavar="NS",
+        default=None,
+        help="take topic and group names in namespace NS (stored as NS%%name, as RocketMQ "
+        "does); lists show only NS's (default: $HALFMOON_NAMESPACE, else none)",
+    )
     common.add_argument("--json", action="store_true", help="print JSON for scripts")
     return common
 
@@ -55,7 +62,10 @@ def add_command(
 
 
 def client(args: argparse.Namespace) -> AdminClient:
-    return AdminClient(args.admin or default_admin_url())
+    namespace = getattr(args, "namespace", None)
+    if namespace is None:
+        namespace = default_namespace()
+    return AdminClient(args.admin or default_admin_url(), namespace=namespace)
 
 
 def emit(args: argparse.Namespace, data: Any, human: Callable[[], str]) -> None:

@@ -149,7 +149,11 @@ async def run_probe(
 
     try:
         async with Producer(
-            address, topics=[args.topic], max_attempts=1, request_timeout=args.timeout
+            address,
+            topics=[args.topic],
+            max_attempts=1,
+            request_timeout=args.timeout,
+            namespace=client(args).namespace,
         ) as producer:
             started = time.perf_counter()
             await asyncio.gather(

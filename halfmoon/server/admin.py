@@ -9,6 +9,10 @@ result to JSON; no rule about topics or groups lives here. Errors are JSON::
 with the HTTP status following the error's class: 400 for a bad request,
 403 forbidden, 404 not found, 409 conflict, 500 for anything else.
 
+Every endpoint takes ``?namespace=NS``: the topic and group names the request
+gives are then taken in namespace NS and the topic and group lists show only
+NS's (see :mod:`halfmoon.server.admin_namespace`).
+
 Endpoints (``/openapi.json`` describes each, with its request and answer):
 
     GET    /v1/status                       broker status
@@ -119,7 +123,16 @@ def http_status(exc: HalfmoonError) -> int:
 # -- request bodies ----------------------------------------------------------
 
 
+# A body already read and rewritten (its names namespaced) by admin_namespace.
+# (web.RequestKey exists from aiohttp 3.12; older ones take the plain string.)
+BODY_KEY: Any = (
+    web.RequestKey("halfmoon.body", dict) if hasattr(web, "RequestKey") else "halfmoon.body"
+)
+
+
 async def read_body(request: web.Request) -> dict[str, Any]:
+    if BODY_KEY in request:
+        return dict(request[BODY_KEY])
     raw = await request.read()
     if not raw:
         return {}
@@ -539,7 +552,11 @@ def create_admin_app(
     """The admin API over ``broker``; run it with aiohttp's ``AppRunner`` on
     ``config.server.admin_listen``. ``registry`` defaults to the process-wide one;
     ``clients`` is the gRPC server's ClientRegistry (connected consumers), if any."""
-    app = web.Application(middlewares=[errors_and_metrics], client_max_size=1024 * 1024)
+    from halfmoon.server.admin_namespace import namespaced_names  # it imports this module
+
+    app = web.Application(
+        middlewares=[errors_and_metrics, namespaced_names], client_max_size=1024 * 1024
+    )
     app[BROKER_KEY] = broker
     app[STORE_KEY] = store
     app[CONFIG_KEY] = config

@@ -52,9 +52,19 @@ def _op(
             "required": True,
             "content": {"application/json": {"schema": _ref(body)}},
         }
-    if params:
-        op["parameters"] = params
+    # Every /v1 endpoint takes ?namespace= (halfmoon.server.admin_namespace).
+    op["parameters"] = [*(params or []), _NAMESPACE]
     return op
+
+
+_NAMESPACE: dict[str, Any] = {
+    "name": "namespace",
+    "in": "query",
+    "required": False,
+    "description": "take the topic and consumer-group names of this request in this namespace "
+    "(stored as NAMESPACE%name, as RocketMQ does); topic and group lists show only its own",
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,125}$"},
+}
 
 
 def _path_param(name: str, what: str) -> dict[str, Any]:

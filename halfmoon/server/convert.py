@@ -25,6 +25,7 @@ from halfmoon.broker.message import (
     OutgoingMessage,
 )
 from halfmoon.broker.produce import verify_body_digest
+from halfmoon.server import namespace as ns
 from halfmoon.server.errors import RequestError, Unsupported
 
 pb = definition_pb2
@@ -164,17 +165,25 @@ def _delivery_ms(ts: timestamp_pb2.Timestamp) -> int:
 
 
 def outgoing_message(
-    msg: pb.Message, peer_host: str = "", producer_group: str | None = None
+    msg: pb.Message,
+    peer_host: str = "",
+    producer_group: str | None = None,
+    *,
+    namespace: str = "",
 ) -> OutgoingMessage:
     """The broker's OutgoingMessage for one wire message (digest checked, body decoded).
 
     ``producer_group`` is the sending client's, when it told us one (the
     official clients do not): it is recorded on half messages so checks go to
-    that group first.
+    that group first. ``namespace`` is the request's ``x-mq-namespace``
+    header: the topic is stored in the message's own namespace, else that one.
     """
-    topic = msg.topic.name
+    resource = msg.topic
+    topic = resource.name
     if not topic:
         raise RequestError("message has no topic; set message.topic.name")
+    if namespace or resource.resource_namespace:
+        topic = ns.resolve(resource, namespace)
     sp = msg.system_properties
     raw = msg.body  # each read of a bytes field copies it: read it once
     if sp.HasField("body_digest"):
@@ -247,9 +256,11 @@ _DIGEST_MD5 = pb.DigestType.MD5
 _ENCODING_IDENTITY_NUMBER = pb.Encoding.IDENTITY
 
 
-def wire_message(view: MessageView, namespace: str = "", store_host: str = "") -> pb.Message:
+def wire_message(view: MessageView, store_host: str = "") -> pb.Message:
     """The wire Message for a delivered MessageView (receipt handle and attempt included).
 
+    The topic is named as its client knows it: the bare name plus the
+    namespace the stored name carries (RocketMQ's ``GrpcConverter.buildResource``).
     The message group and a transaction id also go into the user properties
     (``__SHARDINGKEY``, ``__transactionId__``): RocketMQ's proxy hands every
     stored property outside its system set to the client, and these two are
@@ -257,7 +268,7 @@ def wire_message(view: MessageView, namespace: str = "", store_host: str = "") -
     """
     body = view.body
     message = pb.Message(
-        topic=pb.Resource(name=view.topic, resource_namespace=namespace),
+        topic=ns.resource(view.topic),
         user_properties=view.properties,
         body=body,
     )
@@ -311,7 +322,5 @@ def _set_timestamp(ts: timestamp_pb2.Timestamp, ms: int) -> None:
         ts.SetInParent()
 
 
-def wire_messages(
-    views: Iterable[MessageView], namespace: str = "", store_host: str = ""
-) -> list[pb.Message]:
-    return [wire_message(v, namespace, store_host) for v in views]
+def wire_messages(views: Iterable[MessageView], store_host: str = "") -> list[pb.Message]:
+    return [wire_message(v, store_host) for v in views]

@@ -24,6 +24,7 @@ from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 from halfmoon.broker.message import MessageType
 from halfmoon.errors import HalfmoonError
 from halfmoon.server import client_settings, convert, lite_subscriptions
+from halfmoon.server import namespace as ns
 from halfmoon.server.config import ServerConfig
 from halfmoon.server.errors import Code, RequestError, Unsupported, ok, status, status_for
 from halfmoon.server.longpoll import ArrivalNotifier
@@ -96,10 +97,13 @@ def _unary(response_type: type) -> Callable:
     return decorate
 
 
-def _name(resource: pb.Resource, what: str) -> str:
+def _name(resource: pb.Resource, what: str, context: Any = None, header: str | None = None) -> str:
+    """The stored name a request's topic or group Resource stands for (its namespace applied)."""
     if not resource.name:
         raise RequestError(f"{what} is missing; set {what}.name")
-    return resource.name
+    if header is None:
+        header = _metadata(context, ns.HEADER) if context is not None else ""
+    return ns.resolve(resource, header, "group" if what.endswith("group") else "topic")
 
 
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
@@ -153,16 +157,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def QueryRoute(
         self, request: svc.QueryRouteRequest, context: grpc.aio.ServicerContext
     ) -> svc.QueryRouteResponse:
-        topic = _name(request.topic, "topic")
+        topic = _name(request.topic, "topic", context)
         routes = await self._call(self.broker.route, topic)
         broker = self._broker_pb(request.endpoints if request.HasField("endpoints") else None)
         queues = []
         for route in routes:
             queues.append(
                 pb.MessageQueue(
-                    topic=pb.Resource(
-                        name=topic, resource_namespace=request.topic.resource_namespace
-                    ),
+                    topic=request.topic,  # as the client named it (RocketMQ's proxy too)
                     id=route.queue_id,
                     permission=_PERMISSION.get(route.perm, pb.Permission.NONE),
                     broker=broker,
@@ -177,8 +179,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def QueryAssignment(
         self, request: svc.QueryAssignmentRequest, context: grpc.aio.ServicerContext
     ) -> svc.QueryAssignmentResponse:
-        topic = _name(request.topic, "topic")
-        group = _name(request.group, "group")
+        topic = _name(request.topic, "topic", context)
+        group = _name(request.group, "group", context)
         routes = await self._call(self.broker.route, topic)
         config = await self._call(self.broker.get_group, group)
         readable = [r for r in routes if "r" in r.perm]
@@ -186,7 +188,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return svc.QueryAssignmentResponse(
                 status=status(Code.FORBIDDEN, f"topic {topic!r} has no readable queue")
             )
-        resource = pb.Resource(name=topic, resource_namespace=request.topic.resource_namespace)
+        resource = request.topic  # as the client named it (RocketMQ's proxy too)
         broker = self._broker_pb(request.endpoints if request.HasField("endpoints") else None)
         # As RocketMQ's proxy (RouteActivity.queryAssignment): a FIFO group gets every
         # readable queue, so a push consumer runs one receive loop per queue (see
@@ -221,7 +223,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self, request: svc.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> svc.HeartbeatResponse:
         client_id = _metadata(context, "x-mq-client-id")
-        group = request.group.name if request.HasField("group") else ""
+        group = _name(request.group, "group", context) if request.group.name else ""
         if group and request.client_type != pb.ClientType.PRODUCER:
             await self._call(
                 self.broker.get_group, group
@@ -259,7 +261,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             )
             return
         session, outbox = self.registry.open_stream(client_id, _peer_host(context))
-        reader = asyncio.create_task(self._read_telemetry(request_iterator, session, outbox))
+        header = _metadata(context, ns.HEADER)
+        reader = asyncio.create_task(
+            self._read_telemetry(request_iterator, session, outbox, header)
+        )
         try:
             while True:
                 command = await outbox.get()
@@ -271,7 +276,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             self.registry.close_stream(session, outbox)
 
     async def _read_telemetry(
-        self, commands: AsyncIterator[svc.TelemetryCommand], session: Any, outbox: asyncio.Queue
+        self,
+        commands: AsyncIterator[svc.TelemetryCommand],
+        session: Any,
+        outbox: asyncio.Queue,
+        namespace: str = "",
     ) -> None:
         try:
             async for command in commands:
@@ -282,7 +291,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     continue
                 kind = command.WhichOneof("command")
                 if kind == "settings":
-                    outbox.put_nowait(await self._settings_answer(session, command.settings))
+                    outbox.put_nowait(
+                        await self._settings_answer(session, command.settings, namespace)
+                    )
                 elif kind in ("thread_stack_trace", "verify_message_result"):
                     log.info("event=telemetry_reply client_id=%s kind=%s", session.client_id, kind)
                 session.last_seen = time.monotonic()
@@ -295,18 +306,24 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         # The client half-closed (or broke) its side: end ours too.
         outbox.put_nowait(None)
 
-    async def _settings_answer(self, session: Any, settings: pb.Settings) -> svc.TelemetryCommand:
+    async def _settings_answer(
+        self, session: Any, settings: pb.Settings, namespace: str = ""
+    ) -> svc.TelemetryCommand:
         try:
-            self.registry.apply_settings(session, settings)
+            # The registry and the broker know stored names; the answer echoes the client's.
+            stored = _stored_settings(settings, namespace)
+            self.registry.apply_settings(session, stored)
             if settings.HasField("publishing"):
                 answer = client_settings.producer_settings(
                     settings, self.config, self.max_body_size
                 )
             elif settings.HasField("subscription"):
-                group_name = _name(settings.subscription.group, "subscription.group")
+                group_name = stored.subscription.group.name
+                if not group_name:
+                    raise RequestError("subscription.group is missing; set subscription.group.name")
                 group = await self._call(self.broker.get_group, group_name)
                 client_settings.validate_subscriptions(settings)
-                await self._call(self._subscribe, group_name, settings.subscription)
+                await self._call(self._subscribe, group_name, stored.subscription)
                 answer = client_settings.consumer_settings(settings, group, self.config)
                 lite_subscriptions.add_lite_settings(answer, settings, self.broker)
             else:
@@ -344,7 +361,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         peer = _peer_host(context)
         client_id = _metadata(context, "x-mq-client-id")
         producer_group = self._producer_group(client_id)
-        outgoing = [convert.outgoing_message(m, peer, producer_group) for m in request.messages]
+        header = _metadata(context, ns.HEADER)
+        outgoing = [
+            convert.outgoing_message(m, peer, producer_group, namespace=header)
+            for m in request.messages
+        ]
         results = await self._send(outgoing)
         if results:
             # The answer promises durability under the store's flush policy.
@@ -443,7 +464,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             # Waits for durability in the worker thread (the facade has no "nowait" for groups).
             await self._call(self.broker.end_transaction_group, group, resolution, source)
             return svc.EndTransactionResponse(status=ok())
-        topic = _name(request.topic, "topic")
+        topic = _name(request.topic, "topic", context)
         service = getattr(self.broker, "transactions", None)
         if service is not None and service.ends_cheaply(request.transaction_id):
             # Pending or recently decided: an append (or nothing), like a plain send; no thread hop.
@@ -464,7 +485,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         recall = getattr(self.broker, "recall", None)
         if recall is None:
             raise Unsupported("recalling delay messages is not supported by halfmoon yet")
-        message_id = await self._call(recall, _name(request.topic, "topic"), request.recall_handle)
+        message_id = await self._call(
+            recall, _name(request.topic, "topic", context), request.recall_handle
+        )
         return svc.RecallMessageResponse(status=ok(), message_id=message_id)
 
     # -- consume by pop -------------------------------------------------------------
@@ -500,8 +523,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[svc.ReceiveMessageResponse]:
         try:
-            group = _name(request.group, "group")
-            topic = _name(request.message_queue.topic, "message_queue.topic")
+            group = _name(request.group, "group", context)
+            topic = _name(request.message_queue.topic, "message_queue.topic", context)
             if request.batch_size <= 0:
                 raise RequestError(f"batch_size must be positive, got {request.batch_size}")
             batch = min(request.batch_size, self.config.max_receive_batch_size)
@@ -532,10 +555,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 status=status(Code.MESSAGE_NOT_FOUND, "no new message")
             )
             return
-        namespace = request.group.resource_namespace
         yield svc.ReceiveMessageResponse(status=_OK)
         for view in views:
-            yield svc.ReceiveMessageResponse(message=convert.wire_message(view, namespace))
+            yield svc.ReceiveMessageResponse(message=convert.wire_message(view))
         yield svc.ReceiveMessageResponse(
             delivery_timestamp=convert.to_timestamp(int(time.time() * 1000))
         )
@@ -586,8 +608,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def AckMessage(
         self, request: svc.AckMessageRequest, context: grpc.aio.ServicerContext
     ) -> svc.AckMessageResponse:
-        group = _name(request.group, "group")
-        topic = _name(request.topic, "topic")
+        group = _name(request.group, "group", context)
+        topic = _name(request.topic, "topic", context)
         if not request.entries:
             raise RequestError(
                 "AckMessage carries no entry; add the receipt handles to acknowledge"
@@ -636,8 +658,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def ChangeInvisibleDuration(
         self, request: svc.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext
     ) -> svc.ChangeInvisibleDurationResponse:
-        group = _name(request.group, "group")
-        topic = _name(request.topic, "topic")
+        group = _name(request.group, "group", context)
+        topic = _name(request.topic, "topic", context)
         if not request.receipt_handle:
             raise RequestError("receipt_handle is missing")
         handle = await self._call(
@@ -656,8 +678,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def ForwardMessageToDeadLetterQueue(
         self, request: svc.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext
     ) -> svc.ForwardMessageToDeadLetterQueueResponse:
-        group = _name(request.group, "group")
-        topic = _name(request.topic, "topic")
+        group = _name(request.group, "group", context)
+        topic = _name(request.topic, "topic", context)
         if not request.receipt_handle:
             raise RequestError("receipt_handle is missing")
         await self._call(
@@ -676,8 +698,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self, request: svc.PullMessageRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[svc.PullMessageResponse]:
         try:
-            group = _name(request.group, "group")
-            topic = _name(request.message_queue.topic, "message_queue.topic")
+            group = _name(request.group, "group", context)
+            topic = _name(request.message_queue.topic, "message_queue.topic", context)
             if request.batch_size <= 0:
                 raise RequestError(f"batch_size must be positive, got {request.batch_size}")
             if request.offset < 0:
@@ -702,9 +724,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if messages:
             yield svc.PullMessageResponse(status=_OK)
             for view in messages:
-                yield svc.PullMessageResponse(
-                    message=convert.wire_message(view, request.group.resource_namespace)
-                )
+                yield svc.PullMessageResponse(message=convert.wire_message(view))
         else:
             code, text = _pull_status(result)
             yield svc.PullMessageResponse(status=status(code, text))
@@ -741,8 +761,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def UpdateOffset(
         self, request: svc.UpdateOffsetRequest, context: grpc.aio.ServicerContext
     ) -> svc.UpdateOffsetResponse:
-        group = _name(request.group, "group")
-        topic = _name(request.message_queue.topic, "message_queue.topic")
+        group = _name(request.group, "group", context)
+        topic = _name(request.message_queue.topic, "message_queue.topic", context)
         await self._call(
             self.broker.update_offset, group, topic, request.message_queue.id, request.offset
         )
@@ -752,8 +772,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def GetOffset(
         self, request: svc.GetOffsetRequest, context: grpc.aio.ServicerContext
     ) -> svc.GetOffsetResponse:
-        group = _name(request.group, "group")
-        topic = _name(request.message_queue.topic, "message_queue.topic")
+        group = _name(request.group, "group", context)
+        topic = _name(request.message_queue.topic, "message_queue.topic", context)
         offset = await self._call(self.broker.get_offset, group, topic, request.message_queue.id)
         return svc.GetOffsetResponse(status=ok(), offset=offset)
 
@@ -761,7 +781,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def QueryOffset(
         self, request: svc.QueryOffsetRequest, context: grpc.aio.ServicerContext
     ) -> svc.QueryOffsetResponse:
-        topic = _name(request.message_queue.topic, "message_queue.topic")
+        topic = _name(request.message_queue.topic, "message_queue.topic", context)
         policy = request.query_offset_policy
         timestamp = None
         if policy == pb.QueryOffsetPolicy.BEGINNING:
@@ -787,9 +807,44 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def SyncLiteSubscription(
         self, request: svc.SyncLiteSubscriptionRequest, context: grpc.aio.ServicerContext
     ) -> svc.SyncLiteSubscriptionResponse:
-        call = lite_subscriptions.sync_call(request, _metadata(context, "x-mq-client-id"))
+        call = lite_subscriptions.sync_call(
+            request,
+            _metadata(context, "x-mq-client-id"),
+            topic=_name(request.topic, "topic", context),
+            group=_name(request.group, "group", context),
+        )
         await self._call(self.broker.sync_lite_subscription, *call)
         return svc.SyncLiteSubscriptionResponse(status=ok())
+
+
+def _stored_settings(settings: pb.Settings, header: str) -> pb.Settings:
+    """A copy of a client's Settings with every topic and group as its stored name."""
+    if not header and not _names_namespace(settings):
+        return settings
+    stored = pb.Settings()
+    stored.CopyFrom(settings)
+    resources: list[tuple[pb.Resource, str]] = []
+    if stored.HasField("publishing"):
+        resources.extend((r, "topic") for r in stored.publishing.topics)
+    if stored.HasField("subscription"):
+        resources.append((stored.subscription.group, "group"))
+        resources.extend((e.topic, "topic") for e in stored.subscription.subscriptions)
+    for resource, kind in resources:
+        if resource.name:
+            resource.name = ns.resolve(resource, header, kind)
+            resource.resource_namespace = ""
+    return stored
+
+
+def _names_namespace(settings: pb.Settings) -> bool:
+    if settings.HasField("publishing"):
+        return any(r.resource_namespace for r in settings.publishing.topics)
+    if settings.HasField("subscription"):
+        sub = settings.subscription
+        return bool(sub.group.resource_namespace) or any(
+            e.topic.resource_namespace for e in sub.subscriptions
+        )
+    return False
 
 
 # Only "nothing at this offset yet" is worth waiting for; filtered-out entries and bad

@@ -56,23 +56,24 @@ def offset_option(request: svc.SyncLiteSubscriptionRequest) -> OffsetOption | No
     return None  # LAST: go on where the group is
 
 
-def sync_call(request: svc.SyncLiteSubscriptionRequest, client_id: str) -> tuple[Any, ...]:
-    """The arguments of ``broker.sync_lite_subscription`` for one request (protocol checks)."""
+def sync_call(
+    request: svc.SyncLiteSubscriptionRequest, client_id: str, *, topic: str, group: str
+) -> tuple[Any, ...]:
+    """The arguments of ``broker.sync_lite_subscription`` for one request (protocol checks).
+
+    ``topic`` and ``group`` are the request's, as stored (namespace applied).
+    """
     if not client_id:
         raise RequestError(
             "SyncLiteSubscription needs the x-mq-client-id header", code="CLIENT_ID_REQUIRED"
         )
-    if not request.topic.name:
-        raise RequestError("topic is missing; set topic.name to the lite consumer's bind topic")
-    if not request.group.name:
-        raise RequestError("group is missing; set group.name")
     action = _ACTIONS.get(request.action)
     if action is None:
         raise RequestError(f"unknown lite subscription action {request.action}")
     return (
         client_id,
-        request.group.name,
-        request.topic.name,
+        group,
+        topic,
         action,
         list(request.lite_topic_set),
         offset_option(request),

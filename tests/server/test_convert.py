@@ -158,7 +158,7 @@ def test_delivered_times_at_the_epoch_and_missing_fields_are_encoded_as_before()
         born_timestamp=0, born_host="", store_timestamp=1_700_000_000_123, store_host="", commit_log_offset=0,
         receipt_handle=None, invisible_duration_ms=0,
     )  # fmt: skip
-    sp = convert.wire_message(view, "ns", "host:1").system_properties
+    sp = convert.wire_message(view, "host:1").system_properties
     assert sp.HasField("born_timestamp") and convert.timestamp_ms(sp.born_timestamp) == 0
     assert sp.HasField("delivery_timestamp") and convert.timestamp_ms(sp.delivery_timestamp) == 0
     assert convert.timestamp_ms(sp.store_timestamp) == 1_700_000_000_123
