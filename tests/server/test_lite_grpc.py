@@ -199,3 +199,42 @@ async def delete_notifies(endpoint: InProcess) -> None:
     )
     assert endpoint.broker.lite.subscriptions() == []
     call.cancel()
+
+
+def test_namespaced_lite_topics_stay_apart() -> None:
+    run(namespaced_lite)
+
+
+async def namespaced_lite(endpoint: InProcess) -> None:
+    broker = endpoint.broker
+    broker.create_topic("tenant%chat", MessageType.LITE, queue_count=1)
+    broker.create_group("tenant%bots")
+    stub = endpoint.stub
+    topic = pb.Resource(name=TOPIC, resource_namespace="tenant")
+    group = pb.Resource(name=GROUP, resource_namespace="tenant")
+    msg = lite_message("s-1", b"ns")
+    msg.topic.CopyFrom(topic)
+    sent = await stub.SendMessage(svc.SendMessageRequest(messages=[msg]))
+    assert sent.status.code == CODE.OK, sent.status
+    answer = await stub.SyncLiteSubscription(
+        svc.SyncLiteSubscriptionRequest(
+            action=pb.LiteSubscriptionAction.PARTIAL_ADD,
+            topic=topic,
+            group=group,
+            lite_topic_set=["s-1"],
+        ),
+        metadata=meta("tenant-client"),
+    )
+    assert answer.status.code == CODE.OK, answer.status
+    assert [t["lite_topic"] for t in broker.list_lite_topics("tenant%chat")] == ["s-1"]
+    request = svc.ReceiveMessageRequest(
+        group=group, message_queue=pb.MessageQueue(topic=topic, id=0), batch_size=4
+    )
+    got = [
+        a.message
+        async for a in stub.ReceiveMessage(request, metadata=meta("tenant-client"))
+        if a.WhichOneof("content") == "message"
+    ]
+    assert [(m.body, m.system_properties.lite_topic, m.topic.name) for m in got] == [
+        (b"ns", "s-1", TOPIC)
+    ]
