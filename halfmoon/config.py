@@ -44,8 +44,7 @@ from typing import Any
 
 from halfmoon.broker.config import BrokerConfig
 from halfmoon.broker.transactions.config import TransactionConfig
-from halfmoon.errors import InvalidArgument
-from halfmoon.server.config import ServerConfig
+from halfmoon.errors import EXIT_USAGE, InvalidArgument
 from halfmoon.store.config import StoreConfig
 
 ENV_PREFIX = "HALFMOON_"
@@ -55,6 +54,57 @@ class ConfigError(InvalidArgument):
     """A configuration key is unknown or its value has the wrong form."""
 
     code = "ILLEGAL_CONFIG"
+    protocol_code = "BAD_REQUEST"
+    exit_code = EXIT_USAGE  # a wrong flag, variable or config file
+
+
+# The server's own section lives here, not in halfmoon.server: the server reads this
+# whole-program config, so its settings sit below it. Durations are float seconds.
+@dataclass
+class ServerConfig:
+    # gRPC endpoint (apache.rocketmq.v2.MessagingService). Port 0 binds a free port;
+    # the ready line reports the real one.
+    listen: str = "127.0.0.1:8081"
+    # Admin HTTP API (JSON + /metrics), served by halfmoon.server.admin.
+    admin_listen: str = "127.0.0.1:8082"
+    # Longest a ReceiveMessage / PullMessage may wait for a message (the client asks
+    # for less or more; RocketMQ's proxy caps at 20-30 s).
+    long_polling_max: float = 30.0
+    # Long-polling timeout announced to consumers in their Settings.
+    long_polling_default: float = 20.0
+    # How long a clean shutdown waits for in-flight RPCs before cancelling them.
+    shutdown_grace: float = 5.0
+    # How often broker.tick() runs (delay deliveries, offset/state snapshots).
+    tick_interval: float = 0.1
+    # Receive batch size announced to push consumers; also the cap on a request's batch.
+    receive_batch_size: int = 32
+    max_receive_batch_size: int = 1024
+    # Producer retry policy announced in Settings (RocketMQ proxy defaults).
+    producer_max_attempts: int = 3
+    producer_backoff_initial: float = 0.01
+    producer_backoff_max: float = 1.0
+    producer_backoff_multiplier: float = 2.0
+    # Largest gRPC request accepted (a batch of messages), bytes.
+    max_request_bytes: int = 64 * 1024 * 1024
+    # Threads that run broker calls off the event loop.
+    worker_threads: int = 8
+    # Host advertised in routes when the client's request names no endpoint.
+    advertise_host: str | None = None
+
+
+def parse_host_port(address: str, *, what: str = "address") -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[v6]:PORT`` too); raises InvalidArgument with a fix."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host:
+        raise InvalidArgument(f"{what} {address!r} must look like HOST:PORT, e.g. 127.0.0.1:8081")
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise InvalidArgument(f"{what} {address!r} has a non-numeric port") from None
+    if not 0 <= port <= 65535:
+        raise InvalidArgument(f"{what} {address!r}: port must be between 0 and 65535")
+    return host, port
 
 
 @dataclass

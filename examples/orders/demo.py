@@ -194,7 +194,7 @@ async def run(args: argparse.Namespace) -> int:
             # One consumer group with the compensation retry policy (1 s, 5 s, 30 s, 3 min, then
             # the dead-letter topic), dispatching on the target service.
             group = f"{run_tag}-{COMPENSATIONS}-g"
-            create_compensation_group(broker.admin, group)
+            create_compensation_group(AdminClient(broker.admin), group)
             handlers = {
                 "orders": orders_svc.on_compensation,
                 "inventory": inventory_svc.on_compensation,

@@ -22,6 +22,7 @@ class TopicNotFound(NotFound):
 
 class TopicExists(Conflict):
     code = "TOPIC_EXISTS"
+    protocol_code = "BAD_REQUEST"  # RocketMQ has no "exists" Code
 
     def __init__(self, topic: str) -> None:
         super().__init__(f"topic {topic!r} already exists; use update to change it")
@@ -38,6 +39,7 @@ class GroupNotFound(NotFound):
 
 class GroupExists(Conflict):
     code = "CONSUMER_GROUP_EXISTS"
+    protocol_code = "BAD_REQUEST"  # RocketMQ has no "exists" Code
 
     def __init__(self, group: str) -> None:
         super().__init__(f"consumer group {group!r} already exists; use update to change it")
@@ -102,6 +104,7 @@ class OffsetNotFound(NotFound):
 
 class PermissionDenied(HalfmoonError):
     code = "FORBIDDEN"
+    http_status = 403
 
 
 __all__ = [

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from halfmoon.broker.filter import compile_filter
 from halfmoon.broker.message import SYSTEM_PROPERTIES
 from halfmoon.store.api import MessagePredicate, TagHashes
 from halfmoon.store.message import StoredMessage
@@ -38,21 +39,7 @@ MATCH_ALL = FilterSpec()
 
 def compile_spec(spec: FilterSpec) -> Any:
     """The compiled filter: ``.matches_message(tag, properties)`` and ``.tag_hash_codes``."""
-    try:
-        from halfmoon.broker.filter import compile_filter
-    except ImportError:  # the filter package's facade is not there yet: tags only
-        compile_filter = None
-    if compile_filter is not None:
-        return compile_filter(spec.kind, spec.expression)
-    from halfmoon.broker.filter.tag import TagFilter
-
-    if spec.kind != "TAG":
-        from halfmoon.broker.filter.errors import FilterExpressionError
-
-        raise FilterExpressionError(
-            f"filter type {spec.kind!r} is not supported; use TAG", position=0
-        )
-    return TagFilter.parse(spec.expression)
+    return compile_filter(spec.kind, spec.expression)
 
 
 def filter_properties(stored: StoredMessage) -> dict[str, str]:

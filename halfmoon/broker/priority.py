@@ -35,6 +35,7 @@ MAX_PRIORITY = 2**31 - 1
 
 class IllegalPriority(InvalidArgument):
     code = "ILLEGAL_MESSAGE_PRIORITY"
+    protocol_code = "BAD_REQUEST"  # the protocol has no priority code
 
 
 def check_priority(priority: object) -> int:

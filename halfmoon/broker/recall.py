@@ -57,6 +57,8 @@ class IllegalRecallHandle(HalfmoonError):
     """The recall handle is malformed, forged, or names a different topic or broker."""
 
     code = "ILLEGAL_RECALL_HANDLE"
+    protocol_code = "BAD_REQUEST"
+    http_status = 400
 
 
 class RecallTooLate(NotFound):

@@ -52,12 +52,14 @@ class TransactionStateError(Conflict):
     """A move the transition table does not allow."""
 
     code = "ILLEGAL_TRANSACTION_TRANSITION"
+    protocol_code = "BAD_REQUEST"
 
 
 class TransactionAlreadyEnded(TransactionStateError):
     """EndTransaction the opposite way of a decision already made."""
 
     code = "TRANSACTION_ALREADY_ENDED"
+    protocol_code = "BAD_REQUEST"
 
 
 # (state, event) -> new state. Absent pairs are illegal.

@@ -10,6 +10,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from halfmoon.errors import EXIT_FAILED, HalfmoonError
+
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8082"
 ADMIN_ENV = "HALFMOON_ADMIN"
 NAMESPACE_ENV = "HALFMOON_NAMESPACE"
@@ -24,12 +26,18 @@ def default_namespace() -> str:
 
 
 class CliError(Exception):
-    """An error the CLI reports as one line, with an optional stable code."""
+    """An error the CLI reports as one line, with an optional stable code, and exits with."""
 
-    def __init__(self, message: str, code: str | None = None) -> None:
+    def __init__(self, message: str, code: str | None = None, exit_code: int = EXIT_FAILED) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.exit_code = exit_code
+
+    @classmethod
+    def of(cls, error: HalfmoonError) -> CliError:
+        """A halfmoon error as the CLI reports it: its message, code and exit code."""
+        return cls(error.message, error.code, error.exit_code)
 
     def line(self) -> str:
         return f"{self.message} ({self.code})" if self.code else self.message

@@ -6,6 +6,10 @@ people or JSON with ``--json``. Any error exits non-zero with one line on
 stderr: ``halfmoon: error: <what went wrong> (<CODE>)``. Exit codes: 0 ok,
 1 the operation failed, 2 the command line was wrong.
 
+A :class:`~halfmoon.errors.HalfmoonError` exits with its class's ``exit_code``
+(the same table gives the admin API its HTTP status and the gRPC endpoint its
+protocol Code).
+
 Each command family lives in its own module with a ``register`` function, so
 the command line grows by adding modules; only ``serve`` imports the broker.
 """
@@ -31,11 +35,10 @@ from halfmoon.cli import (
     transaction_commands,
 )
 from halfmoon.cli.admin_client import CliError
-from halfmoon.cli.parser import UsageError, new_parser
+from halfmoon.cli.parser import new_parser
+from halfmoon.errors import HalfmoonError
 
 EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,12 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         return int(args.handler(args) or EXIT_OK)
-    except UsageError as exc:
-        _fail(exc.line())
-        return EXIT_USAGE
-    except CliError as exc:
-        _fail(exc.line())
-        return EXIT_FAILED
+    except (CliError, HalfmoonError) as exc:  # UsageError included: it exits with 2
+        error = exc if isinstance(exc, CliError) else CliError.of(exc)
+        _fail(error.line())
+        return error.exit_code
     except KeyboardInterrupt:
         _fail("interrupted")
         return 130

@@ -112,6 +112,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _open_outbox(url: str, prefix: str, pool_size: int = 5) -> Any:
+    # Imported here, as below: the outbox needs sqlalchemy (the optional db extra), which
+    # is slow to load; the rest of the CLI must start without it.
     from halfmoon.outbox.dialects import make_engine
     from halfmoon.outbox.outbox import Outbox
 
@@ -129,7 +131,7 @@ def run_relay(args: argparse.Namespace) -> int:
     )
     if args.processes > 1:
         return _run_relay_processes(args)
-    from halfmoon.outbox.relay import Relay
+    from halfmoon.outbox.relay import Relay  # here: see _open_outbox
     from halfmoon.outbox.targets import target_for_url
 
     outbox = _open_outbox(args.db, args.table_prefix, pool_size=args.workers + 2)
@@ -141,7 +143,7 @@ def run_relay(args: argparse.Namespace) -> int:
         stop = _stop_on_signals()
         relay.start()
     except HalfmoonError as exc:
-        raise CliError(exc.message, exc.code) from None
+        raise CliError.of(exc) from None
     print(
         f"outbox relay running: workers={args.workers} batch={args.batch} target={target.name}",
         flush=True,
@@ -171,7 +173,7 @@ def _stop_on_signals() -> threading.Event:
 
 
 def _run_relay_processes(args: argparse.Namespace) -> int:
-    from halfmoon.outbox.relay import RelayProcesses
+    from halfmoon.outbox.relay import RelayProcesses  # here: see _open_outbox
     from halfmoon.outbox.targets import target_for_url
 
     outbox = _open_outbox(args.db, args.table_prefix)
@@ -190,7 +192,7 @@ def _run_relay_processes(args: argparse.Namespace) -> int:
         stop = _stop_on_signals()
         group.start()
     except HalfmoonError as exc:
-        raise CliError(exc.message, exc.code) from None
+        raise CliError.of(exc) from None
     except RuntimeError as exc:
         raise CliError(f"{exc}; see the log above", "OUTBOX_RELAY_START_FAILED") from None
     print(

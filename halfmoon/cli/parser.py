@@ -9,10 +9,14 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from halfmoon.cli.admin_client import AdminClient, CliError, default_admin_url, default_namespace
+from halfmoon.errors import EXIT_USAGE
 
 
 class UsageError(CliError):
     """The command line itself is wrong (exit status 2)."""
+
+    def __init__(self, message: str, code: str | None = None, exit_code: int = EXIT_USAGE) -> None:
+        super().__init__(message, code, exit_code)
 
 
 class _Parser(argparse.ArgumentParser):

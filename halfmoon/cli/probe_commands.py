@@ -126,6 +126,8 @@ def grpc_address(args: argparse.Namespace) -> str:
 async def run_probe(
     address: str, args: argparse.Namespace, bar: ProgressBar
 ) -> tuple[list[float], list[str], float]:
+    # Imported here, not at the top: asyncio and the gRPC client are slow to
+    # load, and only this command needs them.
     import asyncio
 
     from halfmoon.client import ClientError, Message, Producer

@@ -15,6 +15,7 @@ import time
 
 from halfmoon.cli.admin_client import CliError
 from halfmoon.cli.parser import positive_int
+from halfmoon.errors import HalfmoonError
 
 EXIT_INCONSISTENT = 1
 
@@ -97,7 +98,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def _session(args: argparse.Namespace, name: str):  # type: ignore[no-untyped-def]
     try:
-        from halfmoon.spark import build_session
+        from halfmoon.spark import build_session  # here: pyspark is optional
     except ImportError as exc:
         raise CliError(
             f"pyspark is not installed ({exc}); install halfmoon[spark]", "SPARK_MISSING"
@@ -108,10 +109,8 @@ def _session(args: argparse.Namespace, name: str):  # type: ignore[no-untyped-de
 
 
 def run_audit_command(args: argparse.Namespace) -> int:
-    from halfmoon.errors import HalfmoonError
-
     spark = _session(args, "halfmoon-audit")
-    from halfmoon.spark.jobs.audit import AuditSpec, run_audit
+    from halfmoon.spark.jobs.audit import AuditSpec, run_audit  # here: pyspark is optional
 
     spec = AuditSpec(
         database_url=args.database, table=args.table, key_column=args.key_column, endpoint=args.endpoint,
@@ -121,7 +120,7 @@ def run_audit_command(args: argparse.Namespace) -> int:
     try:
         report = run_audit(spark, spec)
     except HalfmoonError as exc:
-        raise CliError(exc.message, exc.code) from None
+        raise CliError.of(exc) from None
     finally:
         spark.stop()
     if args.json:
@@ -133,17 +132,15 @@ def run_audit_command(args: argparse.Namespace) -> int:
 
 
 def run_stats_command(args: argparse.Namespace) -> int:
-    from halfmoon.errors import HalfmoonError
-
     spark = _session(args, "halfmoon-stats")
-    from halfmoon.spark.jobs.stats import StatsSpec, run_stats
+    from halfmoon.spark.jobs.stats import StatsSpec, run_stats  # here: pyspark is optional
 
     since = int(time.time() * 1000) - args.since * 60_000 if args.since else None
     spec = StatsSpec(args.endpoint, tuple(args.topic), tuple(args.group), args.window, since)
     try:
         rows = [r.asDict() for r in run_stats(spark, spec).collect()]
     except HalfmoonError as exc:
-        raise CliError(exc.message, exc.code) from None
+        raise CliError.of(exc) from None
     finally:
         spark.stop()
     for row in rows:

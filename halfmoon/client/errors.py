@@ -139,6 +139,7 @@ class ConnectionFailed(ClientError):
     """The server could not be reached (down, restarting, wrong address)."""
 
     code = "UNAVAILABLE"
+    protocol_code = "INTERNAL_ERROR"  # raised in the client, never sent
     retryable = True
 
 
@@ -146,12 +147,14 @@ class ClientClosed(ClientError):
     """The client was closed (or never started); create or start a new one."""
 
     code = "CLIENT_CLOSED"
+    protocol_code = "INTERNAL_ERROR"  # raised in the client, never sent
 
 
 class ProducerError(ClientError):
     """A send failed after every retry; ``__cause__`` is the last attempt's error."""
 
     code = "SEND_FAILED"
+    protocol_code = "INTERNAL_ERROR"  # raised in the client, never sent
 
 
 _BY_CODE: dict[int, type[ClientError]] = {

@@ -23,14 +23,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
+from halfmoon.client.consumer import ConsumerBase
 from halfmoon.client.errors import ClientClosed, ClientError
 from halfmoon.client.message import Message
+from halfmoon.client.producer import Producer
 from halfmoon.client.selector import MessageSelector
-
-if TYPE_CHECKING:
-    from halfmoon.client.pull_consumer import PullConsumer
 
 log = logging.getLogger("halfmoon.client.membership")
 
@@ -38,12 +36,21 @@ MEMBERS_TOPIC = "HALFMOON_PULL_MEMBERS"
 
 
 class TopicMembership:
-    """Heartbeats of one member and the live member set of its group."""
+    """Heartbeats of one member and the live member set of its group.
+
+    ``consumer`` (the member) reads the coordination topic; ``producer`` sends
+    the member's heartbeats to it.
+    """
 
     def __init__(
-        self, consumer: PullConsumer, topic: str = MEMBERS_TOPIC, interval: float = 1.0
+        self,
+        consumer: ConsumerBase,
+        producer: Producer,
+        topic: str = MEMBERS_TOPIC,
+        interval: float = 1.0,
     ) -> None:
         self.consumer = consumer
+        self.producer = producer
         self.topic = topic
         self.interval = interval
         self.ttl = 3 * interval
@@ -70,7 +77,7 @@ class TopicMembership:
         message = Message(
             self.topic, state.encode(), tag=self.consumer.group, keys=[self.consumer.client_id]
         )
-        await self.consumer._membership_producer.send(message)
+        await self.producer.send(message)
 
     async def poll(self, wait: float) -> bool:
         """Read new heartbeats; True when the member set changed."""

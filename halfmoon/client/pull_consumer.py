@@ -103,7 +103,9 @@ class PullConsumer(ConsumerBase):
             producer_config, topics=[self.membership_topic], max_attempts=2
         )
         await self._membership_producer.start()
-        self._membership = TopicMembership(self, self.membership_topic, self.membership_interval)
+        self._membership = TopicMembership(
+            self, self._membership_producer, self.membership_topic, self.membership_interval
+        )
         await self._membership.start()
         await self.rebalance()
         self._tasks.append(

@@ -176,6 +176,3 @@ class RouteCache:
                 self._routes.pop(topic, None)
             except Exception as exc:  # noqa: BLE001 - a refresh must not kill the loop
                 log.info("event=route_refresh_failed topic=%s error=%r", topic, exc)
-
-    def invalidate(self, topic: str) -> None:
-        self._routes.pop(topic, None)

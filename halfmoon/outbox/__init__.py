@@ -13,17 +13,10 @@ from halfmoon.outbox.compensation import (
     compensation_listener,
     create_compensation_group,
 )
+from halfmoon.outbox.errors import InvalidOutboxMessage, OutboxError, UnsupportedDatabase
 from halfmoon.outbox.inbox import DUPLICATE, Inbox
 from halfmoon.outbox.intermediate import IntermediateMover, IntermediatePublisher
-from halfmoon.outbox.outbox import (
-    InvalidOutboxMessage,
-    Outbox,
-    OutboxError,
-    OutboxMessage,
-    OutboxRecord,
-    OutboxStatus,
-    UnsupportedDatabase,
-)
+from halfmoon.outbox.outbox import Outbox, OutboxMessage, OutboxRecord, OutboxStatus
 from halfmoon.outbox.relay import Relay, RelayProcesses, RelayStats
 from halfmoon.outbox.saga import Saga, SagaCompensationFailed, SagaResult
 from halfmoon.outbox.schema import OutboxTables, outbox_tables

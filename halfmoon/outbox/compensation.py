@@ -38,13 +38,14 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import quote
 
 from sqlalchemy import Connection, Table, update
 
 from halfmoon.client.message import Message, MessageView
 from halfmoon.client.push_consumer import ConsumeResult
-from halfmoon.errors import HalfmoonError, InvalidArgument
+from halfmoon.errors import InvalidArgument
 
 log = logging.getLogger("halfmoon.outbox.compensation")
 
@@ -59,6 +60,7 @@ class InvalidCompensation(InvalidArgument):
     """A compensation message that does not follow the format (field missing, unknown, too long)."""
 
     code = "INVALID_COMPENSATION"
+    protocol_code = "BAD_REQUEST"
 
 
 @dataclass(frozen=True)
@@ -160,12 +162,6 @@ class Compensation:
         return cls.from_bytes(message.body)
 
 
-class StaleCompensation(HalfmoonError):
-    """Raised by handlers that prefer an exception to a False from :func:`apply_if_version`."""
-
-    code = "STALE_COMPENSATION"
-
-
 def apply_if_version(
     conn: Connection,
     table: Table,
@@ -206,24 +202,37 @@ def retry_settings(tiers: Sequence[float] = DEFAULT_BACKOFF) -> dict[str, Any]:
     }
 
 
+class AdminApi(Protocol):
+    """What :func:`create_compensation_group` needs of an admin API client.
+
+    :class:`halfmoon.cli.admin_client.AdminClient` is one: its errors carry
+    the API's stable error ``code``.
+    """
+
+    def post(self, path: str, body: dict[str, Any]) -> Any: ...
+
+    def patch(self, path: str, body: dict[str, Any]) -> Any: ...
+
+
 def create_compensation_group(
-    admin_url: str,
+    admin: AdminApi,
     group: str,
     *,
     tiers: Sequence[float] = DEFAULT_BACKOFF,
     consume_from: str = "earliest",
 ) -> dict[str, Any]:
-    """Create (or update) ``group`` with the compensation retry policy through the admin API."""
-    from halfmoon.cli.admin_client import AdminClient, CliError, quote
+    """Create (or update) ``group`` with the compensation retry policy through the admin API.
 
-    admin = AdminClient(admin_url)
+    ``admin`` is an admin API client, e.g. ``AdminClient("http://127.0.0.1:8082")``.
+    """
     settings = retry_settings(tiers)
     try:
         return admin.post("/v1/groups", {"name": group, "consume_from": consume_from, **settings})
-    except CliError as exc:
-        if exc.code != "CONSUMER_GROUP_EXISTS":
+    except Exception as exc:
+        if getattr(exc, "code", None) != "CONSUMER_GROUP_EXISTS":
             raise
-    return admin.patch(f"/v1/groups/{quote(group)}", settings)
+    # The group's name as one path segment: ``%DLQ%g`` style names hold percent signs.
+    return admin.patch(f"/v1/groups/{quote(group, safe='')}", settings)
 
 
 def compensation_listener(
@@ -292,7 +301,7 @@ class RabbitRetryQueue:
         self.alerted = 0
 
     async def declare(self) -> None:
-        import aio_pika
+        import aio_pika  # here: optional (only RabbitMQ needs it), and slow to import
 
         exchange = await self.channel.declare_exchange(
             self.requeue_exchange, aio_pika.ExchangeType.DIRECT, durable=True
@@ -343,7 +352,7 @@ class RabbitRetryQueue:
         message_id: str | None,
         content_type: str | None,
     ) -> None:
-        import aio_pika
+        import aio_pika  # here: optional (only RabbitMQ needs it), and slow to import
 
         message = aio_pika.Message(
             body,

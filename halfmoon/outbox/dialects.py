@@ -43,9 +43,11 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.engine.url import make_url
 
+from halfmoon.outbox.errors import UnsupportedDatabase
 from halfmoon.outbox.schema import FAILED, PENDING, SENT, OutboxTables
 
 log = logging.getLogger("halfmoon.outbox")
@@ -80,8 +82,6 @@ def backend(engine_or_conn: Engine | Connection) -> str:
 
 def check_skip_locked(conn: Connection) -> None:
     """Refuse a MariaDB/MySQL server that has no ``SKIP LOCKED``."""
-    from halfmoon.outbox.outbox import UnsupportedDatabase
-
     if backend(conn) != "mysql":
         return
     version = conn.dialect.server_version_info or ()
@@ -301,8 +301,6 @@ def insert_if_absent(conn: Connection, tables: OutboxTables, key: str, now_ms: i
     values = {"id": key, "created_at": now_ms}
     kind = backend(conn)
     if kind == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
         # RETURNING rather than rowcount: psycopg reports -1 for ON CONFLICT through SQLAlchemy.
         stmt = (
             pg_insert(t)
@@ -364,7 +362,7 @@ class NotifyListener:
         self._thread.join(5)
 
     def _run(self) -> None:
-        import psycopg
+        import psycopg  # here: an optional driver, needed only for PostgreSQL's LISTEN
 
         url = self.engine.url.set(drivername="postgresql")
         dsn = url.render_as_string(hide_password=False)

@@ -53,6 +53,7 @@ from sqlalchemy import (
     insert,
     select,
 )
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -93,8 +94,6 @@ def insert_if_absent(conn: Connection, table: Table, values: Mapping[str, Any]) 
     """
     kind = backend(conn)
     if kind == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
         # RETURNING says it plainly; psycopg's rowcount for DO NOTHING is not to be relied on.
         first_key = next(iter(table.primary_key.columns))
         stmt = pg_insert(table).values(**values).on_conflict_do_nothing().returning(first_key)

@@ -75,7 +75,7 @@ class IntermediatePublisher:
         self._lock: asyncio.Lock | None = None
 
     async def _ensure(self) -> Any:
-        import aio_pika
+        import aio_pika  # here: optional (only RabbitMQ needs it), and slow to import
 
         if self._lock is None:
             self._lock = asyncio.Lock()
@@ -117,7 +117,7 @@ class IntermediatePublisher:
     async def _publish(
         self, key: str, exchange: str, routing_key: str, body: bytes, headers: dict[str, str]
     ) -> None:
-        import aio_pika
+        import aio_pika  # here: optional (only RabbitMQ needs it), and slow to import
 
         channel = await self._ensure()
         headers = {**headers, EXCHANGE_HEADER: exchange, ROUTING_KEY_HEADER: routing_key}
@@ -200,7 +200,7 @@ class IntermediateMover:
 
     async def run(self) -> None:
         """Consume until :meth:`stop`."""
-        import aio_pika
+        import aio_pika  # here: optional (only RabbitMQ needs it), and slow to import
 
         self._stop = asyncio.Event()
         connection = await aio_pika.connect_robust(
@@ -224,7 +224,7 @@ class IntermediateMover:
     # -- one message -------------------------------------------------------------------------------
 
     async def _handle(self, channel: Any, message: Any) -> None:
-        import aio_pika
+        import aio_pika  # here: optional (only RabbitMQ needs it), and slow to import
 
         key = message.message_id
         self.stats.examined += 1

@@ -28,23 +28,9 @@ from typing import Any
 from sqlalchemy import Connection, Engine, func, select, update
 from sqlalchemy.orm import Session
 
-from halfmoon.errors import HalfmoonError
 from halfmoon.outbox import dialects
+from halfmoon.outbox.errors import InvalidOutboxMessage
 from halfmoon.outbox.schema import FAILED, PENDING, SENT, OutboxTables, outbox_tables
-
-
-class OutboxError(HalfmoonError):
-    """Base of the outbox toolkit's errors."""
-
-    code = "OUTBOX_ERROR"
-
-
-class UnsupportedDatabase(OutboxError):
-    code = "OUTBOX_UNSUPPORTED_DATABASE"
-
-
-class InvalidOutboxMessage(OutboxError):
-    code = "OUTBOX_INVALID_MESSAGE"
 
 
 def now_ms() -> int:

@@ -41,7 +41,9 @@ workers use every core; the claims already keep order across processes.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
+import signal
 import socket
 import threading
 import time
@@ -53,11 +55,11 @@ from typing import Any
 
 from sqlalchemy import delete, select
 
-from halfmoon.outbox.dialects import Claimer, NotifyListener, Outcome
+from halfmoon.metrics import MetricFamily, MetricsRegistry
+from halfmoon.outbox.dialects import Claimer, NotifyListener, Outcome, make_engine
 from halfmoon.outbox.outbox import Outbox, OutboxRecord, now_ms
 from halfmoon.outbox.schema import SENT
-from halfmoon.outbox.targets import PublishTarget
-from halfmoon.server.metrics import MetricFamily, MetricsRegistry
+from halfmoon.outbox.targets import PublishTarget, target_for_url
 
 log = logging.getLogger("halfmoon.outbox")
 
@@ -427,11 +429,6 @@ def _relay_process(
     event's condition counting a sleeper that never wakes, and the parent's
     next read or ``set()`` blocks forever.
     """
-    import signal
-
-    from halfmoon.outbox.dialects import make_engine
-    from halfmoon.outbox.targets import target_for_url
-
     signal.signal(
         signal.SIGINT, signal.SIG_IGN
     )  # Ctrl-C reaches the whole group: the parent decides
@@ -471,8 +468,6 @@ class RelayProcesses:
         table_prefix: str = "hm_",
         **relay_options: Any,
     ) -> None:
-        import multiprocessing
-
         if processes < 1:
             raise ValueError("processes must be at least 1")
         # spawn, not fork: the parent may already run threads and an event loop.

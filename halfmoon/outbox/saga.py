@@ -43,6 +43,7 @@ class SagaCompensationFailed(HalfmoonError):
     """A compensation raised; run the saga again with the same id to resume compensating."""
 
     code = "SAGA_COMPENSATION_FAILED"
+    protocol_code = "INTERNAL_ERROR"
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ from urllib.parse import urlsplit
 from halfmoon.client.message import Message
 from halfmoon.client.producer import Producer
 from halfmoon.client.sync import run_sync
-from halfmoon.outbox.outbox import OutboxError, OutboxRecord
+from halfmoon.outbox.errors import OutboxError
+from halfmoon.outbox.outbox import OutboxRecord
 
 log = logging.getLogger("halfmoon.outbox")
 
@@ -38,12 +39,15 @@ AGGREGATE_ID_HEADER = "outbox_aggregate_id"
 
 class InvalidTarget(OutboxError):
     code = "OUTBOX_INVALID_TARGET"
+    protocol_code = "BAD_REQUEST"
+    http_status = 400
 
 
 class UnroutableMessage(OutboxError):
     """RabbitMQ returned a mandatory message: no queue is bound for its routing key."""
 
     code = "OUTBOX_UNROUTABLE"
+    protocol_code = "INTERNAL_ERROR"
 
 
 class PublishTarget:
@@ -207,7 +211,7 @@ class RabbitTarget(PublishTarget):
         run_sync(self._ensure())
 
     async def _ensure(self) -> tuple[Any, int]:
-        import aio_pika
+        import aio_pika  # here: optional (only RabbitMQ needs it), and slow to import
 
         if self._lock is None:
             self._lock = asyncio.Lock()
@@ -275,7 +279,7 @@ class RabbitTarget(PublishTarget):
         return results
 
     async def _publish_one(self, channel: Any, record: OutboxRecord) -> None:
-        import aiormq
+        import aiormq  # here: comes with aio-pika, optional like it
 
         # Straight to aiormq's channel: aio-pika's Message and Exchange.publish add a
         # message object, a lock and a socket drain per publish, which made the
@@ -312,8 +316,8 @@ class RabbitTarget(PublishTarget):
 
 
 def _connection_problem(exc: BaseException) -> bool:
-    import aio_pika
-    import aiormq
+    import aio_pika  # here: optional (only RabbitMQ needs it), and slow to import
+    import aiormq  # here: comes with aio-pika, optional like it
 
     if isinstance(exc, UnroutableMessage | aio_pika.exceptions.DeliveryError):
         return False

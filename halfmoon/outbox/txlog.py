@@ -71,6 +71,8 @@ class TransactionLogError(HalfmoonError):
     """The transactional sender was used in a way that cannot keep its promise."""
 
     code = "TXLOG_MISUSE"
+    protocol_code = "BAD_REQUEST"
+    http_status = 400
 
 
 def now_ms() -> int:

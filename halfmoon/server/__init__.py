@@ -1,14 +1,14 @@
 """halfmoon's network front ends: the RocketMQ 5 gRPC endpoint and the admin API.
 
-Importing the package is cheap (the config loader imports ``ServerConfig``);
-the gRPC pieces load on first use.
+Importing the package is cheap: the gRPC pieces load on first use.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from halfmoon.server.config import ServerConfig
+from halfmoon.config import ServerConfig
 
 __all__ = ["ClientRegistry", "MessagingServicer", "ServerConfig", "run", "serve"]
 
@@ -24,6 +24,4 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'halfmoon.server' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(module), name)

@@ -54,7 +54,7 @@ from typing import Any
 from aiohttp import web
 
 from halfmoon.broker.message import MessageType
-from halfmoon.errors import Conflict, HalfmoonError, InvalidArgument, NotFound
+from halfmoon.errors import HalfmoonError, InvalidArgument
 from halfmoon.server.admin_openapi import openapi_document
 from halfmoon.server.metrics import CONTENT_TYPE, MetricFamily, MetricsRegistry, default_registry
 
@@ -109,15 +109,7 @@ def error_reply(status: int, code: str, message: str) -> web.Response:
 
 
 def http_status(exc: HalfmoonError) -> int:
-    if exc.code == "FORBIDDEN":
-        return 403
-    if isinstance(exc, NotFound):
-        return 404
-    if isinstance(exc, Conflict):
-        return 409
-    if isinstance(exc, InvalidArgument):
-        return 400
-    return 500
+    return exc.http_status  # each error class says (see halfmoon.errors)
 
 
 # -- request bodies ----------------------------------------------------------

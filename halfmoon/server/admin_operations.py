@@ -60,6 +60,7 @@ RUNTIME_KEYS: dict[str, str] = {
 
 class UnknownRuntimeKey(InvalidArgument):
     code = "ILLEGAL_CONFIG"
+    protocol_code = "BAD_REQUEST"
 
 
 def _version() -> str:

@@ -13,7 +13,7 @@ from rocketmq.grpc_protocol import definition_pb2
 
 from halfmoon.broker.filter_spec import FilterSpec, compile_spec
 from halfmoon.broker.groups import GroupConfig, RetryPolicy
-from halfmoon.server.config import ServerConfig
+from halfmoon.config import ServerConfig
 from halfmoon.server.convert import filter_spec, to_duration
 
 pb = definition_pb2

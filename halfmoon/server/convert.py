@@ -40,15 +40,6 @@ _TYPE_FROM_WIRE = {
     WireType.LITE: MessageType.LITE,
 }
 _TYPE_TO_WIRE = {v: k for k, v in _TYPE_FROM_WIRE.items()}
-_TOPIC_TYPE_TO_WIRE: dict[MessageType, list[int]] = {
-    MessageType.NORMAL: [WireType.NORMAL],
-    MessageType.FIFO: [WireType.FIFO],
-    MessageType.DELAY: [WireType.DELAY],
-    MessageType.TRANSACTION: [WireType.TRANSACTION],
-    MessageType.PRIORITY: [WireType.PRIORITY],
-    MessageType.LITE: [WireType.LITE],
-    MessageType.MIXED: [WireType.NORMAL, WireType.FIFO, WireType.DELAY, WireType.TRANSACTION],
-}
 
 # Enum numbers as plain ints: ``pb.Encoding.GZIP`` & co. go through a Python-level
 # ``__getattr__`` on every access, which shows in the per-message cost of a send.
@@ -85,11 +76,6 @@ def to_duration(ms: int | float) -> duration_pb2.Duration:
 
 
 # -- message types --------------------------------------------------------------
-
-
-def accepted_wire_types(topic_type: MessageType) -> list[int]:
-    """The wire MessageTypes a topic of ``topic_type`` accepts (for route answers)."""
-    return list(_TOPIC_TYPE_TO_WIRE.get(topic_type, [WireType.NORMAL]))
 
 
 def wire_type(message_type: MessageType) -> int:
@@ -132,10 +118,6 @@ def verify_digest(body: bytes, digest: pb.Digest) -> None:
     if kind == _DIGEST_CRC32 and digest.checksum.strip() == str(zlib.crc32(body) & 0xFFFFFFFF):
         return  # the decimal rendering (the Node.js client's), besides the usual hex
     verify_body_digest(body, pb.DigestType.Name(kind), digest.checksum)
-
-
-def _decode_body(msg: pb.Message) -> bytes:
-    return _decoded(msg.body, msg.system_properties.body_encoding)
 
 
 def _decoded(raw: bytes, encoding: int) -> bytes:

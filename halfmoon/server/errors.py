@@ -1,10 +1,11 @@
-"""Errors on the wire: halfmoon error codes become the protocol's ``Code``.
+"""Errors on the wire: a halfmoon error becomes the protocol's ``Code``.
 
-halfmoon's error codes are the protocol's Code names wherever one exists, so
-the mapping is by name; the few halfmoon-only codes have a row in
-``_ALIASES``. Anything that is not a :class:`HalfmoonError` is a bug: it is
-logged with its traceback and answered with INTERNAL_ERROR, never allowed to
-take the server down.
+Each error class names its protocol Code (``protocol_code``, see
+:mod:`halfmoon.errors`); this module only turns the name into the number. An
+error raised with a code of its own (``InvalidArgument(..., code="MESSAGE_BODY_EMPTY")``)
+answers with that code when it is a protocol Code name. Anything that is not
+a :class:`HalfmoonError` is a bug: it is logged with its traceback and
+answered with INTERNAL_ERROR, never allowed to take the server down.
 
 Where Apache RocketMQ's proxy words the same failure in a way its official
 clients' users (and the clients' own tests) look for, that wording follows
@@ -23,38 +24,17 @@ log = logging.getLogger("halfmoon.server")
 
 Code = definition_pb2.Code
 
-# halfmoon codes that are not protocol Code names.
-_ALIASES: dict[str, str] = {
-    "TOPIC_EXISTS": "BAD_REQUEST",
-    "GROUP_EXISTS": "BAD_REQUEST",
-    "CONSUMER_GROUP_EXISTS": "BAD_REQUEST",
-    "CONFLICT": "PRECONDITION_FAILED",
-    "STORAGE_ERROR": "INTERNAL_ERROR",
-    "STORAGE_CORRUPTED": "INTERNAL_ERROR",
-    "STORE_CLOSED": "INTERNAL_ERROR",
-    "ILLEGAL_PERMISSION": "FORBIDDEN",
-    "PERMISSION_DENIED": "FORBIDDEN",
-    "MESSAGE_TOO_LARGE": "MESSAGE_BODY_TOO_LARGE",
-    "BODY_TOO_LARGE": "MESSAGE_BODY_TOO_LARGE",
-    "ILLEGAL_MESSAGE": "BAD_REQUEST",
-    "GROUP_NOT_FOUND": "CONSUMER_GROUP_NOT_FOUND",
-    "ILLEGAL_GROUP": "ILLEGAL_CONSUMER_GROUP",
-    "TRANSACTION_NOT_FOUND": "INVALID_TRANSACTION_ID",
-    "TRANSACTION_ALREADY_ENDED": "BAD_REQUEST",
-    "NOT_IMPLEMENTED": "NOT_IMPLEMENTED",
-}
-
-_NAMES = {value.name: value.number for value in Code.DESCRIPTOR.values}
+PROTOCOL_CODES: dict[str, int] = {value.name: value.number for value in Code.DESCRIPTOR.values}
 
 
 def code_for(error: HalfmoonError) -> int:
-    """The protocol Code for a halfmoon error (BAD_REQUEST for an unknown user error)."""
-    name = _ALIASES.get(error.code, error.code)
-    number = _NAMES.get(name)
-    if number is None or number == Code.CODE_UNSPECIFIED:
-        # A user error whose code the protocol lacks: still the caller's fault.
-        return Code.INTERNAL_ERROR if error.code.startswith("INTERNAL") else Code.BAD_REQUEST
-    return number
+    """The protocol Code for a halfmoon error."""
+    cls = type(error)
+    name = cls.protocol_code
+    if error.code != cls.code and error.code in PROTOCOL_CODES:
+        name = error.code  # raised with a protocol code of its own
+    # Every class's name exists (tests/test_errors.py); INTERNAL_ERROR is the safe answer anyway.
+    return PROTOCOL_CODES.get(name, Code.INTERNAL_ERROR)
 
 
 def status(code: int, message: str = "") -> definition_pb2.Status:
@@ -105,6 +85,7 @@ class RequestError(HalfmoonError):
     """A request the server rejects before it reaches the broker (malformed protocol input)."""
 
     code = "BAD_REQUEST"
+    http_status = 400
 
 
 class Unsupported(HalfmoonError):

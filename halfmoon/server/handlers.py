@@ -17,8 +17,8 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 from rocketmq.grpc_protocol import service_pb2
 
+from halfmoon.metrics import default_registry
 from halfmoon.server.errors import Code, status
-from halfmoon.server.metrics import default_registry
 
 SERVICE = service_pb2.DESCRIPTOR.services_by_name["MessagingService"]
 RPCS = default_registry().counter(

@@ -52,6 +52,7 @@ _RESERVED_NAMESPACE_PREFIXES = ("rmq_sys_", "cid_rmq_sys_")
 
 class IllegalNamespace(InvalidArgument):
     code = "ILLEGAL_NAMESPACE"
+    protocol_code = "BAD_REQUEST"  # the protocol has no namespace code
 
 
 def _retry_or_dlq_prefix(name: str) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
 from halfmoon.server.check_pacing import OutstandingChecks
+from halfmoon.server.convert import wire_message
 
 log = logging.getLogger("halfmoon.server.telemetry")
 
@@ -259,6 +260,7 @@ class ClientRegistry:
     def send_command_threadsafe(
         self, client_id: str, command: service_pb2.TelemetryCommand
     ) -> Future[bool]:
+        """``send_command`` from any thread (lite unsubscribe notices come from broker calls)."""
         return self._run_threadsafe(lambda: self.send_command(client_id, command))
 
     def _run_threadsafe(self, fn: Callable[[], object]) -> Future:
@@ -429,8 +431,6 @@ class TelemetryCheckSender:
         round; a command queued after all reaches the producer as one extra,
         uncounted check, which it answers like any other).
         """
-        from halfmoon.server.convert import wire_message
-
         if not checks:
             return []
         commands = [

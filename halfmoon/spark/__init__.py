@@ -25,16 +25,17 @@ FORMAT = "halfmoon"
 
 def register(spark: SparkSession) -> None:
     """Register the ``halfmoon`` format with ``spark`` (idempotent)."""
-    from halfmoon.spark.source import HalfmoonDataSource
+    # here, not at the top: pyspark is optional, and importing halfmoon.spark must not need it
+    from halfmoon.spark.session import register as register_format
 
-    spark.dataSource.register(HalfmoonDataSource)
+    register_format(spark)
 
 
 def build_session(
     app_name: str = "halfmoon", master: str | None = None, config: dict[str, str] | None = None
 ) -> SparkSession:
     """A SparkSession (``local[*]`` unless ``master``) with the format registered."""
-    from halfmoon.spark.session import build_session as build
+    from halfmoon.spark.session import build_session as build  # here: pyspark is optional
 
     return build(app_name, master, config)
 

@@ -45,12 +45,14 @@ class SparkOptionError(InvalidArgument):
     """An option of the ``halfmoon`` Spark format is missing or malformed."""
 
     code = "SPARK_BAD_OPTION"
+    protocol_code = "BAD_REQUEST"
 
 
 class DataLossError(InvalidArgument):
     """Messages a query still had to read were removed by retention."""
 
     code = "SPARK_DATA_LOSS"
+    protocol_code = "BAD_REQUEST"
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
+from halfmoon.spark.source import HalfmoonDataSource
+
 DEFAULT_MASTER = "local[*]"
 
 # Small local defaults: a laptop-sized shuffle and no UI port races between test runs.
@@ -37,7 +39,10 @@ def build_session(
     for key, value in {**_LOCAL_CONFIG, **dict(config or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    from halfmoon.spark import register
-
     register(spark)
     return spark
+
+
+def register(spark: SparkSession) -> None:
+    """Register the ``halfmoon`` format with ``spark`` (idempotent)."""
+    spark.dataSource.register(HalfmoonDataSource)

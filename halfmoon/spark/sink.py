@@ -96,6 +96,7 @@ class SinkError(HalfmoonError):
     """The sink cannot write: a column is missing or of the wrong type, or a task was retried."""
 
     code = "SPARK_SINK_ERROR"
+    protocol_code = "INTERNAL_ERROR"
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from halfmoon.spark.options import (
 )
 from halfmoon.spark.plan import Offsets, QueueRange, admit, resolve, split
 from halfmoon.spark.rows import SCHEMA_DDL, record_batch
+from halfmoon.spark.sink import HalfmoonBatchWriter, HalfmoonStreamWriter, sink_options
 from halfmoon.spark.wire import Code, Queue, Wire
 
 log = logging.getLogger("halfmoon.spark.source")
@@ -231,11 +232,7 @@ class HalfmoonDataSource(DataSource):
         return HalfmoonStreamReader(source_options(self.options, streaming=True))
 
     def writer(self, schema: StructType, overwrite: bool):  # type: ignore[no-untyped-def]
-        from halfmoon.spark.sink import HalfmoonBatchWriter, sink_options
-
         return HalfmoonBatchWriter(sink_options(self.options), schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool):  # type: ignore[no-untyped-def]
-        from halfmoon.spark.sink import HalfmoonStreamWriter, sink_options
-
         return HalfmoonStreamWriter(sink_options(self.options), schema)

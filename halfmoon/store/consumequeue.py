@@ -73,6 +73,7 @@ class QueueGapError(StorageError):
     """A consume-queue entry was put past the queue's end: the queue lost entries."""
 
     code = "STORAGE_QUEUE_GAP"
+    protocol_code = "INTERNAL_ERROR"
 
     def __init__(self, topic: str, queue_id: int, expected: int, got: int) -> None:
         super().__init__(

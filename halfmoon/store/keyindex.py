@@ -77,10 +77,6 @@ MAX_DELTA = 0xFFFFFFFF
 _FILE_NAME = re.compile(r"^(\d{20})\.idx$")
 
 
-def key_hash(topic: str, key: str) -> int:
-    return zlib.crc32(f"{topic}#{key}".encode())
-
-
 class _IndexFile:
     __slots__ = (
         "path", "sequence", "slots", "entries_at", "capacity", "begin_timestamp", "begin_offset",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -43,6 +44,10 @@ log = logging.getLogger(__name__)
 # match nothing cannot make one call walk a whole queue).
 MAX_SCAN_ENTRIES = 2048
 MAX_PROPERTIES_SIZE = 32 * 1024  # the real store's default (StoreConfig.max_properties_size)
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 @dataclass(slots=True)
@@ -85,13 +90,7 @@ class MemoryStore:
         max_body_size: int = 4 * 1024 * 1024,
         store_host: str = "127.0.0.1:8081",
     ) -> None:
-        if clock is None:
-            import time
-
-            def clock() -> int:
-                return time.time_ns() // 1_000_000
-
-        self._now_ms = clock
+        self._now_ms = clock if clock is not None else _wall_clock_ms
         self._max_body_size = max_body_size
         self._store_host = store_host
         self._lock = threading.RLock()

@@ -82,6 +82,7 @@ class MessageNotFound(NotFound):
 
 class StoreClosed(StorageError):
     code = "STORE_CLOSED"
+    protocol_code = "INTERNAL_ERROR"
 
 
 class MessageStore:

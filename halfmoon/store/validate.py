@@ -25,6 +25,7 @@ class IllegalTopic(InvalidArgument):
 
 class IllegalQueueId(InvalidArgument):
     code = "ILLEGAL_QUEUE_ID"
+    protocol_code = "BAD_REQUEST"
 
 
 class MessageBodyTooLarge(InvalidArgument):
@@ -37,6 +38,7 @@ class IllegalPropertyKey(InvalidArgument):
 
 class IllegalPropertyValue(InvalidArgument):
     code = "ILLEGAL_MESSAGE_PROPERTY_VALUE"
+    protocol_code = "BAD_REQUEST"
 
 
 class MessagePropertiesTooLarge(InvalidArgument):
@@ -47,6 +49,7 @@ class IllegalMessageField(InvalidArgument):
     """A numeric field out of its stored range, a host too long, a body that is not bytes."""
 
     code = "ILLEGAL_MESSAGE_FIELD"
+    protocol_code = "BAD_REQUEST"
 
 
 @functools.lru_cache(maxsize=4096)

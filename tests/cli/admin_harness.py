@@ -19,8 +19,8 @@ from aiohttp import web
 
 from halfmoon.broker.broker import Broker
 from halfmoon.config import Config
+from halfmoon.metrics import MetricsRegistry
 from halfmoon.server.admin import create_admin_app
-from halfmoon.server.metrics import MetricsRegistry
 from halfmoon.store.memory import MemoryStore
 
 

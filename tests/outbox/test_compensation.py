@@ -10,6 +10,7 @@ import uuid
 import pytest
 from sqlalchemy import Column, Engine, Integer, String, Table, insert, select
 
+from halfmoon.cli.admin_client import AdminClient
 from halfmoon.client import (
     Message,
     MessageSelector,
@@ -106,9 +107,11 @@ def test_halfmoon_retries_with_the_group_policy_then_dead_letters(server: Server
     )
     server.create_topic(topic)
     tiers = (0.1, 0.2, 0.3, 0.4)
-    created = create_compensation_group(server.admin, group, tiers=tiers)
+    created = create_compensation_group(AdminClient(server.admin), group, tiers=tiers)
     assert created["max_delivery_attempts"] == 5
-    again = create_compensation_group(server.admin, group, tiers=tiers)  # idempotent: updates
+    again = create_compensation_group(
+        AdminClient(server.admin), group, tiers=tiers
+    )  # idempotent: updates
     assert again["max_delivery_attempts"] == 5
     server.create_group(reader)
     attempts: list[tuple[int, float]] = []
@@ -151,7 +154,7 @@ def test_halfmoon_retries_with_the_group_policy_then_dead_letters(server: Server
 def test_not_a_compensation_is_retried_into_the_alert_too(server: ServerProcess) -> None:
     topic, group = f"comp-{uuid.uuid4().hex[:8]}", f"comp-g-{uuid.uuid4().hex[:8]}"
     server.create_topic(topic)
-    create_compensation_group(server.admin, group, tiers=(0.05,))
+    create_compensation_group(AdminClient(server.admin), group, tiers=(0.05,))
     called = threading.Event()
     with (
         SyncProducer(server.grpc) as producer,

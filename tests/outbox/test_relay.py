@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy import select, update
 
 from halfmoon.client import MessageSelector, SyncSimpleConsumer
+from halfmoon.metrics import MetricsRegistry
 from halfmoon.outbox import HalfmoonTarget, Outbox, OutboxMessage, Relay
-from halfmoon.server.metrics import MetricsRegistry
 from tests.outbox.conftest import RecordingTarget, ServerProcess, wait_until
 
 

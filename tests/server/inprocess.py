@@ -10,7 +10,7 @@ import grpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from halfmoon.broker.broker import Broker
-from halfmoon.server.config import ServerConfig
+from halfmoon.config import ServerConfig
 from halfmoon.server.grpc_service import MessagingServicer
 from halfmoon.server.handlers import messaging_handler
 from halfmoon.server.longpoll import ArrivalNotifier

@@ -14,12 +14,14 @@ class InvalidTransactionId(InvalidArgument):
 
 class IllegalTransactionGroup(InvalidArgument):
     code = "ILLEGAL_TRANSACTION_GROUP"
+    protocol_code = "BAD_REQUEST"
 
 
 class TransactionGroupMember(TransactionStateError):
     """A member of a transaction group ended on its own: only the group decides."""
 
     code = "TRANSACTION_GROUP_MEMBER"
+    protocol_code = "BAD_REQUEST"
 
 
 class TransactionGroupEnded(TransactionAlreadyEnded):

@@ -146,10 +146,6 @@ def real_from_half(half: StoredMessage | Message, half_offset: int) -> Message:
     )
 
 
-def is_real_of(stored: StoredMessage, half_offset: int, topic: str) -> bool:
-    return stored.prepared_transaction_offset == half_offset and stored.topic == topic
-
-
 def parked_from_half(half: StoredMessage) -> Message:
     """The copy kept in the check-max topic (routing properties kept: it is a record of the half)."""
     return Message(

@@ -15,9 +15,12 @@
    topic with its message id whose ``prepared_transaction_offset`` is its half
    offset: found means committed.
 5. A decided group with members still pending (a crash in the middle of a
-   group commit) is finished: the missing real messages are appended.
-6. When anything was replayed, a fresh snapshot is written, so the next start
-   begins from here.
+   group commit) is marked unfinished.
+
+:func:`recover` only reads: it returns a :class:`Recovered` state that the
+service adopts. The service then finishes the unfinished groups (appending the
+missing real messages) and, when anything was replayed, writes a fresh
+snapshot, so the next start begins from here.
 
 The cost is one read and one key-index lookup per pending transaction plus
 the records appended since the last snapshot
@@ -27,26 +30,28 @@ the records appended since the last snapshot
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from halfmoon.broker.config import read_json
 from halfmoon.broker.transaction_state import TxnState
+from halfmoon.broker.transactions.config import TransactionConfig
+from halfmoon.broker.transactions.groups import GroupBook
 from halfmoon.broker.transactions.oplog import (
     HALF_TOPIC,
     OP_TOPIC,
     QUEUE_ID,
     Op,
     OpKind,
+    group_key,
     parse_op,
 )
-from halfmoon.broker.transactions.records import pending_from_half
+from halfmoon.broker.transactions.records import PendingTxn, pending_from_half
 from halfmoon.errors import NotFound
 from halfmoon.store.api import GetStatus, Store
 from halfmoon.store.message import StoredMessage
-
-if TYPE_CHECKING:
-    from halfmoon.broker.transactions.service import TransactionService
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +91,57 @@ def real_exists(store: Store, topic: str, message_id: str, half_offset: int) -> 
     )
 
 
-def recover(service: TransactionService) -> None:
-    store, config = service.store, service.config
-    data = read_json(service._path) if service._path is not None else None
-    replayed = False
+def stored_group_decision(store: Store, group: str) -> TxnState | None:
+    """The decision of ``group`` as its op record in the op topic says; None if undecided."""
+    for stored in store.query_by_key(OP_TOPIC, group_key(group), max_results=8):
+        op = parse_op(stored)
+        if (
+            op is not None
+            and op.group == group
+            and op.kind in (OpKind.GROUP_COMMIT, OpKind.GROUP_ROLLBACK)
+        ):
+            return TxnState.COMMITTED if op.kind is OpKind.GROUP_COMMIT else TxnState.ROLLED_BACK
+    return None
+
+
+@dataclass
+class Recovered:
+    """The transaction service's memory as the store says it was: what the service adopts."""
+
+    decided_cache_entries: int
+    pending: dict[int, PendingTxn] = field(default_factory=dict)
+    groups: GroupBook = field(init=False)
+    # half offset -> (decision, end offset of its record), most recent last; bounded
+    decided: OrderedDict[int, tuple[TxnState, int]] = field(default_factory=OrderedDict)
+    half_next: int = 0
+    op_next: int = 0
+    replayed: bool = False  # records were read past the snapshot: write a new one
+    committed: int = 0  # transactions found committed since the snapshot
+
+    def __post_init__(self) -> None:
+        self.groups = GroupBook(self.decided_cache_entries)
+
+    def add(self, entry: PendingTxn) -> None:
+        self.pending[entry.half_offset] = entry
+        if entry.group is not None:
+            self.groups.add_member(entry.group, entry.half_offset)
+
+    def remove(self, entry: PendingTxn) -> None:
+        self.pending.pop(entry.half_offset, None)
+        if entry.group is not None:
+            self.groups.remove_member(entry.group, entry.half_offset)
+
+    def remember(self, half_offset: int, state: TxnState) -> None:
+        self.decided[half_offset] = (state, 0)
+        self.decided.move_to_end(half_offset)
+        while len(self.decided) > self.decided_cache_entries:
+            self.decided.popitem(last=False)
+
+
+def recover(store: Store, path: Path | None, config: TransactionConfig) -> Recovered:
+    """Read the snapshot at ``path`` (None: none kept) and the queues after it; see the module docs."""
+    state = Recovered(config.decided_cache_entries)
+    data = read_json(path) if path is not None else None
     if isinstance(data, dict) and data.get("version") == 1:
         half_next = int(data["half_next"])
         op_next = int(data["op_next"])
@@ -100,7 +152,7 @@ def recover(service: TransactionService) -> None:
                 log.error(
                     "event=half_message_lost half_offset=%s: removed before a decision", half_offset
                 )
-                replayed = True
+                state.replayed = True
                 continue
             entry = pending_from_half(half, half.store_timestamp, config.timeout_ms)
             if entry is None:
@@ -108,72 +160,66 @@ def recover(service: TransactionService) -> None:
             entry.checks = int(checks)
             if parked:
                 entry.state = TxnState.PARKED
-            service._add_pending(entry)
+            state.add(entry)
     else:
         half_next = store.min_offset(HALF_TOPIC, QUEUE_ID)
         op_next = store.min_offset(OP_TOPIC, QUEUE_ID)
 
     for half in read_queue(store, HALF_TOPIC, half_next):
         half_next = half.queue_offset + 1
-        replayed = True
+        state.replayed = True
         entry = pending_from_half(half, half.store_timestamp, config.timeout_ms)
         if entry is None:
             log.error("event=bad_half_record offset=%d", half.commit_log_offset)
             continue
-        service._add_pending(entry)
+        state.add(entry)
 
     for stored in read_queue(store, OP_TOPIC, op_next):
         op_next = stored.queue_offset + 1
-        replayed = True
+        state.replayed = True
         op = parse_op(stored)
         if op is None:
             log.error("event=bad_op_record offset=%d", stored.commit_log_offset)
             continue
-        _apply(service, op, stored)
-    service.half_next = half_next
-    service.op_next = op_next
+        _apply(state, op, stored)
+    state.half_next = half_next
+    state.op_next = op_next
 
-    committed = 0
-    with service._lock:
-        for entry in list(service.pending.values()):
-            if real_exists(store, entry.topic, entry.message_id, entry.half_offset):
-                service._remove_pending(entry)
-                service.remember(entry.half_offset, TxnState.COMMITTED, 0)
-                committed += 1
-        finished = 0
-        for group in list(service.groups.members):
-            decided = service._group_decision(group)
-            if decided is not None:
-                log.warning(
-                    "event=group_decision_resumed group=%s decision=%s", group, decided[0].value
-                )
-                service.groups.unfinished[group] = decided[0]
-                finished += service.finish_group(group)[0]
-        service.counters.redone_commits_total += finished
-    if replayed:
-        service._dirty = True
-        service.snapshot()
-    log.info(
-        "event=transactions_recovered pending=%d committed_since_snapshot=%d group_members_finished=%d",
-        len(service.pending), committed, finished,
-    )  # fmt: skip
+    for entry in list(state.pending.values()):
+        if real_exists(store, entry.topic, entry.message_id, entry.half_offset):
+            state.remove(entry)
+            state.remember(entry.half_offset, TxnState.COMMITTED)
+            state.committed += 1
+    for group in list(state.groups.members):
+        decided = state.groups.decided(group)
+        if decided is None:
+            found = stored_group_decision(store, group)
+            if found is not None:
+                state.groups.remember(group, found, 0)
+                decided = (found, 0)
+        if decided is not None:
+            log.warning(
+                "event=group_decision_resumed group=%s decision=%s", group, decided[0].value
+            )
+            state.groups.unfinished[group] = decided[0]
+    return state
 
 
-def _apply(service: TransactionService, op: Op, stored: StoredMessage) -> None:
-    entry = service.pending.get(op.half_offset)
+def _apply(state: Recovered, op: Op, stored: StoredMessage) -> None:
+    entry = state.pending.get(op.half_offset)
     kind = op.kind
     if kind in (OpKind.COMMIT, OpKind.ROLLBACK):
-        state = TxnState.COMMITTED if kind is OpKind.COMMIT else TxnState.ROLLED_BACK
+        decision = TxnState.COMMITTED if kind is OpKind.COMMIT else TxnState.ROLLED_BACK
         if entry is not None:
-            service._remove_pending(entry)
-        service.remember(op.half_offset, state, 0)
+            state.remove(entry)
+        state.remember(op.half_offset, decision)
     elif kind in (OpKind.GROUP_COMMIT, OpKind.GROUP_ROLLBACK) and op.group is not None:
-        state = TxnState.COMMITTED if kind is OpKind.GROUP_COMMIT else TxnState.ROLLED_BACK
-        service.groups.remember(op.group, state, 0)
-        if state is TxnState.ROLLED_BACK:  # a group rollback writes nothing per member
-            for half_offset in list(service.groups.members.get(op.group, ())):
-                service._remove_pending(service.pending[half_offset])
-                service.remember(half_offset, state, 0)
+        decision = TxnState.COMMITTED if kind is OpKind.GROUP_COMMIT else TxnState.ROLLED_BACK
+        state.groups.remember(op.group, decision, 0)
+        if decision is TxnState.ROLLED_BACK:  # a group rollback writes nothing per member
+            for half_offset in list(state.groups.members.get(op.group, ())):
+                state.remove(state.pending[half_offset])
+                state.remember(half_offset, decision)
         # A group commit's members are settled by their real messages (step 4); members
         # left pending after that were cut off by a crash (step 5).
     elif entry is None:

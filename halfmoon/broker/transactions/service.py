@@ -58,15 +58,7 @@ from halfmoon.broker.transactions.errors import (
 )
 from halfmoon.broker.transactions.groups import GroupBook, check_group_id
 from halfmoon.broker.transactions.ids import decode_transaction_id
-from halfmoon.broker.transactions.oplog import (
-    HALF_TOPIC,
-    OP_TOPIC,
-    Op,
-    OpKind,
-    group_key,
-    op_message,
-    parse_op,
-)
+from halfmoon.broker.transactions.oplog import HALF_TOPIC, OP_TOPIC, Op, OpKind, op_message
 from halfmoon.broker.transactions.records import (
     PendingTxn,
     check_view,
@@ -75,6 +67,12 @@ from halfmoon.broker.transactions.records import (
     parked_from_half,
     pending_from_half,
     real_from_half,
+)
+from halfmoon.broker.transactions.recovery import (
+    Recovered,
+    real_exists,
+    recover,
+    stored_group_decision,
 )
 from halfmoon.errors import InvalidArgument, NotFound
 from halfmoon.store.api import AppendResult, Store
@@ -162,12 +160,14 @@ class TransactionService:
         self._path = metadata_dir / self.SNAPSHOT_FILE if metadata_dir is not None else None
         self._lock = threading.RLock()
         self._snapshot_lock = threading.Lock()
-        self.pending: dict[int, PendingTxn] = {}
-        self._decided: OrderedDict[int, tuple[TxnState, int]] = OrderedDict()
-        self.groups = GroupBook(config.decided_cache_entries)
+        recovered = recover(store, self._path, config)
+        self.pending: dict[int, PendingTxn] = recovered.pending
+        self._decided: OrderedDict[int, tuple[TxnState, int]] = recovered.decided
+        self.groups: GroupBook = recovered.groups
         self._op_buffer: list[Op] = []  # check counts, appended with the next batch
-        self.half_next = 0  # half queue offset up to which the pending set is complete
-        self.op_next = 0  # op queue offset up to which ops are applied
+        # half queue offset up to which the pending set is complete
+        self.half_next = recovered.half_next
+        self.op_next = recovered.op_next  # op queue offset up to which ops are applied
         self._max_end = 0  # end offset of the last record this service appended
         self._cached_bytes = 0  # bodies held in PendingTxn.record
         self._dirty = False
@@ -177,9 +177,22 @@ class TransactionService:
         # clears the producer's outstanding check with it. Must be cheap and not raise.
         self.on_end: Callable[[str], None] | None = None
         self._latency = [0] * (len(LATENCY_BUCKETS_MS) + 1)
-        from halfmoon.broker.transactions.recovery import recover
+        self._finish_recovery(recovered)
 
-        recover(self)
+    def _finish_recovery(self, recovered: Recovered) -> None:
+        """Complete the group commits a crash cut short; snapshot when anything was replayed."""
+        finished = 0
+        with self._lock:
+            for group in list(self.groups.unfinished):
+                finished += self.finish_group(group)[0]
+            self.counters.redone_commits_total += finished
+        if recovered.replayed:
+            self._dirty = True
+            self.snapshot()
+        log.info(
+            "event=transactions_recovered pending=%d committed_since_snapshot=%d group_members_finished=%d",
+            len(self.pending), recovered.committed, finished,
+        )  # fmt: skip
 
     # -- the send path ---------------------------------------------------------------
     def append(
@@ -345,10 +358,7 @@ class TransactionService:
         # Not pending, so decided. The half record is still stored, hence so is a commit's
         # real message (appended after it; retention removes the oldest first).
         topic, message_id = half.properties.get(PROPERTY_REAL_TOPIC, ""), half.unique_id or ""
-        committed = any(
-            m.prepared_transaction_offset == half_offset
-            for m in self.store.query_by_key(topic, message_id, max_results=64)
-        )
+        committed = real_exists(self.store, topic, message_id, half_offset)
         state = TxnState.COMMITTED if committed else TxnState.ROLLED_BACK
         self.remember(half_offset, state, 0)
         return state, 0
@@ -410,19 +420,11 @@ class TransactionService:
         hit = self.groups.decided(group)
         if hit is not None:
             return hit
-        for stored in self.store.query_by_key(OP_TOPIC, group_key(group), max_results=8):
-            op = parse_op(stored)
-            if (
-                op is not None
-                and op.group == group
-                and op.kind in (OpKind.GROUP_COMMIT, OpKind.GROUP_ROLLBACK)
-            ):
-                state = (
-                    TxnState.COMMITTED if op.kind is OpKind.GROUP_COMMIT else TxnState.ROLLED_BACK
-                )
-                self.groups.remember(group, state, 0)
-                return state, 0
-        return None
+        state = stored_group_decision(self.store, group)
+        if state is None:
+            return None
+        self.groups.remember(group, state, 0)
+        return state, 0
 
     # -- checks and parking (called by the check service) -----------------------------
     def check_candidates(self, now_ms: int) -> list[int]:

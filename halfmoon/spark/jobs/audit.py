@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import sqlalchemy as sa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -35,6 +36,7 @@ class AuditError(InvalidArgument):
     """The audit cannot run: the table, a column or the primary key range is unusable."""
 
     code = "SPARK_AUDIT_ERROR"
+    protocol_code = "BAD_REQUEST"
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,6 @@ def key_ranges(low: int, high: int, parts: int) -> list[tuple[int, int]]:
 
 
 def _read_range(spec: AuditSpec, bounds: Iterator[tuple[int, int]]) -> Iterator[tuple[str]]:
-    import sqlalchemy as sa
-
     engine = sa.create_engine(spec.database_url)
     table, key, pk = spec.table, spec.key_column, spec.primary_key or spec.key_column
     condition = f" AND ({spec.where})" if spec.where else ""
@@ -124,8 +124,6 @@ def _read_range(spec: AuditSpec, bounds: Iterator[tuple[int, int]]) -> Iterator[
 
 def table_keys(spark: SparkSession, spec: AuditSpec) -> DataFrame:
     """The table's keys as a DataFrame ``(key string)``, read in parallel by primary-key range."""
-    import sqlalchemy as sa
-
     _identifier(spec.table, "table")
     _identifier(spec.key_column, "key column")
     pk = _identifier(spec.primary_key or spec.key_column, "primary key column")

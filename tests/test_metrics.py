@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from halfmoon.server.metrics import MetricFamily, MetricsRegistry, render_families
+from halfmoon.metrics import MetricFamily, MetricsRegistry, render_families
 
 
 def test_counter_and_gauge_render_with_help_type_and_labels():
