@@ -90,6 +90,31 @@ class ServerConfig:
     worker_threads: int = 8
     # Host advertised in routes when the client's request names no endpoint.
     advertise_host: str | None = None
+    # Push consumers' receives (auto_renew) get their invisible time renewed while the
+    # listener works, as RocketMQ's proxy does (enableProxyAutoRenew); see server/renewal.py.
+    auto_renew: bool = True
+    # Invisible time of an auto-renewed receive; the client's own is ignored (RocketMQ
+    # proxy's defaultInvisibleTimeMills). At least broker.min_receive_invisible_ms.
+    auto_renew_invisible_time: float = 60.0
+    # A handle is renewed once it would become visible within this (renewAheadTimeMillis).
+    renew_ahead_time: float = 10.0
+    # Longest pause between two looks for due handles (renewSchedulePeriodMillis); also
+    # how long a client whose telemetry stream ended has to open a new one before its
+    # handles are released.
+    renew_schedule_period: float = 5.0
+    # The n-th renewal hides the message this long; the last entry repeats (RocketMQ's
+    # RenewStrategyPolicy: 1, 3, 5, 10, 30 min, 1 h).
+    renew_durations: tuple[float, ...] = (60.0, 180.0, 300.0, 600.0, 1800.0, 3600.0)
+    # Renewing stops this long after the first delivery: the message then gets the
+    # group's retry backoff, as a failed delivery (renewMaxTimeMillis).
+    renew_max_time: float = 3 * 3600.0
+    # Failed renewals of one handle before it is left to expire (maxRenewRetryTimes).
+    renew_max_retries: int = 3
+    # Invisible time left to the handles of a client that went away, so another consumer
+    # gets them soon (invisibleTimeMillisWhenClear).
+    renew_clear_invisible_time: float = 1.0
+    # Most handles renewed at once; deliveries beyond it are served unrenewed (a warning).
+    renew_max_handles: int = 100_000
 
 
 def parse_host_port(address: str, *, what: str = "address") -> tuple[str, int]:

@@ -159,6 +159,7 @@ class Broker:
             dead_letter=self._dead_letter,
             state_path=metadata_dir / "consumption.json" if metadata_dir is not None else None,
             hot_data_bytes=config.hot_data_bytes or default_hot_data_bytes(),
+            min_receive_invisible_ms=config.min_receive_invisible_ms,
             priority_order=self._is_priority_topic,
         )
         # Lite topics (RIP-83): subscriptions and a pop service over their queues.
@@ -188,10 +189,11 @@ class Broker:
             self.groups.close()
 
     def tick(self) -> None:
-        """Deliver due delay messages; persist offsets and consumption state periodically."""
+        """Deliver due delay messages, dead-letter expired last deliveries; persist periodically."""
         with self._tick_lock:
             now = self.clock.now_ms()
             self.timer.tick(now)
+            self._pop.revive(now)  # dead-letter expired last deliveries (broker/revive.py)
             self._checks.tick(now)
             self.lite.tick(now)
             self.transactions.maybe_snapshot(now)

@@ -36,6 +36,9 @@ class BrokerConfig:
     default_queue_count: int = 8
     max_body_size: int = 4 * 1024 * 1024
     default_invisible_ms: int = 30_000
+    # Shortest invisible time a receive may ask for (RocketMQ proxy's
+    # minInvisibleTimeMillsForRecv); changes of invisible duration have no minimum.
+    min_receive_invisible_ms: int = 10_000
     offset_persist_interval_ms: int = 5_000
     # Delay messages: how far ahead a delivery time may be (RocketMQ's default: 40 days).
     max_delay_ms: int = 40 * DAY_MS

@@ -56,7 +56,6 @@ from halfmoon.broker.clock import Clock
 from halfmoon.broker.config import BrokerConfig
 from halfmoon.broker.filter import MessageFilter
 from halfmoon.broker.lite_names import (
-    IllegalLiteTopic,
     LiteSubscriptionQuotaExceeded,
     LiteTopicQuotaExceeded,
     check_lite_topic,
@@ -66,6 +65,7 @@ from halfmoon.broker.lite_names import (
 )
 from halfmoon.broker.message import MessageView
 from halfmoon.broker.pop import DeadLetter, PopGroupSettings, PopService
+from halfmoon.broker.receipt import InvalidReceiptHandle
 from halfmoon.errors import InvalidArgument, NotFound
 from halfmoon.store.api import Store
 
@@ -139,6 +139,8 @@ class LiteTopics:
             group_settings=self._pop_settings,
             dead_letter=dead_letter,
             state_path=metadata_dir / self.STATE_FILE if metadata_dir is not None else None,
+            min_receive_invisible_ms=config.min_receive_invisible_ms,
+            hot_data_bytes=config.hot_data_bytes,
         )
         self._last_tick_ms = clock.now_ms()
 
@@ -156,7 +158,8 @@ class LiteTopics:
     # -- lifecycle -------------------------------------------------------------
 
     def tick(self, now: int) -> None:
-        """Lapse stale subscriptions; persist consumption state now and then."""
+        """Lapse stale subscriptions, dead-letter expired last deliveries, persist now and then."""
+        self._pop.revive(now)
         timeout = self._config.lite_subscription_timeout_ms
         with self._lock:
             stale = [cid for cid, c in self._clients.items() if now - c.updated_ms > timeout]
@@ -389,27 +392,37 @@ class LiteTopics:
         known = [w for w in wakeups if w is not None]
         return min(known) if known else None
 
-    def _queue(self, topic: str, lite_topic: str | None, what: str) -> str:
-        if lite_topic is None:
-            raise IllegalLiteTopic(
-                f"{what} on lite topic {topic!r} needs the message's lite_topic; "
-                "send the one the message was received with"
+    def _queue(self, topic: str, lite_topic: str | None, handle: str) -> str:
+        """The lite queue an ack (or change, or forward) is about.
+
+        The official clients send the message's lite topic (checked like any lite
+        topic name). Without one (halfmoon's own renewal of auto_renew receives),
+        the receipt handle names the queue; it must be one of ``topic``'s.
+        """
+        if lite_topic is not None:
+            return lite_queue_topic(topic, lite_topic, self._config.max_lite_topic_length)
+        queue_topic = self._pop.handle_topic(handle)
+        split = split_lite_queue_topic(queue_topic)
+        if split is None or split[0] != topic:
+            raise InvalidReceiptHandle(
+                f"receipt handle is not one of a lite topic of {topic!r}; "
+                "send the message's lite_topic with it"
             )
-        return lite_queue_topic(topic, lite_topic, self._config.max_lite_topic_length)
+        return queue_topic
 
     def ack(self, group: str, topic: str, lite_topic: str | None, handle: str) -> None:
-        self._pop.ack(group, self._queue(topic, lite_topic, "an ack"), handle)
+        self._pop.ack(group, self._queue(topic, lite_topic, handle), handle)
 
     def change_invisible_duration(
         self, group: str, topic: str, lite_topic: str | None, handle: str, invisible_ms: int
     ) -> str:
-        queue_topic = self._queue(topic, lite_topic, "a change of invisible duration")
+        queue_topic = self._queue(topic, lite_topic, handle)
         return self._pop.change_invisible_duration(group, queue_topic, handle, invisible_ms)
 
     def forward_to_dead_letter(
         self, group: str, topic: str, lite_topic: str | None, handle: str
     ) -> None:
-        queue_topic = self._queue(topic, lite_topic, "a dead-letter forward")
+        queue_topic = self._queue(topic, lite_topic, handle)
         self._pop.forward_to_dead_letter(group, queue_topic, handle)
 
     def drop_group(self, group: str) -> None:

@@ -30,6 +30,10 @@ receive so two consumers never take the same offsets. Different groups and
 topics never contend. The dead-letter callback runs with that lock held: it
 must not call back into this service for the same group and topic.
 
+A last delivery whose invisible time ends is dead-lettered in the
+background too (:meth:`PopService.revive`, from ``Broker.tick``): see
+:mod:`halfmoon.broker.revive`.
+
 Invisible-time bounds are RocketMQ's proxy defaults: a receive hides a
 message for 10 s .. 12 h, a change of invisible duration 0 .. 12 h.
 """
@@ -63,6 +67,7 @@ from halfmoon.broker.receipt import (
     check_invisible_ms,
     new_receipt_key,
 )
+from halfmoon.broker.revive import ReviveQueue
 from halfmoon.errors import InvalidArgument
 from halfmoon.store.api import GetStatus, Store
 from halfmoon.store.message import StoredMessage
@@ -134,9 +139,18 @@ class PopService:
         # snapshot: start above both the saved counter and 1024 per elapsed ms.
         first_epoch = max(snapshot.next_epoch if snapshot else 0, clock.now_ms() * 1024)
         self._epochs = itertools.count(first_epoch)
+        self._revive = ReviveQueue(
+            self._states,
+            lambda group: self._group_settings(group).max_delivery_attempts,
+            self._read,
+            self._send_to_dead_letter,
+            lambda: next(self._epochs),
+            retry_ms=DEAD_LETTER_RETRY_MS,
+        )
         if snapshot:
             for state in snapshot.topics:
                 self._states[(state.group, state.topic)] = state
+                self._revive.watch_restored(state)
 
     # -- receive -------------------------------------------------------------
 
@@ -246,6 +260,7 @@ class PopService:
                     queue.complete(offset)
                 else:
                     queue.hide(offset, now + DEAD_LETTER_RETRY_MS, next(self._epochs))
+                    self._watch(state, queue_id, offset, entry)
                     if settings.fifo and entry.ordered:
                         # Nothing after it may go out before it does.
                         for pending, _ in expired[index + 1 :]:
@@ -254,6 +269,8 @@ class PopService:
             else:
                 epoch = next(self._epochs)
                 queue.redeliver(offset, visible_at, epoch)
+                if entry.attempt >= settings.max_delivery_attempts:
+                    self._watch(state, queue_id, offset, entry)
                 out.append(self._finish_view(view, state.topic, entry, visible_at, invisible_ms))
         return True
 
@@ -316,6 +333,10 @@ class PopService:
                 queue.deliver(
                     stored.queue_offset, stored.commit_log_offset, visible_at, epoch, ordered
                 )
+                if settings.max_delivery_attempts <= 1:
+                    self._watch(
+                        state, queue_id, stored.queue_offset, queue.inflight[stored.queue_offset]
+                    )
                 view.delivery_attempt = 1
                 view.invisible_duration_ms = invisible_ms
                 view.receipt_handle = self._codec.encode(
@@ -366,6 +387,18 @@ class PopService:
             return False
         return True
 
+    # -- the revive scan (revive.py) ------------------------------------------
+
+    def revive(self, now: int) -> int:
+        """Dead-letter last deliveries whose invisible time is over (``Broker.tick``).
+
+        Bounded work per call; returns how many were dead-lettered (or tried).
+        """
+        return self._revive.run(now)
+
+    def _watch(self, state: TopicConsumption, queue_id: int, offset: int, entry: InFlight) -> None:
+        self._revive.watch_entry(state, queue_id, offset, entry)
+
     # -- ack and friends -----------------------------------------------------
 
     def ack(self, group: str, topic: str, handle: str) -> None:
@@ -384,11 +417,14 @@ class PopService:
         check_invisible_ms(invisible_ms, MIN_CHANGE_INVISIBLE_MS)
         receipt = self._decode(topic, handle)
         state = self._state_for_handle(group, topic)
+        max_attempts = self._group_settings(group).max_delivery_attempts
         with state.lock:
             queue, entry = self._in_flight(state, receipt)
             visible_at = self._clock.now_ms() + invisible_ms
             epoch = next(self._epochs)
             queue.hide(receipt.queue_offset, visible_at, epoch)
+            if entry.attempt >= max_attempts:
+                self._watch(state, receipt.queue_id, receipt.queue_offset, entry)
             state.dirty = True
             return self._codec.encode(
                 ReceiptHandle(
@@ -412,6 +448,10 @@ class PopService:
                 self._dead_letter(group, stored, entry.attempt)
             queue.complete(receipt.queue_offset)
             state.dirty = True
+
+    def handle_topic(self, handle: str) -> str:
+        """The topic a receipt handle of this service names (InvalidReceiptHandle if garbled)."""
+        return self._codec.decode(handle).topic
 
     def _decode(self, topic: str, handle: str) -> ReceiptHandle:
         receipt = self._codec.decode(handle)

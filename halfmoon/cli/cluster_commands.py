@@ -85,7 +85,8 @@ def broker_status(args: argparse.Namespace) -> None:
 
 
 def config_get(args: argparse.Namespace) -> None:
-    keys = client(args).get("/v1/runtime-config")["keys"]
+    answer = client(args).get("/v1/runtime-config")
+    keys = answer["keys"]
     if args.key is not None:
         match = [k for k in keys if k["key"] == args.key]
         if not match:
@@ -98,7 +99,7 @@ def config_get(args: argparse.Namespace) -> None:
     rows = [{**k, "value": readable(k["key"], k["value"])} for k in keys]
     emit(
         args,
-        keys,
+        answer,
         lambda: render_table(
             rows, [("key", "KEY"), ("value", "VALUE"), ("description", "DESCRIPTION")]
         ),

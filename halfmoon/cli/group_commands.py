@@ -148,10 +148,11 @@ def create_group(args: argparse.Namespace) -> None:
 
 
 def list_groups(args: argparse.Namespace) -> None:
-    groups = client(args).get("/v1/groups")["groups"]
+    answer = client(args).get("/v1/groups")
+    groups = answer["groups"]
     emit(
         args,
-        groups,
+        answer,
         lambda: render_table(groups, columns_for(groups, GROUP_COLUMNS)) if groups else "no groups",
     )
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from halfmoon.cli.admin_client import AdminClient, CliError, quote
-from halfmoon.cli.parser import UsageError, add_command, client, emit, positive_int
+from halfmoon.cli.parser import UsageError, add_command, client, emit, positive_int, subject
 from halfmoon.cli.progress import ProgressBar
 from halfmoon.cli.table import format_ms, render_record, render_table
 from halfmoon.cli.timearg import TIME_HELP, parse_time_ms
@@ -64,7 +64,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     get.add_argument("--topic", default=None, help="look only in this topic")
 
     query = add_command(sub, "query", query_messages, "find messages by key within a time range")
-    query.add_argument("--topic", required=True)
+    subject(query, "topic", "TOPIC", "the topic to search", deprecated_flag="--topic")
     query.add_argument("--key", required=True)
     _time_range(query)
     query.add_argument(
@@ -72,12 +72,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
 
     read = add_command(sub, "read", read_message, "show the message at a queue offset")
-    read.add_argument("--topic", required=True)
+    subject(read, "topic", "TOPIC", "the topic to read", deprecated_flag="--topic")
     read.add_argument("--queue", type=int, required=True)
     read.add_argument("--offset", type=int, required=True)
 
     send = add_command(sub, "send", send_message, "send one message")
-    send.add_argument("--topic", required=True)
+    subject(send, "topic", "TOPIC", "the topic to send to", deprecated_flag="--topic")
     body = send.add_mutually_exclusive_group(required=True)
     body.add_argument("--body", help="the body, as text")
     body.add_argument("--body-file", type=Path, help="read the body from this file ('-': stdin)")
@@ -101,7 +101,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         consume_messages,
         "read messages from an offset or a time, no group involved",
     )
-    consume.add_argument("--topic", required=True)
+    subject(consume, "topic", "TOPIC", "the topic to read", deprecated_flag="--topic")
     consume.add_argument(
         "--queue", type=int, default=None, help="only this queue (needed with --offset)"
     )
@@ -115,7 +115,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     print_ = add_command(
         sub, "print", print_messages, "print every message in a time range, with tag counts"
     )
-    print_.add_argument("--topic", required=True)
+    subject(print_, "topic", "TOPIC", "the topic to print", deprecated_flag="--topic")
     print_.add_argument("--queue", type=int, default=None, help="only this queue")
     _time_range(print_)
     _filters(print_)
@@ -198,7 +198,7 @@ def one_line(message: dict[str, Any]) -> str:
 def get_message(args: argparse.Namespace) -> None:
     answer = client(args).get(f"/v1/messages/{quote(args.message_id)}", topic=args.topic)
     messages = answer["messages"]
-    emit(args, messages, lambda: "\n\n".join(render_message(m) for m in messages))
+    emit(args, answer, lambda: "\n\n".join(render_message(m) for m in messages))
 
 
 def query_messages(args: argparse.Namespace) -> None:
@@ -213,7 +213,7 @@ def query_messages(args: argparse.Namespace) -> None:
     messages = answer["messages"]
     emit(
         args,
-        messages,
+        answer,
         lambda: (
             render_table(messages, QUERY_COLUMNS)
             if messages
@@ -339,7 +339,7 @@ def consume_messages(args: argparse.Namespace) -> None:
     found = found[: args.count]
     emit(
         args,
-        found,
+        {"messages": found},
         lambda: "\n".join(one_line(m) for m in found) if found else "no messages in that range",
     )
 
@@ -376,7 +376,7 @@ def print_messages(args: argparse.Namespace) -> None:
         return
     emit(
         args,
-        found,
+        {"messages": found, "matched": matched},
         lambda: (
             "\n".join([*(one_line(m) for m in found), f"\ntotal: {matched}"])
             if found

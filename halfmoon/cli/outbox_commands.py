@@ -68,7 +68,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="halfmoon://HOST:PORT or amqp://USER:PASS@HOST:PORT/VHOST",
     )
     relay.add_argument(
-        "--workers", type=positive_int, default=1, help="worker threads per process (default 1)"
+        "--workers", type=positive_int, default=4, help="worker threads per process (default 4)"
     )
     relay.add_argument(
         "--processes",

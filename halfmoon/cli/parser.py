@@ -1,11 +1,30 @@
-"""argparse, made to report a bad command line as one line instead of a usage dump."""
+"""argparse, made to report a bad command line as one line instead of a usage dump.
+
+**One naming convention for every command.** A command's *subject*, the one
+thing it acts on (a topic, a consumer group, a message or transaction id, a
+runtime key), is its positional argument: ``halfmoon topic create orders``,
+``halfmoon message send orders --body hi``, ``halfmoon consumer status billing``.
+Everything else is an option, required or not: addresses (``--admin``,
+``--db``, ``--target``), a second object that qualifies the first
+(``consumer reset-offset billing --topic orders``), times, counts, filters.
+Commands that act on everything of a kind (``topic list``, ``stats``) take no
+positional. mqadmin spells every argument as a flag (``updateTopic -t NAME``);
+halfmoon's commands already name their object family, so the object's name
+reads as the next word, as in git, kubectl or docker, and most commands
+shipped that way. tests/cli/test_convention.py walks the whole tree and fails
+on a command that breaks this.
+
+A flag spelling that shipped before (``message send --topic orders``) is still
+accepted through :func:`subject`'s ``deprecated_flag``, with one warning line
+on stderr.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from halfmoon.cli.admin_client import AdminClient, CliError, default_admin_url, default_namespace
@@ -20,12 +39,86 @@ class UsageError(CliError):
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Old flag spelling of this command's subject -> its metavar.
+        self.deprecated_subject_flags: dict[str, str] = {}
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see '{self.prog} --help')", "USAGE")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if args is not None and self.deprecated_subject_flags:
+            args = self._undeprecate(list(args))
+        return super().parse_known_args(args, namespace)
+
+    def _undeprecate(self, args: list[str]) -> list[str]:
+        """Turn ``--topic X`` into the positional ``X``, with one warning line."""
+        subjects: list[str] = []
+        kept: list[str] = []
+        used: set[str] = set()
+        i = 0
+        while i < len(args):
+            token = args[i]
+            if token == "--":
+                kept.extend(args[i:])
+                break
+            flag, eq, value = token.partition("=")
+            if flag in self.deprecated_subject_flags and (eq or i + 1 < len(args)):
+                if not eq:
+                    i += 1
+                    value = args[i]
+                subjects.append(value)
+                used.add(flag)
+            else:
+                kept.append(token)
+            i += 1
+        for flag in sorted(used):
+            metavar = self.deprecated_subject_flags[flag]
+            print(
+                f"halfmoon: warning: '{self.prog} {flag} {metavar}' is deprecated;"
+                f" write '{self.prog} {metavar}'",
+                file=sys.stderr,
+            )
+        # The subject is the only positional, so it can go first.
+        return subjects + kept
 
 
 def new_parser(prog: str, **kwargs: Any) -> argparse.ArgumentParser:
     return _Parser(prog=prog, **kwargs)
+
+
+def subject(
+    parser: argparse.ArgumentParser,
+    dest: str,
+    metavar: str,
+    help: str,
+    nargs: str | None = None,
+    deprecated_flag: str | None = None,
+) -> None:
+    """Add the command's subject, its positional argument (see the convention above).
+
+    ``deprecated_flag`` is the option spelling of it that shipped earlier; it
+    keeps working, with a warning.
+    """
+    parser.add_argument(dest, metavar=metavar, nargs=nargs, help=help)
+    if deprecated_flag is not None:
+        assert isinstance(parser, _Parser), "deprecated flags need halfmoon's parser"
+        parser.deprecated_subject_flags[deprecated_flag] = metavar
+
+
+def leaf_commands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every runnable command under ``parser``, with its words (``("topic", "create")``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from leaf_commands(child, (*path, name))
+            return
+    yield path, parser
 
 
 def admin_options() -> argparse.ArgumentParser:
@@ -73,7 +166,15 @@ def client(args: argparse.Namespace) -> AdminClient:
 
 
 def emit(args: argparse.Namespace, data: Any, human: Callable[[], str]) -> None:
-    """Print ``data`` as JSON under ``--json``, else the text ``human()`` renders."""
+    """Print ``data`` as JSON under ``--json``, else the text ``human()`` renders.
+
+    ``data`` is a JSON object, never a bare list: the admin API's answer where the
+    command makes one call (a listing under its plural name, ``{"topics": [...]}``),
+    so scripts read the same shape from the CLI and the API and a field can be
+    added later without breaking them.
+    """
+    if not isinstance(data, dict):
+        raise TypeError(f"--json output must be an object, not {type(data).__name__}")
     if args.json:
         json.dump(data, sys.stdout, indent=2, sort_keys=False)
         sys.stdout.write("\n")

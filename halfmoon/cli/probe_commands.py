@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from halfmoon.cli.admin_client import CliError
-from halfmoon.cli.parser import add_command, client, emit, positive_int
+from halfmoon.cli.parser import add_command, client, emit, positive_int, subject
 from halfmoon.cli.progress import ProgressBar
 from halfmoon.cli.table import render_record
 
@@ -46,8 +46,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     send = add_command(
         sub, "send", probe_send, "send N messages of size S; report round-trip percentiles"
     )
-    send.add_argument(
-        "--topic", required=True, help="an existing topic that accepts normal messages"
+    subject(
+        send,
+        "topic",
+        "TOPIC",
+        "an existing topic that accepts normal messages",
+        deprecated_flag="--topic",
     )
     send.add_argument(
         "--count", type=positive_int, default=100, help="messages to send (default 100)"

@@ -14,7 +14,7 @@ import sys
 import time
 
 from halfmoon.cli.admin_client import CliError
-from halfmoon.cli.parser import positive_int
+from halfmoon.cli.parser import positive_int, subject
 from halfmoon.errors import HalfmoonError
 
 EXIT_INCONSISTENT = 1
@@ -54,7 +54,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     audit.add_argument(
         "--key-column", required=True, help="the column whose value is the message key"
     )
-    audit.add_argument("--topic", required=True, help="the topic the rows were published to")
+    subject(
+        audit, "topic", "TOPIC", "the topic the rows were published to", deprecated_flag="--topic"
+    )
     audit.add_argument(
         "--primary-key",
         default=None,
@@ -74,9 +76,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     stats = jobs.add_parser(
         "stats", parents=[common], help="messages in/out per topic and group over time windows"
     )
-    stats.add_argument(
-        "--topic", action="append", required=True, help="topic to count (repeatable)"
-    )
+    subject(stats, "topic", "TOPIC", "topics to count", nargs="+", deprecated_flag="--topic")
     stats.add_argument(
         "--group",
         action="append",
@@ -146,7 +146,7 @@ def run_stats_command(args: argparse.Namespace) -> int:
     for row in rows:
         row["window_start"], row["window_end"] = str(row["window_start"]), str(row["window_end"])
     if args.json:
-        json.dump(rows, sys.stdout, indent=2)
+        json.dump({"rows": rows}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     print(f"{'WINDOW START':<20} {'TOPIC':<24} {'GROUP (- = in)':<24} MESSAGES")

@@ -121,10 +121,11 @@ def create_topic(args: argparse.Namespace) -> None:
 
 
 def list_topics(args: argparse.Namespace) -> None:
-    topics = client(args).get("/v1/topics")["topics"]
+    answer = client(args).get("/v1/topics")
+    topics = answer["topics"]
     emit(
         args,
-        topics,
+        answer,
         lambda: render_table(topics, columns_for(topics, TOPIC_COLUMNS)) if topics else "no topics",
     )
 

@@ -93,13 +93,13 @@ def _table(transactions: Sequence[Mapping[str, Any]], empty: str) -> str:
 
 
 def list_transactions(args: argparse.Namespace) -> None:
-    found = client(args).get("/v1/transactions", topic=args.topic, limit=args.limit)["transactions"]
-    emit(args, found, lambda: _table(found, "no pending transactions"))
+    answer = client(args).get("/v1/transactions", topic=args.topic, limit=args.limit)
+    emit(args, answer, lambda: _table(answer["transactions"], "no pending transactions"))
 
 
 def list_parked(args: argparse.Namespace) -> None:
-    found = client(args).get("/v1/transactions/parked", limit=args.limit)["transactions"]
-    emit(args, found, lambda: _table(found, "no parked transactions"))
+    answer = client(args).get("/v1/transactions/parked", limit=args.limit)
+    emit(args, answer, lambda: _table(answer["transactions"], "no parked transactions"))
 
 
 def decide_transaction(args: argparse.Namespace) -> None:

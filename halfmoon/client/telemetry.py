@@ -116,6 +116,11 @@ class TelemetrySession:
                 log.warning(
                     "event=telemetry_failed endpoint=%s error=%r", self.connection.target, exc
                 )
+            # The call is over (the server ended it, or it broke): end its request
+            # iterator too. gRPC does not cancel the task that drains the iterator
+            # of a call that finished on its own, so without this the task waits on
+            # the outbox forever and is destroyed pending at exit.
+            outbox.put_nowait(None)
             if self._closed:
                 return
             # A fresh outbox: the old request iterator belongs to the dead call.

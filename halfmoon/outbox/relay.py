@@ -86,6 +86,14 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+# The defaults of Relay and of `halfmoon outbox relay` (tests/cli/test_defaults.py keeps
+# them equal). Four threads: the relay benchmark's best single-process setting
+# (docs/benchmarks.md, 2.2x one worker's rate to halfmoon); a batch of 100 bounds
+# what a crash republishes to 100 rows per worker.
+DEFAULT_WORKERS = 4
+DEFAULT_BATCH_SIZE = 100
+
+
 class Relay:
     """Publishes an :class:`Outbox` to a :class:`PublishTarget` with ``workers`` threads."""
 
@@ -94,8 +102,8 @@ class Relay:
         outbox: Outbox,
         target: PublishTarget,
         *,
-        workers: int = 1,
-        batch_size: int = 100,
+        workers: int = DEFAULT_WORKERS,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         poll_interval: float = 0.5,
         max_attempts: int = 10,
         backoff_initial: float = 1.0,
@@ -433,7 +441,7 @@ def _relay_process(
         signal.SIGINT, signal.SIG_IGN
     )  # Ctrl-C reaches the whole group: the parent decides
     signal.signal(signal.SIGTERM, lambda *_: setattr(stop, "value", 1))
-    workers = int(options.get("workers", 1))
+    workers = int(options.get("workers", DEFAULT_WORKERS))
     outbox = Outbox(make_engine(db_url, pool_size=workers + 2), table_prefix=table_prefix)
     relay = Relay(outbox, target_for_url(target_url), **options)
     relay.start()

@@ -206,6 +206,7 @@ async def serve(config: Any, *, stop: asyncio.Event | None = None) -> None:
         janitor = asyncio.create_task(_expire_idle_clients(registry, stop))
         await stop.wait()
         janitor.cancel()
+        servicer.renewer.close()
         default_registry().remove_collector(collector)
         log.info("event=shutdown_begin grace_s=%s", server_config.shutdown_grace)
     finally:

@@ -28,6 +28,7 @@ from halfmoon.server import namespace as ns
 from halfmoon.server.config import ServerConfig
 from halfmoon.server.errors import Code, RequestError, Unsupported, ok, status, status_for
 from halfmoon.server.longpoll import ArrivalNotifier
+from halfmoon.server.renewal import Renewer
 from halfmoon.server.telemetry import ClientRegistry
 
 log = logging.getLogger("halfmoon.server.grpc")
@@ -137,6 +138,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             getattr(broker, "config", None), "default_invisible_ms", 30_000
         )
         self.broker_name = getattr(getattr(broker, "config", None), "name", "halfmoon")
+        # Invisible-time renewal for push consumers (auto_renew receives): renewal.py.
+        self.renewer = Renewer(broker, config, self._call, self._has_stream)
+
+    def _has_stream(self, client_id: str) -> bool:
+        session = self.registry.get(client_id)
+        return session is not None and session.has_stream
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -244,6 +251,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         client_id = _metadata(context, "x-mq-client-id")
         if client_id:
             self.registry.remove(client_id)
+            self.renewer.client_terminated(client_id)
             lite = getattr(self.broker, "lite", None)
             if lite is not None:  # a lite consumer's subscriptions end with it
                 lite.remove_client(client_id)
@@ -274,6 +282,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         finally:
             reader.cancel()
             self.registry.close_stream(session, outbox)
+            if not session.has_stream:  # not replaced by a newer stream of the client
+                self.renewer.stream_closed(client_id)
 
     async def _read_telemetry(
         self,
@@ -533,6 +543,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 # An explicit duration binds, even a zero one (which the broker rejects as
                 # too short; 0 would otherwise mean "the default" to it).
                 invisible_ms = max(convert.duration_ms(request.invisible_duration), 1)
+            client_id = _metadata(context, "x-mq-client-id")
+            renew = bool(request.auto_renew and client_id and self.renewer.enabled)
+            if renew:
+                # As RocketMQ's proxy: the server picks the invisible time it then renews.
+                invisible_ms = self.renewer.invisible_ms
             spec = convert.filter_spec(
                 request.filter_expression if request.HasField("filter_expression") else None
             )
@@ -540,7 +555,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 request.long_polling_timeout if request.HasField("long_polling_timeout") else None,
                 context,
             )
-            client_id = _metadata(context, "x-mq-client-id")
             queue_id = self._assigned_queue(request.message_queue.id, client_id)
             views = await self._long_poll(
                 group, topic, spec, batch, invisible_ms, client_id, budget, queue_id
@@ -561,6 +575,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         yield svc.ReceiveMessageResponse(
             delivery_timestamp=convert.to_timestamp(int(time.time() * 1000))
         )
+        if renew:
+            # Only once the client has them: an answer that never reached it (the call was
+            # cancelled) is left to expire, not renewed for hours.
+            self.renewer.track(client_id, group, topic, views)
 
     def _assigned_queue(self, queue_id: int, client_id: str) -> int | None:
         """The one queue a receive is limited to, or None for all of the topic's.
@@ -614,15 +632,21 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             raise RequestError(
                 "AckMessage carries no entry; add the receipt handles to acknowledge"
             )
+        client_id = _metadata(context, "x-mq-client-id")
+        # An auto-renewed message is acked with its original handle: use the current one.
+        handles = [
+            await self.renewer.current(client_id, group, e.receipt_handle) for e in request.entries
+        ]
+
+        lite_topics = [e.lite_topic if e.HasField("lite_topic") else None for e in request.entries]
 
         def ack_all() -> tuple[list[pb.Status], bool]:
             statuses = []
-            for entry in request.entries:
+            for handle, lite_topic in zip(handles, lite_topics, strict=True):
                 try:
-                    if not entry.receipt_handle:
+                    if not handle:
                         raise RequestError("ack entry has no receipt_handle")
-                    lite_topic = entry.lite_topic if entry.HasField("lite_topic") else None
-                    self.broker.ack(group, topic, entry.receipt_handle, lite_topic=lite_topic)
+                    self.broker.ack(group, topic, handle, lite_topic=lite_topic)
                     statuses.append(_OK)
                 except Exception as exc:  # noqa: BLE001 - one bad handle does not fail the others
                     statuses.append(status_for(exc, "AckMessage"))
@@ -662,11 +686,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         topic = _name(request.topic, "topic", context)
         if not request.receipt_handle:
             raise RequestError("receipt_handle is missing")
+        current = await self.renewer.current(
+            _metadata(context, "x-mq-client-id"), group, request.receipt_handle
+        )
         handle = await self._call(
             self.broker.change_invisible_duration,
             group,
             topic,
-            request.receipt_handle,
+            current,
             convert.duration_ms(request.invisible_duration),
             lite_topic=request.lite_topic if request.HasField("lite_topic") else None,
         )
@@ -682,11 +709,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         topic = _name(request.topic, "topic", context)
         if not request.receipt_handle:
             raise RequestError("receipt_handle is missing")
+        current = await self.renewer.current(
+            _metadata(context, "x-mq-client-id"), group, request.receipt_handle
+        )
         await self._call(
             self.broker.forward_to_dead_letter,
             group,
             topic,
-            request.receipt_handle,
+            current,
             lite_topic=request.lite_topic if request.HasField("lite_topic") else None,
         )
         self.notifier.wake(topic)  # a FIFO queue blocked behind this message moves on

@@ -51,6 +51,7 @@ import logging
 import os
 import re
 import signal
+import sys
 import threading
 import time
 import urllib.parse
@@ -229,6 +230,7 @@ class CommitProtocol:
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
         self.wire = Wire(options.endpoint)
+        self.orphans_rolled_back: list[str] = []  # by the last commit's sweep
 
     def marker_queue(self) -> Queue:
         try:
@@ -266,7 +268,9 @@ class CommitProtocol:
         if winner != data_group:
             self.wire.end_group(data_group, topic, commit=False)
         if self.options.admin is not None:
-            OrphanSweep(self, queue).run(sink, batch_id, data_group, topic)
+            self.orphans_rolled_back = OrphanSweep(self, queue).run(
+                sink, batch_id, data_group, topic
+            )
         return winner
 
     def committed_group(self, queue: Queue, key: str, offset: int) -> str:
@@ -405,6 +409,25 @@ def failpoint(name: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def log_to_driver() -> None:
+    """Make this process's sink events reach the Spark driver's log.
+
+    Spark runs a Python data source's ``commit`` and ``abort`` not in the
+    application's Python process but in a Python worker the driver's JVM
+    starts, whose stderr the JVM copies to its own: the driver's log (in local
+    mode, the application's terminal). That worker configures no logging, so
+    Python would drop the INFO events (replays, orphans rolled back, commits).
+    Called only from those driver-side methods; a handler the process already
+    has is kept.
+    """
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        log.addHandler(handler)
+
+
 # -- the writers Spark calls ---------------------------------------------------------------
 
 
@@ -452,20 +475,26 @@ class HalfmoonStreamWriter(DataSourceStreamArrowWriter):
                 f"batch {batchId} was written into several transaction groups {sorted(groups)}; refusing to commit"
             )
         group = groups.pop()
+        log_to_driver()
         failpoint("before-marker")
-        winner = CommitProtocol(self.options).commit(commits[0].sink, batchId, group, self.topic)
+        protocol = CommitProtocol(self.options)
+        winner = protocol.commit(commits[0].sink, batchId, group, self.topic)
         rows = sum(m.count for m in commits)
+        # One line per batch with what an operator asks after a restart: was this a
+        # replay, and how many dead runs' groups did the sweep roll back.
         log.info(
-            "event=spark_sink_commit sink=%s batch=%d group=%s rows=%d replay=%s",
+            "event=spark_sink_commit sink=%s batch=%d group=%s rows=%d replay=%s orphans_rolled_back=%d",
             commits[0].sink,
             batchId,
             winner,
             rows,
-            winner != group,
+            str(winner != group).lower(),
+            len(protocol.orphans_rolled_back),
         )
         failpoint("after-broker-commit")
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log_to_driver()
         protocol = CommitProtocol(self.options)
         for group in {m.group for m in messages if isinstance(m, SinkCommit)}:
             protocol.abort(group, self.topic)

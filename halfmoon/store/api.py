@@ -41,6 +41,13 @@ class _AppendResultBuilder:
     """The slots of AppendResult without the frozen ``__setattr__``: see :func:`new_append_result`."""
 
     __slots__ = AppendResult.__slots__
+    # Declared for the type checker only: annotations without values add no class attributes.
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commit_log_offset: int
+    size: int
+    store_timestamp: int
 
 
 def new_append_result(

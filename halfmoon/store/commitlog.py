@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import errno
 import mmap
 import os
 import struct
@@ -27,16 +26,15 @@ from zlib import crc32
 
 from halfmoon.errors import CorruptionError
 from halfmoon.store import record
-from halfmoon.store.fsutil import fsync_directory
+from halfmoon.store.fsutil import data_regions, fsync_directory
 from halfmoon.store.message import StoredMessage
 
-_FRAME = struct.Struct(">II")
-_I64 = struct.Struct(">q")
 _MAGIC_BYTES = record.MESSAGE_MAGIC.to_bytes(4, "big")
 _ZERO_CHUNK = bytes(1 << 20)
-_SEAL_OFFSETS = struct.Struct(">qq")  # queue_offset, commit_log_offset
-_SEAL_TIMESTAMP = struct.Struct(">q")
-_SEAL_CRC = struct.Struct(">I")
+# record.seal's steps, bound once: write_record inlines them (see there).
+_pack_store_fields = record.STORE_FIELDS.pack_into
+_pack_i64 = record.I64.pack_into
+_pack_crc = record.CRC.pack_into
 
 
 class OffsetGone(LookupError):
@@ -81,24 +79,13 @@ class Segment:
         segment costs nothing; a candidate must frame, match its CRC and name
         its own commit-log offset.
         """
-        position = relative
-        while position < self.size:
-            try:
-                data = os.lseek(self.fd, position, os.SEEK_DATA)
-            except OSError as exc:
-                if exc.errno == errno.ENXIO:
-                    return None
-                raise
-            if data >= self.size:
-                return None
-            hole = min(os.lseek(self.fd, data, os.SEEK_HOLE), self.size)
-            at = self.mm.find(_MAGIC_BYTES, max(data, position + 4), hole)
+        for data, hole in data_regions(self.fd, relative, self.size):
+            at = self.mm.find(_MAGIC_BYTES, max(data, relative + record.MAGIC_AT), hole)
             while at != -1:
-                candidate = at - 4
-                if candidate >= relative and self.is_record_at(candidate):
+                candidate = at - record.MAGIC_AT
+                if self.is_record_at(candidate):
                     return candidate
                 at = self.mm.find(_MAGIC_BYTES, at + 1, hole)
-            position = hole
         return None
 
     def is_record_at(self, relative: int) -> bool:
@@ -108,23 +95,13 @@ class Segment:
             return False
         if magic != record.MESSAGE_MAGIC or not record.check_crc(self.mm, relative, total):
             return False
-        (offset,) = _I64.unpack_from(self.mm, relative + 28)
+        offset: int = record.I64.unpack_from(self.mm, relative + record.COMMIT_LOG_OFFSET_AT)[0]
         return offset == self.start + relative
 
     def zero_from(self, relative: int) -> None:
         """Overwrite whatever was written at or after ``relative`` with zeros."""
-        position = relative
-        while position < self.size:
-            try:
-                data = os.lseek(self.fd, position, os.SEEK_DATA)
-            except OSError as exc:
-                if exc.errno == errno.ENXIO:
-                    return
-                raise
-            if data >= self.size:
-                return
-            hole = min(os.lseek(self.fd, data, os.SEEK_HOLE), self.size)
-            position = max(data, relative)
+        for data, hole in data_regions(self.fd, relative, self.size):
+            position = data
             while position < hole:
                 n = min(len(_ZERO_CHUNK), hole - position)
                 if self.mm[position : position + n] != _ZERO_CHUNK[:n]:
@@ -219,9 +196,9 @@ class CommitLog:
             position = self.write_position
         segment = self._segments[-1]
         # record.seal, inlined: this runs once per appended message.
-        _SEAL_OFFSETS.pack_into(buffer, record.QUEUE_OFFSET_AT, queue_offset, position)
-        _SEAL_TIMESTAMP.pack_into(buffer, record.STORE_TIMESTAMP_AT, store_timestamp)
-        _SEAL_CRC.pack_into(buffer, record.CRC_AT, crc32(memoryview(buffer)[record.CRC_START :]))
+        _pack_store_fields(buffer, record.QUEUE_OFFSET_AT, queue_offset, position)
+        _pack_i64(buffer, record.STORE_TIMESTAMP_AT, store_timestamp)
+        _pack_crc(buffer, record.CRC_AT, crc32(memoryview(buffer)[record.CRC_START :]))
         relative = position - segment.start
         segment.mm[relative : relative + size] = buffer
         self.write_position = position + size
@@ -236,7 +213,7 @@ class CommitLog:
             left = current.end - position
             if left >= record.BLANK_SIZE:
                 relative = position - current.start
-                current.mm[relative : relative + record.BLANK_SIZE] = _FRAME.pack(
+                current.mm[relative : relative + record.BLANK_SIZE] = record.FRAME.pack(
                     left, record.BLANK_MAGIC
                 )
             position = current.end
@@ -281,7 +258,7 @@ class CommitLog:
     def read_message(self, offset: int, verify: bool = True) -> StoredMessage:
         """Decode the record starting at ``offset``; OffsetGone if there is none."""
         head = self.read(offset, record.BLANK_SIZE)
-        total, magic = _FRAME.unpack(head)
+        total, magic = record.FRAME.unpack(head)
         if magic != record.MESSAGE_MAGIC:
             raise OffsetGone(offset)
         try:
@@ -290,7 +267,8 @@ class CommitLog:
             raise OffsetGone(offset) from None
 
     def store_timestamp_at(self, offset: int) -> int:
-        (value,) = _I64.unpack(self.read(offset + 48, 8))
+        at = offset + record.STORE_TIMESTAMP_AT
+        value: int = record.I64.unpack(self.read(at, record.I64.size))[0]
         return value
 
     def records(self, start: int, end: int | None = None) -> Iterator[StoredMessage]:
@@ -310,7 +288,7 @@ class CommitLog:
             if segment.size - relative < record.BLANK_SIZE:
                 position = segment.end
                 continue
-            total, magic = _FRAME.unpack_from(segment.mm, relative)
+            total, magic = record.FRAME.unpack_from(segment.mm, relative)
             if (
                 magic == record.BLANK_MAGIC
                 and record.BLANK_SIZE <= total <= segment.size - relative
@@ -376,10 +354,10 @@ class CommitLog:
     def first_store_timestamp(self, segment: Segment) -> int | None:
         """Store timestamp of the first record of ``segment`` (None if it holds none)."""
         try:
-            total, magic = _FRAME.unpack_from(segment.mm, 0)
+            total, magic = record.FRAME.unpack_from(segment.mm, 0)
             if magic != record.MESSAGE_MAGIC or segment.start >= self.write_position:
                 return None
-            (value,) = _I64.unpack_from(segment.mm, 48)
+            value: int = record.I64.unpack_from(segment.mm, record.STORE_TIMESTAMP_AT)[0]
         except (ValueError, struct.error):
             return None
         return value

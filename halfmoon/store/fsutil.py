@@ -1,8 +1,14 @@
-"""Durable file-system steps shared by the store and the broker's metadata files."""
+"""File-system steps shared by the store and the broker's metadata files.
+
+Durable creation, renaming and deletion (each followed by the fsyncs that make
+it survive a crash), and the walk over a sparse file's written regions.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -52,3 +58,25 @@ def replace_atomically(path: Path, data: bytes) -> None:
         os.fsync(file.fileno())
     os.replace(temporary, path)
     fsync_directory(path.parent)
+
+
+def data_regions(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """The written (non-hole) parts of [start, end) of the file ``fd``, as (from, to) pairs.
+
+    Located with SEEK_DATA / SEEK_HOLE, so the untouched part of a sparse file
+    costs nothing to skip. A file system without hole support reports the
+    whole file as data, which is correct, only slower.
+    """
+    position = start
+    while position < end:
+        try:
+            data = os.lseek(fd, position, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # no data at or after position
+                return
+            raise
+        if data >= end:
+            return
+        hole = min(os.lseek(fd, data, os.SEEK_HOLE), end)
+        yield data, hole
+        position = hole

@@ -39,31 +39,50 @@ import operator
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import NoReturn
 
 from halfmoon.store.message import Message, StoredMessage
 
+# -- the format: every magic number, field position and struct of the framing.
+# The commit log, recovery and tools take these from here, never by number.
+
 MESSAGE_MAGIC = 0x484D3031  # "HM01"
 BLANK_MAGIC = 0x484D4242  # "HMBB"
+
+FRAME = struct.Struct(">II")  # total_size, magic: how every record and filler starts
+BLANK_SIZE = FRAME.size  # 8: the smallest filler that can be framed
+MAGIC_AT = 4
+CRC_AT = 8
+CRC = struct.Struct(">I")
+CRC_START = 12  # the CRC covers bytes [CRC_START, total_size)
+QUEUE_OFFSET_AT = 20
+COMMIT_LOG_OFFSET_AT = 28
+STORE_TIMESTAMP_AT = 48
+STORE_FIELDS = struct.Struct(">qq")  # queue_offset, commit_log_offset, at QUEUE_OFFSET_AT
+I64 = struct.Struct(">q")  # one i64 field (commit_log_offset, store_timestamp)
 
 _HEADER = struct.Struct(">IIIiiqqiqqiqI")
 HEADER_SIZE = _HEADER.size  # 72: everything up to and including body_length
 # The header as encode_unsealed writes it: what the writer fills in later (crc,
 # queue and commit-log offsets, store timestamp) is zero padding, not packed.
 _UNSEALED_HEADER = struct.Struct(">II4xii16xiq8xiqI")
-assert _UNSEALED_HEADER.size == HEADER_SIZE
-BLANK_SIZE = 8  # total_size + magic: the smallest filler that can be framed
 MIN_RECORD_SIZE = HEADER_SIZE + 5  # header, then topic, host and properties lengths (1+1+1+2)
-CRC_START = 12
-
-QUEUE_OFFSET_AT = 20  # queue_offset, then commit_log_offset
-STORE_TIMESTAMP_AT = 48
-CRC_AT = 8
-_STORE_FIELDS = struct.Struct(">qq")  # queue_offset, commit_log_offset at 20
-_STORE_TIMESTAMP = struct.Struct(">q")  # at 48
-_CRC = struct.Struct(">I")
-_FRAME = struct.Struct(">II")  # total_size, magic
-_U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
+
+
+def _field_at(index: int) -> int:
+    """Byte position of the header's field number ``index`` (0 is total_size)."""
+    return struct.calcsize(">" + _HEADER.format[1 : 1 + index])
+
+
+# The named positions must agree with the header struct (and the table above).
+assert _UNSEALED_HEADER.size == HEADER_SIZE
+assert (_field_at(1), _field_at(2), _field_at(3)) == (MAGIC_AT, CRC_AT, CRC_START)
+assert (_field_at(5), _field_at(6)) == (QUEUE_OFFSET_AT, COMMIT_LOG_OFFSET_AT)
+assert _field_at(9) == STORE_TIMESTAMP_AT
+
+# What records are read from: a segment's mapping, or bytes copied out of one.
+Buffer = bytes | bytearray | memoryview | mmap.mmap
 
 PROPERTY_SEPARATOR = "\x01"
 PAIR_SEPARATOR = "\x02"
@@ -191,9 +210,9 @@ def seal(
     buffer: bytearray, queue_offset: int, commit_log_offset: int, store_timestamp: int
 ) -> None:
     """Fill in what the writer assigns and compute the CRC, in place."""
-    _STORE_FIELDS.pack_into(buffer, QUEUE_OFFSET_AT, queue_offset, commit_log_offset)
-    _STORE_TIMESTAMP.pack_into(buffer, STORE_TIMESTAMP_AT, store_timestamp)
-    _CRC.pack_into(buffer, CRC_AT, zlib.crc32(memoryview(buffer)[CRC_START:]))
+    STORE_FIELDS.pack_into(buffer, QUEUE_OFFSET_AT, queue_offset, commit_log_offset)
+    I64.pack_into(buffer, STORE_TIMESTAMP_AT, store_timestamp)
+    CRC.pack_into(buffer, CRC_AT, zlib.crc32(memoryview(buffer)[CRC_START:]))
 
 
 def finalize(
@@ -219,10 +238,10 @@ def encode(
 
 def blank(size: int) -> bytes:
     """The filler that closes a segment: ``size`` bytes, ``size >= BLANK_SIZE``."""
-    return _FRAME.pack(size, BLANK_MAGIC) + bytes(size - BLANK_SIZE)
+    return FRAME.pack(size, BLANK_MAGIC) + bytes(size - BLANK_SIZE)
 
 
-def frame_at(buf: bytes | bytearray | memoryview, position: int, limit: int) -> tuple[int, int]:
+def frame_at(buf: Buffer, position: int, limit: int) -> tuple[int, int]:
     """Return (total_size, magic) of the record at ``position`` without checking its CRC.
 
     ``limit`` is where readable data ends. Raises :class:`RecordError` when
@@ -230,7 +249,9 @@ def frame_at(buf: bytes | bytearray | memoryview, position: int, limit: int) -> 
     """
     if limit - position < BLANK_SIZE:
         raise RecordError("truncated", position, "not enough bytes for a record frame")
-    total, magic = _FRAME.unpack_from(buf, position)
+    total: int
+    magic: int
+    total, magic = FRAME.unpack_from(buf, position)
     if magic == BLANK_MAGIC:
         if total < BLANK_SIZE or position + total > limit:
             raise RecordError("bad_length", position, f"blank record of {total} bytes")
@@ -244,13 +265,13 @@ def frame_at(buf: bytes | bytearray | memoryview, position: int, limit: int) -> 
     return total, magic
 
 
-def check_crc(buf: bytes | bytearray | memoryview, position: int, total: int) -> bool:
-    (stored,) = _CRC.unpack_from(buf, position + 8)
+def check_crc(buf: Buffer, position: int, total: int) -> bool:
+    stored: int = CRC.unpack_from(buf, position + CRC_AT)[0]
     return stored == zlib.crc32(memoryview(buf)[position + CRC_START : position + total])
 
 
 def decode(
-    buf: bytes | bytearray | memoryview | mmap.mmap,
+    buf: Buffer,
     position: int = 0,
     limit: int | None = None,
     *,
@@ -266,7 +287,7 @@ def decode(
 
 
 def decode_at(
-    buf: bytes | bytearray | memoryview | mmap.mmap,
+    buf: Buffer,
     position: int,
     limit: int,
     verify: bool,
@@ -298,17 +319,19 @@ def decode_at(
     end = position + total
     if magic != MESSAGE_MAGIC or total < MIN_RECORD_SIZE or end > limit:
         _raise_frame_error(buf, position, limit, base_offset)
-    kind = type(buf)
-    if kind is not bytes and (verify or kind is not mmap.mmap):
-        # Decode from an immutable copy. An mmap is read in place when no CRC
-        # is checked (the read path: one copy less); slicing it yields bytes.
-        buf = bytes(buf[position:end])
+    # Decode from an immutable copy. An mmap is read in place when no CRC is
+    # checked (the read path: one copy less); slicing either yields bytes.
+    data: bytes | mmap.mmap
+    if type(buf) is bytes or (type(buf) is mmap.mmap and not verify):
+        data = buf
+    else:
+        data = bytes(buf[position:end])
         position, end = 0, total
-    if verify and crc != zlib.crc32(memoryview(buf)[position + CRC_START : end]):
+    if verify and crc != zlib.crc32(memoryview(data)[position + CRC_START : end]):
         raise RecordError("checksum", base_offset + position, "CRC mismatch")
     p = position + HEADER_SIZE + body_length
-    body = buf[position + HEADER_SIZE : p]
-    tail = buf[p:end]  # topic_length topic born_host... properties_length properties
+    body = data[position + HEADER_SIZE : p]
+    tail = data[p:end]  # topic_length topic born_host... properties_length properties
     try:
         a = tail[0]
         b = tail[1 + a]
@@ -354,9 +377,7 @@ def decode_at(
     )
 
 
-def _raise_frame_error(
-    buf: bytes | bytearray | memoryview, position: int, limit: int, base_offset: int
-) -> None:
+def _raise_frame_error(buf: Buffer, position: int, limit: int, base_offset: int) -> NoReturn:
     """Say precisely why no message record can be framed at ``position``."""
     where = base_offset + position
     try:

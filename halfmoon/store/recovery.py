@@ -12,8 +12,9 @@ Algorithm (``recover``):
 
    - none: a torn tail (the writer died mid-record). Cut quietly.
    - one at offset q: mid-log damage. The reporter hears (offset, bytes
-     dropped); ``strict`` raises :class:`CorruptionError`, ``lenient`` skips
-     to q and goes on.
+     dropped); ``strict`` raises :class:`CorruptionError`, ``lenient`` copies
+     the damaged bytes to a ``.broken`` file (see ``repair``), blanks them,
+     skips to q and goes on.
 
    The log is cut at the end found (garbage after it zeroed, later segments
    removed), so work is proportional to the unflushed tail.
@@ -24,15 +25,15 @@ Algorithm (``recover``):
    reports a gap, is reset and rebuilt by reading the commit log from its
    start; so is the key index when its directory is missing or when there is
    no checkpoint to trust.
-4. One structured log line reports what was done and how long it took.
+4. One structured log line reports what was done and how long it took,
+   including where the copies of dropped bytes are (``broken_copies``).
 """
 
 from __future__ import annotations
 
 import logging
-import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,13 +51,12 @@ from halfmoon.store.message import (
     StoredMessage,
     tag_hash,
 )
+from halfmoon.store.repair import repair
 
 log = logging.getLogger("halfmoon.store")
 
 # reporter(offset, bytes_dropped, reason): told about every damaged region found.
 Reporter = Callable[[int, int, str], None]
-
-_FRAME = struct.Struct(">II")
 
 
 def log_reporter(offset: int, dropped: int, reason: str) -> None:
@@ -106,6 +106,7 @@ class RecoveryReport:
     rebuilt_queues: list[tuple[str, int]] = field(default_factory=list)
     index_rebuilt: bool = False
     damaged: list[tuple[int, int]] = field(default_factory=list)  # (offset, bytes dropped)
+    broken_copies: list[Path] = field(default_factory=list)  # what lenient recovery dropped
     duration: float = 0.0
 
 
@@ -136,7 +137,7 @@ def scan(
         if left < record.BLANK_SIZE:
             position = segment.end
             continue
-        total, magic = _FRAME.unpack_from(segment.mm, relative)
+        total, magic = record.FRAME.unpack_from(segment.mm, relative)
         if magic == record.BLANK_MAGIC and record.BLANK_SIZE <= total <= left:
             position += total
             continue
@@ -156,12 +157,22 @@ def scan(
                 f"before the next valid record); restore the data directory from a replica, "
                 "or open it with recovery='lenient' to drop the damaged bytes"
             )
-        # Blank the damage so reads through stale consume-queue entries find no record there.
-        commitlog.blank_out(position, found)
+        # Blank the damage so reads through stale consume-queue entries find no
+        # record there, after keeping a copy of it for whoever investigates.
+        copy = repair(commitlog, position, found)
+        report.broken_copies.append(copy)
+        log.warning(
+            "event=commitlog_repair offset=%d bytes_dropped=%d copy=%s",
+            position,
+            found - position,
+            copy,
+        )
         position = found
 
 
-def _records(commitlog: CommitLog, start: int, end: int, skip_damaged: bool):
+def _records(
+    commitlog: CommitLog, start: int, end: int, skip_damaged: bool
+) -> Iterator[StoredMessage]:
     """Records in [start, end); damaged regions (already reported) are skipped if allowed."""
     position = max(start, commitlog.min_offset)
     while position < end:
@@ -240,7 +251,8 @@ def recover(
     report.duration = time.monotonic() - started
     log.info(
         "event=recovery crashed=%s checkpoint=%s scan_from=%d end=%d bytes_scanned=%d "
-        "redispatched_from=%d rebuilt_queues=%d index_rebuilt=%s damaged_regions=%d duration_ms=%.1f",
+        "redispatched_from=%d rebuilt_queues=%d index_rebuilt=%s damaged_regions=%d "
+        "broken_copies=%s duration_ms=%.1f",
         crashed,
         state,
         report.scan_start,
@@ -250,6 +262,7 @@ def recover(
         len(rebuild),
         rebuild_index,
         len(report.damaged),
+        ",".join(map(str, report.broken_copies)) or "-",
         report.duration * 1000,
     )
     return report

@@ -360,7 +360,7 @@ class MessageStore:
         # The segment of the previous record: consecutive entries almost always
         # share it, so the lookup runs once per segment, not once per message.
         segment_start = segment_end = 0
-        mm = None
+        mm: record.Buffer = b""  # set with the first segment (end > segment_end)
         while not full and examined < budget:
             # Fetch only what is likely needed: a filter-free read needs max_messages entries.
             want = min(budget - examined, max(max_messages - len(messages), 16))

@@ -18,6 +18,7 @@ from halfmoon.broker.lite_names import (
     split_lite_queue_topic,
 )
 from halfmoon.broker.message import MessageType, OutgoingMessage
+from halfmoon.broker.receipt import InvalidReceiptHandle
 from halfmoon.errors import NotFound
 from halfmoon.store.memory import MemoryStore
 
@@ -144,9 +145,16 @@ def test_illegal_lite_topic_is_refused_everywhere_with_one_code(chat: Broker, na
         assert caught.value.code == "ILLEGAL_LITE_TOPIC"
 
 
-def test_ack_without_lite_topic_is_refused(chat: Broker) -> None:
-    with pytest.raises(IllegalLiteTopic):
-        chat.ack(GROUP, TOPIC, "handle")
+def test_ack_without_lite_topic_uses_the_handles_queue(chat: Broker) -> None:
+    # halfmoon's renewal of auto_renew receives changes invisible times without it.
+    sync(chat, "partial_add", "s1")
+    chat.send([lite("s1", b"1"), lite("s1", b"2")])
+    (first,) = receive(chat, batch=1)
+    handle = chat.change_invisible_duration(GROUP, TOPIC, first.receipt_handle, 20_000)
+    chat.ack(GROUP, TOPIC, handle)
+    assert [v.body for v in receive(chat)] == [b"2"]
+    with pytest.raises(InvalidReceiptHandle):
+        chat.ack(GROUP, TOPIC, "garbled")
 
 
 def test_types_must_match(chat: Broker) -> None:

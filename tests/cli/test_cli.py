@@ -97,7 +97,7 @@ def test_topic_list_table_and_json(admin):
 
     data = json.loads(ok(halfmoon("topic", "list", "--json", admin=admin)))
     assert {"name": name, "message_type": "delay", "queue_count": 2}.items() <= next(
-        t for t in data if t["name"] == name
+        t for t in data["topics"] if t["name"] == name
     ).items()
 
 
@@ -215,7 +215,7 @@ def test_group_create_list_describe_delete(admin):
     assert rows[0][:4] == ["NAME", "FIFO", "MAX", "ATTEMPTS"]
     assert next(r for r in rows if r[0] == name)[:4] == [name, "yes", "5", "earliest"]
     listed = json.loads(ok(halfmoon("group", "list", "--json", admin=admin)))
-    assert {name, plain} <= {g["name"] for g in listed}
+    assert {name, plain} <= {g["name"] for g in listed["groups"]}
 
     assert ok(halfmoon("group", "delete", name, admin=admin)) == f"deleted group '{name}'\n"
     assert name not in [g.name for g in admin.broker.list_groups()]
@@ -364,7 +364,7 @@ def test_serve_runs_the_admin_api_the_cli_talks_to(tmp_path):
         url = f"http://127.0.0.1:{admin_port}"
         ok(halfmoon("topic", "create", "orders", "--queues", "3", "--admin", url))
         data = json.loads(ok(halfmoon("topic", "list", "--json", "--admin", url)))
-        assert [t["name"] for t in data] == ["orders"]
+        assert [t["name"] for t in data["topics"]] == ["orders"]
         assert json.loads(ok(halfmoon("status", "--json", "--admin", url)))["topics"] == 1
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -53,7 +53,7 @@ def test_config_get_lists_runtime_keys_and_one_value(admin):
     out = ok(halfmoon("cluster", "config", "get", "broker.auto_create_groups", admin=admin))
     assert out == ("yes\n" if admin.broker.config.auto_create_groups else "no\n")
     data = json.loads(ok(halfmoon("cluster", "config", "get", "--json", admin=admin)))
-    assert {k["key"] for k in data} == set(keys)
+    assert {k["key"] for k in data["keys"]} == set(keys)
 
 
 def test_config_set_takes_effect_at_once(admin):
@@ -76,9 +76,7 @@ def test_config_set_takes_effect_at_once(admin):
             "set broker.max_body_size = 16 B (until restart)",
         ]
         assert admin.broker.config.max_body_size == 16
-        line = failed(
-            halfmoon("message", "send", "--topic", topic, "--body", "x" * 17, admin=admin)
-        )
+        line = failed(halfmoon("message", "send", topic, "--body", "x" * 17, admin=admin))
         assert line.endswith("(MESSAGE_BODY_TOO_LARGE)")
         data = json.loads(
             ok(
@@ -89,7 +87,7 @@ def test_config_set_takes_effect_at_once(admin):
         )
         assert data["changed"] == ["broker.max_body_size"]
         assert admin.broker.config.max_body_size == 4 * 1024 * 1024
-        ok(halfmoon("message", "send", "--topic", topic, "--body", "x" * 17, admin=admin))
+        ok(halfmoon("message", "send", topic, "--body", "x" * 17, admin=admin))
     finally:
         admin.broker.config.max_body_size = before
 

@@ -27,13 +27,25 @@ def topic_with(admin: AdminServer, queues: int = 2) -> str:
     return name
 
 
+def test_send_with_the_shipped_topic_flag_still_sends_and_warns_once(admin):
+    topic = topic_with(admin)
+    result = halfmoon("message", "send", "--topic", topic, "--body", "old", "--json", admin=admin)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == (
+        "halfmoon: warning: 'halfmoon message send --topic TOPIC' is deprecated;"
+        " write 'halfmoon message send TOPIC'\n"
+    )
+    sent = json.loads(result.stdout)
+    stored = json.loads(ok(halfmoon("message", "get", sent["message_id"], "--json", admin=admin)))
+    assert [m["topic"] for m in stored["messages"]] == [topic]
+
+
 def test_send_then_get_by_id_with_and_without_topic(admin):
     topic = topic_with(admin)
     out = ok(
         halfmoon(
             "message",
             "send",
-            "--topic",
             topic,
             "--body",
             "hello",
@@ -61,8 +73,8 @@ def test_send_then_get_by_id_with_and_without_topic(admin):
     data = json.loads(
         ok(halfmoon("message", "get", message_id, "--topic", topic, "--json", admin=admin))
     )
-    assert len(data) == 1
-    got = data[0]
+    assert len(data["messages"]) == 1
+    got = data["messages"][0]
     assert (got["topic"], got["queue_id"], got["queue_offset"]) == (topic, 1, 0)
     assert (got["body"], got["body_encoding"], got["keys"], got["properties"]) == (
         "hello",
@@ -78,11 +90,7 @@ def test_send_json_and_a_binary_body_from_a_file(admin, tmp_path):
     path = tmp_path / "body.bin"
     path.write_bytes(payload)
     result = json.loads(
-        ok(
-            halfmoon(
-                "message", "send", "--topic", topic, "--body-file", str(path), "--json", admin=admin
-            )
-        )
+        ok(halfmoon("message", "send", topic, "--body-file", str(path), "--json", admin=admin))
     )
     assert (result["topic"], result["queue_id"], result["queue_offset"]) == (topic, 0, 0)
     got = json.loads(
@@ -90,7 +98,6 @@ def test_send_json_and_a_binary_body_from_a_file(admin, tmp_path):
             halfmoon(
                 "message",
                 "read",
-                "--topic",
                 topic,
                 "--queue",
                 "0",
@@ -118,16 +125,14 @@ def test_get_errors(admin):
     assert failed(halfmoon("message", "get", "x", "--topic", "nope", admin=admin)).endswith(
         "(TOPIC_NOT_FOUND)"
     )
-    assert failed(
-        halfmoon("message", "send", "--topic", "nope", "--body", "x", admin=admin)
-    ).endswith("(TOPIC_NOT_FOUND)")
+    assert failed(halfmoon("message", "send", "nope", "--body", "x", admin=admin)).endswith(
+        "(TOPIC_NOT_FOUND)"
+    )
     assert "one of the arguments --body --body-file is required" in failed(
-        halfmoon("message", "send", "--topic", topic, admin=admin), status=2
+        halfmoon("message", "send", topic, admin=admin), status=2
     )
     assert "bad --property 'novalue'" in failed(
-        halfmoon(
-            "message", "send", "--topic", topic, "--body", "x", "--property", "novalue", admin=admin
-        ),
+        halfmoon("message", "send", topic, "--body", "x", "--property", "novalue", admin=admin),
         status=2,
     )
 
@@ -146,7 +151,6 @@ def test_query_by_key_within_a_time_range(admin):
             halfmoon(
                 "message",
                 "query",
-                "--topic",
                 topic,
                 "--key",
                 "order-7",
@@ -160,26 +164,17 @@ def test_query_by_key_within_a_time_range(admin):
     assert len(rows) == 3
 
     data = json.loads(
-        ok(
-            halfmoon(
-                "message", "query", "--topic", topic, "--key", "order-7", "--json", admin=admin
-            )
-        )
+        ok(halfmoon("message", "query", topic, "--key", "order-7", "--json", admin=admin))
     )
-    assert sorted(m["body"] for m in data) == ["a", "b"]
+    assert sorted(m["body"] for m in data["messages"]) == ["a", "b"]
 
     past = str(int(time.time() * 1000) - 3_600_000)
-    out = ok(
-        halfmoon(
-            "message", "query", "--topic", topic, "--key", "order-7", "--end", past, admin=admin
-        )
-    )
+    out = ok(halfmoon("message", "query", topic, "--key", "order-7", "--end", past, admin=admin))
     assert out == f"no message with key 'order-7' in '{topic}' in that time range\n"
     assert "--end" in failed(
         halfmoon(
             "message",
             "query",
-            "--topic",
             topic,
             "--key",
             "k",
@@ -192,9 +187,7 @@ def test_query_by_key_within_a_time_range(admin):
         status=2,
     )
     assert "bad time 'yesterday'" in failed(
-        halfmoon(
-            "message", "query", "--topic", topic, "--key", "k", "--begin", "yesterday", admin=admin
-        ),
+        halfmoon("message", "query", topic, "--key", "k", "--begin", "yesterday", admin=admin),
         status=2,
     )
 
@@ -204,22 +197,16 @@ def test_read_at_queue_offset_and_its_errors(admin):
     admin.broker.send(
         [OutgoingMessage(topic=topic, body=f"m{i}".encode(), queue_id=1) for i in range(3)]
     )
-    out = ok(
-        halfmoon("message", "read", "--topic", topic, "--queue", "1", "--offset", "2", admin=admin)
-    )
+    out = ok(halfmoon("message", "read", topic, "--queue", "1", "--offset", "2", admin=admin))
     assert "queue offset:" in out and out.rstrip().endswith("body:\nm2")
 
-    line = failed(
-        halfmoon("message", "read", "--topic", topic, "--queue", "1", "--offset", "3", admin=admin)
-    )
+    line = failed(halfmoon("message", "read", topic, "--queue", "1", "--offset", "3", admin=admin))
     assert (
         "no message at offset 3" in line
         and "offsets 0 to 2" in line
         and line.endswith("(MESSAGE_NOT_FOUND)")
     )
-    line = failed(
-        halfmoon("message", "read", "--topic", topic, "--queue", "9", "--offset", "0", admin=admin)
-    )
+    line = failed(halfmoon("message", "read", topic, "--queue", "9", "--offset", "0", admin=admin))
     assert "has no queue 9" in line and line.endswith("(BAD_REQUEST)")
 
 
@@ -232,11 +219,7 @@ def test_consume_from_an_offset_or_a_time_with_a_count(admin):
         [OutgoingMessage(topic=topic, body=f"q1-{i}".encode(), queue_id=1) for i in range(5)]
     )
 
-    out = ok(
-        halfmoon(
-            "message", "consume", "--topic", topic, "--queue", "1", "--offset", "3", admin=admin
-        )
-    )
+    out = ok(halfmoon("message", "consume", topic, "--queue", "1", "--offset", "3", admin=admin))
     lines = out.strip().splitlines()
     assert [line.rsplit("| ", 1)[1] for line in lines] == ["q1-3", "q1-4"]
     assert lines[0].startswith("queue 1 offset 3")
@@ -246,7 +229,6 @@ def test_consume_from_an_offset_or_a_time_with_a_count(admin):
             halfmoon(
                 "message",
                 "consume",
-                "--topic",
                 topic,
                 "--begin",
                 "1h",
@@ -257,7 +239,7 @@ def test_consume_from_an_offset_or_a_time_with_a_count(admin):
             )
         )
     )
-    assert [m["body"] for m in data] == [f"q0-{i}" for i in range(5)] + ["q1-0", "q1-1"]
+    assert [m["body"] for m in data["messages"]] == [f"q0-{i}" for i in range(5)] + ["q1-0", "q1-1"]
 
     # Reading moves no group: one that acknowledged two messages still has lag 8.
     group = unique("reader")
@@ -265,15 +247,15 @@ def test_consume_from_an_offset_or_a_time_with_a_count(admin):
     for view in admin.broker.receive(group, topic, FilterSpec(), 2, 60_000):
         admin.broker.ack(group, topic, view.receipt_handle)
     lag = sum(q.lag for q in admin.broker.group_progress(group, topic))
-    ok(halfmoon("message", "consume", "--topic", topic, "--count", "10", admin=admin))
+    ok(halfmoon("message", "consume", topic, "--count", "10", admin=admin))
     assert sum(q.lag for q in admin.broker.group_progress(group, topic)) == lag == 8
     later = str(int(time.time() * 1000) + 60_000)
     assert (
-        ok(halfmoon("message", "consume", "--topic", topic, "--begin", later, admin=admin))
+        ok(halfmoon("message", "consume", topic, "--begin", later, admin=admin))
         == "no messages in that range\n"
     )
     assert "--offset needs --queue" in failed(
-        halfmoon("message", "consume", "--topic", topic, "--offset", "1", admin=admin), status=2
+        halfmoon("message", "consume", topic, "--offset", "1", admin=admin), status=2
     )
 
 
@@ -292,7 +274,7 @@ def test_print_with_filters_bodies_and_tag_counts(admin):
             for i, tag in enumerate(tags)
         ]
     )
-    out = ok(halfmoon("message", "print", "--topic", topic, admin=admin))
+    out = ok(halfmoon("message", "print", topic, admin=admin))
     assert out.rstrip().endswith("total: 6")
     assert sum(1 for line in out.splitlines() if line.startswith("queue ")) == 6
 
@@ -300,7 +282,6 @@ def test_print_with_filters_bodies_and_tag_counts(admin):
         halfmoon(
             "message",
             "print",
-            "--topic",
             topic,
             "--filter",
             "paid || shipped",
@@ -311,7 +292,7 @@ def test_print_with_filters_bodies_and_tag_counts(admin):
     printed = [line for line in out.splitlines() if line.startswith("queue ")]
     assert len(printed) == 2 and all("| " not in line for line in printed)
 
-    rows = table(ok(halfmoon("message", "print", "--topic", topic, "--tag-counts", admin=admin)))
+    rows = table(ok(halfmoon("message", "print", topic, "--tag-counts", admin=admin)))
     assert rows[:5] == [
         ["TAG", "COUNT"],
         ["created", "3"],
@@ -325,7 +306,6 @@ def test_print_with_filters_bodies_and_tag_counts(admin):
             halfmoon(
                 "message",
                 "print",
-                "--topic",
                 topic,
                 "--sql",
                 "n > 3",
@@ -339,25 +319,22 @@ def test_print_with_filters_bodies_and_tag_counts(admin):
     assert {t["tag"]: t["count"] for t in data["tags"]} == {"created": 1, "shipped": 1}
 
     printed = json.loads(
-        ok(halfmoon("message", "print", "--topic", topic, "--queue", "1", "--json", admin=admin))
+        ok(halfmoon("message", "print", topic, "--queue", "1", "--json", admin=admin))
     )
-    assert [m["body"] for m in printed] == ["b1", "b3", "b5"]
+    assert [m["body"] for m in printed["messages"]] == ["b1", "b3", "b5"]
+    assert printed["matched"] == 3
 
 
 def test_print_errors(admin):
     topic = topic_with(admin)
-    line = failed(halfmoon("message", "print", "--topic", topic, "--sql", "n >", admin=admin))
+    line = failed(halfmoon("message", "print", topic, "--sql", "n >", admin=admin))
     assert "(" in line  # the filter's own code, on one line
-    assert failed(halfmoon("message", "print", "--topic", "nope", admin=admin)).endswith(
-        "(TOPIC_NOT_FOUND)"
+    assert failed(halfmoon("message", "print", "nope", admin=admin)).endswith("(TOPIC_NOT_FOUND)")
+    assert failed(halfmoon("message", "print", topic, "--queue", "5", admin=admin)).endswith(
+        "(BAD_REQUEST)"
     )
-    assert failed(
-        halfmoon("message", "print", "--topic", topic, "--queue", "5", admin=admin)
-    ).endswith("(BAD_REQUEST)")
     assert "not allowed with argument" in failed(
-        halfmoon(
-            "message", "print", "--topic", topic, "--filter", "a", "--sql", "x = 1", admin=admin
-        ),
+        halfmoon("message", "print", topic, "--filter", "a", "--sql", "x = 1", admin=admin),
         status=2,
     )
 
@@ -366,15 +343,11 @@ def test_paging_reads_past_one_page(admin):
     topic = topic_with(admin, queues=1)
     admin.broker.send([OutgoingMessage(topic=topic, body=b"x", tag="t") for _ in range(1200)])
     data = json.loads(
-        ok(
-            halfmoon(
-                "message", "consume", "--topic", topic, "--count", "1100", "--json", admin=admin
-            )
-        )
+        ok(halfmoon("message", "consume", topic, "--count", "1100", "--json", admin=admin))
     )
-    assert [m["queue_offset"] for m in data] == list(range(1100))
+    assert [m["queue_offset"] for m in data["messages"]] == list(range(1100))
     counted = json.loads(
-        ok(halfmoon("message", "print", "--topic", topic, "--tag-counts", "--json", admin=admin))
+        ok(halfmoon("message", "print", topic, "--tag-counts", "--json", admin=admin))
     )
     assert counted["matched"] == 1200
 

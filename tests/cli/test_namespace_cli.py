@@ -39,7 +39,7 @@ def test_topic_and_group_commands_take_names_in_the_namespace(admin: AdminServer
     rows = table(ok(halfmoon("topic", "list", "--namespace", "ns", admin=admin)))
     assert [r[0] for r in rows[1:]] == ["ns%orders"]
     groups = json.loads(ok(halfmoon("group", "list", "--namespace", "ns", "--json", admin=admin)))
-    assert [g["name"] for g in groups] == ["ns%billing"]
+    assert [g["name"] for g in groups["groups"]] == ["ns%billing"]
 
     ok(halfmoon("topic", "delete", "orders", "--namespace", "ns", admin=admin))
     assert [t.name for t in admin.broker.list_topics()] == ["orders"]

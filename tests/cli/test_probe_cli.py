@@ -40,7 +40,6 @@ def test_probe_sends_n_messages_and_reports_percentiles(server):
             server.cli(
                 "probe",
                 "send",
-                "--topic",
                 topic,
                 "--count",
                 "40",
@@ -70,7 +69,7 @@ def test_probe_sends_n_messages_and_reports_percentiles(server):
 def test_probe_table_for_people(server):
     topic = unique("probe")
     server.create_topic(topic, queues=1)
-    out = ok(server.cli("probe", "send", "--topic", topic, "--count", "5", "--grpc", server.grpc))
+    out = ok(server.cli("probe", "send", topic, "--count", "5", "--grpc", server.grpc))
     fields = dict(line.split(":", 1) for line in out.strip().splitlines())
     assert fields["sent"].strip() == "5" and fields["failed"].strip() == "0"
     assert fields["rt p50"].strip().endswith(" ms") and fields["rt p99.9"].strip().endswith(" ms")
@@ -78,7 +77,7 @@ def test_probe_table_for_people(server):
 
 
 def test_probe_errors_are_one_line(server):
-    line = failed(server.cli("probe", "send", "--topic", "nope", "--count", "1"))
+    line = failed(server.cli("probe", "send", "nope", "--count", "1"))
     assert "cannot probe 'nope'" in line and line.endswith("(TOPIC_NOT_FOUND)")
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -87,7 +86,6 @@ def test_probe_errors_are_one_line(server):
         server.cli(
             "probe",
             "send",
-            "--topic",
             "t",
             "--count",
             "1",
@@ -99,10 +97,10 @@ def test_probe_errors_are_one_line(server):
     )
     assert f"127.0.0.1:{port}" in line
     assert "bad size '3 parsecs'" in failed(
-        server.cli("probe", "send", "--topic", "t", "--size", "3 parsecs"), status=2
+        server.cli("probe", "send", "t", "--size", "3 parsecs"), status=2
     )
     assert "must be 1 byte to 4 MiB" in failed(
-        server.cli("probe", "send", "--topic", "t", "--size", "5MiB"), status=2
+        server.cli("probe", "send", "t", "--size", "5MiB"), status=2
     )
 
 

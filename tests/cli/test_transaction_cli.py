@@ -7,6 +7,7 @@ scripts, one line on stderr with the stable code when the broker refuses.
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -40,6 +41,11 @@ def half_messages(
     return [r.transaction_id for r in results]
 
 
+def admin_get(admin: AdminServer, path: str) -> dict:
+    with urllib.request.urlopen(admin.url + path, timeout=10) as response:
+        return json.load(response)
+
+
 def visible(admin: AdminServer, topic: str) -> int:
     return sum(q.max_offset - q.min_offset for q in admin.broker.topic_status(topic))
 
@@ -64,18 +70,15 @@ def test_list_commit_rollback_as_an_operator(admin):
     listed = json.loads(
         ok(halfmoon("transaction", "list", "--json", "--topic", topic, admin=admin))
     )
-    assert [t["transaction_id"] for t in listed] == [first, second, third]
-    assert (
-        listed[0]["keys"] == ["key-0"]
-        and listed[0]["checks_sent"] == 0
-        and listed[0]["state"] == "prepared"
-    )
-    assert (
-        json.loads(ok(halfmoon("transaction", "list", "--json", "--limit", "1", admin=admin)))[0][
-            "transaction_id"
-        ]
-        == first
-    )
+    # The admin API's shape: scripts read the same object from either.
+    api = admin_get(admin, f"/v1/transactions?topic={topic}")
+    assert listed.keys() == api.keys() == {"transactions"}
+    assert [t.keys() for t in listed["transactions"]] == [t.keys() for t in api["transactions"]]
+    assert [t["transaction_id"] for t in listed["transactions"]] == [first, second, third]
+    head = listed["transactions"][0]
+    assert head["keys"] == ["key-0"] and head["checks_sent"] == 0 and head["state"] == "prepared"
+    limited = json.loads(ok(halfmoon("transaction", "list", "--json", "--limit", "1", admin=admin)))
+    assert [t["transaction_id"] for t in limited["transactions"]] == [first]
 
     assert (
         ok(halfmoon("transaction", "commit", first, admin=admin)).strip()
@@ -94,7 +97,9 @@ def test_list_commit_rollback_as_an_operator(admin):
 
     assert [
         t["transaction_id"]
-        for t in json.loads(ok(halfmoon("transaction", "list", "--json", admin=admin)))
+        for t in json.loads(ok(halfmoon("transaction", "list", "--json", admin=admin)))[
+            "transactions"
+        ]
     ] == [third]
     ok(halfmoon("transaction", "rollback", third, admin=admin))
     assert ok(halfmoon("transaction", "list", admin=admin)).strip() == "no pending transactions"
@@ -119,7 +124,9 @@ def test_parked_resume_and_operator_commit_of_a_parked_one(admin):
     )
     assert [
         t["transaction_id"]
-        for t in json.loads(ok(halfmoon("transaction", "parked", "--json", admin=admin)))
+        for t in json.loads(ok(halfmoon("transaction", "parked", "--json", admin=admin)))[
+            "transactions"
+        ]
     ] == [second]
     # Only a parked transaction can be resumed.
     line = failed(halfmoon("transaction", "resume", first, admin=admin))

@@ -125,11 +125,13 @@ async def sync_receive_ack(endpoint: InProcess) -> None:
         TOPIC,
     )
     assert await receive(endpoint, "other-client") == []
-    entry = svc.AckMessageEntry(message_id=sp.message_id, receipt_handle=sp.receipt_handle)
+    entry = svc.AckMessageEntry(
+        message_id=sp.message_id, receipt_handle=sp.receipt_handle, lite_topic=""
+    )
     ack = await stub.AckMessage(
         svc.AckMessageRequest(group=resource(GROUP), topic=resource(TOPIC), entries=[entry])
     )
-    assert ack.status.code == CODE.ILLEGAL_LITE_TOPIC  # the lite topic is needed
+    assert ack.status.code == CODE.ILLEGAL_LITE_TOPIC  # an empty lite topic, refused here too
     entry.lite_topic = "s-1"
     ack = await stub.AckMessage(
         svc.AckMessageRequest(group=resource(GROUP), topic=resource(TOPIC), entries=[entry])

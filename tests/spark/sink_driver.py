@@ -4,7 +4,9 @@
 
 Runs one ``Trigger.AvailableNow`` query and exits 0. The test sets
 ``HALFMOON_SPARK_SINK_FAILPOINT`` to stop it at a point of the commit
-protocol, then SIGKILLs its whole process group (Python, the JVM, workers).
+protocol, then SIGKILLs its process group: the Python driver and the JVM.
+PySpark's worker daemons each run in a process group of their own and exit,
+with their workers, when the JVM's pipe to them closes (test_sink checks it).
 """
 
 from __future__ import annotations

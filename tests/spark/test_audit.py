@@ -102,7 +102,7 @@ def test_audit_command_exits_non_zero_when_inconsistent(server, tmp_path: Path) 
     table, topic = _plant(server, url, clean=False)
     result = subprocess.run(
         [sys.executable, "-m", "halfmoon", "spark", "audit", "--endpoint", server.grpc, "--master", "local[1]",
-         "--database", url, "--table", table, "--key-column", "order_key", "--primary-key", "id", "--topic", topic],
+         "--database", url, "--table", table, "--key-column", "order_key", "--primary-key", "id", topic],
         cwd=ROOT, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert result.returncode == 1, result.stderr[-2000:]

@@ -14,6 +14,7 @@ is the driver of the second test: ``tests.spark.sink_driver`` with the ``admin``
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -85,9 +86,17 @@ def test_driver_killed_between_broker_commit_and_checkpoint_writes_each_row_once
             "the driver to reach the failpoint",
         )
         assert failpoint.exists(), crashed.communicate()[0][-3000:]
+        # The commit runs in a PySpark worker, forked by a daemon in a process group of
+        # its own: the kill of the driver's group does not reach it...
+        committer = int(failpoint.read_text())
+        assert os.getpgid(committer) != crashed.pid
         os.killpg(crashed.pid, signal.SIGKILL)
     finally:
         crashed.wait(30)
+    # ...its daemon kills it when the JVM's pipe closes.
+    wait_until(
+        lambda: _gone(committer), 30, "the commit runner to exit after the driver's JVM died"
+    )
 
     # Batch 0 is committed on the broker, but Spark's commit log never heard of it.
     first = read_topic(spark, server, "sink-out")
@@ -98,6 +107,11 @@ def test_driver_killed_between_broker_commit_and_checkpoint_writes_each_row_once
     restarted = _driver(server, checkpoint, env)
     output, _ = restarted.communicate(timeout=DRIVER_TIMEOUT)
     assert restarted.returncode == 0, output[-3000:]
+    # The replay is in the driver's log, though Spark ran the commit in a Python worker.
+    assert "event=spark_sink_replay" in output and " batch=0" in output, output[-3000:]
+    assert re.search(r"event=spark_sink_commit \S+ batch=0 \S+ rows=40 replay=true", output), (
+        output[-3000:]
+    )
 
     rows = read_topic(spark, server, "sink-out")
     bodies = sorted(r.body.decode() for r in rows)
@@ -106,6 +120,14 @@ def test_driver_killed_between_broker_commit_and_checkpoint_writes_each_row_once
     # The replay of batch 0 went into a new group that was rolled back, not left pending.
     pending = server.admin_call("GET", "/v1/transactions?topic=sink-out")[1]["transactions"]
     assert pending == []
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"  # exited, not yet reaped by its daemon (which is gone too)
 
 
 def _pending(server, topic: str) -> list[dict]:
@@ -146,6 +168,8 @@ def test_driver_killed_before_the_commit_point_leaves_no_pending_group_after_res
     restarted = _driver(server, checkpoint, env, admin=True)
     output, _ = restarted.communicate(timeout=DRIVER_TIMEOUT)
     assert restarted.returncode == 0, output[-3000:]
+    assert "event=spark_sink_orphan_rolled_back" in output and dead_group in output, output[-3000:]
+    assert "replay=false orphans_rolled_back=1" in output, output[-3000:]
 
     assert _pending(server, "orphan-out") == [], f"{dead_group} was left pending"
     bodies = sorted(r.body.decode() for r in read_topic(spark, server, "orphan-out"))
@@ -177,6 +201,7 @@ def test_the_sweep_rolls_back_only_other_runs_unnamed_groups_up_to_the_batch(ser
     wire.send_halves([Message("sweep-out", b"run-b")], "q9:1:2000s2")
 
     assert protocol.commit("q9", 1, "q9:1:2000s2", "sweep-out") == "q9:1:2000s2"
+    assert protocol.orphans_rolled_back == [groups["orphan"]]  # what the commit line counts
 
     left = {t["transaction_group"] for t in _pending(server, "sweep-out")}
     assert left == {groups["named"], groups["later"], groups["current"], groups["other-sink"]}

@@ -1,11 +1,7 @@
-import struct
-
 from halfmoon.store import Message, record
 from halfmoon.store.commitlog import CommitLog, segment_name
 from tests.store.corrupt import segment_of, simulate_crash
 from tests.store.storeutil import SEGMENT, message, open_store
-
-_FRAME = struct.Struct(">II")
 
 
 def _fill(store, target_left: int, topic: str = "t") -> None:
@@ -40,7 +36,7 @@ def test_record_that_does_not_fit_moves_to_next_segment_after_blank_filler(tmp_p
         assert result.commit_log_offset == SEGMENT  # never straddles the boundary
         assert store.read_at(SEGMENT).body == b"z" * 600
         path, position = segment_of(tmp_path, filler_at)
-        assert _FRAME.unpack_from(path.read_bytes(), position) == (500, record.BLANK_MAGIC)
+        assert record.FRAME.unpack_from(path.read_bytes(), position) == (500, record.BLANK_MAGIC)
         count = store.max_offset("t", 0)
     simulate_crash(tmp_path, remove_checkpoint=True)  # full scan must cross the filler
     with open_store(tmp_path) as store:

@@ -1,3 +1,4 @@
+import mmap
 import zlib
 
 import pytest
@@ -104,3 +105,25 @@ def test_error_reports_commit_log_position():
     with pytest.raises(record.RecordError) as info:
         record.decode(bytes(raw), base_offset=4096)
     assert info.value.position == 4096 and info.value.reason == "checksum"
+
+
+def test_named_field_positions_read_what_encode_wrote():
+    raw = record.encode(Message(topic="t", body=b"abc"), 7, 4096, 1_700_000_000_005)
+    assert record.FRAME.unpack_from(raw, 0) == (len(raw), record.MESSAGE_MAGIC)
+    assert raw[record.MAGIC_AT : record.MAGIC_AT + 4] == b"HM01"
+    assert record.STORE_FIELDS.unpack_from(raw, record.QUEUE_OFFSET_AT) == (7, 4096)
+    assert record.I64.unpack_from(raw, record.COMMIT_LOG_OFFSET_AT) == (4096,)
+    assert record.I64.unpack_from(raw, record.STORE_TIMESTAMP_AT) == (1_700_000_000_005,)
+    (crc,) = record.CRC.unpack_from(raw, record.CRC_AT)
+    assert crc == zlib.crc32(raw[record.CRC_START :])
+
+
+def test_decode_from_bytearray_and_mmap_without_verify():
+    raw = record.encode(Message(topic="t", body=b"abc", properties={"TAGS": "x"}), 5, 9, 7)
+    with mmap.mmap(-1, len(raw) + 10) as mm:
+        mm[10 : 10 + len(raw)] = raw
+        for buf, verify in ((bytearray(raw), True), (mm, False), (mm, True)):
+            position = 10 if buf is mm else 0
+            decoded = record.decode(buf, position, verify=verify)
+            assert decoded.body == b"abc" and type(decoded.body) is bytes
+            assert decoded.tags == "x" and decoded.commit_log_offset == 9

@@ -1,3 +1,4 @@
+import logging
 import shutil
 
 import pytest
@@ -5,7 +6,14 @@ import pytest
 from halfmoon.errors import CorruptionError
 from halfmoon.store import GetStatus, record
 from halfmoon.store.checkpoint import CHECKPOINT_FILE
-from tests.store.corrupt import flip_byte, flip_log_byte, simulate_crash, truncate, zero_log_range
+from tests.store.corrupt import (
+    flip_byte,
+    flip_log_byte,
+    segment_of,
+    simulate_crash,
+    truncate,
+    zero_log_range,
+)
 from tests.store.storeutil import Reporter, message, open_store
 
 
@@ -150,3 +158,57 @@ def test_garbage_after_recovered_end_is_zeroed(tmp_path):
         assert store.recovery.end == small.end_offset
         assert store.read_at(small.commit_log_offset).unique_id == "id-orders-50"
         assert small.size > record.MIN_RECORD_SIZE
+
+
+def _broken_files(data_dir):
+    return sorted((data_dir / "commitlog").glob("*.broken"))
+
+
+def test_lenient_repair_copies_the_dropped_bytes_aside(tmp_path, caplog):
+    results = _write(tmp_path)
+    damaged = results[5]
+    flip_log_byte(tmp_path, damaged.commit_log_offset + 100)
+    path, position = segment_of(tmp_path, damaged.commit_log_offset)
+    dropped = path.read_bytes()[position : position + damaged.size]
+    simulate_crash(tmp_path, remove_checkpoint=True)
+    reporter = Reporter()
+    with (
+        caplog.at_level(logging.INFO, logger="halfmoon.store"),
+        open_store(tmp_path, recovery="lenient", store_kwargs={"reporter": reporter}) as store,
+    ):
+        copy = tmp_path / "commitlog" / f"{damaged.commit_log_offset:020d}.broken"
+        assert store.recovery.broken_copies == [copy]
+        assert copy.read_bytes() == dropped  # exactly the dropped bytes, damage included
+        # Recovery itself is unchanged: the same report, the same messages served.
+        assert reporter.reports == [(damaged.commit_log_offset, damaged.size, "bad_crc")]
+        assert store.recovery.damaged == [(damaged.commit_log_offset, damaged.size)]
+        got = store.get("orders", 0, 0, 100)
+        assert [m.queue_offset for m in got.messages] == [i for i in range(20) if i != 5]
+    # The region is blanked in the log itself, and the log lines say where the copy is.
+    blanked = path.read_bytes()[position : position + damaged.size]
+    assert blanked[:8] == record.FRAME.pack(damaged.size, record.BLANK_MAGIC)
+    assert f"copy={copy}" in caplog.text
+    recovery_line = next(r.message for r in caplog.records if "event=recovery " in r.message)
+    assert f"broken_copies={copy}" in recovery_line
+    with open_store(tmp_path) as store:  # a clean reopen: nothing more to repair
+        assert store.recovery.broken_copies == []
+    assert _broken_files(tmp_path) == [copy]
+
+
+def test_strict_recovery_copies_nothing(tmp_path):
+    results = _write(tmp_path)
+    flip_log_byte(tmp_path, results[5].commit_log_offset + 100)
+    simulate_crash(tmp_path, remove_checkpoint=True)
+    with pytest.raises(CorruptionError):
+        open_store(tmp_path)
+    assert _broken_files(tmp_path) == []
+
+
+def test_torn_tail_is_not_copied_aside(tmp_path):
+    results = _write(tmp_path)
+    flip_log_byte(tmp_path, results[-1].commit_log_offset + 90)
+    simulate_crash(tmp_path, remove_checkpoint=True)
+    with open_store(tmp_path, recovery="lenient") as store:
+        assert store.recovery.end == results[-1].commit_log_offset
+        assert store.recovery.broken_copies == []
+    assert _broken_files(tmp_path) == []
