@@ -102,7 +102,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "delete one lite topic (its subscribers are told to unsubscribe)",
     )
     lite_delete.add_argument("name", metavar="NAME")
-    lite_delete.add_argument("lite_topic", metavar="LITE_TOPIC")
+    lite_delete.add_argument(
+        "--lite-topic", dest="lite_topic", required=True, help="the lite topic to delete"
+    )
 
 
 def summary(topic: dict[str, Any]) -> str:

@@ -45,7 +45,7 @@ def test_lite_list_and_delete(admin: AdminServer) -> None:
         ("s-1", 2),
         ("s-2", 1),
     ]
-    out = ok(halfmoon("topic", "lite-delete", name, "s-1", admin=admin))
+    out = ok(halfmoon("topic", "lite-delete", name, "--lite-topic", "s-1", admin=admin))
     assert "deleted lite topic 's-1'" in out
     answer = json.loads(ok(halfmoon("topic", "lite-list", name, "--json", admin=admin)))
     assert [t["lite_topic"] for t in answer["lite_topics"]] == ["s-2"]
@@ -54,9 +54,9 @@ def test_lite_list_and_delete(admin: AdminServer) -> None:
 def test_lite_errors_are_one_line(admin: AdminServer) -> None:
     name = unique("chat")
     ok(halfmoon("topic", "create", name, "--type", "lite", admin=admin))
-    line = failed(halfmoon("topic", "lite-delete", name, "bad name", admin=admin))
+    line = failed(halfmoon("topic", "lite-delete", name, "--lite-topic", "bad name", admin=admin))
     assert line.endswith("(ILLEGAL_LITE_TOPIC)")
-    line = failed(halfmoon("topic", "lite-delete", name, "never-sent", admin=admin))
+    line = failed(halfmoon("topic", "lite-delete", name, "--lite-topic", "never-sent", admin=admin))
     assert "has no lite topic 'never-sent'" in line
     plain = unique("plain")
     ok(halfmoon("topic", "create", plain, admin=admin))
