@@ -27,6 +27,7 @@ from halfmoon.broker.config import BrokerConfig
 from halfmoon.broker.errors import (
     IllegalOffset,
     IllegalQueueId,
+    IllegalTopic,
     OffsetNotFound,
     PermissionDenied,
     TopicExists,
@@ -35,6 +36,8 @@ from halfmoon.broker.errors import (
 from halfmoon.broker.facade import PullResult, QueueProgress, QueueRoute, QueueStatus, Written
 from halfmoon.broker.filter_spec import FilterCache, FilterSpec
 from halfmoon.broker.groups import GroupConfig, GroupRegistry, RetryPolicy
+from halfmoon.broker.lite import LiteTopics, OffsetOption, UnsubscribeNotifier
+from halfmoon.broker.lite_names import parent_topic_of, split_lite_queue_topic
 from halfmoon.broker.message import (
     PROPERTY_DELIVERY_ATTEMPT,
     PROPERTY_DELIVERY_TIME,
@@ -46,6 +49,7 @@ from halfmoon.broker.message import (
 )
 from halfmoon.broker.offsets import OffsetTable
 from halfmoon.broker.pop import PopGroupSettings, PopService, default_hot_data_bytes
+from halfmoon.broker.priority import scan_order
 from halfmoon.broker.produce import SendResult, plan_send
 from halfmoon.broker.queue_select import QueueSelector
 from halfmoon.broker.recall import RecallHandle, check_handle
@@ -135,6 +139,16 @@ class Broker:
             state_path=metadata_dir / "consumption.json" if metadata_dir is not None else None,
             hot_data_bytes=config.hot_data_bytes or default_hot_data_bytes(),
             min_receive_invisible_ms=config.min_receive_invisible_ms,
+            priority_order=self._is_priority_topic,
+        )
+        # Lite topics (RIP-83): subscriptions and a pop service over their queues.
+        self.lite = LiteTopics(
+            store,
+            clock,
+            config,
+            metadata_dir,
+            max_delivery_attempts=lambda group: self.get_group(group).max_delivery_attempts,
+            dead_letter=self._dead_letter,
         )
         txn_config = transaction_config if transaction_config is not None else TransactionConfig()
         self.transactions = TransactionService(store, metadata_dir, txn_config, clock)
@@ -148,6 +162,7 @@ class Broker:
             self.timer.persist()
             self.offsets.persist()
             self._pop.close()
+            self.lite.close()
             self.transactions.close()
             self.topics.close()
             self.groups.close()
@@ -158,6 +173,7 @@ class Broker:
             self.timer.tick(now)
             self._pop.revive(now)  # dead-letter expired last deliveries (broker/revive.py)
             self._checks.tick(now)
+            self.lite.tick(now)
             self.transactions.maybe_snapshot(now)
             self.offsets.maybe_persist(now)
             if now - self._last_snapshot_ms >= self.config.offset_persist_interval_ms:
@@ -208,7 +224,9 @@ class Broker:
         )
 
     def delete_topic(self, name: str) -> None:
-        self.topics.delete(name)
+        deleted = self.topics.delete(name)
+        if deleted.message_type is MessageType.LITE:
+            self.lite.delete_parent(name)
         self.store.delete_topic(name)
         self.offsets.forget(topic=name)
         self._selector.forget(name)
@@ -274,6 +292,7 @@ class Broker:
         self.groups.delete(name)
         self.offsets.forget(group=name)
         self._pop.drop_group(name)
+        self.lite.drop_group(name)
 
     def get_group(self, name: str) -> GroupConfig:
         return self.groups.get(
@@ -336,6 +355,10 @@ class Broker:
         planned = plan_send(
             list(messages), self.get_topic, self._selector, self.config, self.clock.now_ms()
         )
+        for p in planned:
+            lite = split_lite_queue_topic(p.record.topic)
+            if lite is not None:
+                self.lite.reserve(*lite)
         transaction_ids: list[str | None] = [None] * len(planned)
         if any(m.message_type is MessageType.TRANSACTION for m in messages):
             appended, transaction_ids = self.transactions.append(
@@ -463,35 +486,108 @@ class Broker:
         if queue_id is not None:
             self._check_queue(config, queue_id)
         compiled = self._filters.get(filter)
-        views = self._pop.receive(
-            group,
-            topic,
-            compiled.compiled,
-            batch_size,
-            invisible_ms or self.config.default_invisible_ms,
-            queue_id,
-        )
+        invisible_ms = invisible_ms or self.config.default_invisible_ms
+        if config.message_type is MessageType.LITE:  # the lite topics client_id subscribes to
+            views = self.lite.receive(
+                group, topic, client_id, compiled.compiled, batch_size, invisible_ms
+            )
+        else:
+            views = self._pop.receive(
+                group, topic, compiled.compiled, batch_size, invisible_ms, queue_id
+            )
         self._out.add(len(views))
         self.statistics.record_out(group, topic, len(views))
         return views
 
     def subscribe(self, group: str, topic: str) -> None:
-        self._check_consumable(group, topic)
-        self._pop.subscribe(group, topic)
+        """Fix a new group's start position in ``topic`` now (call when a consumer subscribes)."""
+        if self._check_consumable(group, topic).message_type is not MessageType.LITE:
+            self._pop.subscribe(group, topic)  # lite topics: SyncLiteSubscription says what
 
-    def ack(self, group: str, topic: str, receipt_handle: str) -> None:
-        self._pop.ack(group, topic, receipt_handle)
+    def ack(
+        self, group: str, topic: str, receipt_handle: str, lite_topic: str | None = None
+    ) -> None:
+        if self._is_lite(topic, lite_topic):
+            self.lite.ack(group, topic, lite_topic, receipt_handle)
+        else:
+            self._pop.ack(group, topic, receipt_handle)
 
     def change_invisible_duration(
-        self, group: str, topic: str, receipt_handle: str, invisible_ms: int
+        self,
+        group: str,
+        topic: str,
+        receipt_handle: str,
+        invisible_ms: int,
+        lite_topic: str | None = None,
     ) -> str:
+        if self._is_lite(topic, lite_topic):
+            return self.lite.change_invisible_duration(
+                group, topic, lite_topic, receipt_handle, invisible_ms
+            )
         return self._pop.change_invisible_duration(group, topic, receipt_handle, invisible_ms)
 
-    def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> None:
-        self._pop.forward_to_dead_letter(group, topic, receipt_handle)
+    def forward_to_dead_letter(
+        self, group: str, topic: str, receipt_handle: str, lite_topic: str | None = None
+    ) -> None:
+        if self._is_lite(topic, lite_topic):
+            self.lite.forward_to_dead_letter(group, topic, lite_topic, receipt_handle)
+        else:
+            self._pop.forward_to_dead_letter(group, topic, receipt_handle)
 
-    def next_wakeup_ms(self, group: str, topic: str) -> int | None:
+    def next_wakeup_ms(self, group: str, topic: str, client_id: str = "") -> int | None:
+        config = self.topics.find(topic)
+        if config is not None and config.message_type is MessageType.LITE:
+            return self.lite.next_wakeup_ms(group, topic, client_id)
         return self._pop.next_wakeup_ms(group, topic)
+
+    # -- lite topics (halfmoon/broker/lite.py) -------------------------------------
+    def sync_lite_subscription(
+        self,
+        client_id: str,
+        group: str,
+        topic: str,
+        action: str,
+        lite_topics: Sequence[str],
+        offset: OffsetOption | None = None,
+    ) -> list[str]:
+        """Apply a consumer's SyncLiteSubscription; returns its lite topics afterwards."""
+        self._lite_parent(topic)
+        if action in ("partial_add", "complete_add"):
+            self._check_consumable(group, topic)
+        return self.lite.sync(client_id, group, topic, action, lite_topics, offset)
+
+    def client_terminated(self, client_id: str) -> None:
+        self.lite.remove_client(client_id)
+
+    def lite_subscriptions(self, topic: str) -> list[dict[str, object]]:
+        self._lite_parent(topic)
+        return self.lite.subscriptions(topic)
+
+    def set_lite_unsubscribe_notifier(self, notifier: UnsubscribeNotifier | None) -> None:
+        self.lite.set_notifier(notifier)
+
+    def list_lite_topics(self, topic: str) -> list[dict[str, object]]:
+        self._lite_parent(topic)
+        return self.lite.lite_topics(topic)
+
+    def delete_lite_topic(self, topic: str, lite_topic: str) -> int:
+        """Delete a lite topic; its subscribers are told (NotifyUnsubscribeLite). Returns how many."""
+        self._lite_parent(topic)
+        return self.lite.delete(topic, lite_topic)
+
+    def _lite_parent(self, topic: str) -> TopicConfig:
+        config = self.get_topic(topic)
+        if config.message_type is not MessageType.LITE:
+            raise IllegalTopic(
+                f"topic {topic!r} is a {config.message_type.value} topic, not a lite topic; "
+                "create the parent with type lite"
+            )
+        return config
+
+    def _is_lite(self, topic: str, lite_topic: str | None) -> bool:
+        """Whether ``topic`` is a lite parent (then ``lite_topic`` names the queue; required)."""
+        config = self.topics.find(topic)
+        return config is not None and config.message_type is MessageType.LITE
 
     # -- pull --------------------------------------------------------------------
     def pull(
@@ -669,7 +765,15 @@ class Broker:
 
     def _readable_queue_ids(self, topic: str) -> list[int]:
         config = self.topics.find(topic)
-        return list(config.readable_queues()) if config is not None and config.readable else []
+        if config is None or not config.readable:
+            return []
+        if config.message_type is MessageType.PRIORITY:
+            return scan_order(list(config.readable_queues()))
+        return list(config.readable_queues())
+
+    def _is_priority_topic(self, topic: str) -> bool:
+        config = self.topics.find(topic)
+        return config is not None and config.message_type is MessageType.PRIORITY
 
     def _pop_settings(self, group: str) -> PopGroupSettings:
         config = self.get_group(group)
@@ -707,8 +811,9 @@ class Broker:
     def _on_append(self, result: AppendResult) -> None:
         if is_internal_topic(result.topic):
             return  # timer, half, op and parked records: no consumer waits on them
+        topic = parent_topic_of(result.topic) or result.topic  # lite consumers wait on the parent
         for callback in list(self._listeners):
             try:
-                callback(result.topic, result.queue_id)
+                callback(topic, result.queue_id)
             except Exception:
                 log.exception("arrival listener failed")

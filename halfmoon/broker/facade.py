@@ -35,6 +35,7 @@ from halfmoon.broker.browse import ScanResult
 from halfmoon.broker.config import BrokerConfig
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.groups import GroupConfig, RetryPolicy
+from halfmoon.broker.lite import OffsetOption, UnsubscribeNotifier
 from halfmoon.broker.message import MessageType, MessageView, OutgoingMessage
 from halfmoon.broker.produce import SendResult
 from halfmoon.broker.statistics import TrafficRow
@@ -353,22 +354,73 @@ class Broker(Protocol):
         """
         ...
 
-    def next_wakeup_ms(self, group: str, topic: str) -> int | None:
-        """When a message of ``topic`` next becomes visible to ``group`` again (epoch ms)."""
+    def next_wakeup_ms(self, group: str, topic: str, client_id: str = "") -> int | None:
+        """When a message of ``topic`` next becomes visible to ``group`` again (epoch ms).
+
+        For a lite parent topic: over the lite topics ``client_id`` subscribes to.
+        """
         ...
 
-    def ack(self, group: str, topic: str, receipt_handle: str) -> None:
-        """Consumed: never deliver it again. InvalidReceiptHandle for a stale or bad handle."""
+    def ack(
+        self, group: str, topic: str, receipt_handle: str, lite_topic: str | None = None
+    ) -> None:
+        """Consumed: never deliver it again. InvalidReceiptHandle for a stale or bad handle.
+
+        On a lite parent topic, ``lite_topic`` names the lite topic (None: the one the
+        receipt handle names); likewise for the two calls below.
+        """
         ...
 
     def change_invisible_duration(
-        self, group: str, topic: str, receipt_handle: str, invisible_ms: int
+        self,
+        group: str,
+        topic: str,
+        receipt_handle: str,
+        invisible_ms: int,
+        lite_topic: str | None = None,
     ) -> str:
         """Hide the message ``invisible_ms`` from now; the new receipt handle (the old one dies)."""
         ...
 
-    def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> None:
+    def forward_to_dead_letter(
+        self, group: str, topic: str, receipt_handle: str, lite_topic: str | None = None
+    ) -> None:
         """Move the message to the group's dead-letter topic now."""
+        ...
+
+    # -- lite topics (RIP-83) -----------------------------------------------------------
+
+    def sync_lite_subscription(
+        self,
+        client_id: str,
+        group: str,
+        topic: str,
+        action: str,
+        lite_topics: Sequence[str],
+        offset: OffsetOption | None = None,
+    ) -> list[str]:
+        """Apply a consumer's SyncLiteSubscription (partial_add / partial_remove /
+        complete_add / complete_remove) to lite parent ``topic``; its lite topics after."""
+        ...
+
+    def list_lite_topics(self, topic: str) -> list[dict[str, object]]:
+        """The lite topics of lite parent ``topic``, with their queue offsets."""
+        ...
+
+    def client_terminated(self, client_id: str) -> None:
+        """A client said goodbye: its lite subscriptions end with it."""
+        ...
+
+    def lite_subscriptions(self, topic: str) -> list[dict[str, object]]:
+        """Every consumer client's lite subscriptions under lite parent ``topic``."""
+        ...
+
+    def delete_lite_topic(self, topic: str, lite_topic: str) -> int:
+        """Delete a lite topic; its subscribers are told. How many subscribers were told."""
+        ...
+
+    def set_lite_unsubscribe_notifier(self, notifier: UnsubscribeNotifier | None) -> None:
+        """Who tells a client that one of its lite subscriptions was dropped (None: nobody)."""
         ...
 
     # -- consume by pull (offsets) ---------------------------------------------------------

@@ -53,7 +53,7 @@ from halfmoon.broker.groups import RetryPolicy
 from halfmoon.broker.message import MessageType
 from halfmoon.config import Config, config_to_dict
 from halfmoon.errors import HalfmoonError
-from halfmoon.server import admin_messages, admin_operations
+from halfmoon.server import admin_lite, admin_messages, admin_operations
 from halfmoon.server.admin_http import (
     BROKER_KEY,
     CONFIG_KEY,
@@ -452,6 +452,7 @@ def create_admin_app(
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/openapi.json", get_openapi)
     app.router.add_get("/healthz", healthz)
+    admin_lite.add_routes(app)
     admin_messages.add_routes(app)
     admin_operations.add_routes(app, clients)
     return app

@@ -39,7 +39,7 @@ from aiohttp import web
 from halfmoon.broker.browse import ScanResult
 from halfmoon.broker.errors import TopicNotFound
 from halfmoon.broker.filter_spec import FilterSpec
-from halfmoon.broker.message import MessageView, OutgoingMessage
+from halfmoon.broker.message import MessageType, MessageView, OutgoingMessage
 from halfmoon.broker.produce import SendResult
 from halfmoon.server.admin_http import (
     ApiError,
@@ -70,6 +70,8 @@ def message_json(view: MessageView, *, body: bool = True) -> dict[str, Any]:
         "message_type": view.message_type.value,
         "message_group": view.message_group,
         "delivery_timestamp": view.delivery_timestamp,
+        "priority": view.priority,
+        "lite_topic": view.lite_topic,
         "born_timestamp": view.born_timestamp,
         "store_timestamp": view.store_timestamp,
         "born_host": view.born_host,
@@ -177,6 +179,8 @@ SEND_FIELDS = {
     "properties",
     "message_group",
     "delivery_timestamp",
+    "priority",
+    "lite_topic",
 }
 
 
@@ -207,8 +211,14 @@ async def send_message(request: web.Request) -> web.Response:
         queue_id=take(body, "queue_id", int, minimum=0),
         message_group=take(body, "message_group", str),
         delivery_timestamp=take(body, "delivery_timestamp", int, minimum=0),
+        priority=take(body, "priority", int),
+        lite_topic=take(body, "lite_topic", str),
         born_host="admin",
     )
+    if message.priority is not None:
+        message.message_type = MessageType.PRIORITY
+    elif message.lite_topic is not None:
+        message.message_type = MessageType.LITE
     broker = broker_of(request)
 
     def send() -> SendResult:

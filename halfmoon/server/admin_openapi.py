@@ -11,6 +11,8 @@ from typing import Any
 
 from halfmoon.broker.message import MessageType
 from halfmoon.server.admin_openapi_common import _json, _op, _path_param, _ref
+from halfmoon.server.admin_openapi_lite import SCHEMAS as LITE_SCHEMAS
+from halfmoon.server.admin_openapi_lite import paths as lite_paths
 from halfmoon.server.admin_openapi_ops import SCHEMAS as OPERATOR_SCHEMAS
 from halfmoon.server.admin_openapi_ops import paths as operator_paths
 
@@ -427,6 +429,7 @@ def openapi_document() -> dict[str, Any]:
                 ),
             },
             **operator_paths(),
+            **lite_paths(),
             "/metrics": {
                 "get": {
                     "summary": "Prometheus metrics",
@@ -449,5 +452,5 @@ def openapi_document() -> dict[str, Any]:
                 }
             },
         },
-        "components": {"schemas": {**SCHEMAS, **OPERATOR_SCHEMAS}},
+        "components": {"schemas": {**SCHEMAS, **OPERATOR_SCHEMAS, **LITE_SCHEMAS}},
     }

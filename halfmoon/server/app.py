@@ -35,6 +35,7 @@ from aiohttp import web
 from halfmoon.broker.broker import Broker as InProcessBroker
 from halfmoon.broker.facade import Broker
 from halfmoon.config import Config
+from halfmoon.server import lite_subscriptions
 from halfmoon.server.admin import create_admin_app
 from halfmoon.server.config import ServerConfig, parse_host_port
 from halfmoon.server.grpc_service import MessagingServicer
@@ -176,6 +177,7 @@ async def serve(config: Config, *, stop: asyncio.Event | None = None) -> None:
         await server.start()
         # Transaction checks reach producers over their telemetry streams.
         broker.set_check_sender(TelemetryCheckSender(registry))
+        lite_subscriptions.install_notifier(broker, registry)  # NotifyUnsubscribeLiteCommand
         collector = _grpc_collector(registry, notifier)
         default_registry().add_collector(collector)
         admin, admin_address = await _start_admin(broker, config, registry)
@@ -197,6 +199,7 @@ async def serve(config: Config, *, stop: asyncio.Event | None = None) -> None:
     finally:
         # Each step runs even if an earlier one failed: the store must get closed.
         broker.set_check_sender(None)
+        lite_subscriptions.remove_notifier(broker)
         try:
             await _shutdown(server, server_config, notifier, registry, force, admin)
         finally:

@@ -28,10 +28,10 @@ from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageView, OutgoingMessage
 from halfmoon.broker.produce import SendResult
 from halfmoon.errors import HalfmoonError
-from halfmoon.server import client_settings, convert
+from halfmoon.server import client_settings, convert, lite_subscriptions
 from halfmoon.server import namespace as ns
 from halfmoon.server.config import ServerConfig
-from halfmoon.server.errors import Code, RequestError, Unsupported, ok, status, status_for
+from halfmoon.server.errors import Code, RequestError, ok, status, status_for
 from halfmoon.server.longpoll import ArrivalNotifier
 from halfmoon.server.renewal import Renewer
 from halfmoon.server.telemetry import ClientRegistry
@@ -259,6 +259,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if client_id:
             self.registry.remove(client_id)
             self.renewer.client_terminated(client_id)
+            # A lite consumer's subscriptions end with it (a worker call: the broker's lock).
+            await self._call(self.broker.client_terminated, client_id)
         return svc.NotifyClientTerminationResponse(status=ok())
 
     async def Telemetry(
@@ -339,6 +341,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 client_settings.validate_subscriptions(settings)
                 await self._call(self._subscribe, group_name, stored.subscription)
                 answer = client_settings.consumer_settings(settings, group, self.config)
+                lite_subscriptions.add_lite_settings(answer, settings, self.broker)
             else:
                 answer = pb.Settings()
                 answer.CopyFrom(settings)
@@ -501,7 +504,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         )
         if views:
             return views, None
-        return views, self.broker.next_wakeup_ms(group, topic)
+        return views, self.broker.next_wakeup_ms(group, topic, client_id)
 
     async def ReceiveMessage(
         self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
@@ -612,21 +615,24 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             await self.renewer.current(client_id, group, e.receipt_handle) for e in request.entries
         ]
 
+        lite_topics = [e.lite_topic if e.HasField("lite_topic") else None for e in request.entries]
+
         def ack_all() -> tuple[list[pb.Status], bool]:
             statuses = []
-            for handle in handles:
+            for handle, lite_topic in zip(handles, lite_topics, strict=True):
                 try:
                     if not handle:
                         raise RequestError("ack entry has no receipt_handle")
-                    self.broker.ack(group, topic, handle)
+                    self.broker.ack(group, topic, handle, lite_topic=lite_topic)
                     statuses.append(_OK)
                 except Exception as exc:  # noqa: BLE001 - one bad handle does not fail the others
                     statuses.append(status_for(exc, "AckMessage"))
-            return statuses, self._is_fifo(group)
+            lite = any(e.HasField("lite_topic") for e in request.entries)
+            return statuses, lite or self._is_fifo(group)
 
         statuses, fifo = await self._call(ack_all)
         if fifo:
-            # In a FIFO group an ack releases the next message of its queue.
+            # In a FIFO group (and a lite topic) an ack releases the next message of its queue.
             self.notifier.wake(topic)
         results = [
             svc.AckMessageResultEntry(
@@ -666,6 +672,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             topic,
             current,
             convert.duration_ms(request.invisible_duration),
+            lite_topic=request.lite_topic if request.HasField("lite_topic") else None,
         )
         # Parked polls computed their wake-up from the old invisible time: let them look again.
         self.notifier.wake(topic)
@@ -682,7 +689,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         current = await self.renewer.current(
             _metadata(context, "x-mq-client-id"), group, request.receipt_handle
         )
-        await self._call(self.broker.forward_to_dead_letter, group, topic, current)
+        await self._call(
+            self.broker.forward_to_dead_letter,
+            group,
+            topic,
+            current,
+            lite_topic=request.lite_topic if request.HasField("lite_topic") else None,
+        )
         self.notifier.wake(topic)  # a FIFO queue blocked behind this message moves on
         return svc.ForwardMessageToDeadLetterQueueResponse(status=ok())
 
@@ -795,11 +808,20 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         )
         return svc.QueryOffsetResponse(status=ok(), offset=offset)
 
-    # -- not offered ------------------------------------------------------------------
+    # -- lite topics (server/lite_subscriptions.py) ------------------------------------
 
     @_unary(svc.SyncLiteSubscriptionResponse)
-    async def SyncLiteSubscription(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        raise Unsupported("lite topics are not supported by halfmoon")
+    async def SyncLiteSubscription(
+        self, request: svc.SyncLiteSubscriptionRequest, context: grpc.aio.ServicerContext
+    ) -> svc.SyncLiteSubscriptionResponse:
+        call = lite_subscriptions.sync_call(
+            request,
+            _metadata(context, "x-mq-client-id"),
+            topic=_name(request.topic, "topic", context),
+            group=_name(request.group, "group", context),
+        )
+        await self._call(self.broker.sync_lite_subscription, *call)
+        return svc.SyncLiteSubscriptionResponse(status=ok())
 
 
 def _stored_settings(settings: pb.Settings, header: str) -> pb.Settings:
