@@ -1,9 +1,11 @@
-"""The broker facade: every domain operation the server and the admin API call.
+"""The in-process broker: the :class:`~halfmoon.broker.facade.Broker` facade over a store.
 
-Plain synchronous objects over a :class:`~halfmoon.store.api.Store`: topics
-and groups (:mod:`topics`, :mod:`groups`), the send path (:mod:`produce`),
-delay messages (:mod:`timer`), pop consumption (:mod:`pop`), pull with
-committed offsets (:mod:`offsets`), and the status page (:mod:`stats`).
+Every operation is documented once, on the facade (:mod:`facade`). Plain
+synchronous objects over a :class:`~halfmoon.store.api.Store`: topics and
+groups (:mod:`topics`, :mod:`groups`), the send path (:mod:`produce`), delay
+messages (:mod:`timer`), pop consumption (:mod:`pop`), pull with committed
+offsets (:mod:`offsets`), operators' reads (:mod:`browse`), and the status
+page (:mod:`stats`).
 Time comes from the injected clock; background work happens only in
 :meth:`Broker.tick`, which the server calls every ~100 ms from one thread.
 The broker does not own the store: close the store after the broker.
@@ -11,25 +13,31 @@ The broker does not own the store: close the store after the broker.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import halfmoon.broker.browse as browse
 from halfmoon.broker.clock import Clock, SystemClock
 from halfmoon.broker.config import BrokerConfig
 from halfmoon.broker.errors import (
     IllegalOffset,
     IllegalQueueId,
+    IllegalTopic,
     OffsetNotFound,
     PermissionDenied,
     TopicExists,
     TopicNotFound,
 )
+from halfmoon.broker.facade import PullResult, QueueProgress, QueueRoute, QueueStatus, Written
 from halfmoon.broker.filter_spec import FilterCache, FilterSpec
 from halfmoon.broker.groups import GroupConfig, GroupRegistry, RetryPolicy
+from halfmoon.broker.lite import LiteTopics, OffsetOption, UnsubscribeNotifier
+from halfmoon.broker.lite_names import parent_topic_of, split_lite_queue_topic
 from halfmoon.broker.message import (
     PROPERTY_DELIVERY_ATTEMPT,
     PROPERTY_DELIVERY_TIME,
@@ -41,11 +49,12 @@ from halfmoon.broker.message import (
 )
 from halfmoon.broker.offsets import OffsetTable
 from halfmoon.broker.pop import PopGroupSettings, PopService, default_hot_data_bytes
+from halfmoon.broker.priority import scan_order
 from halfmoon.broker.produce import SendResult, plan_send
 from halfmoon.broker.queue_select import QueueSelector
 from halfmoon.broker.recall import RecallHandle, check_handle
 from halfmoon.broker.recall import encode as encode_recall_handle
-from halfmoon.broker.statistics import TrafficStatistics
+from halfmoon.broker.statistics import TrafficRow, TrafficStatistics
 from halfmoon.broker.stats import BrokerStatus, RateCounter
 from halfmoon.broker.timer import DelayTimer
 from halfmoon.broker.topics import (
@@ -66,51 +75,25 @@ from halfmoon.broker.transactions import (
     TransactionStats,
 )
 from halfmoon.errors import InvalidArgument
-from halfmoon.store.api import AppendResult, GetStatus, Store
+from halfmoon.store.api import AppendResult, GetStatus, Store, StoreStats
 from halfmoon.store.message import Message, StoredMessage
 
 log = logging.getLogger(__name__)
 
 MAX_PULL_BATCH = 1024
 _DRAINED_CHECK_INTERVAL_MS = 60_000
+# Re-exported: the facade's result types used to live here.
+__all__ = ["Broker", "PullResult", "QueueProgress", "QueueRoute", "QueueStatus"]
 
 
-@dataclass(frozen=True)
-class QueueStatus:
-    topic: str
-    queue_id: int
-    min_offset: int
-    max_offset: int
-    last_store_timestamp: int | None  # None for an empty queue
-    perm: str
+def _completed() -> Future[None]:
+    future: Future[None] = Future()
+    future.set_result(None)
+    return future
 
 
-@dataclass(frozen=True)
-class QueueProgress:
-    group: str
-    topic: str
-    queue_id: int
-    committed_offset: int
-    max_offset: int
-    lag: int
-    inflight: int
-
-
-@dataclass(frozen=True)
-class QueueRoute:
-    topic: str
-    queue_id: int
-    perm: str  # "rw", "r", "w" or "-"
-    accepted_types: list[MessageType]
-
-
-@dataclass
-class PullResult:
-    status: GetStatus
-    messages: list[MessageView]
-    next_offset: int
-    min_offset: int
-    max_offset: int
+# What a write that needs no flush waits for (nothing written, or nothing to append).
+_DURABLE = _completed()
 
 
 class Broker:
@@ -156,6 +139,16 @@ class Broker:
             state_path=metadata_dir / "consumption.json" if metadata_dir is not None else None,
             hot_data_bytes=config.hot_data_bytes or default_hot_data_bytes(),
             min_receive_invisible_ms=config.min_receive_invisible_ms,
+            priority_order=self._is_priority_topic,
+        )
+        # Lite topics (RIP-83): subscriptions and a pop service over their queues.
+        self.lite = LiteTopics(
+            store,
+            clock,
+            config,
+            metadata_dir,
+            max_delivery_attempts=lambda group: self.get_group(group).max_delivery_attempts,
+            dead_letter=self._dead_letter,
         )
         txn_config = transaction_config if transaction_config is not None else TransactionConfig()
         self.transactions = TransactionService(store, metadata_dir, txn_config, clock)
@@ -169,17 +162,18 @@ class Broker:
             self.timer.persist()
             self.offsets.persist()
             self._pop.close()
+            self.lite.close()
             self.transactions.close()
             self.topics.close()
             self.groups.close()
 
-    def tick(self) -> None:
-        """Deliver due delay messages, dead-letter expired last deliveries; persist periodically."""
+    def tick(self) -> bool:
         with self._tick_lock:
             now = self.clock.now_ms()
             self.timer.tick(now)
             self._pop.revive(now)  # dead-letter expired last deliveries (broker/revive.py)
             self._checks.tick(now)
+            self.lite.tick(now)
             self.transactions.maybe_snapshot(now)
             self.offsets.maybe_persist(now)
             if now - self._last_snapshot_ms >= self.config.offset_persist_interval_ms:
@@ -192,6 +186,16 @@ class Broker:
                         self.topics.drop_drained_queues(
                             topic.name, self._queue_has_messages(topic.name)
                         )
+            return self._checks.scanning
+
+    def update_config(self, changes: Mapping[str, Any]) -> BrokerConfig:
+        fields = {f.name for f in dataclasses.fields(BrokerConfig)}
+        unknown = sorted(set(changes) - fields)
+        if unknown:
+            raise InvalidArgument(f"no broker setting {', '.join(map(repr, unknown))}")
+        for name, value in changes.items():
+            setattr(self.config, name, value)
+        return self.config
 
     # -- topics ------------------------------------------------------------------
     def create_topic(
@@ -220,13 +224,14 @@ class Broker:
         )
 
     def delete_topic(self, name: str) -> None:
-        self.topics.delete(name)
+        deleted = self.topics.delete(name)
+        if deleted.message_type is MessageType.LITE:
+            self.lite.delete_parent(name)
         self.store.delete_topic(name)
         self.offsets.forget(topic=name)
         self._selector.forget(name)
 
     def get_topic(self, name: str) -> TopicConfig:
-        """The topic; raises TopicNotFound unless auto-creation is on (then a mixed topic)."""
         topic = self.topics.find(name)
         if topic is not None:
             return topic
@@ -237,8 +242,10 @@ class Broker:
         except TopicExists:
             return self.topics.get(name)
 
+    def find_topic(self, name: str) -> TopicConfig | None:
+        return self.topics.find(name)
+
     def list_topics(self) -> list[TopicConfig]:
-        """User topics and dead-letter topics (not the broker's internal ones)."""
         return [t for t in self.topics.all() if not is_internal_topic(t.name)]
 
     def topic_status(self, name: str) -> list[QueueStatus]:
@@ -268,7 +275,6 @@ class Broker:
         consume_enabled: bool = True,
         broadcast: bool = False,
     ) -> GroupConfig:
-        """A new consumer group; ``consume_from`` None means ``config.default_consume_from``."""
         return self.groups.create(
             name,
             fifo=fifo,
@@ -286,6 +292,7 @@ class Broker:
         self.groups.delete(name)
         self.offsets.forget(group=name)
         self._pop.drop_group(name)
+        self.lite.drop_group(name)
 
     def get_group(self, name: str) -> GroupConfig:
         return self.groups.get(
@@ -294,11 +301,13 @@ class Broker:
             consume_from=self.config.default_consume_from,
         )
 
+    def find_group(self, name: str) -> GroupConfig | None:
+        return self.groups.find(name)
+
     def list_groups(self) -> list[GroupConfig]:
         return self.groups.all()
 
     def group_progress(self, group: str, topic: str | None = None) -> list[QueueProgress]:
-        """Per queue the group consumed by pop or pull: committed offset, lag, in flight."""
         self.groups.get(group)
         names = [topic] if topic is not None else [t.name for t in self.list_topics()]
         pulled = self.offsets.of_group(group, topic)
@@ -322,12 +331,34 @@ class Broker:
 
     # -- produce -----------------------------------------------------------------
     def send(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
-        """Validate every message, store them; returns once written (see the module docs)."""
+        written = self.send_nowait(messages)
+        written.durable.result()
+        return written.result
+
+    def send_nowait(self, messages: Sequence[OutgoingMessage]) -> Written[list[SendResult]]:
+        results = self._send(messages)
+        if not results:
+            return Written(results, _DURABLE)
+        return Written(results, self.store.durable(max(r.end_offset for r in results)))
+
+    def sends_cheaply(self, messages: Sequence[OutgoingMessage]) -> bool:
+        find = self.topics.find
+        return all(
+            find(m.topic) is not None
+            and (m.message_type is not MessageType.TRANSACTION or m.transaction_group is None)
+            for m in messages
+        )
+
+    def _send(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
         if not messages:
             return []
         planned = plan_send(
             list(messages), self.get_topic, self._selector, self.config, self.clock.now_ms()
         )
+        for p in planned:
+            lite = split_lite_queue_topic(p.record.topic)
+            if lite is not None:
+                self.lite.reserve(*lite)
         transaction_ids: list[str | None] = [None] * len(planned)
         if any(m.message_type is MessageType.TRANSACTION for m in messages):
             appended, transaction_ids = self.transactions.append(
@@ -357,11 +388,6 @@ class Broker:
 
     # -- recall (halfmoon/broker/recall.py) ------------------------------------------
     def recall(self, topic: str, recall_handle: str) -> str:
-        """Cancel a delay message before its delivery time; returns its message id.
-
-        Durable on return; recalling again is a no-op. Raises IllegalRecallHandle
-        (garbled, forged, or another topic's handle) or RecallTooLate (already delivered).
-        """
         self.get_topic(topic)
         handle = check_handle(recall_handle, topic, self.config.name, self.store)
         self.timer.cancel(handle.timer_key, handle.message_id)
@@ -391,17 +417,11 @@ class Broker:
         source: str,
         producer_group: str | None = None,
     ) -> TxnState:
-        """Commit, roll back or leave (``unknown``) a transaction; returns once the decision is durable.
-
-        ``resolution``: commit|rollback|unknown; ``source``: client|check|operator.
-        Repeating a decision is a no-op; the opposite raises TransactionAlreadyEnded.
-        """
-        result = self.end_transaction_nowait(
+        written = self.end_transaction_nowait(
             topic, message_id, transaction_id, resolution, source, producer_group
         )
-        if result.end_offset:
-            self.store.wait_durable(result.end_offset)
-        return result.state
+        written.durable.result()
+        return written.result.state
 
     def end_transaction_nowait(
         self,
@@ -411,30 +431,38 @@ class Broker:
         resolution: str,
         source: str,
         producer_group: str | None = None,
-    ) -> EndResult:
-        """As :meth:`end_transaction`, returning once written: await store.durable(result.end_offset)."""
-        return self.transactions.end(
+    ) -> Written[EndResult]:
+        result = self.transactions.end(
             transaction_id, resolution, source, message_id=message_id, topic=topic
         )
+        return Written(result, self._durable(result.end_offset))
+
+    def transaction_ends_cheaply(self, transaction_id: str) -> bool:
+        return self.transactions.ends_cheaply(transaction_id)
 
     def end_transaction_group(self, group_id: str, resolution: str, source: str = "client") -> int:
-        """Commit or roll back every member of a transaction group atomically; members decided now."""
+        written = self.end_transaction_group_nowait(group_id, resolution, source)
+        written.durable.result()
+        return written.result
+
+    def end_transaction_group_nowait(
+        self, group_id: str, resolution: str, source: str = "client"
+    ) -> Written[int]:
         count, end_offset = self.transactions.end_group(group_id, resolution, source)
-        if end_offset:
-            self.store.wait_durable(end_offset)
-        return count
+        return Written(count, self._durable(end_offset))
+
+    def _durable(self, end_offset: int) -> Future[None]:
+        return self.store.durable(end_offset) if end_offset else _DURABLE
 
     def list_transactions(
         self, topic: str | None = None, limit: int = 1000
     ) -> list[TransactionInfo]:
-        """Undecided transactions (prepared and parked), oldest first."""
         return self.transactions.list(topic=topic, limit=limit)
 
     def parked_transactions(self, limit: int = 1000) -> list[TransactionInfo]:
         return self.transactions.list(state=TxnState.PARKED, limit=limit)
 
     def resume_transaction(self, transaction_id: str) -> TransactionInfo:
-        """Put a parked transaction back under checks (count reset)."""
         return self.transactions.resume(transaction_id)
 
     def set_check_sender(self, sender: CheckSender | None) -> None:
@@ -454,45 +482,112 @@ class Broker:
         client_id: str = "",
         queue_id: int | None = None,
     ) -> list[MessageView]:
-        """Up to ``batch_size`` messages hidden for ``invisible_ms`` (0: the default); [] if none.
-
-        ``queue_id`` receives from that queue only (IllegalQueueId if the topic has no
-        such readable queue).
-        """
         config = self._check_consumable(group, topic)
         if queue_id is not None:
             self._check_queue(config, queue_id)
         compiled = self._filters.get(filter)
-        views = self._pop.receive(
-            group,
-            topic,
-            compiled.compiled,
-            batch_size,
-            invisible_ms or self.config.default_invisible_ms,
-            queue_id,
-        )
+        invisible_ms = invisible_ms or self.config.default_invisible_ms
+        if config.message_type is MessageType.LITE:  # the lite topics client_id subscribes to
+            views = self.lite.receive(
+                group, topic, client_id, compiled.compiled, batch_size, invisible_ms
+            )
+        else:
+            views = self._pop.receive(
+                group, topic, compiled.compiled, batch_size, invisible_ms, queue_id
+            )
         self._out.add(len(views))
         self.statistics.record_out(group, topic, len(views))
         return views
 
     def subscribe(self, group: str, topic: str) -> None:
         """Fix a new group's start position in ``topic`` now (call when a consumer subscribes)."""
-        self._check_consumable(group, topic)
-        self._pop.subscribe(group, topic)
+        if self._check_consumable(group, topic).message_type is not MessageType.LITE:
+            self._pop.subscribe(group, topic)  # lite topics: SyncLiteSubscription says what
 
-    def ack(self, group: str, topic: str, receipt_handle: str) -> None:
-        self._pop.ack(group, topic, receipt_handle)
+    def ack(
+        self, group: str, topic: str, receipt_handle: str, lite_topic: str | None = None
+    ) -> None:
+        if self._is_lite(topic, lite_topic):
+            self.lite.ack(group, topic, lite_topic, receipt_handle)
+        else:
+            self._pop.ack(group, topic, receipt_handle)
 
     def change_invisible_duration(
-        self, group: str, topic: str, receipt_handle: str, invisible_ms: int
+        self,
+        group: str,
+        topic: str,
+        receipt_handle: str,
+        invisible_ms: int,
+        lite_topic: str | None = None,
     ) -> str:
+        if self._is_lite(topic, lite_topic):
+            return self.lite.change_invisible_duration(
+                group, topic, lite_topic, receipt_handle, invisible_ms
+            )
         return self._pop.change_invisible_duration(group, topic, receipt_handle, invisible_ms)
 
-    def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> None:
-        self._pop.forward_to_dead_letter(group, topic, receipt_handle)
+    def forward_to_dead_letter(
+        self, group: str, topic: str, receipt_handle: str, lite_topic: str | None = None
+    ) -> None:
+        if self._is_lite(topic, lite_topic):
+            self.lite.forward_to_dead_letter(group, topic, lite_topic, receipt_handle)
+        else:
+            self._pop.forward_to_dead_letter(group, topic, receipt_handle)
 
-    def next_wakeup_ms(self, group: str, topic: str) -> int | None:
+    def next_wakeup_ms(self, group: str, topic: str, client_id: str = "") -> int | None:
+        config = self.topics.find(topic)
+        if config is not None and config.message_type is MessageType.LITE:
+            return self.lite.next_wakeup_ms(group, topic, client_id)
         return self._pop.next_wakeup_ms(group, topic)
+
+    # -- lite topics (halfmoon/broker/lite.py) -------------------------------------
+    def sync_lite_subscription(
+        self,
+        client_id: str,
+        group: str,
+        topic: str,
+        action: str,
+        lite_topics: Sequence[str],
+        offset: OffsetOption | None = None,
+    ) -> list[str]:
+        """Apply a consumer's SyncLiteSubscription; returns its lite topics afterwards."""
+        self._lite_parent(topic)
+        if action in ("partial_add", "complete_add"):
+            self._check_consumable(group, topic)
+        return self.lite.sync(client_id, group, topic, action, lite_topics, offset)
+
+    def client_terminated(self, client_id: str) -> None:
+        self.lite.remove_client(client_id)
+
+    def lite_subscriptions(self, topic: str) -> list[dict[str, object]]:
+        self._lite_parent(topic)
+        return self.lite.subscriptions(topic)
+
+    def set_lite_unsubscribe_notifier(self, notifier: UnsubscribeNotifier | None) -> None:
+        self.lite.set_notifier(notifier)
+
+    def list_lite_topics(self, topic: str) -> list[dict[str, object]]:
+        self._lite_parent(topic)
+        return self.lite.lite_topics(topic)
+
+    def delete_lite_topic(self, topic: str, lite_topic: str) -> int:
+        """Delete a lite topic; its subscribers are told (NotifyUnsubscribeLite). Returns how many."""
+        self._lite_parent(topic)
+        return self.lite.delete(topic, lite_topic)
+
+    def _lite_parent(self, topic: str) -> TopicConfig:
+        config = self.get_topic(topic)
+        if config.message_type is not MessageType.LITE:
+            raise IllegalTopic(
+                f"topic {topic!r} is a {config.message_type.value} topic, not a lite topic; "
+                "create the parent with type lite"
+            )
+        return config
+
+    def _is_lite(self, topic: str, lite_topic: str | None) -> bool:
+        """Whether ``topic`` is a lite parent (then ``lite_topic`` names the queue; required)."""
+        config = self.topics.find(topic)
+        return config is not None and config.message_type is MessageType.LITE
 
     # -- pull --------------------------------------------------------------------
     def pull(
@@ -551,7 +646,6 @@ class Broker:
     def query_offset(
         self, topic: str, queue_id: int, policy: str, timestamp: int | None = None
     ) -> int:
-        """``beginning`` (min offset), ``end`` (max offset) or ``timestamp`` (first stored at/after it)."""
         self._check_queue(self.get_topic(topic), queue_id)
         if policy == "beginning":
             return self.store.min_offset(topic, queue_id)
@@ -564,7 +658,6 @@ class Broker:
         raise InvalidArgument(f"unknown offset policy {policy!r}: use beginning, end or timestamp")
 
     def reset_offset(self, group: str, topic: str, timestamp: int) -> dict[int, int]:
-        """Move the group (pull offsets and pop position) to ``timestamp`` in every queue."""
         self.get_group(group)
         config = self.get_topic(topic)
         offsets = {}
@@ -574,6 +667,43 @@ class Broker:
             self.offsets.set(group, topic, queue_id, offset)
             self._pop.reset(group, topic, queue_id, offset)
         return offsets
+
+    # -- reading stored messages (halfmoon/broker/browse.py) ------------------------
+    def messages_by_id(self, message_id: str, topic: str | None = None) -> list[MessageView]:
+        topics = self.list_topics() if topic is None else [self._existing_topic(topic)]
+        return browse.by_id(self.store, topics, message_id, topic)
+
+    def messages_by_key(
+        self, topic: str, key: str, begin_ms: int, end_ms: int, limit: int
+    ) -> list[MessageView]:
+        config = self._existing_topic(topic)
+        return browse.by_key(self.store, config, key, begin_ms, end_ms, limit)
+
+    def message_at(self, topic: str, queue_id: int, offset: int) -> MessageView:
+        return browse.at(self.store, self._existing_topic(topic), queue_id, offset)
+
+    def scan(
+        self,
+        topic: str,
+        queue_id: int | None,
+        offset: int | None,
+        begin_ms: int,
+        end_ms: int,
+        limit: int,
+        filter: FilterSpec,
+        with_messages: bool = True,
+    ) -> browse.ScanResult:
+        config, compiled = self._existing_topic(topic), self._filters.get(filter)
+        return browse.scan(
+            self.store, config, queue_id, offset, begin_ms, end_ms, limit, compiled, with_messages
+        )
+
+    def _existing_topic(self, name: str) -> TopicConfig:
+        # Unlike get_topic, never auto-create what an operator only looks at.
+        topic = self.topics.find(name)
+        if topic is None:
+            raise TopicNotFound(name)
+        return topic
 
     # -- routes, notifications, status -------------------------------------------
     def route(self, topic: str) -> list[QueueRoute]:
@@ -586,6 +716,12 @@ class Broker:
 
     def add_arrival_listener(self, callback: Callable[[str, int], None]) -> None:
         self._listeners.append(callback)
+
+    def store_stats(self) -> StoreStats:
+        return self.store.stats()
+
+    def traffic(self, topic: str | None = None, group: str | None = None) -> list[TrafficRow]:
+        return self.statistics.rows(topic=topic, group=group)
 
     def status(self) -> BrokerStatus:
         stats = self.store.stats()
@@ -629,7 +765,15 @@ class Broker:
 
     def _readable_queue_ids(self, topic: str) -> list[int]:
         config = self.topics.find(topic)
-        return list(config.readable_queues()) if config is not None and config.readable else []
+        if config is None or not config.readable:
+            return []
+        if config.message_type is MessageType.PRIORITY:
+            return scan_order(list(config.readable_queues()))
+        return list(config.readable_queues())
+
+    def _is_priority_topic(self, topic: str) -> bool:
+        config = self.topics.find(topic)
+        return config is not None and config.message_type is MessageType.PRIORITY
 
     def _pop_settings(self, group: str) -> PopGroupSettings:
         config = self.get_group(group)
@@ -667,8 +811,9 @@ class Broker:
     def _on_append(self, result: AppendResult) -> None:
         if is_internal_topic(result.topic):
             return  # timer, half, op and parked records: no consumer waits on them
+        topic = parent_topic_of(result.topic) or result.topic  # lite consumers wait on the parent
         for callback in list(self._listeners):
             try:
-                callback(result.topic, result.queue_id)
+                callback(topic, result.queue_id)
             except Exception:
                 log.exception("arrival listener failed")

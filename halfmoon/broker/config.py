@@ -47,6 +47,14 @@ class BrokerConfig:
     # ...and never more than this many of them; the rest stay on disk.
     timer_max_heap: int = 100_000
     max_message_group_length: int = 128
+    # Longest lite topic name (RIP-83; announced to lite consumers as max_lite_topic_size).
+    max_lite_topic_length: int = 64
+    # Lite topics one consumer client may subscribe to (announced as lite_subscription_quota).
+    lite_subscription_quota: int = 1000
+    # Lite topics one parent topic may hold; a send creating one more is refused.
+    max_lite_topics_per_topic: int = 100_000
+    # A consumer's lite subscriptions lapse this long after its last SyncLiteSubscription.
+    lite_subscription_timeout_ms: int = 120_000
 
 
 def write_json_atomic(path: Path, data: object) -> None:

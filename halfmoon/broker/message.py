@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from halfmoon.broker.lite_names import parent_topic_of
 from halfmoon.errors import InvalidArgument
 from halfmoon.store.message import (
     KEY_SEPARATOR,
@@ -38,6 +39,9 @@ PROPERTY_CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 PROPERTY_TRANSACTION_GROUP = "__HM_TXN_GROUP"
 PROPERTY_DLQ_ORIGIN_GROUP = "__HM_DLQ_GROUP"
 PROPERTY_DELIVERY_ATTEMPT = "__HM_ATTEMPT"
+# RIP-80 and RIP-83: RocketMQ's own property names (MessageConst), kept.
+PROPERTY_PRIORITY = "_SYS_MSG_PRIORITY_"
+PROPERTY_LITE_TOPIC = "__LITE_TOPIC"
 
 SYSTEM_PROPERTIES = frozenset(
     {
@@ -57,6 +61,8 @@ SYSTEM_PROPERTIES = frozenset(
         PROPERTY_TRANSACTION_GROUP,
         PROPERTY_DLQ_ORIGIN_GROUP,
         PROPERTY_DELIVERY_ATTEMPT,
+        PROPERTY_PRIORITY,
+        PROPERTY_LITE_TOPIC,
     }
 )
 
@@ -66,7 +72,9 @@ class MessageType(enum.Enum):
     FIFO = "fifo"
     DELAY = "delay"
     TRANSACTION = "transaction"
-    MIXED = "mixed"  # a topic type only: accepts every message type
+    PRIORITY = "priority"  # RIP-80: queue = min(priority, queues - 1), highest queue first
+    LITE = "lite"  # RIP-83: one queue per lite topic under the parent topic
+    MIXED = "mixed"  # a topic type only: accepts normal, FIFO, delay and transaction
 
 
 class IllegalPropertyKey(InvalidArgument):
@@ -92,6 +100,8 @@ class OutgoingMessage:
     producer_group: str | None = None
     transaction_group: str | None = None
     check_immunity_seconds: int | None = None
+    priority: int | None = None  # PRIORITY messages only, >= 0
+    lite_topic: str | None = None  # LITE messages only
 
     def to_store(self, topic: str | None = None, queue_id: int = 0) -> Message:
         """The store record for this message (user and system properties merged)."""
@@ -118,6 +128,10 @@ class OutgoingMessage:
             props[PROPERTY_TRANSACTION_GROUP] = self.transaction_group
         if self.check_immunity_seconds is not None:
             props[PROPERTY_CHECK_IMMUNITY] = str(self.check_immunity_seconds)
+        if self.priority is not None:
+            props[PROPERTY_PRIORITY] = str(self.priority)
+        if self.lite_topic is not None:
+            props[PROPERTY_LITE_TOPIC] = self.lite_topic
         return Message(
             topic=topic or self.topic,
             body=self.body,
@@ -154,14 +168,22 @@ class MessageView:
     delivery_attempt: int = 1
     receipt_handle: str | None = None
     invisible_duration_ms: int | None = None
+    priority: int | None = None
+    lite_topic: str | None = None
 
     @classmethod
     def of(cls, stored: StoredMessage) -> MessageView:
         props = stored.properties
         delivery = props.get(PROPERTY_DELIVERY_TIME)
         type_name = props.get(PROPERTY_MESSAGE_TYPE)
+        priority = props.get(PROPERTY_PRIORITY)
+        lite_topic = props.get(PROPERTY_LITE_TOPIC)
+        topic = props.get(PROPERTY_REAL_TOPIC, stored.topic)
+        if lite_topic is not None:
+            # A lite topic's queue is a store topic of its own; consumers see the parent.
+            topic = parent_topic_of(topic) or topic
         return cls(
-            topic=props.get(PROPERTY_REAL_TOPIC, stored.topic),
+            topic=topic,
             queue_id=stored.queue_id,
             queue_offset=stored.queue_offset,
             message_id=props.get(PROPERTY_UNIQUE_ID, ""),
@@ -179,6 +201,8 @@ class MessageView:
             commit_log_offset=stored.commit_log_offset,
             transaction_group=props.get(PROPERTY_TRANSACTION_GROUP),
             transaction_id=props.get(PROPERTY_TRANSACTION_ID),
+            priority=int(priority) if priority and priority.isdigit() else None,
+            lite_topic=lite_topic,
         )
 
 

@@ -99,6 +99,9 @@ class PopGroupSettings:
     fifo: bool = False
     max_delivery_attempts: int = 17
     consume_from: str = "latest"  # where a new group starts: "earliest" | "latest" | "auto"
+    # With fifo: order every message of a queue, not only those with a message group
+    # (lite topics: one queue per lite topic, always delivered in order).
+    every_message_ordered: bool = False
 
 
 class PopService:
@@ -113,6 +116,7 @@ class PopService:
         state_path: Path | None,
         min_receive_invisible_ms: int = MIN_RECEIVE_INVISIBLE_MS,
         hot_data_bytes: int = 0,
+        priority_order: Callable[[str], bool] = lambda topic: False,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -122,6 +126,9 @@ class PopService:
         self._state_path = state_path
         self._min_receive_invisible_ms = min_receive_invisible_ms
         self._hot_data_bytes = hot_data_bytes or default_hot_data_bytes()
+        # Topics whose receives start at the first of topic_queues every time: priority
+        # topics, which list their queues highest priority first (priority.py).
+        self._priority_order = priority_order
         self._states: dict[tuple[str, str], TopicConsumption] = {}
         self._states_lock = threading.Lock()
         self._snapshot_lock = threading.Lock()
@@ -176,6 +183,8 @@ class PopService:
             now = self._clock.now_ms()
             if queue_id is not None:
                 walk = [queue_id] if queue_id in queue_ids else []
+            elif not settings.fifo and self._priority_order(topic):
+                walk = list(queue_ids)  # highest priority first, every time
             else:
                 start = state.rotation
                 state.rotation = (start + 1) % len(queue_ids)
@@ -318,7 +327,9 @@ class PopService:
                 if matcher is not None and not matcher.matches_message(view.tag, view.properties):
                     continue
                 epoch = next(self._epochs)
-                ordered = settings.fifo and view.message_group is not None
+                ordered = settings.fifo and (
+                    settings.every_message_ordered or view.message_group is not None
+                )
                 queue.deliver(
                     stored.queue_offset, stored.commit_log_offset, visible_at, epoch, ordered
                 )
@@ -437,6 +448,10 @@ class PopService:
                 self._dead_letter(group, stored, entry.attempt)
             queue.complete(receipt.queue_offset)
             state.dirty = True
+
+    def handle_topic(self, handle: str) -> str:
+        """The topic a receipt handle of this service names (InvalidReceiptHandle if garbled)."""
+        return self._codec.decode(handle).topic
 
     def _decode(self, topic: str, handle: str) -> ReceiptHandle:
         receipt = self._codec.decode(handle)

@@ -31,6 +31,7 @@ from halfmoon.broker.errors import (
     MessageTypeMismatch,
     PermissionDenied,
 )
+from halfmoon.broker.lite_names import check_lite_topic, lite_queue_topic_unchecked
 from halfmoon.broker.message import (
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
@@ -38,6 +39,7 @@ from halfmoon.broker.message import (
     OutgoingMessage,
     new_message_id,
 )
+from halfmoon.broker.priority import IllegalPriority, check_priority, priority_queue
 from halfmoon.broker.queue_select import QueueSelector
 from halfmoon.broker.topics import TIMER_TOPIC, TopicConfig, check_topic_name
 from halfmoon.errors import InvalidArgument
@@ -124,6 +126,7 @@ def _check_fields(
         raise MessageTypeMismatch(
             f"a {kind.value} message cannot have a delivery timestamp; send it as delay"
         )
+    _check_priority_and_lite(msg, topic, config)
     if msg.delivery_timestamp is not None and (
         msg.delivery_timestamp < 0 or msg.delivery_timestamp > now_ms + config.max_delay_ms
     ):
@@ -158,6 +161,26 @@ def _check_fields(
         )
 
 
+def _check_priority_and_lite(
+    msg: OutgoingMessage, topic: TopicConfig, config: BrokerConfig
+) -> None:
+    kind = msg.message_type
+    if kind is MessageType.PRIORITY:
+        if msg.priority is None:
+            raise IllegalPriority("a priority message needs a priority (0 or more); set one")
+        check_priority(msg.priority)
+    elif msg.priority is not None:
+        raise MessageTypeMismatch(
+            f"a {kind.value} message cannot have a priority; send it as a priority message"
+        )
+    if kind is MessageType.LITE:
+        check_lite_topic(msg.lite_topic, topic.name, config.max_lite_topic_length)
+    elif msg.lite_topic is not None:
+        raise MessageTypeMismatch(
+            f"a {kind.value} message cannot have a lite topic; send it as a lite message"
+        )
+
+
 def plan_send(
     messages: list[OutgoingMessage],
     get_topic: Callable[[str], TopicConfig],
@@ -174,7 +197,12 @@ def plan_send(
         checked.append((msg, topic))
     planned = []
     for msg, topic in checked:
-        if msg.message_group:
+        store_topic = topic.name
+        if msg.lite_topic is not None:  # one queue per lite topic (lite_names.py)
+            store_topic, queue_id = lite_queue_topic_unchecked(topic.name, msg.lite_topic), 0
+        elif msg.priority is not None:
+            queue_id = priority_queue(msg.priority, topic.queue_count)
+        elif msg.message_group:
             queue_id = selector.select(topic.name, topic.queue_count, msg.message_group)
         elif msg.queue_id is not None:
             queue_id = msg.queue_id
@@ -187,7 +215,7 @@ def plan_send(
             record.properties[PROPERTY_REAL_TOPIC] = topic.name
             record.properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
         else:
-            record = _with_id(msg, message_id).to_store(topic.name, queue_id)
+            record = _with_id(msg, message_id).to_store(store_topic, queue_id)
         planned.append(PlannedMessage(record, message_id, topic.name, queue_id, delayed))
     return planned
 

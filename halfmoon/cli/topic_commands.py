@@ -1,4 +1,4 @@
-"""``halfmoon topic create|list|describe|status|route|update|delete``.
+"""``halfmoon topic create|list|describe|status|route|update|delete|lite-list|lite-delete``.
 
 ``status`` is RocketMQ's topicStatus (offsets per queue, last store time);
 ``route`` its topicRoute (which broker serves which queue, with what permission).
@@ -13,7 +13,7 @@ from halfmoon.cli.admin_client import quote
 from halfmoon.cli.parser import UsageError, add_command, client, emit, positive_int
 from halfmoon.cli.table import columns_for, format_ms, render_record, render_table
 
-TOPIC_TYPES = ("normal", "fifo", "delay", "transaction", "mixed")
+TOPIC_TYPES = ("normal", "fifo", "delay", "transaction", "priority", "lite", "mixed")
 PERMS = ("rw", "r", "w")
 
 TOPIC_COLUMNS = [
@@ -47,7 +47,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--type",
         choices=TOPIC_TYPES,
         default="normal",
-        help="message type it accepts (default normal)",
+        help="message type it accepts (default normal); priority: a message's priority is "
+        "its queue, highest consumed first; lite: a parent of lite topics",
     )
     create.add_argument(
         "--queues",
@@ -89,6 +90,21 @@ def register(commands: argparse._SubParsersAction) -> None:
         sub, "route", topic_route, "which broker serves each queue, and its permissions"
     )
     route.add_argument("name", metavar="NAME")
+
+    lite_list = add_command(
+        sub, "lite-list", list_lite_topics, "lite topics of a lite topic, and who subscribes"
+    )
+    lite_list.add_argument("name", metavar="NAME")
+    lite_delete = add_command(
+        sub,
+        "lite-delete",
+        delete_lite_topic,
+        "delete one lite topic (its subscribers are told to unsubscribe)",
+    )
+    lite_delete.add_argument("name", metavar="NAME")
+    lite_delete.add_argument(
+        "--lite-topic", dest="lite_topic", required=True, help="the lite topic to delete"
+    )
 
 
 def summary(topic: dict[str, Any]) -> str:
@@ -184,3 +200,36 @@ def update_topic(args: argparse.Namespace) -> None:
 def delete_topic(args: argparse.Namespace) -> None:
     result = client(args).delete(f"/v1/topics/{quote(args.name)}")
     emit(args, result, lambda: f"deleted topic '{args.name}'")
+
+
+LITE_COLUMNS = [
+    ("lite_topic", "LITE TOPIC"),
+    ("min_offset", "MIN OFFSET"),
+    ("max_offset", "MAX OFFSET"),
+    ("subscribers", "SUBSCRIBERS"),
+]
+
+
+def list_lite_topics(args: argparse.Namespace) -> None:
+    answer = client(args).get(f"/v1/topics/{quote(args.name)}/lite-topics")
+    rows = answer["lite_topics"]
+
+    def human() -> str:
+        if not rows:
+            return f"topic '{args.name}' has no lite topics"
+        return render_table(rows, LITE_COLUMNS) + f"\n\n{len(rows)} lite topics"
+
+    emit(args, answer, human)
+
+
+def delete_lite_topic(args: argparse.Namespace) -> None:
+    path = f"/v1/topics/{quote(args.name)}/lite-topics/{quote(args.lite_topic)}"
+    result = client(args).delete(path)
+    emit(
+        args,
+        result,
+        lambda: (
+            f"deleted lite topic '{args.lite_topic}' of '{args.name}' "
+            f"({result.get('notified', 0)} subscribers told)"
+        ),
+    )

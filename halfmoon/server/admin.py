@@ -1,7 +1,7 @@
 """The admin HTTP API: JSON over the broker's own methods, an OpenAPI document, metrics.
 
-Every endpoint ends in one :class:`~halfmoon.broker.broker.Broker` call (run
-in a worker thread: broker calls may touch the disk) and translates its
+Every endpoint ends in one call of the :class:`~halfmoon.broker.facade.Broker`
+facade (run in a worker thread: broker calls may touch the disk) and translates its
 result to JSON; no rule about topics or groups lives here. Errors are JSON::
 
     {"error": {"code": "TOPIC_NOT_FOUND", "message": "topic 'x' does not exist; ..."}}
@@ -41,153 +41,52 @@ Endpoints (``/openapi.json`` describes each, with its request and answer):
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import enum
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from halfmoon.broker.facade import Broker
+from halfmoon.broker.groups import RetryPolicy
 from halfmoon.broker.message import MessageType
-from halfmoon.errors import HalfmoonError, InvalidArgument
+from halfmoon.config import Config, config_to_dict
+from halfmoon.errors import HalfmoonError
+from halfmoon.server import admin_lite, admin_messages, admin_operations
+from halfmoon.server.admin_http import (
+    BROKER_KEY,
+    CONFIG_KEY,
+    REGISTRY_KEY,
+    ApiError,
+    broker_of,
+    call,
+    error_reply,
+    existing_group,
+    existing_topic,
+    http_status,
+    jsonable,
+    read_body,
+    reject_unknown,
+    reply,
+    take,
+)
+from halfmoon.server.admin_namespace import namespaced_names
 from halfmoon.server.admin_openapi import openapi_document
 from halfmoon.server.metrics import CONTENT_TYPE, MetricFamily, MetricsRegistry, default_registry
+from halfmoon.server.telemetry import ClientRegistry
 
 log = logging.getLogger(__name__)
-
-BROKER_KEY: web.AppKey[Any] = web.AppKey("broker", object)
-STORE_KEY: web.AppKey[Any] = web.AppKey("store", object)
-CONFIG_KEY: web.AppKey[Any] = web.AppKey("config", object)
-REGISTRY_KEY: web.AppKey[MetricsRegistry] = web.AppKey("metrics", MetricsRegistry)
 
 TOPIC_TYPES = [t.value for t in MessageType]
 PERMS = ["rw", "r", "w"]
 CONSUME_FROM = ["latest", "earliest", "auto"]
 
 
-class ApiError(InvalidArgument):
-    """A malformed request (bad JSON, wrong field type), as opposed to a broker refusal."""
-
-
-# -- JSON --------------------------------------------------------------------
-
-
-def jsonable(value: Any) -> Any:
-    """Broker objects as plain JSON: ``to_dict()`` when they have one, else their fields."""
-    if hasattr(value, "to_dict") and callable(value.to_dict):
-        return jsonable(value.to_dict())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [jsonable(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return value
-
-
-def reply(data: Any, status: int = 200) -> web.Response:
-    return web.json_response(jsonable(data), status=status, dumps=_dumps)
-
-
-def _dumps(data: Any) -> str:
-    return json.dumps(data, ensure_ascii=False)
-
-
-def error_reply(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message}}, status=status)
-
-
-def http_status(exc: HalfmoonError) -> int:
-    return exc.http_status  # each error class says (see halfmoon.errors)
-
-
-# -- request bodies ----------------------------------------------------------
-
-
-# A body already read and rewritten (its names namespaced) by admin_namespace.
-# (web.RequestKey exists from aiohttp 3.12; older ones take the plain string.)
-BODY_KEY: Any = (
-    web.RequestKey("halfmoon.body", dict) if hasattr(web, "RequestKey") else "halfmoon.body"
-)
-
-
-async def read_body(request: web.Request) -> dict[str, Any]:
-    if BODY_KEY in request:
-        return dict(request[BODY_KEY])
-    raw = await request.read()
-    if not raw:
-        return {}
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise ApiError(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise ApiError("request body must be a JSON object")
-    return body
-
-
-def take(
-    body: dict[str, Any],
-    name: str,
-    kind: type | tuple[type, ...],
-    *,
-    required: bool = False,
-    choices: list[str] | None = None,
-    minimum: int | None = None,
-) -> Any:
-    """``body[name]`` checked against ``kind`` (and choices/minimum); None when absent."""
-    if name not in body or body[name] is None:
-        if required:
-            raise ApiError(f"field {name!r} is required")
-        return None
-    value = body[name]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    # bool is an int in Python, never in a request.
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-        names = " or ".join(_JSON_TYPE_NAMES.get(k, k.__name__) for k in kinds)
-        raise ApiError(f"field {name!r} must be {names}, not {json.dumps(value)}")
-    if choices is not None and value not in choices:
-        raise ApiError(f"field {name!r} must be one of {', '.join(choices)}, not {value!r}")
-    if minimum is not None and isinstance(value, int | float) and value < minimum:
-        raise ApiError(f"field {name!r} must be at least {minimum}, not {value}")
-    return value
-
-
-_JSON_TYPE_NAMES = {
-    str: "a string",
-    int: "an integer",
-    bool: "true or false",
-    dict: "an object",
-    float: "a number",
-    list: "an array",
-}
-
-
-def reject_unknown(body: dict[str, Any], known: set[str]) -> None:
-    unknown = sorted(set(body) - known)
-    if unknown:
-        raise ApiError(
-            f"unknown field(s) {', '.join(map(repr, unknown))}; accepted: {', '.join(sorted(known))}"
-        )
-
-
-def retry_policy_from(body: dict[str, Any]) -> Any:
+def retry_policy_from(body: dict[str, Any]) -> RetryPolicy | None:
     data = take(body, "retry_policy", dict)
     if data is None:
         return None
-    from halfmoon.broker.groups import RetryPolicy
-
     kind = take(data, "kind", str, choices=["customized", "exponential"]) or "customized"
     if kind == "exponential":
         return RetryPolicy.exponential(
@@ -204,24 +103,12 @@ def retry_policy_from(body: dict[str, Any]) -> Any:
 # -- handlers ----------------------------------------------------------------
 
 
-async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run a broker call off the event loop (it may wait for the disk)."""
-    return await asyncio.to_thread(fn, *args, **kwargs)
-
-
-def broker_of(request: web.Request) -> Any:
-    return request.app[BROKER_KEY]
-
-
 async def get_status(request: web.Request) -> web.Response:
     return reply(await call(broker_of(request).status))
 
 
 async def get_config(request: web.Request) -> web.Response:
-    from halfmoon.config import config_to_dict
-
-    config = request.app[CONFIG_KEY]
-    return reply(config_to_dict(config) if dataclasses.is_dataclass(config) else {})
+    return reply(config_to_dict(request.app[CONFIG_KEY]))
 
 
 async def list_topics(request: web.Request) -> web.Response:
@@ -244,8 +131,8 @@ async def create_topic(request: web.Request) -> web.Response:
 
 
 def _default_queue_count(request: web.Request) -> int:
-    broker_config = getattr(request.app[CONFIG_KEY], "broker", None)
-    return int(getattr(broker_config, "default_queue_count", 8))
+    # The broker's own setting: it may change at runtime (PATCH /v1/runtime-config).
+    return broker_of(request).config.default_queue_count
 
 
 async def get_topic(request: web.Request) -> web.Response:
@@ -321,26 +208,8 @@ async def create_group(request: web.Request) -> web.Response:
 
 
 async def get_group(request: web.Request) -> web.Response:
-    group = await call(_existing_group, broker_of(request), request.match_info["group"])
+    group = await call(existing_group, broker_of(request), request.match_info["group"])
     return reply(group)
-
-
-def _existing_group(broker: Any, name: str) -> Any:
-    # get_group may auto-create; an admin read must not create what it looks at.
-    for group in broker.list_groups():
-        if group.name == name:
-            return group
-    from halfmoon.broker.errors import GroupNotFound
-
-    raise GroupNotFound(name)
-
-
-def _existing_topic(broker: Any, name: str) -> None:
-    # get_topic may auto-create; an admin read must not create what it looks at.
-    if not any(topic.name == name for topic in broker.list_topics()):
-        from halfmoon.broker.errors import TopicNotFound
-
-        raise TopicNotFound(name)
 
 
 async def update_group(request: web.Request) -> web.Response:
@@ -365,9 +234,9 @@ async def group_progress(request: web.Request) -> web.Response:
     broker = broker_of(request)
     name = request.match_info["group"]
     topic = request.query.get("topic") or None
-    await call(_existing_group, broker, name)
+    await call(existing_group, broker, name)
     if topic is not None:
-        await call(_existing_topic, broker, topic)
+        await call(existing_topic, broker, topic)
     queues = await call(broker.group_progress, name, topic)
     return reply({"group": name, "topic": topic, "queues": queues})
 
@@ -489,7 +358,7 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
 # -- metrics collected from the broker at scrape time -------------------------
 
 
-def broker_collector(broker: Any) -> Callable[[], list[MetricFamily]]:
+def broker_collector(broker: Broker) -> Callable[[], list[MetricFamily]]:
     def collect() -> list[MetricFamily]:
         families: list[MetricFamily] = []
         status = jsonable(broker.status())
@@ -535,22 +404,18 @@ def broker_collector(broker: Any) -> Callable[[], list[MetricFamily]]:
 
 
 def create_admin_app(
-    broker: Any,
-    store: Any,
-    config: Any,
+    broker: Broker,
+    config: Config,
     registry: MetricsRegistry | None = None,
-    clients: Any = None,
+    clients: ClientRegistry | None = None,
 ) -> web.Application:
     """The admin API over ``broker``; run it with aiohttp's ``AppRunner`` on
     ``config.server.admin_listen``. ``registry`` defaults to the process-wide one;
     ``clients`` is the gRPC server's ClientRegistry (connected consumers), if any."""
-    from halfmoon.server.admin_namespace import namespaced_names  # it imports this module
-
     app = web.Application(
         middlewares=[errors_and_metrics, namespaced_names], client_max_size=1024 * 1024
     )
     app[BROKER_KEY] = broker
-    app[STORE_KEY] = store
     app[CONFIG_KEY] = config
     registry = registry or default_registry()
     app[REGISTRY_KEY] = registry
@@ -587,8 +452,7 @@ def create_admin_app(
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/openapi.json", get_openapi)
     app.router.add_get("/healthz", healthz)
-    from halfmoon.server import admin_messages, admin_operations  # they import this module
-
+    admin_lite.add_routes(app)
     admin_messages.add_routes(app)
     admin_operations.add_routes(app, clients)
     return app

@@ -21,7 +21,8 @@ messages). Bodies travel as UTF-8 text when they are, else base64
 A scan walks one queue (``queue``) or every readable queue in order, from
 ``offset`` (one queue only), else from the first message stored at or after
 ``begin_ms``, else from the queue's start; it stops at ``end_ms``, after
-``limit`` messages, or after examining ``MAX_SCAN_ENTRIES`` entries. Its answer
+``limit`` messages, or after examining ``MAX_SCAN_ENTRIES`` entries (see
+:mod:`halfmoon.broker.browse`, which does the reading). Its answer
 carries ``next_offsets`` per queue and ``complete`` so a caller can continue
 where it stopped, and ``tag_counts`` over every matching message it saw.
 """
@@ -35,20 +36,23 @@ from typing import Any
 
 from aiohttp import web
 
-from halfmoon.broker.filter_spec import FilterCache, FilterSpec
-from halfmoon.broker.message import MessageView, OutgoingMessage
-from halfmoon.errors import InvalidArgument
-from halfmoon.server.admin import ApiError, broker_of, call, read_body, reject_unknown, reply, take
-from halfmoon.store.api import GetStatus
-from halfmoon.store.store import MessageNotFound
+from halfmoon.broker.browse import ScanResult
+from halfmoon.broker.errors import TopicNotFound
+from halfmoon.broker.filter_spec import FilterSpec
+from halfmoon.broker.message import MessageType, MessageView, OutgoingMessage
+from halfmoon.broker.produce import SendResult
+from halfmoon.server.admin_http import (
+    ApiError,
+    broker_of,
+    call,
+    read_body,
+    reject_unknown,
+    reply,
+    take,
+)
 
-MAX_SCAN_ENTRIES = 100_000  # per request: a caller pages with next_offsets
 MAX_SCAN_LIMIT = 10_000  # messages per answer
 MAX_KEY_RESULTS = 1_000
-NO_TAG = "(none)"
-_READ_BATCH = 64
-
-_filters = FilterCache(capacity=64)
 
 
 # -- JSON of a message ----------------------------------------------------------------
@@ -66,6 +70,8 @@ def message_json(view: MessageView, *, body: bool = True) -> dict[str, Any]:
         "message_type": view.message_type.value,
         "message_group": view.message_group,
         "delivery_timestamp": view.delivery_timestamp,
+        "priority": view.priority,
+        "lite_topic": view.lite_topic,
         "born_timestamp": view.born_timestamp,
         "store_timestamp": view.store_timestamp,
         "born_host": view.born_host,
@@ -119,16 +125,6 @@ def _time_range(request: web.Request) -> tuple[int, int]:
     return begin, end
 
 
-def _existing_topic(broker: Any, name: str) -> Any:
-    # Unlike broker.get_topic, never auto-create what an operator only looks at.
-    topic = broker.topics.find(name)
-    if topic is None:
-        from halfmoon.broker.errors import TopicNotFound
-
-        raise TopicNotFound(name)
-    return topic
-
-
 # -- handlers ---------------------------------------------------------------------------
 
 
@@ -136,27 +132,8 @@ async def get_message_by_id(request: web.Request) -> web.Response:
     broker = broker_of(request)
     message_id = request.match_info["message_id"]
     topic = request.query.get("topic") or None
-
-    def find() -> list[dict[str, Any]]:
-        if topic is not None:
-            _existing_topic(broker, topic)
-            names = [topic]
-        else:
-            names = [t.name for t in broker.list_topics()]
-        found = []
-        for name in names:
-            for stored in broker.store.query_by_key(name, message_id, max_results=16):
-                if stored.unique_id == message_id:
-                    found.append(message_json(MessageView.of(stored)))
-        if not found:
-            where = f"topic {topic!r}" if topic else "any topic"
-            raise MessageNotFound(
-                f"no message with id {message_id!r} in {where} (it may be older than the "
-                "retention, or the id may be mistyped)"
-            )
-        return found
-
-    return reply({"message_id": message_id, "messages": await call(find)})
+    found = await call(broker.messages_by_id, message_id, topic)
+    return reply({"message_id": message_id, "messages": [message_json(m) for m in found]})
 
 
 async def query_by_key(request: web.Request) -> web.Response:
@@ -170,12 +147,8 @@ async def query_by_key(request: web.Request) -> web.Response:
     assert limit is not None
     limit = min(limit, MAX_KEY_RESULTS)
 
-    def find() -> list[dict[str, Any]]:
-        _existing_topic(broker, topic)
-        found = broker.store.query_by_key(topic, key, begin, end, limit)
-        return [message_json(MessageView.of(m)) for m in found if key in m.keys]
-
-    messages = await call(find)
+    found = await call(broker.messages_by_key, topic, key, begin, end, limit)
+    messages = [message_json(m) for m in found]
     return reply(
         {"topic": topic, "key": key, "begin_ms": begin, "end_ms": end, "messages": messages}
     )
@@ -187,22 +160,7 @@ async def get_message_at(request: web.Request) -> web.Response:
     queue_id = _path_int(request, "queue_id")
     offset = _path_int(request, "offset")
 
-    def read() -> dict[str, Any]:
-        config = _existing_topic(broker, topic)
-        if queue_id not in config.readable_queues():
-            raise InvalidArgument(
-                f"topic {topic!r} has no queue {queue_id} (0 to {len(config.readable_queues()) - 1})"
-            )
-        got = broker.store.get(topic, queue_id, offset, max_messages=1)
-        if got.status is not GetStatus.FOUND or got.messages[0].queue_offset != offset:
-            raise MessageNotFound(
-                f"queue {queue_id} of {topic!r} has no message at offset {offset} "
-                f"(it holds offsets {got.min_offset} to {max(got.min_offset, got.max_offset - 1)}"
-                f"{'' if got.max_offset > got.min_offset else ', none yet'})"
-            )
-        return message_json(MessageView.of(got.messages[0]))
-
-    return reply(await call(read))
+    return reply(message_json(await call(broker.message_at, topic, queue_id, offset)))
 
 
 def _path_int(request: web.Request, name: str) -> int:
@@ -221,6 +179,8 @@ SEND_FIELDS = {
     "properties",
     "message_group",
     "delivery_timestamp",
+    "priority",
+    "lite_topic",
 }
 
 
@@ -251,17 +211,21 @@ async def send_message(request: web.Request) -> web.Response:
         queue_id=take(body, "queue_id", int, minimum=0),
         message_group=take(body, "message_group", str),
         delivery_timestamp=take(body, "delivery_timestamp", int, minimum=0),
+        priority=take(body, "priority", int),
+        lite_topic=take(body, "lite_topic", str),
         born_host="admin",
     )
+    if message.priority is not None:
+        message.message_type = MessageType.PRIORITY
+    elif message.lite_topic is not None:
+        message.message_type = MessageType.LITE
     broker = broker_of(request)
 
-    def send() -> Any:
-        _existing_topic(broker, message.topic)
+    def send() -> SendResult:
+        if broker.find_topic(message.topic) is None:  # never auto-create from the admin API
+            raise TopicNotFound(message.topic)
         message.born_timestamp = int(time.time() * 1000)
-        result = broker.send([message])[0]
-        if result.end_offset:
-            broker.store.wait_durable(result.end_offset)
-        return result
+        return broker.send([message])[0]
 
     result = await call(send)
     return reply(
@@ -295,104 +259,26 @@ async def scan_messages(request: web.Request) -> web.Response:
     bodies = query_bool(request, "bodies", True)
     with_messages = query_bool(request, "messages", True)
 
-    def scan() -> dict[str, Any]:
-        config = _existing_topic(broker, topic)
-        queues = list(config.readable_queues())
-        if queue is not None:
-            if queue not in queues:
-                raise InvalidArgument(
-                    f"topic {topic!r} has no queue {queue} (0 to {len(queues) - 1})"
-                )
-            queues = [queue]
-        compiled = _filters.get(spec)
-        return _scan(
-            broker.store, topic, queues, offset, begin, end, limit, compiled, bodies, with_messages
-        )
-
+    found = await call(broker.scan, topic, queue, offset, begin, end, limit, spec, with_messages)
     return reply(
         {
             "topic": topic,
             "filter_type": filter_type.lower(),
             "filter": spec.expression,
-            **(await call(scan)),
+            **_scan_json(found, bodies),
         }
     )
 
 
-def _scan(
-    store: Any,
-    topic: str,
-    queues: list[int],
-    offset: int | None,
-    begin: int,
-    end: int,
-    limit: int,
-    compiled: Any,
-    bodies: bool,
-    with_messages: bool,
-) -> dict[str, Any]:
-    messages: list[dict[str, Any]] = []
-    tag_counts: dict[str, int] = {}
-    next_offsets: dict[str, int] = {}
-    matched = examined = 0
-    complete = True
-    for queue_id in queues:
-        if offset is not None:
-            position = offset
-        elif begin > 0:
-            position = store.offset_for_timestamp(topic, queue_id, begin)
-        else:
-            position = store.min_offset(topic, queue_id)
-        position = max(position, store.min_offset(topic, queue_id))
-        high = store.max_offset(topic, queue_id)
-        done = False
-        while not done and position < high:
-            if (with_messages and len(messages) >= limit) or examined >= MAX_SCAN_ENTRIES:
-                complete = False
-                break
-            got = store.get(
-                topic, queue_id, position, _READ_BATCH
-            )  # filter below: count what we skip
-            if got.status is GetStatus.OFFSET_TOO_SMALL:
-                position = got.next_offset
-                continue
-            if not got.messages:
-                position = got.next_offset if got.next_offset > position else high
-                continue
-            for stored in got.messages:
-                examined += 1
-                if stored.store_timestamp > end:
-                    done = True
-                    break
-                position = stored.queue_offset + 1
-                if stored.store_timestamp < begin:
-                    continue
-                if compiled.tag_hashes is not None and not _tag_matches(compiled, stored):
-                    continue
-                if not compiled.matches(stored):
-                    continue
-                matched += 1
-                tag = stored.tags or NO_TAG
-                tag_counts[tag] = tag_counts.get(tag, 0) + 1
-                if with_messages:
-                    messages.append(message_json(MessageView.of(stored), body=bodies))
-                    if len(messages) >= limit:
-                        break
-        next_offsets[str(queue_id)] = position
+def _scan_json(found: ScanResult, bodies: bool) -> dict[str, Any]:
     return {
-        "messages": messages,
-        "matched": matched,
-        "examined": examined,
-        "tag_counts": dict(sorted(tag_counts.items(), key=lambda kv: (-kv[1], kv[0]))),
-        "next_offsets": next_offsets,
-        "complete": complete,
+        "messages": [message_json(m, body=bodies) for m in found.messages],
+        "matched": found.matched,
+        "examined": found.examined,
+        "tag_counts": found.tag_counts,
+        "next_offsets": {str(q): o for q, o in found.next_offsets.items()},
+        "complete": found.complete,
     }
-
-
-def _tag_matches(compiled: Any, stored: Any) -> bool:
-    from halfmoon.store.message import tag_hash
-
-    return tag_hash(stored.tags) in compiled.tag_hashes
 
 
 def add_routes(app: web.Application) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from halfmoon.server.admin import BODY_KEY, read_body
+from halfmoon.server.admin_http import BODY_KEY, read_body
 from halfmoon.server.namespace import check_namespace, in_namespace, stored_name
 
 PARAM = "namespace"

@@ -10,71 +10,13 @@ from functools import cache
 from typing import Any
 
 from halfmoon.broker.message import MessageType
+from halfmoon.server.admin_openapi_common import _json, _op, _path_param, _ref
+from halfmoon.server.admin_openapi_lite import SCHEMAS as LITE_SCHEMAS
+from halfmoon.server.admin_openapi_lite import paths as lite_paths
+from halfmoon.server.admin_openapi_ops import SCHEMAS as OPERATOR_SCHEMAS
+from halfmoon.server.admin_openapi_ops import paths as operator_paths
 
 TOPIC_TYPES = [t.value for t in MessageType]
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
-
-
-def _errors(*statuses: int) -> dict[str, Any]:
-    meaning = {
-        400: "The request is malformed or the broker refused it (see error.code).",
-        403: "The operation is forbidden.",
-        404: "The topic or group does not exist.",
-        409: "It already exists, or the transaction is already decided the other way.",
-        500: "Internal error.",
-    }
-    return {str(s): _json(_ref("Error"), meaning[s]) for s in (*statuses, 500)}
-
-
-def _op(
-    summary: str,
-    op_id: str,
-    ok: tuple[int, dict[str, Any], str],
-    *errors: int,
-    body: str | None = None,
-    params: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    status, schema, description = ok
-    op: dict[str, Any] = {
-        "summary": summary,
-        "operationId": op_id,
-        "responses": {str(status): _json(schema, description), **_errors(*errors)},
-    }
-    if body is not None:
-        op["requestBody"] = {
-            "required": True,
-            "content": {"application/json": {"schema": _ref(body)}},
-        }
-    # Every /v1 endpoint takes ?namespace= (halfmoon.server.admin_namespace).
-    op["parameters"] = [*(params or []), _NAMESPACE]
-    return op
-
-
-_NAMESPACE: dict[str, Any] = {
-    "name": "namespace",
-    "in": "query",
-    "required": False,
-    "description": "take the topic and consumer-group names of this request in this namespace "
-    "(stored as NAMESPACE%name, as RocketMQ does); topic and group lists show only its own",
-    "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,125}$"},
-}
-
-
-def _path_param(name: str, what: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "in": "path",
-        "required": True,
-        "description": f"{what} name, percent-encoded (%DLQ%g is %25DLQ%25g)",
-        "schema": {"type": "string"},
-    }
 
 
 def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
@@ -305,9 +247,6 @@ SCHEMAS: dict[str, Any] = {
 
 @cache
 def openapi_document() -> dict[str, Any]:
-    from halfmoon.server.admin_openapi_ops import SCHEMAS as OPERATOR_SCHEMAS
-    from halfmoon.server.admin_openapi_ops import paths as operator_paths
-
     topic = [_path_param("topic", "Topic")]
     group = [_path_param("group", "Consumer group")]
     progress_params = [
@@ -490,6 +429,7 @@ def openapi_document() -> dict[str, Any]:
                 ),
             },
             **operator_paths(),
+            **lite_paths(),
             "/metrics": {
                 "get": {
                     "summary": "Prometheus metrics",
@@ -512,5 +452,5 @@ def openapi_document() -> dict[str, Any]:
                 }
             },
         },
-        "components": {"schemas": {**SCHEMAS, **OPERATOR_SCHEMAS}},
+        "components": {"schemas": {**SCHEMAS, **OPERATOR_SCHEMAS, **LITE_SCHEMAS}},
     }

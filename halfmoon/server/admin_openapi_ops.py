@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from halfmoon.server.admin_openapi import _op, _path_param, _ref
+from halfmoon.server.admin_openapi_common import _op, _path_param, _ref
 
 _INT = {"type": "integer"}
 _NUM = {"type": "number"}
@@ -53,6 +53,8 @@ SCHEMAS: dict[str, Any] = {
             "message_type": _STR,
             "message_group": _NULL_STR,
             "delivery_timestamp": _NULL_INT,
+            "priority": _NULL_INT,
+            "lite_topic": _NULL_STR,
             "born_timestamp": _INT,
             "store_timestamp": _INT,
             "born_host": _STR,
@@ -81,6 +83,8 @@ SCHEMAS: dict[str, Any] = {
             "properties": {"type": "object", "additionalProperties": _STR},
             "message_group": _STR,
             "delivery_timestamp": _INT,
+            "priority": {**_INT, "minimum": 0, "description": "a priority message (RIP-80)"},
+            "lite_topic": {**_STR, "description": "a lite message (RIP-83)"},
         },
     },
     "SendResult": {

@@ -28,22 +28,24 @@ from typing import Any
 
 from aiohttp import web
 
+from halfmoon.broker.facade import Broker
+from halfmoon.config import iter_keys
 from halfmoon.errors import InvalidArgument
-from halfmoon.server.admin import (
+from halfmoon.server.admin_http import (
+    CLIENTS_KEY,
     CONFIG_KEY,
     ApiError,
-    _existing_group,
-    _existing_topic,
     broker_of,
     call,
+    existing_group,
+    existing_topic,
     jsonable,
     read_body,
     reject_unknown,
     reply,
     take,
 )
-
-CLIENTS_KEY: web.AppKey[Any] = web.AppKey("clients", object)
+from halfmoon.server.telemetry import ClientRegistry, ClientSession
 
 # Keys the broker reads each time it uses them, so a change takes effect at once.
 # (Others are copied into long-lived objects at startup and need a restart.)
@@ -71,9 +73,9 @@ def _version() -> str:
 
 
 def _addresses(request: web.Request) -> tuple[str, str]:
-    server = getattr(request.app[CONFIG_KEY], "server", None)
-    listen = getattr(server, "listen", "-")
-    advertise = getattr(server, "advertise_host", None)
+    server = request.app[CONFIG_KEY].server
+    listen = server.listen
+    advertise = server.advertise_host
     if advertise and ":" in listen:
         listen = f"{advertise}:{listen.rsplit(':', 1)[1]}"
     return listen, f"http://{request.host}"
@@ -102,26 +104,23 @@ async def get_broker_status(request: web.Request) -> web.Response:
     def collect() -> dict[str, Any]:
         status = jsonable(broker.status())
         extra = status.pop("extra", {}) or {}
-        stats = jsonable(broker.store.stats())
+        stats = jsonable(broker.store_stats())
         data: dict[str, Any] = {**status, **extra}
         data["segments"] = stats.get("segments")
         data["unflushed_bytes"] = (
             stats["commit_log_max_offset"] - stats["commit_log_flushed_offset"]
         )
-        data_dir = getattr(getattr(request.app[CONFIG_KEY], "store", None), "data_dir", None)
-        if data_dir is not None:
-            try:
-                usage = shutil.disk_usage(data_dir)
-                data["disk_free_bytes"] = usage.free
-                data["disk_used_ratio"] = (
-                    round(1 - usage.free / usage.total, 4) if usage.total else None
-                )
-            except OSError:
-                pass
-        if hasattr(broker, "transaction_stats"):
-            txn = jsonable(broker.transaction_stats())
-            data["pending_transactions"] = txn.get("pending")
-            data["parked_transactions"] = txn.get("parked")
+        try:
+            usage = shutil.disk_usage(request.app[CONFIG_KEY].store.data_dir)
+            data["disk_free_bytes"] = usage.free
+            data["disk_used_ratio"] = (
+                round(1 - usage.free / usage.total, 4) if usage.total else None
+            )
+        except OSError:
+            pass
+        txn = jsonable(broker.transaction_stats())
+        data["pending_transactions"] = txn.get("pending")
+        data["parked_transactions"] = txn.get("parked")
         return data
 
     data = await call(collect)
@@ -133,7 +132,7 @@ async def get_broker_status(request: web.Request) -> web.Response:
     return reply(data)
 
 
-def _runtime_values(broker: Any) -> list[dict[str, Any]]:
+def _runtime_values(broker: Broker) -> list[dict[str, Any]]:
     out = []
     for key, description in RUNTIME_KEYS.items():
         section, name = key.split(".", 1)
@@ -151,8 +150,6 @@ async def set_runtime_config(request: web.Request) -> web.Response:
     changes = take(body, "changes", dict, required=True)
     if not changes:
         raise ApiError("field 'changes' is empty: give at least one key and value")
-    from halfmoon.config import iter_keys
-
     known = {info.key: info for info in iter_keys()}
     converted: dict[str, Any] = {}
     for key, raw in changes.items():
@@ -171,8 +168,7 @@ async def set_runtime_config(request: web.Request) -> web.Response:
             raise UnknownRuntimeKey(f"bad value {raw!r} for {key}: must be at least 1")
         converted[key] = value
     broker = broker_of(request)
-    for key, value in converted.items():
-        setattr(broker.config, key.split(".", 1)[1], value)
+    broker.update_config({key.split(".", 1)[1]: value for key, value in converted.items()})
     return reply({"changed": sorted(converted), "keys": _runtime_values(broker)})
 
 
@@ -183,10 +179,10 @@ async def get_statistics(request: web.Request) -> web.Response:
 
     def collect() -> list[dict[str, Any]]:
         if topic is not None:
-            _existing_topic(broker, topic)
+            existing_topic(broker, topic)
         if group is not None:
-            _existing_group(broker, group)
-        rows = [jsonable(r) for r in broker.statistics.rows(topic=topic, group=group)]
+            existing_group(broker, group)
+        rows = [jsonable(r) for r in broker.traffic(topic=topic, group=group)]
         lags: dict[tuple[str, str], int] = {}
         for row in rows:
             if row["group"] is not None and (row["topic"], row["group"]) not in lags:
@@ -208,7 +204,7 @@ async def get_route(request: web.Request) -> web.Response:
     name = request.match_info["topic"]
 
     def collect() -> Any:
-        _existing_topic(broker, name)
+        existing_topic(broker, name)
         return broker.route(name)
 
     routes = jsonable(await call(collect))
@@ -223,9 +219,9 @@ async def get_route(request: web.Request) -> web.Response:
 async def get_group_clients(request: web.Request) -> web.Response:
     broker = broker_of(request)
     name = request.match_info["group"]
-    group = jsonable(await call(_existing_group, broker, name))
+    group = jsonable(await call(existing_group, broker, name))
     clients = request.app.get(CLIENTS_KEY)
-    described = []
+    described: list[dict[str, Any]] = []
     if clients is not None:
         for session in clients.consumers(name):
             info = session.describe()
@@ -242,7 +238,7 @@ async def get_group_clients(request: web.Request) -> web.Response:
     )
 
 
-def _subscriptions(session: Any) -> list[dict[str, str]]:
+def _subscriptions(session: ClientSession) -> list[dict[str, str]]:
     """What the client said it subscribes to (topic and filter), from its settings."""
     settings = session.settings
     subs = []
@@ -270,8 +266,8 @@ async def reset_offset(request: web.Request) -> web.Response:
     name = request.match_info["group"]
 
     def reset() -> dict[int, int]:
-        _existing_group(broker, name)
-        _existing_topic(broker, topic)
+        existing_group(broker, name)
+        existing_topic(broker, topic)
         return broker.reset_offset(name, topic, timestamp)
 
     offsets = await call(reset)
@@ -279,7 +275,7 @@ async def reset_offset(request: web.Request) -> web.Response:
     return reply({"group": name, "topic": topic, "timestamp_ms": timestamp, "queues": queues})
 
 
-def add_routes(app: web.Application, clients: Any = None) -> None:
+def add_routes(app: web.Application, clients: ClientRegistry | None = None) -> None:
     if clients is not None:
         app[CLIENTS_KEY] = clients
     app.router.add_get("/v1/cluster", get_cluster)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import signal
 import sys
@@ -29,16 +28,22 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import grpc
+from aiohttp import web
 
+from halfmoon.broker.broker import Broker as InProcessBroker
+from halfmoon.broker.facade import Broker
+from halfmoon.config import Config
+from halfmoon.server import lite_subscriptions
+from halfmoon.server.admin import create_admin_app
 from halfmoon.server.config import ServerConfig, parse_host_port
 from halfmoon.server.grpc_service import MessagingServicer
 from halfmoon.server.handlers import messaging_handler
 from halfmoon.server.longpoll import ArrivalNotifier
 from halfmoon.server.metrics import MetricFamily, default_registry
 from halfmoon.server.telemetry import ClientRegistry, TelemetryCheckSender
+from halfmoon.store.store import MessageStore
 
 log = logging.getLogger("halfmoon.server")
 
@@ -48,36 +53,32 @@ METADATA_DIR_NAME = "metadata"
 class TickThread(threading.Thread):
     """Calls ``broker.tick()`` every ``interval`` seconds; a failing tick is logged, not fatal.
 
-    While a transaction check scan is under way the next tick follows at
-    once: each tick works on the scan for at most its budget
-    (``transaction.check_tick_budget_ms``) and then lets the delay timer and
-    the periodic persistence run, so they are not starved, but the scan is
-    no longer idle between ticks (it was two thirds of the time).
+    While a transaction check scan is under way (``tick()`` says True) the
+    next tick follows at once: each tick works on the scan for at most its
+    budget (``transaction.check_tick_budget_ms``) and then lets the delay
+    timer and the periodic persistence run, so they are not starved, but the
+    scan is no longer idle between ticks (it was two thirds of the time).
     """
 
-    def __init__(self, broker: Any, interval: float) -> None:
+    def __init__(self, broker: Broker, interval: float) -> None:
         super().__init__(name="halfmoon-tick", daemon=True)
         self._broker = broker
         self._interval = interval
         self._stopping = threading.Event()
 
-    def _scan_under_way(self) -> bool:
-        # Broker has no public "more work" signal yet; its check service says whether a scan is unfinished.
-        checks = getattr(self._broker, "_checks", None)
-        return bool(getattr(checks, "scanning", False))
-
     def run(self) -> None:
         failures = 0
         wait = self._interval
         while not self._stopping.wait(wait):
+            more = False
             try:
-                self._broker.tick()
+                more = self._broker.tick()
                 failures = 0
             except Exception:  # noqa: BLE001 - keep ticking; say so once per streak
                 failures += 1
                 if failures == 1 or failures % 100 == 0:
                     log.exception("event=tick_failed failures=%d", failures)
-            wait = 0 if failures == 0 and self._scan_under_way() else self._interval
+            wait = 0 if more else self._interval
 
     def stop(self) -> None:
         self._stopping.set()
@@ -89,21 +90,12 @@ def _format_address(host: str, port: int) -> str:
 
 
 async def _start_admin(
-    broker: Any, store: Any, config: Any, clients: Any = None
-) -> tuple[Any, str | None]:
-    """Serve ``halfmoon.server.admin.create_admin_app(...)`` (an aiohttp application) on
-    ``config.server.admin_listen``; the runner (for shutdown) and the bound address."""
-    try:
-        admin = importlib.import_module("halfmoon.server.admin")
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("halfmoon.server.admin", "aiohttp"):
-            raise
-        log.warning("event=admin_unavailable reason=%s", exc)
-        return None, None
-    from aiohttp import web
-
+    broker: Broker, config: Config, clients: ClientRegistry | None = None
+) -> tuple[web.AppRunner, str]:
+    """Serve the admin API (an aiohttp application) on ``config.server.admin_listen``;
+    the runner (for shutdown) and the bound address."""
     host, port = parse_host_port(config.server.admin_listen, what="admin listen address")
-    app = admin.create_admin_app(broker, store, config, clients=clients)
+    app = create_admin_app(broker, config, clients=clients)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
@@ -120,27 +112,25 @@ async def _start_admin(
     return runner, _format_address(host, bound)
 
 
-async def _stop_admin(runner: Any) -> None:
+async def _stop_admin(runner: web.AppRunner | None) -> None:
     if runner is not None:
         await runner.cleanup()
 
 
-def _open_store_and_broker(config: Any) -> tuple[Any, Any]:
-    from halfmoon.broker.broker import Broker
-    from halfmoon.store.store import MessageStore
-
+def _open_store_and_broker(config: Config) -> tuple[MessageStore, InProcessBroker]:
     store = MessageStore(config.store)
     try:
         metadata_dir = Path(config.store.data_dir) / METADATA_DIR_NAME
-        transaction_config = getattr(config, "transaction", None)
-        broker = Broker(store, metadata_dir, config.broker, transaction_config=transaction_config)
+        broker = InProcessBroker(
+            store, metadata_dir, config.broker, transaction_config=config.transaction
+        )
     except BaseException:
         store.close()
         raise
     return store, broker
 
 
-async def serve(config: Any, *, stop: asyncio.Event | None = None) -> None:
+async def serve(config: Config, *, stop: asyncio.Event | None = None) -> None:
     """Run until ``stop`` is set or SIGTERM/SIGINT arrives; then shut down cleanly."""
     server_config: ServerConfig = config.server
     loop = asyncio.get_running_loop()
@@ -177,7 +167,6 @@ async def serve(config: Any, *, stop: asyncio.Event | None = None) -> None:
         )
         servicer = MessagingServicer(
             broker,
-            store,
             server_config,
             registry,
             notifier,
@@ -186,18 +175,18 @@ async def serve(config: Any, *, stop: asyncio.Event | None = None) -> None:
         )
         server.add_generic_rpc_handlers((messaging_handler(servicer),))
         await server.start()
-        if hasattr(broker, "set_check_sender"):
-            # Transaction checks reach producers over their telemetry streams.
-            broker.set_check_sender(TelemetryCheckSender(registry))
+        # Transaction checks reach producers over their telemetry streams.
+        broker.set_check_sender(TelemetryCheckSender(registry))
+        lite_subscriptions.install_notifier(broker, registry)  # NotifyUnsubscribeLiteCommand
         collector = _grpc_collector(registry, notifier)
         default_registry().add_collector(collector)
-        admin, admin_address = await _start_admin(broker, store, config, registry)
+        admin, admin_address = await _start_admin(broker, config, registry)
         tick.start()
         _install_signal_handlers(loop, stop, force)
         log.info(
             "halfmoon ready grpc=%s admin=%s data=%s startup_ms=%d",
             _format_address(host, bound),
-            admin_address or "-",
+            admin_address,
             config.store.data_dir,
             (time.monotonic() - started) * 1000,
         )
@@ -209,8 +198,8 @@ async def serve(config: Any, *, stop: asyncio.Event | None = None) -> None:
         log.info("event=shutdown_begin grace_s=%s", server_config.shutdown_grace)
     finally:
         # Each step runs even if an earlier one failed: the store must get closed.
-        if hasattr(broker, "set_check_sender"):
-            broker.set_check_sender(None)
+        broker.set_check_sender(None)
+        lite_subscriptions.remove_notifier(broker)
         try:
             await _shutdown(server, server_config, notifier, registry, force, admin)
         finally:
@@ -264,7 +253,7 @@ async def _shutdown(
     notifier: ArrivalNotifier,
     registry: ClientRegistry,
     force: asyncio.Event,
-    admin: Any,
+    admin: web.AppRunner | None,
 ) -> None:
     notifier.wake_all()
     registry.close_all()
@@ -322,7 +311,7 @@ def configure_logging(level: int = logging.INFO) -> None:
     root.setLevel(level)
 
 
-def run(config: Any) -> int:
+def run(config: Config) -> int:
     """Serve until signalled; the process exit status."""
     configure_logging()
     asyncio.run(serve(config))

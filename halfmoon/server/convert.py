@@ -36,6 +36,8 @@ _TYPE_FROM_WIRE = {
     WireType.FIFO: MessageType.FIFO,
     WireType.DELAY: MessageType.DELAY,
     WireType.TRANSACTION: MessageType.TRANSACTION,
+    WireType.PRIORITY: MessageType.PRIORITY,
+    WireType.LITE: MessageType.LITE,
 }
 _TYPE_TO_WIRE = {v: k for k, v in _TYPE_FROM_WIRE.items()}
 
@@ -89,12 +91,17 @@ def _message_type(msg: pb.Message) -> MessageType:
             return MessageType.FIFO
         if sp.HasField("delivery_timestamp"):
             return MessageType.DELAY
+        if sp.HasField("priority"):
+            return MessageType.PRIORITY
+        if sp.HasField("lite_topic"):
+            return MessageType.LITE
         return MessageType.NORMAL
     if wire in _TYPE_FROM_WIRE:
         return _TYPE_FROM_WIRE[wire]
     name = WireType.Name(wire) if wire in WireType.values() else str(wire)
     raise Unsupported(
-        f"message type {name} is not supported by halfmoon; send NORMAL, FIFO, DELAY or TRANSACTION messages"
+        f"message type {name} is not supported by halfmoon; send NORMAL, FIFO, DELAY, "
+        "TRANSACTION, PRIORITY or LITE messages"
     )
 
 
@@ -203,6 +210,14 @@ def outgoing_message(
             if sp.HasField("orphaned_transaction_recovery_duration")
             else None
         ),
+        # RocketMQ's broker drops a priority on any message that is not a PRIORITY one;
+        # a lite topic counts only on a LITE message (and an empty one is refused there).
+        priority=sp.priority
+        if message_type is MessageType.PRIORITY and sp.HasField("priority")
+        else None,
+        lite_topic=sp.lite_topic
+        if message_type is MessageType.LITE and sp.HasField("lite_topic")
+        else None,
     )
 
 
@@ -274,6 +289,10 @@ def wire_message(view: MessageView, store_host: str = "") -> pb.Message:
     sp.delivery_attempt = view.delivery_attempt
     if view.message_group:
         sp.message_group = view.message_group
+    if view.priority is not None:
+        sp.priority = view.priority
+    if view.lite_topic is not None:
+        sp.lite_topic = view.lite_topic
     return message
 
 

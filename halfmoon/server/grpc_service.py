@@ -1,11 +1,13 @@
 """The ``apache.rocketmq.v2.MessagingService`` servicer (grpc.aio).
 
 Each RPC translates its request into one broker call and the result back;
-no business rule lives here. Broker calls are synchronous, so they run on a
+no business rule lives here. The broker is the :mod:`halfmoon.broker.facade`
+protocol and nothing below it. Its calls are synchronous, so they run on a
 small thread pool (``_call``) and the event loop stays free for the
-thousands of parked long polls. Every failure becomes a protocol ``Status``
-(see :mod:`halfmoon.server.errors`); a handler never raises into grpc, so no
-request can take the server down.
+thousands of parked long polls; the writes the facade says cannot block run
+on the loop, and durability is awaited there too. Every failure becomes a
+protocol ``Status`` (see :mod:`halfmoon.server.errors`); a handler never
+raises into grpc, so no request can take the server down.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import grpc
@@ -23,12 +25,15 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from halfmoon.broker.message import MessageType
+from halfmoon.broker.facade import Broker, PullResult
+from halfmoon.broker.filter_spec import FilterSpec
+from halfmoon.broker.message import MessageView, OutgoingMessage
+from halfmoon.broker.produce import SendResult
 from halfmoon.errors import HalfmoonError
-from halfmoon.server import client_settings, convert
+from halfmoon.server import client_settings, convert, lite_subscriptions
 from halfmoon.server import namespace as ns
 from halfmoon.server.config import ServerConfig
-from halfmoon.server.errors import Code, RequestError, Unsupported, ok, status, status_for
+from halfmoon.server.errors import Code, RequestError, ok, status, status_for
 from halfmoon.server.longpoll import ArrivalNotifier
 from halfmoon.server.renewal import Renewer
 from halfmoon.server.telemetry import ClientRegistry
@@ -58,8 +63,6 @@ _MIN_REPOLL = 0.05
 # Built once and copied into each answer: ``ok()`` resolves ``Code.OK`` through
 # protobuf's Python-level enum wrapper, a visible cost per message on the send path.
 _OK = ok()
-_TRANSACTION = MessageType.TRANSACTION
-_MAX_SENT_TOPICS = 100_000
 
 
 def _metadata(context: grpc.aio.ServicerContext, key: str) -> str:
@@ -107,11 +110,23 @@ def _name(resource: pb.Resource, what: str, context: Any = None, header: str | N
     return ns.resolve(resource, header, "group" if what.endswith("group") else "topic")
 
 
+async def _until_durable(durable: Future[None]) -> None:
+    """Wait for a write's promise to hold; no loop wake-up when it already does (async flush).
+
+    Each waiter wraps the future itself. Sharing one wrapper per fsync
+    (shielded per RPC) was measured: sequential sync-flush sends got ~100 ms
+    p99 outliers that the plain wrap does not have.
+    """
+    if durable.done():
+        durable.result()
+        return
+    await asyncio.wrap_future(durable)
+
+
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def __init__(
         self,
-        broker: Any,
-        store: Any,
+        broker: Broker,
         config: ServerConfig,
         registry: ClientRegistry,
         notifier: ArrivalNotifier,
@@ -120,7 +135,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         executor: ThreadPoolExecutor | None = None,
     ) -> None:
         self.broker = broker
-        self.store = store
         self.config = config
         self.registry = registry
         self.notifier = notifier
@@ -128,16 +142,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self._executor = executor or ThreadPoolExecutor(
             config.worker_threads, thread_name_prefix="halfmoon-rpc"
         )
-        # Topics a send reached before: a send to one of them (not transactional) is an
-        # append to memory and runs on the event loop (see _send).
-        self._sent_topics: set[str] = set()
-        self.max_body_size = getattr(
-            getattr(broker, "config", None), "max_body_size", 4 * 1024 * 1024
-        )
-        self.default_invisible_ms = getattr(
-            getattr(broker, "config", None), "default_invisible_ms", 30_000
-        )
-        self.broker_name = getattr(getattr(broker, "config", None), "name", "halfmoon")
+        self.max_body_size = broker.config.max_body_size
+        self.default_invisible_ms = broker.config.default_invisible_ms
+        self.broker_name = broker.config.name
         # Invisible-time renewal for push consumers (auto_renew receives): renewal.py.
         self.renewer = Renewer(broker, config, self._call, self._has_stream)
 
@@ -252,6 +259,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if client_id:
             self.registry.remove(client_id)
             self.renewer.client_terminated(client_id)
+            # A lite consumer's subscriptions end with it (a worker call: the broker's lock).
+            await self._call(self.broker.client_terminated, client_id)
         return svc.NotifyClientTerminationResponse(status=ok())
 
     async def Telemetry(
@@ -332,6 +341,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 client_settings.validate_subscriptions(settings)
                 await self._call(self._subscribe, group_name, stored.subscription)
                 answer = client_settings.consumer_settings(settings, group, self.config)
+                lite_subscriptions.add_lite_settings(answer, settings, self.broker)
             else:
                 answer = pb.Settings()
                 answer.CopyFrom(settings)
@@ -373,9 +383,6 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             for m in request.messages
         ]
         results = await self._send(outgoing)
-        if results:
-            # The answer promises durability under the store's flush policy.
-            await self._until_durable(max(r.end_offset for r in results))
         topics = {m.topic for m in outgoing}
         if client_id:
             for topic in topics:
@@ -388,52 +395,31 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 message_id=r.message_id,
                 transaction_id=r.transaction_id or r.message_id,
                 offset=r.queue_offset,
-                recall_handle=getattr(r, "recall_handle", None) or "",
+                recall_handle=r.recall_handle or "",
             )
             for r in results
         ]
         return svc.SendMessageResponse(status=_OK, entries=entries)
 
-    async def _until_durable(self, end_offset: int) -> None:
-        """Wait for ``store.durable(end_offset)``; no loop wake-up when it already is (async flush).
-
-        Each waiter wraps the store's future itself. Sharing one wrapper per
-        fsync (shielded per RPC) was measured: sequential sync-flush sends got
-        ~100 ms p99 outliers that the plain wrap does not have.
-        """
-        durable = self.store.durable(end_offset)
-        if durable.done():
-            durable.result()
-            return
-        await asyncio.wrap_future(durable)
-
-    async def _send(self, outgoing: list[Any]) -> list[Any]:
-        """``broker.send``, on the event loop when it cannot block, else on a worker thread.
+    async def _send(self, outgoing: list[OutgoingMessage]) -> list[SendResult]:
+        """``broker.send_nowait``, on the event loop when it cannot block, else on a worker
+        thread; then wait, on the loop, until the answer's promise (durability) holds.
 
         A send of ordinary messages to a topic that exists validates, appends to
-        the commit log's page-cache mapping and returns (durability is awaited
-        separately): tens of microseconds, less than the two thread hand-offs
-        of a worker call. Half messages too: the transaction lock they take is
-        held by a check scan one message at a time. The first send to a topic
-        may create it (metadata written to disk) and a transaction group
-        member may need a key-index lookup (is its group decided?): those stay
-        on the worker threads.
+        the commit log's page-cache mapping and returns: tens of microseconds,
+        less than the two thread hand-offs of a worker call. Half messages too:
+        the transaction lock they take is held by a check scan one message at a
+        time. The first send to a topic may create it (metadata written to
+        disk) and a transaction group member may need a key-index lookup (is
+        its group decided?): ``sends_cheaply`` says no and those run on the
+        worker threads.
         """
-        known = self._sent_topics
-        if all(
-            m.topic in known and (m.message_type is not _TRANSACTION or m.transaction_group is None)
-            for m in outgoing
-        ):
-            try:
-                return self.broker.send(outgoing)
-            except HalfmoonError:
-                known.difference_update(m.topic for m in outgoing)  # e.g. deleted since
-                raise
-        results = await self._call(self.broker.send, outgoing)
-        if len(known) > _MAX_SENT_TOPICS:
-            known.clear()  # topics come and go; forgetting only costs one worker call each
-        known.update(m.topic for m in outgoing)
-        return results
+        if self.broker.sends_cheaply(outgoing):
+            written = self.broker.send_nowait(outgoing)
+        else:
+            written = await self._call(self.broker.send_nowait, outgoing)
+        await _until_durable(written.durable)
+        return written.result
 
     def _producer_group(self, client_id: str) -> str | None:
         """The producer group a client named in its heartbeats (halfmoon's client does)."""
@@ -448,14 +434,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     ) -> svc.EndTransactionResponse:
         """Commit, roll back or leave (UNKNOWN) a transaction, or a whole transaction group.
 
-        A decision is answered only once durable: the broker returns the end
-        offset of its records (for a commit, the op record and the real
-        message) and we wait for the store to hold it. ``transaction_id``
+        A decision is answered only once durable: the broker returns once its
+        records are written (for a commit, the op record and the real message)
+        with a future we await until they are durable. ``transaction_id``
         ``hm-group:<id>`` ends transaction group ``<id>`` (docs/transactions.md).
         """
-        end = getattr(self.broker, "end_transaction_nowait", None)
-        if end is None:
-            raise Unsupported("transactional messages are not supported by this halfmoon build yet")
+        end = self.broker.end_transaction_nowait
         if not request.transaction_id:
             raise RequestError(
                 # RocketMQ's EndTransactionActivity wording follows halfmoon's.
@@ -467,32 +451,29 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         source = "check" if request.source == pb.TransactionSource.SOURCE_SERVER_CHECK else "client"
         if request.transaction_id.startswith(TRANSACTION_GROUP_PREFIX):
             group = request.transaction_id[len(TRANSACTION_GROUP_PREFIX) :]
-            # Waits for durability in the worker thread (the facade has no "nowait" for groups).
-            await self._call(self.broker.end_transaction_group, group, resolution, source)
+            written = await self._call(
+                self.broker.end_transaction_group_nowait, group, resolution, source
+            )
+            await _until_durable(written.durable)
             return svc.EndTransactionResponse(status=ok())
         topic = _name(request.topic, "topic", context)
-        service = getattr(self.broker, "transactions", None)
-        if service is not None and service.ends_cheaply(request.transaction_id):
+        if self.broker.transaction_ends_cheaply(request.transaction_id):
             # Pending or recently decided: an append (or nothing), like a plain send; no thread hop.
             result = end(topic, request.message_id, request.transaction_id, resolution, source)
         else:  # may look the decision up in the key index
             result = await self._call(
                 end, topic, request.message_id, request.transaction_id, resolution, source
             )
-        if getattr(result, "end_offset", None):
-            # The decision is acknowledged only once durable (it may publish the message).
-            await self._until_durable(result.end_offset)
+        # The decision is acknowledged only once durable (it may publish the message).
+        await _until_durable(result.durable)
         return svc.EndTransactionResponse(status=ok())
 
     @_unary(svc.RecallMessageResponse)
     async def RecallMessage(
         self, request: svc.RecallMessageRequest, context: grpc.aio.ServicerContext
     ) -> svc.RecallMessageResponse:
-        recall = getattr(self.broker, "recall", None)
-        if recall is None:
-            raise Unsupported("recalling delay messages is not supported by halfmoon yet")
         message_id = await self._call(
-            recall, _name(request.topic, "topic", context), request.recall_handle
+            self.broker.recall, _name(request.topic, "topic", context), request.recall_handle
         )
         return svc.RecallMessageResponse(status=ok(), message_id=message_id)
 
@@ -512,18 +493,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self,
         group: str,
         topic: str,
-        spec: Any,
+        spec: FilterSpec,
         batch: int,
         invisible_ms: int,
         client_id: str,
         queue_id: int | None = None,
-    ) -> tuple[list[Any], int | None]:
+    ) -> tuple[list[MessageView], int | None]:
         views = self.broker.receive(
             group, topic, spec, batch, invisible_ms, client_id, queue_id=queue_id
         )
         if views:
             return views, None
-        return views, self.broker.next_wakeup_ms(group, topic)
+        return views, self.broker.next_wakeup_ms(group, topic, client_id)
 
     async def ReceiveMessage(
         self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
@@ -596,13 +577,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self,
         group: str,
         topic: str,
-        spec: Any,
+        spec: FilterSpec,
         batch: int,
         invisible_ms: int,
         client_id: str,
         budget: float,
         queue_id: int | None = None,
-    ) -> list[Any]:
+    ) -> list[MessageView]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
         while True:
@@ -634,21 +615,24 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             await self.renewer.current(client_id, group, e.receipt_handle) for e in request.entries
         ]
 
+        lite_topics = [e.lite_topic if e.HasField("lite_topic") else None for e in request.entries]
+
         def ack_all() -> tuple[list[pb.Status], bool]:
             statuses = []
-            for handle in handles:
+            for handle, lite_topic in zip(handles, lite_topics, strict=True):
                 try:
                     if not handle:
                         raise RequestError("ack entry has no receipt_handle")
-                    self.broker.ack(group, topic, handle)
+                    self.broker.ack(group, topic, handle, lite_topic=lite_topic)
                     statuses.append(_OK)
                 except Exception as exc:  # noqa: BLE001 - one bad handle does not fail the others
                     statuses.append(status_for(exc, "AckMessage"))
-            return statuses, self._is_fifo(group)
+            lite = any(e.HasField("lite_topic") for e in request.entries)
+            return statuses, lite or self._is_fifo(group)
 
         statuses, fifo = await self._call(ack_all)
         if fifo:
-            # In a FIFO group an ack releases the next message of its queue.
+            # In a FIFO group (and a lite topic) an ack releases the next message of its queue.
             self.notifier.wake(topic)
         results = [
             svc.AckMessageResultEntry(
@@ -688,6 +672,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             topic,
             current,
             convert.duration_ms(request.invisible_duration),
+            lite_topic=request.lite_topic if request.HasField("lite_topic") else None,
         )
         # Parked polls computed their wake-up from the old invisible time: let them look again.
         self.notifier.wake(topic)
@@ -704,7 +689,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         current = await self.renewer.current(
             _metadata(context, "x-mq-client-id"), group, request.receipt_handle
         )
-        await self._call(self.broker.forward_to_dead_letter, group, topic, current)
+        await self._call(
+            self.broker.forward_to_dead_letter,
+            group,
+            topic,
+            current,
+            lite_topic=request.lite_topic if request.HasField("lite_topic") else None,
+        )
         self.notifier.wake(topic)  # a FIFO queue blocked behind this message moves on
         return svc.ForwardMessageToDeadLetterQueueResponse(status=ok())
 
@@ -753,9 +744,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         queue_id: int,
         offset: int,
         batch: int,
-        spec: Any,
+        spec: FilterSpec,
         budget: float,
-    ) -> Any:
+    ) -> PullResult:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget
         while True:
@@ -817,11 +808,20 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         )
         return svc.QueryOffsetResponse(status=ok(), offset=offset)
 
-    # -- not offered ------------------------------------------------------------------
+    # -- lite topics (server/lite_subscriptions.py) ------------------------------------
 
     @_unary(svc.SyncLiteSubscriptionResponse)
-    async def SyncLiteSubscription(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        raise Unsupported("lite topics are not supported by halfmoon")
+    async def SyncLiteSubscription(
+        self, request: svc.SyncLiteSubscriptionRequest, context: grpc.aio.ServicerContext
+    ) -> svc.SyncLiteSubscriptionResponse:
+        call = lite_subscriptions.sync_call(
+            request,
+            _metadata(context, "x-mq-client-id"),
+            topic=_name(request.topic, "topic", context),
+            group=_name(request.group, "group", context),
+        )
+        await self._call(self.broker.sync_lite_subscription, *call)
+        return svc.SyncLiteSubscriptionResponse(status=ok())
 
 
 def _stored_settings(settings: pb.Settings, header: str) -> pb.Settings:
@@ -859,12 +859,11 @@ def _names_namespace(settings: pb.Settings) -> bool:
 _WAITABLE = {"NO_MESSAGE", "FOUND"}
 
 
-def _status_name(result: Any) -> str:
-    value = getattr(result, "status", "")
-    return str(getattr(value, "name", value)).upper()
+def _status_name(result: PullResult) -> str:
+    return result.status.name
 
 
-def _pull_status(result: Any) -> tuple[int, str]:
+def _pull_status(result: PullResult) -> tuple[int, str]:
     name = _status_name(result)
     if name in (
         "OFFSET_TOO_SMALL",
@@ -873,8 +872,8 @@ def _pull_status(result: Any) -> tuple[int, str]:
         "OFFSET_OVERFLOW_BADLY",
     ):
         return Code.ILLEGAL_OFFSET, (
-            f"offset is outside the queue's range [{getattr(result, 'min_offset', '?')}, "
-            f"{getattr(result, 'max_offset', '?')}]; continue from next_offset {result.next_offset}"
+            f"offset is outside the queue's range [{result.min_offset}, "
+            f"{result.max_offset}]; continue from next_offset {result.next_offset}"
         )
     if name == "NO_SUCH_QUEUE":
         return Code.NOT_FOUND, "no such queue"

@@ -57,6 +57,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from halfmoon.broker.facade import Broker
 from halfmoon.broker.receipt import InvalidReceiptHandle
 from halfmoon.server.config import ServerConfig
 
@@ -215,7 +216,7 @@ class Renewer:
 
     def __init__(
         self,
-        broker: Any,
+        broker: Broker,
         config: ServerConfig,
         call: Call,
         has_stream: Callable[[str], bool],

@@ -257,6 +257,12 @@ class ClientRegistry:
             lambda: self.send_to_producer(command, topic=topic, group=group)
         )
 
+    def send_command_threadsafe(
+        self, client_id: str, command: service_pb2.TelemetryCommand
+    ) -> Future[bool]:
+        """``send_command`` from any thread (lite unsubscribe notices come from broker calls)."""
+        return self._run_threadsafe(lambda: self.send_command(client_id, command))
+
     def _run_threadsafe(self, fn: Callable[[], object]) -> Future:
         result: Future = Future()
         loop = self._loop

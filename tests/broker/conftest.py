@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from halfmoon.broker import Broker, BrokerConfig, FakeClock
+from halfmoon.store.config import StoreConfig
 from halfmoon.store.memory import MemoryStore
-
-HAVE_REAL_STORE = importlib.util.find_spec("halfmoon.store.store") is not None
+from halfmoon.store.store import MessageStore
 
 
 @pytest.fixture
@@ -36,13 +35,8 @@ def broker(store: MemoryStore, clock: FakeClock, metadata_dir: Path) -> Iterator
     b.close()
 
 
-def open_real_store(data_dir: Path):
-    """A real MessageStore with small files (sync flush); skips while the store is missing."""
-    if not HAVE_REAL_STORE:
-        pytest.skip("halfmoon/store/store.py (MessageStore) is not written yet")
-    from halfmoon.store.config import StoreConfig
-    from halfmoon.store.store import MessageStore
-
+def open_real_store(data_dir: Path) -> MessageStore:
+    """A real MessageStore with small files (sync flush)."""
     return MessageStore(
         StoreConfig(
             data_dir=data_dir,
@@ -58,12 +52,12 @@ def open_real_store(data_dir: Path):
 @pytest.fixture
 def real_broker(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., Broker]]:
     """Open (and reopen) a broker over a real MessageStore in ``tmp_path``; closes all at the end."""
-    opened: list[tuple[Broker, object]] = []
+    opened: list[tuple[Broker, MessageStore]] = []
 
     def open_broker(config: BrokerConfig | None = None) -> Broker:
         for b, s in opened:  # a reopen: close the previous instance first
             b.close()
-            s.close()  # type: ignore[attr-defined]
+            s.close()
         opened.clear()
         s = open_real_store(tmp_path / "data")
         b = Broker(s, tmp_path / "meta", config or BrokerConfig(), clock)
@@ -73,4 +67,4 @@ def real_broker(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., Brok
     yield open_broker
     for b, s in opened:
         b.close()
-        s.close()  # type: ignore[attr-defined]
+        s.close()

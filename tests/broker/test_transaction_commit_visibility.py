@@ -58,13 +58,12 @@ def test_commit_answered_to_a_check_is_visible_and_announced_once_acknowledged(
     assert check.transaction_id == sent.transaction_id
 
     with fsync_inside_next_append(broker.store):  # the commit's append is the next one
-        result = broker.end_transaction_nowait(
+        written = broker.end_transaction_nowait(
             "orders", check.message.message_id, check.transaction_id, "commit", "check"
         )
+    result = written.result
     assert result.state is TxnState.COMMITTED and result.changed
-    assert (
-        broker.store.durable(result.end_offset).result(timeout=WAIT_S) is None
-    )  # EndTransaction answers OK now
+    assert written.durable.result(timeout=WAIT_S) is None  # EndTransaction answers OK now
 
     got = broker.pull("c", "orders", 0, 0, 10, FilterSpec()).messages
     assert [m.body for m in got] == [b"paid"]

@@ -47,7 +47,7 @@ class AdminServer:
         return self
 
     async def _start(self) -> int:
-        app = create_admin_app(self.broker, self.store, self.config, registry=self.registry)
+        app = create_admin_app(self.broker, self.config, registry=self.registry)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

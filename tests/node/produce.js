@@ -8,6 +8,7 @@
 //   namespace        optional, default ""
 //   startupTimeoutMs optional, default 15000
 //   messages         [{ body | bodyBase64, tag?, keys?, properties?, messageGroup?, delayMs?,
+//                       priority?, liteTopic?,
 //                       topic? (overrides the spec's topic for this message) }]
 //
 // Output lines:
@@ -32,6 +33,8 @@ function toMessageOptions(topic, m) {
   if (m.keys !== undefined) options.keys = m.keys;
   if (m.properties !== undefined) options.properties = new Map(Object.entries(m.properties));
   if (m.messageGroup !== undefined) options.messageGroup = m.messageGroup;
+  if (m.priority !== undefined) options.priority = m.priority;
+  if (m.liteTopic !== undefined) options.liteTopic = m.liteTopic;
   // Fix the delivery time here rather than passing `delay`, so the test knows the
   // exact timestamp the client put on the wire.
   if (m.delayMs !== undefined) options.deliveryTimestamp = new Date(Date.now() + m.delayMs);

@@ -23,7 +23,7 @@
 //   {"event":"started"}
 //   {"event":"received", messageId, topic, tag, keys, properties, messageGroup,
 //    bodyBase64, deliveryAttempt, deliveryTimestampMs, bornTimestampMs,
-//    receivedAtMs, corrupted, offset, action: "ack"|"change_invisible", error}
+//    receivedAtMs, corrupted, offset, priority, action: "ack"|"change_invisible", error}
 //   {"event":"receive_error","error":"..."}
 //   {"event":"done","acked":n,"deliveries":m,"timedOut":bool}
 // Exit status 0 only when `expect` messages were acknowledged.
@@ -50,6 +50,7 @@ function describe(view, receivedAtMs) {
     receivedAtMs,
     corrupted: view.corrupted === true,
     offset: view.offset ?? null,
+    priority: view.priority ?? null,
   };
 }
 

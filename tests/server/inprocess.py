@@ -52,7 +52,7 @@ async def in_process() -> AsyncIterator[InProcess]:
     server = grpc.aio.server()
     port = server.add_insecure_port("127.0.0.1:0")
     servicer = MessagingServicer(
-        broker, store, ServerConfig(), registry, notifier, advertised=("127.0.0.1", port)
+        broker, ServerConfig(), registry, notifier, advertised=("127.0.0.1", port)
     )
     server.add_generic_rpc_handlers((messaging_handler(servicer),))
     await server.start()

@@ -297,7 +297,7 @@ def test_openapi_describes_every_route(admin):
     served = set()
     from halfmoon.server.admin import create_admin_app
 
-    app = create_admin_app(admin.broker, admin.store, admin.config, registry=admin.registry)
+    app = create_admin_app(admin.broker, admin.config, registry=admin.registry)
     for route in app.router.routes():
         if route.method != "HEAD":
             served.add((route.resource.canonical, route.method.lower()))

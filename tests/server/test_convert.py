@@ -100,7 +100,7 @@ def test_fields_types_and_times_reach_the_broker_message() -> None:
 
 def test_unsupported_types_and_empty_bodies_are_refused() -> None:
     with pytest.raises(Unsupported):
-        convert.outgoing_message(wire(message_type=pb.MessageType.LITE))
+        convert.outgoing_message(wire(message_type=99))
     with pytest.raises(RequestError) as caught:
         convert.outgoing_message(wire(body=b""))
     assert code_for(caught.value) == pb.Code.MESSAGE_BODY_EMPTY
@@ -199,6 +199,44 @@ def test_error_codes_map_through_their_class() -> None:
     assert code_for(HalfmoonError("x", code="SOMETHING_NEW")) == pb.Code.INTERNAL_ERROR
     answer = status_for(ZeroDivisionError("boom"), "SendMessage")
     assert answer.code == pb.Code.INTERNAL_ERROR and "SendMessage" in answer.message
+
+
+def test_priority_and_lite_messages_in_and_out() -> None:
+    msg = convert.outgoing_message(wire(message_type=pb.MessageType.PRIORITY, priority=5))
+    assert (msg.message_type, msg.priority, msg.lite_topic) == (MessageType.PRIORITY, 5, None)
+    msg = convert.outgoing_message(wire(message_type=pb.MessageType.LITE, lite_topic="s-1"))
+    assert (msg.message_type, msg.lite_topic, msg.priority) == (MessageType.LITE, "s-1", None)
+    # An empty lite topic reaches the broker, which refuses it with ILLEGAL_LITE_TOPIC.
+    assert (
+        convert.outgoing_message(wire(message_type=pb.MessageType.LITE, lite_topic="")).lite_topic
+        == ""
+    )
+    # Unset type: inferred as RocketMQ's proxy does (FIFO > delay > priority > lite).
+    assert convert.outgoing_message(wire(priority=1)).message_type is MessageType.PRIORITY
+    assert convert.outgoing_message(wire(lite_topic="a")).message_type is MessageType.LITE
+    # A priority on another type is dropped, as RocketMQ's broker drops it.
+    msg = convert.outgoing_message(wire(message_type=pb.MessageType.NORMAL, priority=3))
+    assert (msg.message_type, msg.priority) == (MessageType.NORMAL, None)
+
+    view = MessageView(
+        topic="t", queue_id=0, queue_offset=1, message_id="M", body=b"b", tag=None, keys=[],
+        properties={}, message_type=MessageType.LITE, message_group=None, delivery_timestamp=None,
+        born_timestamp=1, born_host="h", store_timestamp=2, store_host="s", commit_log_offset=3,
+        lite_topic="s-1",
+    )  # fmt: skip
+    sp = convert.wire_message(view).system_properties
+    assert (sp.message_type, sp.lite_topic, sp.HasField("priority")) == (
+        pb.MessageType.LITE,
+        "s-1",
+        False,
+    )
+    view.message_type, view.lite_topic, view.priority = MessageType.PRIORITY, None, 0
+    sp = convert.wire_message(view).system_properties
+    assert (sp.message_type, sp.priority, sp.HasField("lite_topic")) == (
+        pb.MessageType.PRIORITY,
+        0,
+        False,
+    )
 
 
 def test_a_committed_transactional_message_shows_its_transaction_id_as_a_user_property() -> None:

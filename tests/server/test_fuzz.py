@@ -326,10 +326,10 @@ def _bad_requests() -> list[tuple[str, str, object, set[int]]]:
             {C.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, C.ILLEGAL_DELIVERY_TIME},
         ),
         (
-            "send lite message",
+            "send lite message without a lite topic to a normal topic",
             "SendMessage",
             svc.SendMessageRequest(messages=[_message(message_type=pb.MessageType.LITE)]),
-            {C.UNSUPPORTED},
+            {C.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, C.ILLEGAL_LITE_TOPIC},
         ),
         (
             "send unknown type number",

@@ -1,0 +1,380 @@
+"""The contract of the ``Broker`` facade (halfmoon/broker/facade.py), for every implementation.
+
+Each test talks to the facade only, never to a store or a registry below
+it, so an implementation that drives a broker in another process plugs in
+as one more entry of ``IMPLEMENTATIONS``: a factory that opens a facade
+(given a clock, a directory and a config) and returns it with its closer.
+Today: the in-process broker over the in-memory store and over real files.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from halfmoon.broker import (
+    BrokerConfig,
+    FakeClock,
+    FilterSpec,
+    GroupExists,
+    InvalidReceiptHandle,
+    MessageType,
+    OffsetNotFound,
+    OutgoingMessage,
+    TopicExists,
+    TopicNotFound,
+    dead_letter_topic,
+)
+from halfmoon.broker.broker import Broker as InProcessBroker
+from halfmoon.broker.facade import Broker, Written
+from halfmoon.broker.transaction_state import TxnState
+from halfmoon.errors import HalfmoonError, InvalidArgument, NotFound
+from halfmoon.store.memory import MemoryStore
+from tests.broker.conftest import open_real_store
+
+WAIT_S = 10.0
+EVERYTHING = FilterSpec()
+Opened = tuple[Broker, Callable[[], None]]
+
+
+def in_process_memory(clock: FakeClock, tmp_path: Path, config: BrokerConfig) -> Opened:
+    store = MemoryStore(clock.now_ms)
+    broker = InProcessBroker(store, tmp_path / "meta", config, clock)
+
+    def close() -> None:
+        broker.close()
+        store.close()
+
+    return broker, close
+
+
+def in_process_files(clock: FakeClock, tmp_path: Path, config: BrokerConfig) -> Opened:
+    store = open_real_store(tmp_path / "data")  # sync flush: durability is a real wait
+    broker = InProcessBroker(store, tmp_path / "meta", config, clock)
+
+    def close() -> None:
+        broker.close()
+        store.close()
+
+    return broker, close
+
+
+IMPLEMENTATIONS: dict[str, Callable[[FakeClock, Path, BrokerConfig], Opened]] = {
+    "in-process/memory-store": in_process_memory,
+    "in-process/real-store": in_process_files,
+}
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+def open_facade(
+    request: pytest.FixtureRequest, clock: FakeClock, tmp_path: Path
+) -> Iterator[Callable[..., Broker]]:
+    """Open a facade (optionally with a config); everything opened is closed at the end."""
+    closers: list[Callable[[], None]] = []
+
+    def open_(config: BrokerConfig | None = None) -> Broker:
+        broker, close = IMPLEMENTATIONS[request.param](clock, tmp_path, config or BrokerConfig())
+        closers.append(close)
+        return broker
+
+    yield open_
+    for close in reversed(closers):
+        close()
+
+
+@pytest.fixture
+def facade(open_facade: Callable[..., Broker]) -> Broker:
+    broker = open_facade()
+    broker.create_topic("orders", queue_count=2)
+    broker.create_group("billing", consume_from="earliest")
+    return broker
+
+
+def bodies(broker: Broker, group: str, topic: str) -> list[bytes]:
+    return sorted(m.body for m in broker.receive(group, topic, EVERYTHING, 32, 30_000))
+
+
+def half(body: bytes, **kw: object) -> OutgoingMessage:
+    return OutgoingMessage(
+        "payments", body, message_type=MessageType.TRANSACTION, producer_group="pg", **kw
+    )
+
+
+# -- the protocol itself ---------------------------------------------------------------------
+
+
+def _members() -> list[str]:
+    return sorted(
+        name
+        for name, value in vars(Broker).items()
+        if not name.startswith("_") and (callable(value) or isinstance(value, property))
+    )
+
+
+def test_every_operation_is_documented_and_implemented_with_the_same_signature(
+    facade: Broker,
+) -> None:
+    members = _members()
+    assert len(members) >= 50
+    for name in members:
+        declared = vars(Broker)[name]
+        assert inspect.getdoc(declared), f"facade operation {name} has no documentation"
+        if isinstance(declared, property):  # an attribute satisfies it
+            assert hasattr(facade, name), f"{type(facade).__name__} lacks {name}"
+            continue
+        implemented = getattr(type(facade), name, None)
+        assert callable(implemented), f"{type(facade).__name__} lacks {name}"
+        wanted = inspect.signature(declared).parameters
+        got = inspect.signature(implemented).parameters
+        assert [(p.name, p.kind, p.default) for p in got.values()] == [
+            (p.name, p.kind, p.default) for p in wanted.values()
+        ], f"{name}: {inspect.signature(implemented)} != {inspect.signature(declared)}"
+
+
+# -- settings, lifecycle, status ----------------------------------------------------------------
+
+
+def test_config_changes_apply_at_once_and_unknown_names_change_nothing(facade: Broker) -> None:
+    assert facade.config.max_body_size == BrokerConfig().max_body_size
+    facade.update_config({"max_body_size": 8, "default_queue_count": 3})
+    assert (facade.config.max_body_size, facade.config.default_queue_count) == (8, 3)
+    with pytest.raises(HalfmoonError):
+        facade.send([OutgoingMessage("orders", b"more than eight bytes")])
+    with pytest.raises(InvalidArgument) as info:
+        facade.update_config({"max_body_size": 1024, "no_such_setting": 1})
+    assert "no_such_setting" in info.value.message
+    assert facade.config.max_body_size == 8
+
+
+def test_tick_says_no_more_work_when_idle_and_status_counts(facade: Broker) -> None:
+    assert facade.tick() is False
+    facade.send([OutgoingMessage("orders", b"x") for _ in range(3)])
+    status = facade.status()
+    assert (status.topics, status.groups, status.messages_in_total) == (1, 1, 3)
+    stats = facade.store_stats()
+    assert stats.commit_log_max_offset > 0
+    assert stats.commit_log_flushed_offset == stats.commit_log_max_offset  # send waited
+    rows = {(r.topic, r.group): r.total_24h for r in facade.traffic(topic="orders")}
+    assert rows[("orders", None)] == 3
+
+
+def test_arrival_listeners_hear_of_user_topics(facade: Broker) -> None:
+    heard: list[tuple[str, int]] = []
+    facade.add_arrival_listener(lambda topic, queue_id: heard.append((topic, queue_id)))
+    facade.send([OutgoingMessage("orders", b"x", queue_id=1)])
+    assert heard == [("orders", 1)]
+
+
+# -- topics and groups ---------------------------------------------------------------------------
+
+
+def test_topic_lifecycle_and_lookups_that_never_create(open_facade: Callable[..., Broker]) -> None:
+    facade = open_facade(BrokerConfig(auto_create_topics=True, default_queue_count=2))
+    created = facade.create_topic("orders", MessageType.FIFO, 4, "rw")
+    assert (created.name, created.message_type, created.queue_count) == (
+        "orders",
+        MessageType.FIFO,
+        4,
+    )
+    with pytest.raises(TopicExists):
+        facade.create_topic("orders")
+    assert facade.find_topic("orders") == facade.get_topic("orders") == created
+    assert facade.find_topic("elsewhere") is None
+    assert [t.name for t in facade.list_topics()] == ["orders"]  # find did not create it
+    assert facade.get_topic("elsewhere").message_type is MessageType.MIXED  # get may create
+    assert facade.update_topic("orders", perm="r").perm == "r"
+    assert [(r.queue_id, r.perm) for r in facade.route("orders")] == [(q, "r") for q in range(4)]
+    assert [q.queue_id for q in facade.topic_status("orders")] == [0, 1, 2, 3]
+    facade.delete_topic("orders")
+    assert facade.find_topic("orders") is None
+
+
+def test_group_lifecycle_and_lookups_that_never_create(facade: Broker) -> None:
+    with pytest.raises(GroupExists):
+        facade.create_group("billing")
+    assert facade.find_group("billing") == facade.get_group("billing")
+    assert facade.find_group("audit") is None
+    assert [g.name for g in facade.list_groups()] == ["billing"]
+    assert facade.get_group("audit").name == "audit"  # auto-created (the default)
+    assert facade.update_group("billing", fifo=True).fifo is True
+    facade.delete_group("audit")
+    assert facade.find_group("audit") is None
+
+
+# -- send ------------------------------------------------------------------------------------------
+
+
+def test_send_returns_once_durable_and_stores_all_or_nothing(facade: Broker) -> None:
+    results = facade.send([OutgoingMessage("orders", b"a", queue_id=0, keys=["k1"])])
+    assert results[0].topic == "orders" and results[0].message_id and results[0].queue_offset == 0
+    with pytest.raises(HalfmoonError):
+        facade.send([OutgoingMessage("orders", b"b"), OutgoingMessage("", b"no topic")])
+    assert bodies(facade, "billing", "orders") == [b"a"]
+    assert facade.send([]) == []
+
+
+def test_send_nowait_gives_a_future_that_completes_when_durable(facade: Broker) -> None:
+    written = facade.send_nowait([OutgoingMessage("orders", b"a"), OutgoingMessage("orders", b"b")])
+    assert isinstance(written, Written) and len(written.result) == 2
+    assert written.durable.result(timeout=WAIT_S) is None
+    assert bodies(facade, "billing", "orders") == [b"a", b"b"]
+    empty = facade.send_nowait([])
+    assert empty.result == [] and empty.durable.done()
+
+
+def test_sends_cheaply_only_to_existing_topics_and_outside_transaction_groups(
+    open_facade: Callable[..., Broker],
+) -> None:
+    facade = open_facade(BrokerConfig(auto_create_topics=True))
+    facade.create_topic("orders")
+    facade.create_topic("payments", MessageType.TRANSACTION)
+    assert facade.sends_cheaply([OutgoingMessage("orders", b"a")])
+    assert facade.sends_cheaply([half(b"h")])
+    assert not facade.sends_cheaply([OutgoingMessage("new", b"a")])  # would create "new"
+    assert not facade.sends_cheaply([OutgoingMessage("orders", b"a"), OutgoingMessage("new", b"")])
+    assert not facade.sends_cheaply([half(b"h", transaction_group="tg")])
+    facade.send([OutgoingMessage("new", b"a")])
+    assert facade.sends_cheaply([OutgoingMessage("new", b"a")])
+
+
+def test_a_delay_message_can_be_recalled_before_its_time(facade: Broker, clock: FakeClock) -> None:
+    facade.create_topic("later", MessageType.DELAY, queue_count=1)
+    due = clock.now_ms() + 60_000
+    (sent,) = facade.send(
+        [OutgoingMessage("later", b"d", message_type=MessageType.DELAY, delivery_timestamp=due)]
+    )
+    assert sent.recall_handle
+    assert facade.recall("later", sent.recall_handle) == sent.message_id
+    clock.advance(61_000)
+    facade.tick()
+    assert bodies(facade, "billing", "later") == []
+
+
+# -- transactions ------------------------------------------------------------------------------------
+
+
+def test_a_transaction_ends_durably_with_and_without_waiting(facade: Broker) -> None:
+    facade.create_topic("payments", MessageType.TRANSACTION, queue_count=1)
+    first, second = facade.send([half(b"one"), half(b"two")])
+    assert bodies(facade, "billing", "payments") == []  # halves are invisible
+    assert {t.transaction_id for t in facade.list_transactions("payments")} == {
+        first.transaction_id,
+        second.transaction_id,
+    }
+    assert facade.transaction_ends_cheaply(first.transaction_id or "")
+    written = facade.end_transaction_nowait(
+        "payments", first.message_id, first.transaction_id or "", "commit", "client"
+    )
+    assert written.result.state is TxnState.COMMITTED and written.result.changed
+    assert written.durable.result(timeout=WAIT_S) is None
+    state = facade.end_transaction(
+        "", "", second.transaction_id or "", "rollback", "operator", None
+    )
+    assert state is TxnState.ROLLED_BACK
+    assert bodies(facade, "billing", "payments") == [b"one"]
+    assert facade.list_transactions() == [] and facade.parked_transactions() == []
+    assert facade.transaction_stats().pending == 0
+
+
+def test_a_transaction_group_ends_all_its_members(facade: Broker) -> None:
+    facade.create_topic("payments", MessageType.TRANSACTION, queue_count=1)
+    facade.send([half(b"a", transaction_group="tg"), half(b"b", transaction_group="tg")])
+    written = facade.end_transaction_group_nowait("tg", "commit", "client")
+    assert written.result == 2 and written.durable.result(timeout=WAIT_S) is None
+    assert facade.end_transaction_group("tg", "commit") == 0  # repeated: nothing new
+    assert bodies(facade, "billing", "payments") == [b"a", b"b"]
+
+
+def test_the_check_sender_is_asked_about_an_open_transaction(
+    facade: Broker, clock: FakeClock
+) -> None:
+    asked = threading.Event()
+
+    class Sender:
+        def send_checks(self, checks: list[object]) -> list[bool]:
+            asked.set()
+            return [True] * len(checks)
+
+    facade.create_topic("payments", MessageType.TRANSACTION, queue_count=1)
+    facade.set_check_sender(Sender())
+    facade.send([half(b"open")])
+    clock.advance(3_600_000)
+    while facade.tick():  # a scan spread over ticks says so
+        pass
+    assert asked.is_set()
+    facade.set_check_sender(None)
+
+
+# -- pop -------------------------------------------------------------------------------------------------
+
+
+def test_receive_ack_change_invisible_and_dead_letter(facade: Broker, clock: FakeClock) -> None:
+    facade.send([OutgoingMessage("orders", b"a", queue_id=0), OutgoingMessage("orders", b"b")])
+    facade.subscribe("billing", "orders")
+    got = {m.body: m for m in facade.receive("billing", "orders", EVERYTHING, 10, 10_000)}
+    assert sorted(got) == [b"a", b"b"]
+    assert facade.receive("billing", "orders", EVERYTHING, 10, 10_000) == []
+    assert facade.next_wakeup_ms("billing", "orders") == clock.now_ms() + 10_000
+    facade.ack("billing", "orders", got[b"a"].receipt_handle)
+    with pytest.raises(InvalidReceiptHandle):
+        facade.ack("billing", "orders", got[b"a"].receipt_handle + "x")
+    renewed = facade.change_invisible_duration("billing", "orders", got[b"b"].receipt_handle, 1)
+    assert renewed != got[b"b"].receipt_handle
+    facade.forward_to_dead_letter("billing", "orders", renewed)
+    facade.create_group("dlq-reader", consume_from="earliest")
+    assert bodies(facade, "dlq-reader", dead_letter_topic("billing")) == [b"b"]
+    progress = facade.group_progress("billing", "orders")
+    assert sum(p.inflight for p in progress) == 0 and sum(p.lag for p in progress) == 0
+
+
+# -- pull and offsets ------------------------------------------------------------------------------------
+
+
+def test_pull_commit_and_query_offsets(facade: Broker, clock: FakeClock) -> None:
+    facade.send([OutgoingMessage("orders", b"a", queue_id=1)])
+    clock.advance(1_000)
+    facade.send([OutgoingMessage("orders", b"b", queue_id=1)])
+    pulled = facade.pull("billing", "orders", 1, 0, 10, EVERYTHING)
+    assert [m.body for m in pulled.messages] == [b"a", b"b"] and pulled.next_offset == 2
+    with pytest.raises(OffsetNotFound):
+        facade.get_offset("billing", "orders", 1)
+    facade.update_offset("billing", "orders", 1, 2)
+    assert facade.get_offset("billing", "orders", 1) == 2
+    assert facade.query_offset("orders", 1, "beginning") == 0
+    assert facade.query_offset("orders", 1, "end") == 2
+    assert facade.reset_offset("billing", "orders", 0) == {0: 0, 1: 0}
+    assert facade.get_offset("billing", "orders", 1) == 0
+
+
+# -- reading stored messages ------------------------------------------------------------------------------
+
+
+def test_operators_read_by_id_key_offset_and_scan(facade: Broker) -> None:
+    sent = facade.send(
+        [
+            OutgoingMessage("orders", b"a", tag="x", keys=["k"], queue_id=0),
+            OutgoingMessage("orders", b"b", tag="y", queue_id=0),
+        ]
+    )
+    (by_id,) = facade.messages_by_id(sent[0].message_id)
+    assert (by_id.body, by_id.topic) == (b"a", "orders")
+    assert [m.body for m in facade.messages_by_id(sent[1].message_id, "orders")] == [b"b"]
+    with pytest.raises(NotFound):
+        facade.messages_by_id("no-such-id")
+    with pytest.raises(TopicNotFound):
+        facade.messages_by_id(sent[0].message_id, "elsewhere")
+    assert [m.body for m in facade.messages_by_key("orders", "k", 0, 2**63 - 1, 10)] == [b"a"]
+    assert facade.message_at("orders", 0, 1).body == b"b"
+    with pytest.raises(NotFound):
+        facade.message_at("orders", 0, 2)
+    scanned = facade.scan("orders", None, None, 0, 2**63 - 1, 10, FilterSpec("TAG", "x"))
+    assert [m.body for m in scanned.messages] == [b"a"]
+    assert (scanned.matched, scanned.examined, scanned.tag_counts) == (1, 2, {"x": 1})
+    assert scanned.next_offsets == {0: 2, 1: 0} and scanned.complete
+    counted = facade.scan("orders", 0, 0, 0, 2**63 - 1, 1, EVERYTHING, with_messages=False)
+    assert counted.messages == [] and counted.matched == 2
+    assert bodies(facade, "billing", "orders") == [b"a", b"b"]  # reads moved nothing
