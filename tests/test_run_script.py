@@ -28,7 +28,7 @@ def repo(tmp_path: Path) -> Path:
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     bin_dir = tmp_path / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
-    for tool in ("python", "pip", "halfmoon", "ruff"):
+    for tool in ("python", "pip", "halfmoon", "ruff", "mypy"):
         path = bin_dir / tool
         path.write_text(STUB)
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
@@ -78,3 +78,11 @@ def test_a_venv_stamped_by_the_older_script_counts_as_the_full_set(repo: Path) -
     (repo / ".venv" / f".installed-{digest}").touch()
     assert run(repo, "serve") == []
     assert run(repo, "test") == []
+
+
+def test_test_checks_types_after_ruff_and_before_pytest(repo: Path) -> None:
+    run(repo, "test", "-q")
+    calls = (repo / ".venv" / "calls.log").read_text().splitlines()
+    tools = [c.split()[0] for c in calls if not c.startswith("pip ")]
+    assert tools == ["ruff", "ruff", "mypy", "python"]
+    assert "mypy " in calls  # no arguments: pyproject.toml says what and how strictly
