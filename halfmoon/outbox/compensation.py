@@ -38,7 +38,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
 from sqlalchemy import Connection, Table, update
@@ -46,6 +46,9 @@ from sqlalchemy import Connection, Table, update
 from halfmoon.client.message import Message, MessageView
 from halfmoon.client.push_consumer import ConsumeResult
 from halfmoon.errors import InvalidArgument
+
+if TYPE_CHECKING:  # aio-pika is optional (only RabbitMQ needs it)
+    from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
 log = logging.getLogger("halfmoon.outbox.compensation")
 
@@ -281,7 +284,7 @@ class RabbitRetryQueue:
 
     def __init__(
         self,
-        channel: Any,
+        channel: AbstractChannel,
         queue: str,
         *,
         tiers: Sequence[float] = DEFAULT_BACKOFF,
@@ -377,7 +380,7 @@ class RabbitRetryQueue:
         await self.channel.set_qos(prefetch_count=prefetch)
         queue = await self.channel.get_queue(self.queue)
 
-        async def on_message(message: Any) -> None:
+        async def on_message(message: AbstractIncomingMessage) -> None:
             attempts = attempts_of(message.headers)
             try:
                 await handler(message, attempts)
@@ -388,7 +391,9 @@ class RabbitRetryQueue:
 
         return await queue.consume(on_message)
 
-    async def _fail(self, message: Any, attempts: int, exc: BaseException) -> None:
+    async def _fail(
+        self, message: AbstractIncomingMessage, attempts: int, exc: BaseException
+    ) -> None:
         headers = dict(message.headers or {})
         headers[ATTEMPTS_HEADER] = attempts
         # The exception type only: its text may carry business data.

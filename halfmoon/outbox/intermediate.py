@@ -50,6 +50,7 @@ from halfmoon.outbox.schema import outbox_tables
 from halfmoon.outbox.targets import UnroutableMessage
 
 if TYPE_CHECKING:  # aiormq comes with the optional aio-pika
+    from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
     from aiormq.abc import FieldTable
 
 log = logging.getLogger("halfmoon.outbox")
@@ -74,17 +75,22 @@ class IntermediatePublisher:
         self.tables = outbox_tables(table_prefix)
         self.queue = queue
         self.confirm_timeout = confirm_timeout
-        self._connection: Any = None
-        self._channel: Any = None
+        self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
         self._lock: asyncio.Lock | None = None
 
-    async def _ensure(self) -> Any:
+    async def _ensure(self) -> AbstractChannel:
         import aio_pika  # here: optional (only RabbitMQ needs it), and slow to import
 
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            if self._channel is None or self._channel.is_closed or self._connection.is_closed:
+            if (
+                self._channel is None
+                or self._channel.is_closed
+                or self._connection is None  # never while there is a channel
+                or self._connection.is_closed
+            ):
                 if self._connection is not None and not self._connection.is_closed:
                     await self._connection.close()
                 self._connection = await aio_pika.connect(
@@ -215,7 +221,7 @@ class IntermediateMover:
             await channel.set_qos(prefetch_count=self.prefetch)
             queue = await channel.declare_queue(self.queue, durable=True)
 
-            async def on_message(message: Any) -> None:
+            async def on_message(message: AbstractIncomingMessage) -> None:
                 await self._handle(channel, message)
 
             tag = await queue.consume(on_message)
@@ -227,7 +233,7 @@ class IntermediateMover:
 
     # -- one message -------------------------------------------------------------------------------
 
-    async def _handle(self, channel: Any, message: Any) -> None:
+    async def _handle(self, channel: AbstractChannel, message: AbstractIncomingMessage) -> None:
         import aio_pika  # here: optional (only RabbitMQ needs it), and slow to import
 
         key = message.message_id

@@ -28,6 +28,7 @@ from halfmoon.outbox.errors import OutboxError
 from halfmoon.outbox.outbox import OutboxRecord
 
 if TYPE_CHECKING:  # aiormq comes with the optional aio-pika
+    from aio_pika.abc import AbstractChannel, AbstractConnection
     from aiormq.abc import FieldTable
 
 log = logging.getLogger("halfmoon.outbox")
@@ -205,21 +206,26 @@ class RabbitTarget(PublishTarget):
         self.confirm_timeout = confirm_timeout
         self.connection_name = connection_name or f"halfmoon-outbox-relay-{next(_names)}"
         self.reconnects = 0
-        self._connection: Any = None
-        self._channel: Any = None
+        self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
         self._generation = 0
         self._lock: asyncio.Lock | None = None
 
     def start(self) -> None:
         run_sync(self._ensure())
 
-    async def _ensure(self) -> tuple[Any, int]:
+    async def _ensure(self) -> tuple[AbstractChannel, int]:
         import aio_pika  # here: optional (only RabbitMQ needs it), and slow to import
 
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            if self._channel is None or self._channel.is_closed or self._connection.is_closed:
+            if (
+                self._channel is None
+                or self._channel.is_closed
+                or self._connection is None  # never while there is a channel
+                or self._connection.is_closed
+            ):
                 await self._drop()
                 self._connection = await aio_pika.connect(
                     self.url, client_properties={"connection_name": self.connection_name}
