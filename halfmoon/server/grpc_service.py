@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import duration_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
@@ -36,7 +37,7 @@ from halfmoon.server.config import ServerConfig
 from halfmoon.server.errors import Code, RequestError, ok, status, status_for
 from halfmoon.server.longpoll import ArrivalNotifier
 from halfmoon.server.renewal import Renewer
-from halfmoon.server.telemetry import ClientRegistry
+from halfmoon.server.telemetry import ClientRegistry, ClientSession
 
 log = logging.getLogger("halfmoon.server.grpc")
 
@@ -294,7 +295,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     async def _read_telemetry(
         self,
         commands: AsyncIterator[svc.TelemetryCommand],
-        session: Any,
+        session: ClientSession,
         outbox: asyncio.Queue,
         namespace: str = "",
     ) -> None:
@@ -323,7 +324,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         outbox.put_nowait(None)
 
     async def _settings_answer(
-        self, session: Any, settings: pb.Settings, namespace: str = ""
+        self, session: ClientSession, settings: pb.Settings, namespace: str = ""
     ) -> svc.TelemetryCommand:
         try:
             # The registry and the broker know stored names; the answer echoes the client's.
@@ -479,7 +480,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     # -- consume by pop -------------------------------------------------------------
 
-    def _poll_budget(self, asked: Any | None, context: grpc.aio.ServicerContext) -> float:
+    def _poll_budget(
+        self, asked: duration_pb2.Duration | None, context: grpc.aio.ServicerContext
+    ) -> float:
         seconds = self.config.long_polling_default
         if asked is not None:
             seconds = convert.duration_ms(asked) / 1000

@@ -80,7 +80,7 @@ def sync_call(
     )
 
 
-def add_lite_settings(answer: pb.Settings, client: pb.Settings, broker: Any) -> None:
+def add_lite_settings(answer: pb.Settings, client: pb.Settings, broker: Broker) -> None:
     """Tell a lite consumer its quota and the longest lite topic name."""
     if client.client_type not in LITE_CLIENT_TYPES:
         return
