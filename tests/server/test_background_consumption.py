@@ -221,3 +221,29 @@ def test_node_push_consumer_slower_than_the_invisible_time_gets_each_message_onc
     assert Counter(r["body"] for r in received) == Counter(bodies), run.explain()
     assert {r["deliveryAttempt"] for r in received} == {1}, run.explain()
     wait_until(lambda: settled(server, group), 10, "every message acknowledged")
+
+
+def test_node_consumers_last_delivery_is_dead_lettered_after_it_stopped(
+    server: ServerProcess,
+    producer: Any,
+    scripts: Any,  # noqa: F811 - the fixture imported above
+) -> None:
+    """The Node SimpleConsumer takes a message's last delivery, postpones it 6 s, and exits."""
+    topic, group = unique("revivenode"), unique("grevivenode")
+    server.create_topic(topic, "normal", queues=1)
+    server.create_group(group, max_delivery_attempts=1)
+    receipt = producer.send(message(topic, "node-poison", properties={"poison": "true"}))
+    run = scripts(
+        "simple_consume.js",
+        {"endpoints": server.grpc, "group": group, "topic": topic, "expect": 1,
+         "retryProperty": "poison", "retryInvisibleMs": 6000, "invisibleMs": 2000,
+         "deadlineMs": 2500},
+    ).finish(60)  # fmt: skip
+    (record,) = run.events("received")
+    assert record["messageId"] == receipt.message_id and record["action"] == "change_invisible"
+    assert record["error"] is None, run.explain()
+    assert run.returncode == 1  # never acknowledged; the consumer is gone now
+    dead_letter_topic = f"%DLQ%{group}"
+    wait_until(lambda: stored_count(server, dead_letter_topic) == 1, 20, "the dead letter")
+    assert time.time() * 1000 - record["receivedAtMs"] >= 5_900, "dead-lettered too early"
+    assert settled(server, group)
