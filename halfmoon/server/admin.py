@@ -53,6 +53,7 @@ from halfmoon.broker.groups import RetryPolicy
 from halfmoon.broker.message import MessageType
 from halfmoon.config import Config, config_to_dict
 from halfmoon.errors import HalfmoonError
+from halfmoon.metrics import CONTENT_TYPE, MetricFamily, MetricsRegistry, default_registry
 from halfmoon.server import admin_lite, admin_messages, admin_operations
 from halfmoon.server.admin_http import (
     BROKER_KEY,
@@ -73,7 +74,6 @@ from halfmoon.server.admin_http import (
 )
 from halfmoon.server.admin_namespace import namespaced_names
 from halfmoon.server.admin_openapi import openapi_document
-from halfmoon.server.metrics import CONTENT_TYPE, MetricFamily, MetricsRegistry, default_registry
 from halfmoon.server.telemetry import ClientRegistry
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from halfmoon.broker.facade import Broker
 from halfmoon.broker.groups import GroupConfig
 from halfmoon.config import Config
 from halfmoon.errors import HalfmoonError, InvalidArgument
-from halfmoon.server.metrics import MetricsRegistry
+from halfmoon.metrics import MetricsRegistry
 from halfmoon.server.telemetry import ClientRegistry
 
 BROKER_KEY: web.AppKey[Broker] = web.AppKey("broker")

@@ -34,14 +34,13 @@ from aiohttp import web
 
 from halfmoon.broker.broker import Broker as InProcessBroker
 from halfmoon.broker.facade import Broker
-from halfmoon.config import Config
+from halfmoon.config import Config, ServerConfig, parse_host_port
+from halfmoon.metrics import MetricFamily, default_registry
 from halfmoon.server import lite_subscriptions
 from halfmoon.server.admin import create_admin_app
-from halfmoon.server.config import ServerConfig, parse_host_port
 from halfmoon.server.grpc_service import MessagingServicer
 from halfmoon.server.handlers import messaging_handler
 from halfmoon.server.longpoll import ArrivalNotifier
-from halfmoon.server.metrics import MetricFamily, default_registry
 from halfmoon.server.telemetry import ClientRegistry, TelemetryCheckSender
 from halfmoon.store.store import MessageStore
 

@@ -30,10 +30,10 @@ from halfmoon.broker.facade import Broker, PullResult
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageView, OutgoingMessage
 from halfmoon.broker.produce import SendResult
+from halfmoon.config import ServerConfig
 from halfmoon.errors import HalfmoonError
 from halfmoon.server import client_settings, convert, lite_subscriptions
 from halfmoon.server import namespace as ns
-from halfmoon.server.config import ServerConfig
 from halfmoon.server.errors import Code, RequestError, ok, status, status_for
 from halfmoon.server.longpoll import ArrivalNotifier
 from halfmoon.server.renewal import Renewer

@@ -59,7 +59,7 @@ from typing import Any
 
 from halfmoon.broker.facade import Broker
 from halfmoon.broker.receipt import InvalidReceiptHandle
-from halfmoon.server.config import ServerConfig
+from halfmoon.config import ServerConfig
 
 log = logging.getLogger("halfmoon.server.renewal")
 

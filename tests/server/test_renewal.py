@@ -12,7 +12,7 @@ import pytest
 from halfmoon.broker.clock import FakeClock
 from halfmoon.broker.groups import RetryPolicy
 from halfmoon.broker.receipt import InvalidReceiptHandle
-from halfmoon.server.config import ServerConfig
+from halfmoon.config import ServerConfig
 from halfmoon.server.renewal import RENEW_BATCH, RenewalBook, Renewer
 
 CONFIG = ServerConfig()  # RocketMQ's defaults: 60 s, renew 10 s ahead, 1/3/5/10/30/60 min, 3 h
