@@ -51,7 +51,8 @@ def open_real_store(data_dir: Path) -> MessageStore:
 
 @pytest.fixture
 def real_broker(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., Broker]]:
-    """Open (and reopen) a broker over a real MessageStore in ``tmp_path``; closes all at the end."""
+    """Open (and reopen) a broker over a real MessageStore in ``tmp_path``; closes all at
+    the end."""
     opened: list[tuple[Broker, MessageStore]] = []
 
     def open_broker(config: BrokerConfig | None = None) -> Broker:

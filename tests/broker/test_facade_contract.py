@@ -104,7 +104,7 @@ def half(body: bytes, **kw: object) -> OutgoingMessage:
     )
 
 
-# -- the protocol itself ---------------------------------------------------------------------
+# -- the protocol itself ---------------------------------------------------------------------------
 
 
 def _members() -> list[str]:
@@ -135,7 +135,7 @@ def test_every_operation_is_documented_and_implemented_with_the_same_signature(
         ], f"{name}: {inspect.signature(implemented)} != {inspect.signature(declared)}"
 
 
-# -- settings, lifecycle, status ----------------------------------------------------------------
+# -- settings, lifecycle, status -------------------------------------------------------------------
 
 
 def test_config_changes_apply_at_once_and_unknown_names_change_nothing(facade: Broker) -> None:
@@ -169,7 +169,7 @@ def test_arrival_listeners_hear_of_user_topics(facade: Broker) -> None:
     assert heard == [("orders", 1)]
 
 
-# -- topics and groups ---------------------------------------------------------------------------
+# -- topics and groups -----------------------------------------------------------------------------
 
 
 def test_topic_lifecycle_and_lookups_that_never_create(open_facade: Callable[..., Broker]) -> None:
@@ -254,7 +254,7 @@ def test_a_delay_message_can_be_recalled_before_its_time(facade: Broker, clock: 
     assert bodies(facade, "billing", "later") == []
 
 
-# -- transactions ------------------------------------------------------------------------------------
+# -- transactions ----------------------------------------------------------------------------------
 
 
 def test_a_transaction_ends_durably_with_and_without_waiting(facade: Broker) -> None:
@@ -309,7 +309,7 @@ def test_the_check_sender_is_asked_about_an_open_transaction(
     facade.set_check_sender(None)
 
 
-# -- pop -------------------------------------------------------------------------------------------------
+# -- pop -------------------------------------------------------------------------------------------
 
 
 def test_receive_ack_change_invisible_and_dead_letter(facade: Broker, clock: FakeClock) -> None:
@@ -331,7 +331,7 @@ def test_receive_ack_change_invisible_and_dead_letter(facade: Broker, clock: Fak
     assert sum(p.inflight for p in progress) == 0 and sum(p.lag for p in progress) == 0
 
 
-# -- pull and offsets ------------------------------------------------------------------------------------
+# -- pull and offsets ------------------------------------------------------------------------------
 
 
 def test_pull_commit_and_query_offsets(facade: Broker, clock: FakeClock) -> None:
@@ -350,7 +350,7 @@ def test_pull_commit_and_query_offsets(facade: Broker, clock: FakeClock) -> None
     assert facade.get_offset("billing", "orders", 1) == 0
 
 
-# -- reading stored messages ------------------------------------------------------------------------------
+# -- reading stored messages -----------------------------------------------------------------------
 
 
 def test_operators_read_by_id_key_offset_and_scan(facade: Broker) -> None:

@@ -127,7 +127,8 @@ def test_acknowledged_commits_survive_sigkill_exactly_once(tmp_path: Path) -> No
         by_group = Counter(group for _, _, group in seen if group is not None)
         for group, members in group_members.items():
             assert by_group.get(group, 0) in (0, len(members)), (
-                f"round {rounds}: group {group} partly visible ({by_group.get(group)} of {len(members)})"
+                f"round {rounds}: group {group} partly visible "
+                f"({by_group.get(group)} of {len(members)})"
             )
             if group in acked_groups:
                 assert by_group.get(group) == len(members), (

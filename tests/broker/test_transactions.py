@@ -1,4 +1,5 @@
-"""Transactions through the broker facade on the in-memory store: half messages, decisions, groups."""
+"""Transactions through the broker facade on the in-memory store: half messages, decisions,
+groups."""
 
 from __future__ import annotations
 
@@ -143,8 +144,11 @@ def test_committed_message_keeps_id_queue_and_properties(txn_broker: Broker) -> 
     end(txn_broker, result, "commit")
     (message,) = txn_broker.pull("c", "orders", 1, 0, 10, FilterSpec()).messages
     assert (message.message_id, message.tag, message.keys, message.properties) == (
-        result.message_id, "t1", ["k"], {"a": "1"},
-    )  # fmt: skip
+        result.message_id,
+        "t1",
+        ["k"],
+        {"a": "1"},
+    )
     assert message.topic == "orders" and message.message_type is MessageType.TRANSACTION
 
 
@@ -188,9 +192,10 @@ def test_a_half_message_at_the_properties_limit_still_commits(broker: Broker) ->
     largest = fits(low)
     assert end(broker, largest, "commit") is TxnState.COMMITTED
     (message,) = [
-        m for m in broker.pull("c", "t", 0, 0, 1000, FilterSpec()).messages
+        m
+        for m in broker.pull("c", "t", 0, 0, 1000, FilterSpec()).messages
         if m.message_id == largest.message_id
-    ]  # fmt: skip
+    ]
     assert message.transaction_id == largest.transaction_id
 
 

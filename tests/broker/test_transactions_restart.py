@@ -22,7 +22,8 @@ OpenBroker = Callable[..., Broker]
 
 @pytest.fixture
 def clock() -> FakeClock:
-    # Recovered half messages age by their store timestamps (wall clock): start the fake clock there.
+    # Recovered half messages age by their store timestamps (wall clock): start the fake
+    # clock there.
     return FakeClock(int(time.time() * 1000))
 
 

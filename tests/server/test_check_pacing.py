@@ -1,4 +1,5 @@
-"""Checks paced to the producers: the check service with the real TelemetryCheckSender on a FakeClock.
+"""Checks paced to the producers: the check service with the real TelemetryCheckSender on a
+FakeClock.
 
 The broker ticks on a worker thread (the sender hops onto the event loop and
 waits for it, as from the broker's tick thread); the "producer" is the test
@@ -27,9 +28,11 @@ class Setup:
     def __init__(self, cap: int = 5, check_max: int = 3) -> None:
         self.clock = FakeClock()
         config = TransactionConfig(
-            timeout_ms=1_000, check_interval_ms=2_000, check_max=check_max,
+            timeout_ms=1_000,
+            check_interval_ms=2_000,
+            check_max=check_max,
             max_outstanding_checks_per_producer=cap,
-        )  # fmt: skip
+        )
         self.broker = Broker(MemoryStore(), None, BrokerConfig(), self.clock, config)
         self.broker.create_topic("orders", MessageType.TRANSACTION)
         self.registry = ClientRegistry()
@@ -163,8 +166,11 @@ def test_no_second_check_while_the_first_is_outstanding_and_an_answer_clears_it(
         s = Setup(cap=5)
         s.connect("p1")
         (tid,) = s.plant(1)
-        message = s.broker.transactions.check_view(s.broker.transactions.checkable(
-            next(iter(s.broker.transactions.pending)), s.clock.now_ms() + 10_000))  # fmt: skip
+        message = s.broker.transactions.check_view(
+            s.broker.transactions.checkable(
+                next(iter(s.broker.transactions.pending)), s.clock.now_ms() + 10_000
+            )
+        )
         request = CheckRequest("pg", "orders", message, tid)
         assert await asyncio.to_thread(s.sender.send_checks, [request, request]) == [True, False]
         assert await asyncio.to_thread(s.sender.send_checks, [request]) == [False]
@@ -189,8 +195,11 @@ def test_round_robin_prefers_streams_with_room() -> None:
         for client_id in ("p1", "p2"):
             s.connect(client_id)
         (tid,) = s.plant(1)
-        message = s.broker.transactions.check_view(s.broker.transactions.checkable(
-            next(iter(s.broker.transactions.pending)), s.clock.now_ms() + 10_000))  # fmt: skip
+        message = s.broker.transactions.check_view(
+            s.broker.transactions.checkable(
+                next(iter(s.broker.transactions.pending)), s.clock.now_ms() + 10_000
+            )
+        )
         ids = itertools.count()
         batch = [CheckRequest("pg", "orders", message, f"T{next(ids)}") for _ in range(7)]
         assert await asyncio.to_thread(s.sender.send_checks, batch) == [True] * 6 + [False]

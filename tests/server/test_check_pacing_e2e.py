@@ -1,4 +1,5 @@
-"""A producer that answers checks slowly, against a real server: nothing parked, everything resolved.
+"""A producer that answers checks slowly, against a real server: nothing parked, everything
+resolved.
 
 Unpaced, the server would queue every due check on the producer's stream at
 each scan; with answers slower than ``check_retry_ms`` the unanswered ones
@@ -79,7 +80,8 @@ def test_a_slow_producer_resolves_every_orphan_and_none_is_parked(tmp_path: Path
         assert code == 200
         committed = sum(int(q["max_offset"]) - int(q["min_offset"]) for q in status["queues"])  # type: ignore[index]
         assert committed == ORPHANS
-        # Paced: few checks beyond one per transaction (a duplicate only after a stall of the producer).
+        # Paced: few checks beyond one per transaction (a duplicate only after a stall of the
+        # producer).
         assert ORPHANS <= listener.checks < ORPHANS * 2
     finally:
         server.stop()

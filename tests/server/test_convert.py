@@ -118,11 +118,26 @@ def test_filters() -> None:
 
 def test_delivered_messages_carry_handle_attempt_and_an_md5_digest() -> None:
     view = MessageView(
-        topic="t", queue_id=3, queue_offset=42, message_id="M", body=b"body", tag="T", keys=["k"],
-        properties={"p": "1"}, message_type=MessageType.FIFO, message_group="g", delivery_timestamp=None,
-        born_timestamp=1000, born_host="b", store_timestamp=2000, store_host="s", commit_log_offset=7,
-        delivery_attempt=2, receipt_handle="RH", invisible_duration_ms=30_000,
-    )  # fmt: skip
+        topic="t",
+        queue_id=3,
+        queue_offset=42,
+        message_id="M",
+        body=b"body",
+        tag="T",
+        keys=["k"],
+        properties={"p": "1"},
+        message_type=MessageType.FIFO,
+        message_group="g",
+        delivery_timestamp=None,
+        born_timestamp=1000,
+        born_host="b",
+        store_timestamp=2000,
+        store_host="s",
+        commit_log_offset=7,
+        delivery_attempt=2,
+        receipt_handle="RH",
+        invisible_duration_ms=30_000,
+    )
     msg = convert.wire_message(view)
     sp = msg.system_properties
     # The message group is a user property too, as RocketMQ's proxy delivers it.
@@ -151,13 +166,28 @@ def test_delivered_messages_carry_handle_attempt_and_an_md5_digest() -> None:
 
 
 def test_delivered_times_at_the_epoch_and_missing_fields_are_encoded_as_before() -> None:
-    """Zero times are still present fields; absent optional fields stay absent; empty ids stay empty."""
+    """Zero times are still present fields; absent optional fields stay absent; empty ids stay
+    empty."""
     view = MessageView(
-        topic="t", queue_id=-1, queue_offset=0, message_id="", body=b"x", tag=None, keys=[],
-        properties={}, message_type=MessageType.DELAY, message_group=None, delivery_timestamp=0,
-        born_timestamp=0, born_host="", store_timestamp=1_700_000_000_123, store_host="", commit_log_offset=0,
-        receipt_handle=None, invisible_duration_ms=0,
-    )  # fmt: skip
+        topic="t",
+        queue_id=-1,
+        queue_offset=0,
+        message_id="",
+        body=b"x",
+        tag=None,
+        keys=[],
+        properties={},
+        message_type=MessageType.DELAY,
+        message_group=None,
+        delivery_timestamp=0,
+        born_timestamp=0,
+        born_host="",
+        store_timestamp=1_700_000_000_123,
+        store_host="",
+        commit_log_offset=0,
+        receipt_handle=None,
+        invisible_duration_ms=0,
+    )
     sp = convert.wire_message(view, "host:1").system_properties
     assert sp.HasField("born_timestamp") and convert.timestamp_ms(sp.born_timestamp) == 0
     assert sp.HasField("delivery_timestamp") and convert.timestamp_ms(sp.delivery_timestamp) == 0
@@ -219,11 +249,24 @@ def test_priority_and_lite_messages_in_and_out() -> None:
     assert (msg.message_type, msg.priority) == (MessageType.NORMAL, None)
 
     view = MessageView(
-        topic="t", queue_id=0, queue_offset=1, message_id="M", body=b"b", tag=None, keys=[],
-        properties={}, message_type=MessageType.LITE, message_group=None, delivery_timestamp=None,
-        born_timestamp=1, born_host="h", store_timestamp=2, store_host="s", commit_log_offset=3,
+        topic="t",
+        queue_id=0,
+        queue_offset=1,
+        message_id="M",
+        body=b"b",
+        tag=None,
+        keys=[],
+        properties={},
+        message_type=MessageType.LITE,
+        message_group=None,
+        delivery_timestamp=None,
+        born_timestamp=1,
+        born_host="h",
+        store_timestamp=2,
+        store_host="s",
+        commit_log_offset=3,
         lite_topic="s-1",
-    )  # fmt: skip
+    )
     sp = convert.wire_message(view).system_properties
     assert (sp.message_type, sp.lite_topic, sp.HasField("priority")) == (
         pb.MessageType.LITE,
@@ -241,11 +284,24 @@ def test_priority_and_lite_messages_in_and_out() -> None:
 
 def test_a_committed_transactional_message_shows_its_transaction_id_as_a_user_property() -> None:
     view = MessageView(
-        topic="t", queue_id=0, queue_offset=0, message_id="M", body=b"x", tag=None, keys=[],
-        properties={"p": "1"}, message_type=MessageType.TRANSACTION, message_group=None,
-        delivery_timestamp=None, born_timestamp=0, born_host="", store_timestamp=0, store_host="",
-        commit_log_offset=0, transaction_id="T00000000000000070123ABCD",
-    )  # fmt: skip
+        topic="t",
+        queue_id=0,
+        queue_offset=0,
+        message_id="M",
+        body=b"x",
+        tag=None,
+        keys=[],
+        properties={"p": "1"},
+        message_type=MessageType.TRANSACTION,
+        message_group=None,
+        delivery_timestamp=None,
+        born_timestamp=0,
+        born_host="",
+        store_timestamp=0,
+        store_host="",
+        commit_log_offset=0,
+        transaction_id="T00000000000000070123ABCD",
+    )
     assert dict(convert.wire_message(view).user_properties) == {
         "p": "1",
         "__transactionId__": "T00000000000000070123ABCD",

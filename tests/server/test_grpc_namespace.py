@@ -1,4 +1,5 @@
-"""Namespaces on the gRPC endpoint, in process: requests resolve to stored names, answers un-namespace."""
+"""Namespaces on the gRPC endpoint, in process: requests resolve to stored names, answers
+un-namespace."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Long-poll wake-ups: direct on the loop's thread, one loop wake-up per batch from other threads."""
+"""Long-poll wake-ups: direct on the loop's thread, one loop wake-up per batch from other
+threads."""
 
 from __future__ import annotations
 

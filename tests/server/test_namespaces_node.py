@@ -44,11 +44,18 @@ def test_two_namespaces_with_the_same_names_do_not_see_each_others_messages(
     consumers = {
         namespace: scripts(
             "simple_consume.js",
-            {**base, "namespace": namespace, "group": group, "expect": 5, "lingerMs": 1500,
-             "deadlineMs": 20000, "awaitDurationMs": 1000},
+            {
+                **base,
+                "namespace": namespace,
+                "group": group,
+                "expect": 5,
+                "lingerMs": 1500,
+                "deadlineMs": 20000,
+                "awaitDurationMs": 1000,
+            },
         )
         for namespace in TENANTS
-    }  # fmt: skip
+    }
     sent: dict[str, dict[str, int]] = {}
     for namespace in TENANTS:
         messages = [{"body": f"{namespace}-{i}"} for i in range(5)]
@@ -59,7 +66,8 @@ def test_two_namespaces_with_the_same_names_do_not_see_each_others_messages(
         received = _check_consumer(run, f"consumer in {namespace}", shared_server)
         ids = {r["messageId"] for r in received}
         assert ids == set(sent[namespace]), _fail(
-            f"{namespace}: missing {set(sent[namespace]) - ids}, extra {ids - set(sent[namespace])}",
+            f"{namespace}: missing {set(sent[namespace]) - ids}, "
+            f"extra {ids - set(sent[namespace])}",
             run,
         )
         assert len(received) == 5, _fail(f"{namespace}: delivered more than once", run)

@@ -83,8 +83,11 @@ def _ensure_node_modules(npm: str) -> None:
         try:
             result = subprocess.run(
                 [npm, "ci", "--no-audit", "--no-fund"],
-                cwd=NODE_DIR, capture_output=True, text=True, timeout=NPM_INSTALL_TIMEOUT,
-            )  # fmt: skip
+                cwd=NODE_DIR,
+                capture_output=True,
+                text=True,
+                timeout=NPM_INSTALL_TIMEOUT,
+            )
         except subprocess.TimeoutExpired:
             pytest.fail(f"npm ci in {NODE_DIR} did not finish within {NPM_INSTALL_TIMEOUT:.0f}s")
         if result.returncode != 0:
@@ -103,7 +106,10 @@ def node() -> str:
         missing = " and ".join(
             name for name, path in (("node", node_bin), ("npm", npm_bin)) if path is None
         )
-        reason = f"{missing} not found on PATH: the Node.js compatibility tests need Node.js >= 18 with npm"
+        reason = (
+            f"{missing} not found on PATH: the Node.js compatibility tests need Node.js >= 18 "
+            "with npm"
+        )
         if os.environ.get("CI") == "true":
             pytest.fail(reason)
         pytest.skip(reason)
@@ -151,9 +157,13 @@ class RunningScript:
         env.pop("NODE_OPTIONS", None)
         self.proc = subprocess.Popen(
             [node, str(NODE_DIR / script), json.dumps(spec)],
-            cwd=NODE_DIR, env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            cwd=NODE_DIR,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self._records: list[dict[str, Any]] = []
         self._noise: list[str] = []
         self._stderr: list[str] = []
@@ -195,7 +205,8 @@ class RunningScript:
             return self._snapshot()
 
     def wait_for(self, predicate: Any, timeout: float, what: str) -> None:
-        """Block until ``predicate(records)`` is true; fail at the deadline or if the script ends first."""
+        """Block until ``predicate(records)`` is true; fail at the deadline or if the script
+        ends first."""
         with self._changed:
             done = self._changed.wait_for(
                 lambda: predicate(self._records) or not self._readers[0].is_alive(), timeout
@@ -352,17 +363,35 @@ def test_normal_messages_reach_every_group_once_with_their_fields(
 
     # Consumers and producer run side by side: the groups start from the earliest offset.
     consumers = {
-        "all": scripts("simple_consume.js", {**base, "group": groups["all"], "expect": 20, "lingerMs": 1500}),
-        "tag": scripts("simple_consume.js", {**base, "group": groups["tag"], "filter": "TagA", "expect": 10, "lingerMs": 1500}),
+        "all": scripts(
+            "simple_consume.js", {**base, "group": groups["all"], "expect": 20, "lingerMs": 1500}
+        ),
+        "tag": scripts(
+            "simple_consume.js",
+            {**base, "group": groups["tag"], "filter": "TagA", "expect": 10, "lingerMs": 1500},
+        ),
         "sql": scripts(
             "simple_consume.js",
-            {**base, "group": groups["sql"], "filterType": "sql", "filter": "lang = 'node' AND seq IN ('1', '2', '13')", "expect": 3, "lingerMs": 1500},
+            {
+                **base,
+                "group": groups["sql"],
+                "filterType": "sql",
+                "filter": "lang = 'node' AND seq IN ('1', '2', '13')",
+                "expect": 3,
+                "lingerMs": 1500,
+            },
         ),
         "retry": scripts(
             "simple_consume.js",
-            {**base, "group": groups["retry"], "expect": 20, "retryProperty": "retry", "retryInvisibleMs": 1000},
+            {
+                **base,
+                "group": groups["retry"],
+                "expect": 20,
+                "retryProperty": "retry",
+                "retryInvisibleMs": 1000,
+            },
         ),
-    }  # fmt: skip
+    }
     producer = scripts(
         "produce.js", {"endpoints": shared_server.grpc, "topic": topic, "messages": messages}
     )
@@ -438,8 +467,16 @@ def test_fifo_keeps_the_order_of_each_message_group(shared_server: Any, scripts:
     ]
     consumer = scripts(
         "simple_consume.js",
-        {"endpoints": shared_server.grpc, "topic": topic, "group": group, "expect": len(messages), "lingerMs": 1000, "deadlineMs": 20000, "batchSize": 4},
-    )  # fmt: skip
+        {
+            "endpoints": shared_server.grpc,
+            "topic": topic,
+            "group": group,
+            "expect": len(messages),
+            "lingerMs": 1000,
+            "deadlineMs": 20000,
+            "batchSize": 4,
+        },
+    )
     produced = scripts(
         "produce.js", {"endpoints": shared_server.grpc, "topic": topic, "messages": messages}
     ).finish()
@@ -480,8 +517,15 @@ def test_delay_messages_are_not_delivered_early(shared_server: Any, scripts: Any
     ]
     consumer = scripts(
         "simple_consume.js",
-        {"endpoints": shared_server.grpc, "topic": topic, "group": group, "expect": len(messages), "lingerMs": 500, "deadlineMs": 15000},
-    )  # fmt: skip
+        {
+            "endpoints": shared_server.grpc,
+            "topic": topic,
+            "group": group,
+            "expect": len(messages),
+            "lingerMs": 500,
+            "deadlineMs": 15000,
+        },
+    )
     produced = scripts(
         "produce.js", {"endpoints": shared_server.grpc, "topic": topic, "messages": messages}
     ).finish()
@@ -554,8 +598,12 @@ def test_a_committed_transactional_message_carries_its_transaction_id(
     _create_group(shared_server, group)
     producer = scripts(
         "transaction_produce.js",
-        {"endpoints": shared_server.grpc, "topic": topic, "messages": [{"body": "committed", "end": "commit", "check": "commit"}]},
-    )  # fmt: skip
+        {
+            "endpoints": shared_server.grpc,
+            "topic": topic,
+            "messages": [{"body": "committed", "end": "commit", "check": "commit"}],
+        },
+    )
     producer.wait_for(
         lambda records: any(r["event"] in ("waiting", "send_error") for r in records),
         30,
@@ -567,8 +615,14 @@ def test_a_committed_transactional_message_carries_its_transaction_id(
     assert sent["transactionId"], sent
     run = scripts(
         "simple_consume.js",
-        {"endpoints": shared_server.grpc, "topic": topic, "group": group, "expect": 1, "deadlineMs": 15000},
-    ).finish()  # fmt: skip
+        {
+            "endpoints": shared_server.grpc,
+            "topic": topic,
+            "group": group,
+            "expect": 1,
+            "deadlineMs": 15000,
+        },
+    ).finish()
     (record,) = _check_consumer(run, "transaction consumer", shared_server)
     assert record["messageId"] == sent["messageId"], record
     assert record["properties"] == {"__transactionId__": sent["transactionId"]}, record
@@ -651,8 +705,15 @@ def test_long_polling_returns_as_soon_as_a_message_arrives(
     # The consumer asks to wait up to 15 s; the message must end the wait at once.
     consumer = scripts(
         "simple_consume.js",
-        {"endpoints": shared_server.grpc, "topic": topic, "group": group, "expect": 1, "awaitDurationMs": 15000, "deadlineMs": 20000},
-    )  # fmt: skip
+        {
+            "endpoints": shared_server.grpc,
+            "topic": topic,
+            "group": group,
+            "expect": 1,
+            "awaitDurationMs": 15000,
+            "deadlineMs": 20000,
+        },
+    )
     consumer.wait_for(lambda records: any(r["event"] == "started" for r in records), 15, "startup")
     produced = scripts(
         "produce.js",
@@ -735,14 +796,29 @@ def test_a_live_consumer_keeps_receiving_across_a_restart(
 
     live = scripts(
         "simple_consume.js",
-        {"endpoints": srv.grpc, "topic": live_topic, "group": group, "expect": 20, "lingerMs": 1500, "deadlineMs": 30000, "awaitDurationMs": 2000},
-    )  # fmt: skip
+        {
+            "endpoints": srv.grpc,
+            "topic": live_topic,
+            "group": group,
+            "expect": 20,
+            "lingerMs": 1500,
+            "deadlineMs": 30000,
+            "awaitDurationMs": 2000,
+        },
+    )
     _, sent_a = produce(live_topic, "A")
     live.wait_for(
-        lambda records: {r.get("messageId") for r in records if r.get("action") == "ack" and r.get("error") is None} >= set(sent_a),
+        lambda records: (
+            {
+                r.get("messageId")
+                for r in records
+                if r.get("action") == "ack" and r.get("error") is None
+            }
+            >= set(sent_a)
+        ),
         15,
         "acknowledging batch A",
-    )  # fmt: skip
+    )
     parked, sent_c = produce(parked_topic, "C")
 
     assert srv.stop() == 0, srv.log_tail()
@@ -759,8 +835,15 @@ def test_a_live_consumer_keeps_receiving_across_a_restart(
 
     late = scripts(
         "simple_consume.js",
-        {"endpoints": srv.grpc, "topic": parked_topic, "group": group, "expect": 10, "lingerMs": 1000, "deadlineMs": 15000},
-    ).finish()  # fmt: skip
+        {
+            "endpoints": srv.grpc,
+            "topic": parked_topic,
+            "group": group,
+            "expect": 10,
+            "lingerMs": 1000,
+            "deadlineMs": 15000,
+        },
+    ).finish()
     received = _check_consumer(late, "consumer of the parked topic", srv)
     assert sorted(r["messageId"] for r in received) == sorted(sent_c), _fail("batch C", late)
     for record in received:
@@ -785,7 +868,14 @@ def test_a_consumer_started_after_the_producer_gets_what_was_already_sent(
     _check_sent(produced, 8, shared_server)
     run = scripts(
         "simple_consume.js",
-        {"endpoints": shared_server.grpc, "topic": topic, "group": group, "expect": 8, "lingerMs": 1000, "deadlineMs": 20000},
-    ).finish()  # fmt: skip
+        {
+            "endpoints": shared_server.grpc,
+            "topic": topic,
+            "group": group,
+            "expect": 8,
+            "lingerMs": 1000,
+            "deadlineMs": 20000,
+        },
+    ).finish()
     records = _check_consumer(run, "late consumer", shared_server)
     assert sorted(_body(r) for r in records) == sorted(f"early-{i}".encode() for i in range(8))

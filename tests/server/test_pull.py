@@ -1,4 +1,5 @@
-"""PullMessage and the offset RPCs (pull consumers, broadcasting, the Spark connector), in process."""
+"""PullMessage and the offset RPCs (pull consumers, broadcasting, the Spark connector), in
+process."""
 
 from __future__ import annotations
 

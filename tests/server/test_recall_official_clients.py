@@ -100,8 +100,15 @@ def test_node_client_recalls_a_delay_message_before_its_time(
     delay_ms = DELAY_S * 1000
     consumer = scripts(
         "simple_consume.js",
-        {"endpoints": server.grpc, "topic": topic, "group": group, "expect": 1, "lingerMs": 1500, "deadlineMs": 20000},
-    )  # fmt: skip
+        {
+            "endpoints": server.grpc,
+            "topic": topic,
+            "group": group,
+            "expect": 1,
+            "lingerMs": 1500,
+            "deadlineMs": 20000,
+        },
+    )
     producer = scripts(
         "recall.js",
         {

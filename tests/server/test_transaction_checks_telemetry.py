@@ -17,10 +17,23 @@ PRODUCER = definition_pb2.ClientType.PRODUCER
 
 def view(topic: str = "orders") -> MessageView:
     return MessageView(
-        topic=topic, queue_id=0, queue_offset=0, message_id="m1", body=b"x", tag=None, keys=[],
-        properties={}, message_type=MessageType.TRANSACTION, message_group=None, delivery_timestamp=None,
-        born_timestamp=0, born_host="", store_timestamp=0, store_host="", commit_log_offset=0,
-    )  # fmt: skip
+        topic=topic,
+        queue_id=0,
+        queue_offset=0,
+        message_id="m1",
+        body=b"x",
+        tag=None,
+        keys=[],
+        properties={},
+        message_type=MessageType.TRANSACTION,
+        message_group=None,
+        delivery_timestamp=None,
+        born_timestamp=0,
+        born_host="",
+        store_timestamp=0,
+        store_host="",
+        commit_log_offset=0,
+    )
 
 
 async def scenario(body) -> None:

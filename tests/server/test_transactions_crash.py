@@ -54,14 +54,17 @@ _names = itertools.count()
 # `commit` of them, then waits to be killed without deciding the rest.
 _CHILD = r"""
 import json, sys
-from rocketmq import ClientConfiguration, Credentials, Message, Producer, TransactionChecker, TransactionResolution
+from rocketmq import (
+    ClientConfiguration, Credentials, Message, Producer, TransactionChecker, TransactionResolution,
+)
 
 class Unsure(TransactionChecker):
     def check(self, message):
         return TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED
 
 endpoint, topic, count, commit = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-producer = Producer(ClientConfiguration(endpoint, Credentials(), request_timeout=5), topics=(topic,), checker=Unsure())
+config = ClientConfiguration(endpoint, Credentials(), request_timeout=5)
+producer = Producer(config, topics=(topic,), checker=Unsure())
 producer.startup()
 for i in range(count):
     msg = Message()
@@ -71,7 +74,9 @@ for i in range(count):
     receipt = producer.send(msg, transaction)
     if i < commit:
         transaction.commit()
-    print(json.dumps({"body": f"order-{i}", "message_id": receipt.message_id, "transaction_id": receipt.transaction_id}), flush=True)
+    line = {"body": f"order-{i}", "message_id": receipt.message_id,
+            "transaction_id": receipt.transaction_id}
+    print(json.dumps(line), flush=True)
 print("SENT", flush=True)
 sys.stdin.read()  # until killed
 """
@@ -162,9 +167,13 @@ def test_producer_killed_between_phases_is_resolved_by_another_producer(
     count, committed_first = 10, 3
     child = subprocess.Popen(
         [sys.executable, "-c", _CHILD, server.grpc, topic, str(count), str(committed_first)],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
-    )  # fmt: skip
+    )
     sent = []
     try:
         assert child.stdout is not None
