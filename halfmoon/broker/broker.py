@@ -571,7 +571,10 @@ class Broker:
         return self.lite.lite_topics(topic)
 
     def delete_lite_topic(self, topic: str, lite_topic: str) -> int:
-        """Delete a lite topic; its subscribers are told (NotifyUnsubscribeLite). Returns how many."""
+        """Delete a lite topic; its subscribers are told (NotifyUnsubscribeLite).
+
+        Returns how many were told.
+        """
         self._lite_parent(topic)
         return self.lite.delete(topic, lite_topic)
 
@@ -757,7 +760,8 @@ class Broker:
     def _check_queue(config: TopicConfig, queue_id: int) -> None:
         if queue_id not in config.readable_queues():
             raise IllegalQueueId(
-                f"topic {config.name!r} has no queue {queue_id} (0 to {len(config.readable_queues()) - 1})"
+                f"topic {config.name!r} has no queue {queue_id} "
+                f"(0 to {len(config.readable_queues()) - 1})"
             )
 
     def _queue_has_messages(self, topic: str) -> Callable[[int], bool]:

@@ -377,7 +377,8 @@ class PopService:
             self._dead_letter(group, stored, attempts)
         except Exception:
             log.exception(
-                "group %s: moving %s/%d offset %d to the dead-letter topic failed; retrying in %d ms",
+                "group %s: moving %s/%d offset %d to the dead-letter topic failed; "
+                "retrying in %d ms",
                 group,
                 stored.topic,
                 stored.queue_id,

@@ -191,9 +191,12 @@ class TransactionService:
             self._dirty = True
             self.snapshot()
         log.info(
-            "event=transactions_recovered pending=%d committed_since_snapshot=%d group_members_finished=%d",
-            len(self.pending), recovered.committed, finished,
-        )  # fmt: skip
+            "event=transactions_recovered pending=%d committed_since_snapshot=%d "
+            "group_members_finished=%d",
+            len(self.pending),
+            recovered.committed,
+            finished,
+        )
 
     # -- the send path ---------------------------------------------------------------
     def append(
@@ -224,7 +227,8 @@ class TransactionService:
                 decided = self._group_state(group)  # type: ignore[arg-type]
                 if decided is not None:
                     raise TransactionGroupEnded(
-                        f"transaction group {group!r} is already {decided.value.replace('_', ' ')}; "
+                        f"transaction group {group!r} is already "
+                        f"{decided.value.replace('_', ' ')}; "
                         "a late member would break its all-or-nothing: send it with a new group id"
                     )
             results = self._append(records)
@@ -283,12 +287,13 @@ class TransactionService:
                 )
             if (message_id and message_id != entry.message_id) or (topic and topic != entry.topic):
                 raise InvalidTransactionId(
-                    f"transaction {transaction_id!r} belongs to message {entry.message_id!r} of topic "
-                    f"{entry.topic!r}, not to {message_id or '?'!r} of {topic or '?'!r}"
+                    f"transaction {transaction_id!r} belongs to message {entry.message_id!r} "
+                    f"of topic {entry.topic!r}, not to {message_id or '?'!r} of {topic or '?'!r}"
                 )
             if entry.group is not None and event is not TxnEvent.UNKNOWN:
                 raise TransactionGroupMember(
-                    f"transaction {transaction_id!r} is a member of transaction group {entry.group!r}: "
+                    f"transaction {transaction_id!r} is a member of transaction group "
+                    f"{entry.group!r}: "
                     "it is committed or rolled back with its group (end the group instead)"
                 )
             new = next_state(entry.state, event, transaction_id=transaction_id)
@@ -298,8 +303,9 @@ class TransactionService:
             return EndResult(new, end_offset, True)
 
     def ends_cheaply(self, transaction_id: str) -> bool:
-        """True when :meth:`end` for this id needs no index lookup: pending (not a group member) or
-        recently decided. The server then runs it on its event loop (the rest needs a worker thread).
+        """True when :meth:`end` for this id needs no index lookup: pending (not a group member)
+        or recently decided. The server then runs it on its event loop (the rest needs a worker
+        thread).
         """
         try:
             half_offset = decode_transaction_id(transaction_id)
@@ -491,10 +497,13 @@ class TransactionService:
             self.counters.lost_total += 1
             self._dirty = True
             log.error(
-                "event=half_message_lost transaction_id=%s topic=%s message_id=%s: removed by retention "
-                "before any decision; raise the store's retention or decide transactions sooner",
-                entry.transaction_id, entry.topic, entry.message_id,
-            )  # fmt: skip
+                "event=half_message_lost transaction_id=%s topic=%s message_id=%s: removed by "
+                "retention before any decision; raise the store's retention or decide "
+                "transactions sooner",
+                entry.transaction_id,
+                entry.topic,
+                entry.message_id,
+            )
 
     def flush_ops(self) -> None:
         """Append buffered check counts now (the check service calls it after each scan)."""
@@ -521,8 +530,12 @@ class TransactionService:
             log.warning(
                 "event=transaction_parked transaction_id=%s topic=%s message_id=%s checks=%d "
                 "producer_group=%s: no answer after the check limit; resume or decide it by hand",
-                entry.transaction_id, entry.topic, entry.message_id, entry.checks, entry.producer_group,
-            )  # fmt: skip
+                entry.transaction_id,
+                entry.topic,
+                entry.message_id,
+                entry.checks,
+                entry.producer_group,
+            )
             return True
 
     def resume(self, transaction_id: str) -> TransactionInfo:
