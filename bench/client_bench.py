@@ -1,4 +1,5 @@
-"""halfmoon's Python client beside the official one (``rocketmq-python-client``), same server, same run.
+"""halfmoon's Python client beside the official one (``rocketmq-python-client``), same server, same
+run.
 
     python -m bench.client_bench              # full run (about a minute on 2 cores)
     python -m bench.client_bench --quick      # a short run

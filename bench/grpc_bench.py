@@ -2,7 +2,8 @@
 
     python -m bench.grpc_bench              # full run (about 1.5 minutes on 2 cores)
     python -m bench.grpc_bench --quick      # a short run
-    python -m bench.grpc_bench --json out.json --seconds 0.2 --latency-count 30 --consume-messages 300
+    python -m bench.grpc_bench --json out.json --seconds 0.2 --latency-count 30 --consume-messages
+300
 
 Every scenario runs on halfmoon and on RabbitMQ in the same run, on this
 machine, with 1 KiB bodies, from this one Python process (so both systems

@@ -160,7 +160,8 @@ class GrpcPeer:
             await asyncio.gather(polling, *acks, return_exceptions=True)
 
     async def consume(self, messages: int, consumers: int) -> Throughput:
-        """Receive (batches of 32) and ack (one AckMessage per batch) ``messages`` pre-sent messages."""
+        """Receive (batches of 32) and ack (one AckMessage per batch) ``messages`` pre-sent
+        messages."""
         topic, group = self._fresh_topic("consume"), self._fresh_group("consume")
         await self._fill(topic, messages)
         loop = asyncio.get_running_loop()
@@ -208,7 +209,8 @@ class GrpcPeer:
 
 
 def official_client_produce(server: HalfmoonServer, producers: int, seconds: float) -> Throughput:
-    """``rocketmq.Producer.send`` from ``producers`` threads for ``seconds`` (blocking; run in a thread)."""
+    """``rocketmq.Producer.send`` from ``producers`` threads for ``seconds`` (blocking; run in a
+    thread)."""
     from rocketmq import ClientConfiguration, Credentials, Message, Producer
 
     topic = f"bench-official-{next(_names)}"

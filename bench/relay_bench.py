@@ -73,8 +73,19 @@ def fill(
     body = b"x" * 256
     for start in range(0, count, chunk):
         with outbox.engine.begin() as conn:
-            outbox.add_many(conn, [OutboxMessage(topic, body, routing_key=routing_key, aggregate_type="bench", aggregate_id=str(i % aggregates))
-                                   for i in range(start, min(start + chunk, count))])  # fmt: skip
+            outbox.add_many(
+                conn,
+                [
+                    OutboxMessage(
+                        topic,
+                        body,
+                        routing_key=routing_key,
+                        aggregate_type="bench",
+                        aggregate_id=str(i % aggregates),
+                    )
+                    for i in range(start, min(start + chunk, count))
+                ],
+            )
 
 
 def reset(outbox: Outbox) -> None:
@@ -139,8 +150,27 @@ def run_publish_only(
     target.start()
     body = b"x" * 256
     per_thread = count // threads
-    records = [[OutboxRecord(t * per_thread + i, uuid.uuid4().hex, "bench", str(i), topic, routing_key, [], None, None, {}, body, 0, 0)
-                for i in range(per_thread)] for t in range(threads)]  # fmt: skip
+    records = [
+        [
+            OutboxRecord(
+                t * per_thread + i,
+                uuid.uuid4().hex,
+                "bench",
+                str(i),
+                topic,
+                routing_key,
+                [],
+                None,
+                None,
+                {},
+                body,
+                0,
+                0,
+            )
+            for i in range(per_thread)
+        ]
+        for t in range(threads)
+    ]
     failures = []
 
     def publish(mine: list[OutboxRecord]) -> None:
@@ -328,8 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     tree = subprocess.run(
         ["git", "describe", "--always", "--dirty"], capture_output=True, text=True
     ).stdout.strip()
-    print(f"outbox relay benchmark — PostgreSQL, {args.messages} messages over {args.aggregates} aggregates, batch {args.batch}, "
-          f"{os.cpu_count()} CPUs, Python {platform.python_version()}, tree {tree}")  # fmt: skip
+    print(
+        f"outbox relay benchmark — PostgreSQL, {args.messages} messages over {args.aggregates} aggregates, batch {args.batch}, "
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, tree {tree}"
+    )
     width = max(len(r[1]) for r in rows)
     print(f"{'target':<10} {'scenario':<{width}}  result")
     for target, scenario, result in rows:

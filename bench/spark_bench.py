@@ -95,7 +95,8 @@ async def client_read(endpoint: str, topic: str, count: int) -> Result:
 
 
 def task_code_read(endpoint: str, topic: str) -> Result:
-    """The Spark tasks' read path (:func:`halfmoon.spark.source.read_range`) in this process, no Spark."""
+    """The Spark tasks' read path (:func:`halfmoon.spark.source.read_range`) in this process, no
+    Spark."""
     from halfmoon.spark.options import source_options
     from halfmoon.spark.source import HalfmoonBatchReader, read_range
 
@@ -152,9 +153,14 @@ def spark_sink(spark: Any, endpoint: str, source: str, target: str, checkpoint: 
     )
     began = time.perf_counter()
     query = (
-        stream.select("body", "keys").writeStream.format("halfmoon").option("endpoint", endpoint).option("topic", target)
-        .option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
-    )  # fmt: skip
+        stream.select("body", "keys")
+        .writeStream.format("halfmoon")
+        .option("endpoint", endpoint)
+        .option("topic", target)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination()
     seconds = time.perf_counter() - began
     rows = sum(p["numInputRows"] for p in query.recentProgress)

@@ -356,8 +356,10 @@ async def run_visible_latency(
         1 for v, r in zip(visible.samples, round_trip.samples, strict=True) if v < r
     )
     report.results += [visible, round_trip]
-    log(f"{system:<16} commit-to-visible p50 {visible.p(0.5):.2f} ms p99 {visible.p(0.99):.2f} ms   "
-        f"EndTransaction p50 {round_trip.p(0.5):.2f} ms p99 {round_trip.p(0.99):.2f} ms")  # fmt: skip
+    log(
+        f"{system:<16} commit-to-visible p50 {visible.p(0.5):.2f} ms p99 {visible.p(0.99):.2f} ms   "
+        f"EndTransaction p50 {round_trip.p(0.5):.2f} ms p99 {round_trip.p(0.99):.2f} ms"
+    )
 
 
 # -- scenario 3: orphan resolution --------------------------------------------------------------
@@ -518,10 +520,12 @@ async def run_orphans(
     )
     report.results.append(result)
     per = result.extra["scan_wall_us_per_message"]
-    log(f"{system:<16} orphans resolved {result.messages:,}/{settings.orphans:,} "
+    log(
+        f"{system:<16} orphans resolved {result.messages:,}/{settings.orphans:,} "
         f"{result.extra['all_due_to_resolved_s']:.2f} s after all were due (goal {RESOLVE_INTERVALS * interval:.1f} s); "
         f"{len(scans)} scans, {scanned:,} candidates, {scan_ms:,} ms scan wall time"
-        + (f" = {per:.0f} us/msg" if per else ""))  # fmt: skip
+        + (f" = {per:.0f} us/msg" if per else "")
+    )
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -552,8 +556,16 @@ async def run_server(flush: Flush, settings: Settings, report: Report, log: Log)
 
 
 async def run_all(settings: Settings, log: Log) -> Report:
-    report = Report(machine=machine_info(), settings={**asdict(settings), "body_bytes": BODY_SIZE,
-                    "producers": PRODUCERS, "orphan_batch": ORPHAN_BATCH, "check_workers": CHECK_WORKERS})  # fmt: skip
+    report = Report(
+        machine=machine_info(),
+        settings={
+            **asdict(settings),
+            "body_bytes": BODY_SIZE,
+            "producers": PRODUCERS,
+            "orphan_batch": ORPHAN_BATCH,
+            "check_workers": CHECK_WORKERS,
+        },
+    )
     for flush in settings.flushes:
         await run_server(flush, settings, report, log)
     report.targets = targets(report, settings)
@@ -598,7 +610,8 @@ def targets(report: Report, settings: Settings) -> list[Target]:
     return found
 
 
-# -- output ------------------------------------------------------------------------------------------
+# -- output
+# ------------------------------------------------------------------------------------------
 
 
 def format_result(r: Result) -> str:
@@ -609,9 +622,11 @@ def format_result(r: Result) -> str:
     if r.key == "orphans":
         e = r.extra
         per = e["scan_wall_us_per_message"]
-        return (f"{r.messages:,}/{e['orphans']:,} resolved {e['all_due_to_resolved_s']:.2f} s after all due; "
-                f"{e['scans']} scans, scan wall {e['scan_wall_ms']:,} ms"
-                + (f" ({per:.0f} us/msg)" if per else ""))  # fmt: skip
+        return (
+            f"{r.messages:,}/{e['orphans']:,} resolved {e['all_due_to_resolved_s']:.2f} s after all due; "
+            f"{e['scans']} scans, scan wall {e['scan_wall_ms']:,} ms"
+            + (f" ({per:.0f} us/msg)" if per else "")
+        )
     text = f"{r.per_second:>9,.0f} msg/s"
     if "ratio_to_plain" in r.extra:
         text += f"  ({r.extra['ratio_to_plain']:.2f}x plain)"

@@ -21,7 +21,8 @@ with no change here. A value's form comes from the field:
   ``_ratio``, ``_multiplier``, ``_factor``, ``_rate``, ``_fraction`` or
   ``_percent``, which are plain numbers.
 - **Sizes**: an ``int`` field whose name ends in ``_size`` or ``_bytes`` (but
-  not ``batch_size``, a message count) holds bytes and reads ``512``, ``64KiB``, ``4MiB``, ``1GiB`` (binary) or ``1KB``/``1MB``/``1GB``
+  not ``batch_size``, a message count) holds bytes and reads ``512``, ``64KiB``, ``4MiB``, ``1GiB``
+(binary) or ``1KB``/``1MB``/``1GB``
   (decimal).
 
 An unknown key or a bad value raises :class:`ConfigError` naming the key, the

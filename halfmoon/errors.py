@@ -73,7 +73,8 @@ class Conflict(HalfmoonError):
 
 
 class StorageError(HalfmoonError):
-    """Stored data is unreadable or the disk refused a write: the server's fault, not the caller's."""
+    """Stored data is unreadable or the disk refused a write: the server's fault, not the
+    caller's."""
 
     code = "STORAGE_ERROR"
     protocol_code = "INTERNAL_ERROR"

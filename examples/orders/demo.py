@@ -77,8 +77,24 @@ class Broker:
         self.tmp = tempfile.TemporaryDirectory(prefix="halfmoon-orders-")
         grpc_port, admin_port = free_port(), free_port()
         self.grpc, self.admin = f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{admin_port}"
-        cmd = [sys.executable, "-m", "halfmoon", "serve", "--data-dir", self.tmp.name, "--listen", self.grpc, "--admin-listen", f"127.0.0.1:{admin_port}",
-               "--set", "store.segment_size=16MiB", "--set", "transaction.check_interval_ms=1000", "--set", "transaction.timeout_ms=1000"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "halfmoon",
+            "serve",
+            "--data-dir",
+            self.tmp.name,
+            "--listen",
+            self.grpc,
+            "--admin-listen",
+            f"127.0.0.1:{admin_port}",
+            "--set",
+            "store.segment_size=16MiB",
+            "--set",
+            "transaction.check_interval_ms=1000",
+            "--set",
+            "transaction.timeout_ms=1000",
+        ]
         self.proc = subprocess.Popen(
             cmd,
             cwd=ROOT,
@@ -116,12 +132,18 @@ class Broker:
 
 
 def orders_to_place(count: int, seed: int) -> list[dict[str, Any]]:
-    """Deterministic orders: some run the stock out, some exceed the payment limit, some fail locally."""
+    """Deterministic orders: some run the stock out, some exceed the payment limit, some fail
+    locally."""
     rng = random.Random(seed)
     return [
-        {"order_id": f"o{i:03d}", "qty": rng.randint(1, 4), "amount": rng.choice([120, 250, 380, 520]), "fail_locally": i % 7 == 3}
+        {
+            "order_id": f"o{i:03d}",
+            "qty": rng.randint(1, 4),
+            "amount": rng.choice([120, 250, 380, 520]),
+            "fail_locally": i % 7 == 3,
+        }
         for i in range(count)
-    ]  # fmt: skip
+    ]
 
 
 async def run(args: argparse.Namespace) -> int:

@@ -23,16 +23,36 @@ def consistency_report(
     pending = {k for k, r in orders.items() if r.status == "pending"}
     held = {k for k, r in reservations.items() if r.status == "reserved"}
     checks = [
-        ("every committed order has exactly one order-created message", sorted(order_messages) == sorted(orders)),
-        ("no row, message or effect for an order whose transaction rolled back",
-         not (rolled_back & (set(orders) | stats.seen_orders | set(reservations) | set(payments)))),
+        (
+            "every committed order has exactly one order-created message",
+            sorted(order_messages) == sorted(orders),
+        ),
+        (
+            "no row, message or effect for an order whose transaction rolled back",
+            not (
+                rolled_back & (set(orders) | stats.seen_orders | set(reservations) | set(payments))
+            ),
+        ),
         ("every committed order is confirmed or cancelled", not pending),
-        ("every confirmed order holds its stock and was paid once", confirmed <= held and confirmed <= set(payments)),
-        ("no cancelled order holds stock or was paid", not (cancelled & held) and not (cancelled & set(payments))),
-        ("stock = initial - confirmed quantities", stock == initial_stock - sum(orders[k].qty for k in confirmed)),
-        ("replayed deliveries had no second effect",
-         sum(stats.duplicates.values()) > 0 and len(payments) == len(set(payments)) and len(reservations) == len(set(reservations))),
-    ]  # fmt: skip
+        (
+            "every confirmed order holds its stock and was paid once",
+            confirmed <= held and confirmed <= set(payments),
+        ),
+        (
+            "no cancelled order holds stock or was paid",
+            not (cancelled & held) and not (cancelled & set(payments)),
+        ),
+        (
+            "stock = initial - confirmed quantities",
+            stock == initial_stock - sum(orders[k].qty for k in confirmed),
+        ),
+        (
+            "replayed deliveries had no second effect",
+            sum(stats.duplicates.values()) > 0
+            and len(payments) == len(set(payments))
+            and len(reservations) == len(set(reservations)),
+        ),
+    ]
     ok = all(passed for _, passed in checks)
     lines = [
         "",

@@ -205,8 +205,10 @@ class InventoryService:
             self.stats.count("inventory", None)
             self.stats.seen_orders.add(order_id)
             deducted = tx.conn.execute(
-                update(s.stock).where(s.stock.c.sku == event["sku"], s.stock.c.qty >= event["qty"]).values(qty=s.stock.c.qty - event["qty"])
-            ).rowcount  # fmt: skip
+                update(s.stock)
+                .where(s.stock.c.sku == event["sku"], s.stock.c.qty >= event["qty"])
+                .values(qty=s.stock.c.qty - event["qty"])
+            ).rowcount
             if deducted:
                 tx.conn.execute(
                     insert(s.reservations).values(

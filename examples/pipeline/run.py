@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             return parquet, messages
 
-        # A streaming pipeline runs until stopped: stop it once every minute came out (or at the deadline).
+        # A streaming pipeline runs until stopped: stop it once every minute came out (or at the
+        # deadline).
         deadline = time.monotonic() + args.timeout
         parquet, messages = outputs()
         while (

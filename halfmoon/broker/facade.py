@@ -264,7 +264,8 @@ class Broker(Protocol):
 
     def recall(self, topic: str, recall_handle: str) -> str:
         """Cancel a delay message before its delivery time; its message id. Durable on return;
-        again is a no-op. IllegalRecallHandle (garbled, forged, another topic's) or RecallTooLate."""
+        again is a no-op. IllegalRecallHandle (garbled, forged, another topic's) or
+        RecallTooLate."""
         ...
 
     # -- transactions ------------------------------------------------------------------
@@ -348,7 +349,8 @@ class Broker(Protocol):
         """Up to ``batch_size`` messages hidden for ``invisible_ms`` (0: the default); [] if none.
 
         ``queue_id`` receives from that queue only (IllegalQueueId if the topic
-        has no such readable queue). Each carries a receipt handle for ack / change_invisible_duration /
+        has no such readable queue). Each carries a receipt handle for ack /
+        change_invisible_duration /
         forward_to_dead_letter. FIFO groups get at most one message group's
         next message per queue at a time.
         """
@@ -448,7 +450,8 @@ class Broker(Protocol):
     def query_offset(
         self, topic: str, queue_id: int, policy: str, timestamp: int | None = None
     ) -> int:
-        """``beginning`` (min offset), ``end`` (max offset) or ``timestamp`` (first stored at/after)."""
+        """``beginning`` (min offset), ``end`` (max offset) or ``timestamp`` (first stored
+        at/after)."""
         ...
 
     def reset_offset(self, group: str, topic: str, timestamp: int) -> dict[int, int]:

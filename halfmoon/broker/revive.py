@@ -129,7 +129,8 @@ class ReviveQueue:
         self.watch(entry.visible_at, state.group, state.topic, queue_id, offset, entry.epoch)
 
     def watch_restored(self, state: TopicConsumption) -> None:
-        """Every in-flight delivery of a restored state (visible at once): the first tick sorts them."""
+        """Every in-flight delivery of a restored state (visible at once): the first tick sorts
+        them."""
         for queue_id, queue in state.queues.items():
             for offset, entry in queue.inflight.items():
                 self.watch_entry(state, queue_id, offset, entry)

@@ -136,7 +136,8 @@ class TrafficStatistics:
         return rows
 
     def per_minute(self, topic: str, group: str | None = None, minutes: int = 60) -> list[int]:
-        """The series' counts for the last ``minutes`` minutes, oldest first (zeros when unknown)."""
+        """The series' counts for the last ``minutes`` minutes, oldest first (zeros when
+        unknown)."""
         minute = self._now_ms() // MINUTE_MS
         span = min(minutes, self._window)
         with self._lock:

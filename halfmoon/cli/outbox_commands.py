@@ -160,9 +160,12 @@ def run_relay(args: argparse.Namespace) -> int:
 
 def _relay_options(args: argparse.Namespace) -> dict[str, Any]:
     return {
-        "workers": args.workers, "batch_size": args.batch, "poll_interval": args.poll,
-        "max_attempts": args.max_attempts, "failed_blocks_aggregate": not args.no_failed_block,
-    }  # fmt: skip
+        "workers": args.workers,
+        "batch_size": args.batch,
+        "poll_interval": args.poll,
+        "max_attempts": args.max_attempts,
+        "failed_blocks_aggregate": not args.no_failed_block,
+    }
 
 
 def _stop_on_signals() -> threading.Event:

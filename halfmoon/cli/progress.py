@@ -16,7 +16,8 @@ REDRAW_SECONDS = 0.1
 
 
 class ProgressBar:
-    """``with ProgressBar(total, "sending") as bar: bar.update(done)``; total may be unknown (None)."""
+    """``with ProgressBar(total, "sending") as bar: bar.update(done)``; total may be unknown
+    (None)."""
 
     def __init__(
         self,

@@ -113,10 +113,16 @@ def run_audit_command(args: argparse.Namespace) -> int:
     from halfmoon.spark.jobs.audit import AuditSpec, run_audit  # here: pyspark is optional
 
     spec = AuditSpec(
-        database_url=args.database, table=args.table, key_column=args.key_column, endpoint=args.endpoint,
-        topic=args.topic, primary_key=args.primary_key, key_property=args.key_property,
-        partitions=args.partitions, where=args.where,
-    )  # fmt: skip
+        database_url=args.database,
+        table=args.table,
+        key_column=args.key_column,
+        endpoint=args.endpoint,
+        topic=args.topic,
+        primary_key=args.primary_key,
+        key_property=args.key_property,
+        partitions=args.partitions,
+        where=args.where,
+    )
     try:
         report = run_audit(spark, spec)
     except HalfmoonError as exc:

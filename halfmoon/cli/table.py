@@ -92,7 +92,10 @@ def format_ms(ms: int | None) -> str | None:
 
 
 def header_for(key: str) -> str:
-    """``created_ms`` → ``CREATED``, ``disk_bytes`` → ``DISK``, ``queue_count`` → ``QUEUE COUNT``."""
+    """A column header for a key.
+
+    ``created_ms`` → ``CREATED``, ``disk_bytes`` → ``DISK``, ``queue_count`` → ``QUEUE COUNT``.
+    """
     for suffix in ("_ms", "_bytes", "_timestamp"):
         if key.endswith(suffix) and key != suffix.lstrip("_"):
             key = key[: -len(suffix)]

@@ -1,4 +1,5 @@
-"""Times on the command line: ``now``, ``1h`` (that long ago), ISO 8601 or milliseconds since the epoch."""
+"""Times on the command line: ``now``, ``1h`` (that long ago), ISO 8601 or milliseconds since the
+epoch."""
 
 from __future__ import annotations
 

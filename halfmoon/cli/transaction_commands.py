@@ -1,4 +1,5 @@
-"""``halfmoon transaction list|parked|commit ID|rollback ID|resume ID`` (and ``group-commit|group-rollback``).
+"""``halfmoon transaction list|parked|commit ID|rollback ID|resume ID`` (and
+``group-commit|group-rollback``).
 
 An operator's view of the transactions the broker is still waiting on: the
 pending ones (half messages without a decision, with their age and the checks

@@ -50,7 +50,8 @@ _CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
 
 @dataclass(frozen=True)
 class Backoff:
-    """Exponential backoff: ``initial * multiplier ** (attempt - 1)``, capped at ``maximum``, with jitter."""
+    """Exponential backoff: ``initial * multiplier ** (attempt - 1)``, capped at ``maximum``, with
+    jitter."""
 
     initial: float = 0.1
     maximum: float = 3.0

@@ -200,7 +200,8 @@ def to_wire(
 
 
 class MessageIdGenerator:
-    """RocketMQ 5 style ids: version ``01``, 12 hex of host + 4 of pid, 8 of seconds, 8 of sequence."""
+    """RocketMQ 5 style ids: version ``01``, 12 hex of host + 4 of pid, 8 of seconds, 8 of
+    sequence."""
 
     _EPOCH = 1609459200  # 2021-01-01T00:00:00Z, RocketMQ's custom epoch
 

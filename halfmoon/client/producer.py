@@ -62,7 +62,9 @@ class ProducerStats:
 
 
 class Producer(BaseClient):
-    """Sends messages; ``async with Producer("127.0.0.1:8081") as producer: await producer.send(msg)``.
+    """Sends messages.
+
+    ``async with Producer("127.0.0.1:8081") as producer: await producer.send(msg)``.
 
     ``topics`` are announced up front (their routes are fetched at start, so a
     missing topic fails early); others are resolved on first send.
@@ -308,7 +310,8 @@ class Producer(BaseClient):
         retry: bool = True,
         partial: bool = False,
     ) -> list[Outcome]:
-        """One request with retries; with ``partial``, a per-entry failure is returned in its place, not raised."""
+        """One request with retries; with ``partial``, a per-entry failure is returned in its
+        place, not raised."""
         route = await self._route(topic)
         self._check_type(route, wires)
         queues = self._candidates(route)

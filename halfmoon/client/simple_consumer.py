@@ -79,14 +79,16 @@ class SimpleConsumer(ConsumerBase):
         )
 
     async def ack(self, message: MessageView) -> None:
-        """Consume ``message`` for good (raises InvalidReceiptHandle if its invisible time ran out)."""
+        """Consume ``message`` for good (raises InvalidReceiptHandle if its invisible time ran
+        out)."""
         self._check_open()
         await self._ack(message)
 
     async def change_invisible_duration(
         self, message: MessageView, invisible_duration: float
     ) -> MessageView:
-        """Keep ``message`` invisible for ``invisible_duration`` more seconds; its receipt handle is renewed in place."""
+        """Keep ``message`` invisible for ``invisible_duration`` more seconds; its receipt handle
+        is renewed in place."""
         self._check_open()
         await self._change_invisible(message, invisible_duration)
         return message

@@ -189,7 +189,8 @@ class SyncSimpleConsumer(_SyncClient):
 
 
 class SyncPullConsumer(_SyncClient):
-    """Blocking :class:`~halfmoon.client.pull_consumer.PullConsumer` (Spark executors read through this)."""
+    """Blocking :class:`~halfmoon.client.pull_consumer.PullConsumer` (Spark executors read through
+    this)."""
 
     def __init__(
         self,

@@ -163,7 +163,8 @@ class TransactionProducer(Producer):
     async def send_message_in_transaction(
         self, message: Message, arg: Any = None
     ) -> TransactionSendResult:
-        """Half message, then ``listener.execute_local_transaction(message, arg)``, then its decision.
+        """Half message, then ``listener.execute_local_transaction(message, arg)``, then its
+        decision.
 
         An exception in the local transaction rolls the message back and is re-raised.
         """

@@ -323,13 +323,16 @@ def insert_if_absent(conn: Connection, tables: OutboxTables, key: str, now_ms: i
 
 
 def install_notify_trigger(conn: Connection, tables: OutboxTables) -> None:
-    """A statement-level trigger that NOTIFYs the relay when rows are inserted (delivered at commit)."""
+    """A statement-level trigger that NOTIFYs the relay when rows are inserted (delivered at
+    commit)."""
     table = tables.outbox.name
     function = f"{tables.prefix}outbox_notify"
-    conn.execute(text(
-        f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ "
-        f"BEGIN PERFORM pg_notify('{tables.notify_channel}', ''); RETURN NULL; END $$"
-    ))  # fmt: skip
+    conn.execute(
+        text(
+            f"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            f"BEGIN PERFORM pg_notify('{tables.notify_channel}', ''); RETURN NULL; END $$"
+        )
+    )
     conn.execute(text(f"DROP TRIGGER IF EXISTS {table}_notify ON {table}"))
     conn.execute(
         text(

@@ -233,7 +233,8 @@ class Inbox:
         batch_size: int = 1000,
         max_batches: int | None = None,
     ) -> int:
-        """Delete this consumer's rows older than ``older_than`` (default: ``retention``); the count."""
+        """Delete this consumer's rows older than ``older_than`` (default: ``retention``); the
+        count."""
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         window = self.retention if older_than is None else older_than
@@ -242,9 +243,16 @@ class Inbox:
         deleted = batches = 0
         while max_batches is None or batches < max_batches:
             with engine.begin() as conn:
-                keys = conn.execute(
-                    select(t.c.idempotency_key).where(t.c.consumer == self.consumer, t.c.processed_at < cutoff).order_by(t.c.processed_at).limit(batch_size)
-                ).scalars().all()  # fmt: skip
+                keys = (
+                    conn.execute(
+                        select(t.c.idempotency_key)
+                        .where(t.c.consumer == self.consumer, t.c.processed_at < cutoff)
+                        .order_by(t.c.processed_at)
+                        .limit(batch_size)
+                    )
+                    .scalars()
+                    .all()
+                )
                 if not keys:
                     break
                 deleted += conn.execute(

@@ -61,7 +61,8 @@ ROUTING_KEY_HEADER = "halfmoon-routing-key"
 
 
 class IntermediatePublisher:
-    """The writer's half: ``publish(conn, exchange=..., routing_key=..., body=...)`` inside a transaction."""
+    """The writer's half: ``publish(conn, exchange=..., routing_key=..., body=...)`` inside a
+    transaction."""
 
     def __init__(
         self,

@@ -269,8 +269,13 @@ class Relay:
                 outcomes.append(Outcome(record.id, text, None))
                 log.error(
                     "event=outbox_message_failed message_id=%s aggregate=%s/%s topic=%s attempts=%d error=%r",
-                    record.message_id, record.aggregate_type, record.aggregate_id, record.topic, attempts, text,
-                )  # fmt: skip
+                    record.message_id,
+                    record.aggregate_type,
+                    record.aggregate_id,
+                    record.topic,
+                    attempts,
+                    text,
+                )
             else:
                 delay = min(self.backoff_max, self.backoff_initial * 2 ** (attempts - 1))
                 outcomes.append(Outcome(record.id, text, now + int(delay * 1000)))
@@ -323,7 +328,8 @@ class Relay:
                 log.warning("event=outbox_cleanup_failed error=%r", exc)
 
     def cleanup_sent(self, older_than: float | None = None, *, max_batches: int = 100) -> int:
-        """Delete sent rows older than ``older_than`` seconds (default ``sent_retention``), in bounded batches."""
+        """Delete sent rows older than ``older_than`` seconds (default ``sent_retention``), in
+        bounded batches."""
         retention = self.sent_retention if older_than is None else older_than
         if retention is None:
             return 0
@@ -429,7 +435,8 @@ def _relay_process(
     published: Any,
     slot: int,
 ) -> None:
-    """A child process: one Relay until ``stop.value`` is set; publishes its counter into ``published[slot]``.
+    """A child process: one Relay until ``stop.value`` is set; publishes its counter into
+    ``published[slot]``.
 
     The shared state is lock-free on purpose (one writer per slot, a flag the
     parent sets): a child SIGKILLed while holding a ``multiprocessing`` lock, or
@@ -548,13 +555,15 @@ class RelayProcesses:
                         child.exitcode,
                     )
                     self.restarts += 1
-                    # The dead child writes no more; its replacement counts from zero in the same slot.
+                    # The dead child writes no more; its replacement counts from zero in the same
+                    # slot.
                     self._published_by_dead += self._published[slot]
                     self._published[slot] = 0
                     self._spawn(slot)
 
     def stop(self, timeout: float = 15.0) -> None:
-        """Ask every child to finish its batches in flight; kill the ones still running at ``timeout``."""
+        """Ask every child to finish its batches in flight; kill the ones still running at
+        ``timeout``."""
         self._stop.value = 1
         deadline = time.monotonic() + timeout
         for child in self._children:

@@ -305,9 +305,14 @@ class RabbitTarget(PublishTarget):
         )
         try:
             result = await channel.basic_publish(
-                record.payload, exchange=record.topic, routing_key=record.routing_key, properties=properties,
-                mandatory=True, timeout=self.confirm_timeout, wait=False,
-            )  # fmt: skip
+                record.payload,
+                exchange=record.topic,
+                routing_key=record.routing_key,
+                properties=properties,
+                mandatory=True,
+                timeout=self.confirm_timeout,
+                wait=False,
+            )
         except aiormq.exceptions.PublishError as exc:
             raise UnroutableMessage(
                 f"RabbitMQ returned message {record.message_id}: no queue bound to exchange {record.topic!r} with routing key {record.routing_key!r}"

@@ -99,7 +99,8 @@ class OutstandingChecks:
         return self._holder.get(transaction_id)
 
     def awaiting(self, transaction_id: str) -> tuple[object, str] | None:
-        """(stream, client id) of this transaction's check if outstanding and not lost yet; any thread.
+        """(stream, client id) of this transaction's check if outstanding and not lost yet; any
+        thread.
 
         Read-only: lets the check scan skip a transaction before reading its
         half record; the next hand-off prunes and expires for real.

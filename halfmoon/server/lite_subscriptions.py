@@ -96,7 +96,8 @@ def unsubscribe_command(lite_topic: str) -> svc.TelemetryCommand:
 
 
 def install_notifier(broker: Broker, registry: ClientRegistry) -> None:
-    """Send NotifyUnsubscribeLiteCommand down a client's stream when the broker drops its lite topic."""
+    """Send NotifyUnsubscribeLiteCommand down a client's stream when the broker drops its lite
+    topic."""
 
     def notify(client_id: str, group: str, topic: str, lite_topic: str) -> None:
         registry.send_command_threadsafe(client_id, unsubscribe_command(lite_topic))

@@ -237,7 +237,8 @@ class ClientRegistry:
         topic: str | None = None,
         group: str | None = None,
     ) -> str | None:
-        """Send ``command`` to one live producer of ``topic``/``group`` (rotating); its client id, or None."""
+        """Send ``command`` to one live producer of ``topic``/``group`` (rotating); its client id,
+        or None."""
         candidates = self.producers(topic=topic, group=group)
         if not candidates:
             return None
@@ -339,7 +340,8 @@ class TelemetryCheckSender:
     def pace_checks(
         self, *, max_outstanding: int, lost_after_ms: int, clock: Callable[[], int] | None = None
     ) -> None:
-        """Unanswered checks one stream may hold, and when one counts as lost (the check service's clock)."""
+        """Unanswered checks one stream may hold, and when one counts as lost (the check service's
+        clock)."""
         self.outstanding.configure(
             max_per_stream=max_outstanding, lost_after_ms=lost_after_ms, clock=clock
         )
@@ -426,7 +428,8 @@ class TelemetryCheckSender:
 
         The wire messages are built here, on the caller's thread; the event
         loop only picks a stream for each and queues the command. Per check,
-        True only if a live stream with room took it (see the class docs). When the loop does not answer
+        True only if a live stream with room took it (see the class docs). When the loop does not
+        answer
         within ``timeout`` the whole batch counts as not sent (retried next
         round; a command queued after all reaches the producer as one extra,
         uncounted check, which it answers like any other).
@@ -457,14 +460,16 @@ class TelemetryCheckSender:
     def send_check(
         self, producer_group: str | None, topic: str, message: object, transaction_id: str
     ) -> bool:
-        """One check (:meth:`send_checks` with a batch of one); kept for callers of the older API."""
+        """One check (:meth:`send_checks` with a batch of one); kept for callers of the older
+        API."""
         request = _Check(producer_group, topic, message, transaction_id)
         return self.send_checks([request])[0]
 
 
 @dataclass(frozen=True, slots=True)
 class _Check:
-    """Shaped like ``halfmoon.broker.transactions.CheckRequest`` (no import of the broker's internals)."""
+    """Shaped like ``halfmoon.broker.transactions.CheckRequest`` (no import of the broker's
+    internals)."""
 
     producer_group: str | None
     topic: str

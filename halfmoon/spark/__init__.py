@@ -1,7 +1,8 @@
 """halfmoon's Spark connector: the ``halfmoon`` data source for PySpark 4.2+.
 
     spark = build_session()                      # local[*], format registered
-    df = spark.read.format("halfmoon").option("endpoint", "127.0.0.1:8081").option("topic", "orders").load()
+    df = spark.read.format("halfmoon").option("endpoint", "127.0.0.1:8081").option("topic",
+"orders").load()
     query = (df.writeStream.format("halfmoon").option("endpoint", ...).option("topic", "out")
              .option("checkpointLocation", "/tmp/ckpt").start())
 

@@ -1,4 +1,5 @@
-"""A SparkSession with the ``halfmoon`` format registered: ``local[*]`` by default, any master by flag.
+"""A SparkSession with the ``halfmoon`` format registered: ``local[*]`` by default, any master by
+flag.
 
 Spark's Python workers must run the driver's interpreter (the one halfmoon is
 installed in), so ``PYSPARK_PYTHON`` / ``PYSPARK_DRIVER_PYTHON`` are set to
@@ -32,7 +33,8 @@ _LOCAL_CONFIG = {
 def build_session(
     app_name: str = "halfmoon", master: str | None = None, config: Mapping[str, str] | None = None
 ) -> SparkSession:
-    """Get or create the SparkSession for ``master`` (default ``local[*]``) with ``halfmoon`` registered."""
+    """Get or create the SparkSession for ``master`` (default ``local[*]``) with ``halfmoon``
+    registered."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name).master(master or DEFAULT_MASTER)

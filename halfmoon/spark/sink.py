@@ -111,7 +111,8 @@ class SinkOptions:
 
 @dataclass
 class SinkCommit(WriterCommitMessage):
-    """What a task tells the driver: the sink and batch, the group it wrote into, how many messages."""
+    """What a task tells the driver: the sink and batch, the group it wrote into, how many
+    messages."""
 
     sink: str
     batch: int
@@ -243,7 +244,8 @@ class CommitProtocol:
         return queues[0]
 
     def commit(self, sink: str, batch_id: int, data_group: str, topic: str) -> str:
-        """Commit batch ``batch_id`` written into ``data_group``; returns the data group that won."""
+        """Commit batch ``batch_id`` written into ``data_group``; returns the data group that
+        won."""
         key = f"{sink}:{batch_id}"
         queue = self.marker_queue()
         marker = Message(
@@ -294,7 +296,8 @@ class CommitProtocol:
         )
 
     def named_groups(self, queue: Queue, key: str) -> set[str]:
-        """Every data group a committed marker of ``key`` names (reads the marker queue once, no waiting)."""
+        """Every data group a committed marker of ``key`` names (reads the marker queue once, no
+        waiting)."""
         selector = _marker_selector(key)
         offset, end = (
             self.wire.query_offset(queue, "earliest"),
@@ -322,7 +325,8 @@ class CommitProtocol:
 
 
 class OrphanSweep:
-    """Roll back the undecided data groups that runs of this sink left when they died before their commit point.
+    """Roll back the undecided data groups that runs of this sink left when they died before their
+    commit point.
 
     Runs on the driver just after batch N committed. A pending group
     ``<sink>:<b>:<run>`` is an orphan when ``b <= N`` (Spark finished or

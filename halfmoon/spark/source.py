@@ -1,4 +1,5 @@
-"""``spark.read`` / ``spark.readStream`` ``.format("halfmoon")``: a topic's committed messages as rows.
+"""``spark.read`` / ``spark.readStream`` ``.format("halfmoon")``: a topic's committed messages as
+rows.
 
 Reading happens by offset (PullMessage), one Spark task per queue range, so
 it never disturbs the consumer groups of the applications (no receipt
@@ -216,7 +217,8 @@ class HalfmoonStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 class HalfmoonDataSource(DataSource):
-    """The ``halfmoon`` format: read topics, and write them exactly once (see :mod:`halfmoon.spark.sink`)."""
+    """The ``halfmoon`` format: read topics, and write them exactly once (see
+    :mod:`halfmoon.spark.sink`)."""
 
     @classmethod
     def name(cls) -> str:

@@ -215,7 +215,8 @@ class Wire:
     # -- writing: half messages and group decisions ----------------------------------------------
 
     def send_halves(self, messages: Sequence[Message], group: str) -> None:
-        """Store ``messages`` as half messages of transaction group ``group`` (one request per topic)."""
+        """Store ``messages`` as half messages of transaction group ``group`` (one request per
+        topic)."""
         by_topic: dict[str, list[pb.Message]] = {}
         for message in messages:
             message.properties[PROPERTY_TRANSACTION_GROUP] = group
@@ -234,7 +235,8 @@ class Wire:
                 raise_for_status(entry.status, "SendMessage")
 
     def end_group(self, group: str, topic: str, commit: bool) -> None:
-        """Commit or roll back transaction group ``group`` (idempotent; the opposite decision fails)."""
+        """Commit or roll back transaction group ``group`` (idempotent; the opposite decision
+        fails)."""
         request = svc.EndTransactionRequest(
             topic=pb.Resource(name=topic),
             message_id="",
@@ -249,7 +251,8 @@ class Wire:
 
 
 def group_decided(error: ClientError) -> str | None:
-    """``committed`` / ``rolled back`` when ``error`` says a transaction group was already decided."""
+    """``committed`` / ``rolled back`` when ``error`` says a transaction group was already
+    decided."""
     text = str(error)
     for state in ("committed", "rolled back"):
         if f"already {state}" in text:

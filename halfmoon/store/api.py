@@ -38,7 +38,8 @@ class AppendResult:
 
 
 class _AppendResultBuilder:
-    """The slots of AppendResult without the frozen ``__setattr__``: see :func:`new_append_result`."""
+    """The slots of AppendResult without the frozen ``__setattr__``: see
+    :func:`new_append_result`."""
 
     __slots__ = AppendResult.__slots__
     # Declared for the type checker only: annotations without values add no class attributes.
@@ -174,7 +175,8 @@ class Store(Protocol):
         end_timestamp: int = 2**63 - 1,
         max_results: int = 64,
     ) -> list[StoredMessage]:
-        """Messages of ``topic`` whose keys or unique id equal ``key``, stored in [begin, end] ms."""
+        """Messages of ``topic`` whose keys or unique id equal ``key``, stored in [begin, end]
+        ms."""
 
     # -- queues --------------------------------------------------------------
     def min_offset(self, topic: str, queue_id: int) -> int:

@@ -38,7 +38,8 @@ _pack_crc = record.CRC.pack_into
 
 
 class OffsetGone(LookupError):
-    """Nothing readable at a commit-log offset (below the minimum, past the end, or not a record)."""
+    """Nothing readable at a commit-log offset (below the minimum, past the end, or not a
+    record)."""
 
 
 def segment_name(start: int) -> str:
@@ -187,7 +188,8 @@ class CommitLog:
         return self.write_record(prepared.buffer, queue_offset, store_timestamp)
 
     def write_record(self, buffer: bytearray, queue_offset: int, store_timestamp: int) -> int:
-        """Seal ``buffer`` (from ``record.encode_unsealed``) in place, write it, return its offset."""
+        """Seal ``buffer`` (from ``record.encode_unsealed``) in place, write it, return its
+        offset."""
         size = len(buffer)
         position = self.write_position
         segments = self._segments
@@ -227,7 +229,8 @@ class CommitLog:
     # -- flushing -------------------------------------------------------------------
 
     def sync(self, up_to: int | None = None) -> int:
-        """fdatasync every segment holding bytes in [flushed, up_to); return the new flushed position."""
+        """fdatasync every segment holding bytes in [flushed, up_to); return the new flushed
+        position."""
         with self._sync_lock:
             target = self.write_position if up_to is None else up_to
             flushed = self.flushed_position
@@ -310,7 +313,8 @@ class CommitLog:
     # -- recovery and retention -----------------------------------------------------
 
     def truncate(self, end: int) -> None:
-        """Make ``end`` the end of the log: zero what follows in its segment, drop later segments."""
+        """Make ``end`` the end of the log: zero what follows in its segment, drop later
+        segments."""
         with self._sync_lock:
             self._truncate(end)
 
@@ -330,7 +334,8 @@ class CommitLog:
         self.flushed_position = end
 
     def blank_out(self, start: int, end: int) -> None:
-        """Cover [start, end) with blank records so no reader mistakes it for data (lenient recovery)."""
+        """Cover [start, end) with blank records so no reader mistakes it for data (lenient
+        recovery)."""
         for segment in self._segments:
             a, b = max(start, segment.start), min(end, segment.end)
             if b - a >= record.BLANK_SIZE:

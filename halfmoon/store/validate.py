@@ -54,7 +54,8 @@ class IllegalMessageField(InvalidArgument):
 
 @functools.lru_cache(maxsize=4096)
 def check_topic(topic: str) -> str:
-    """Return ``topic`` if it is a legal topic name, else raise IllegalTopic (cached: topics repeat)."""
+    """Return ``topic`` if it is a legal topic name, else raise IllegalTopic (cached: topics
+    repeat)."""
     if not isinstance(topic, str) or TOPIC_PATTERN.fullmatch(topic) is None:
         raise IllegalTopic(
             f"topic {topic!r} is not a legal name: use 1 to 127 characters from "

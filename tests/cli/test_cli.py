@@ -297,13 +297,29 @@ def test_serve_print_config_applies_every_layer_in_order(tmp_path):
         '[broker]\nname = "file"\ndefault_queue_count = 2\n[store]\nflush = "async"\n'
         '[server]\ntick_interval = "250ms"\n'
     )
-    out = ok(halfmoon(
-        "serve", "--config", str(toml), "--data-dir", str(tmp_path / "d"), "--flush", "sync",
-        "--listen", "127.0.0.1:9991", "--set", "broker.name=set", "--set", "broker.max_body_size=1MiB",
-        "--print-config",
-        env={"HALFMOON_BROKER_NAME": "env", "HALFMOON_BROKER_DEFAULT_QUEUE_COUNT": "5",
-             "HALFMOON_SERVER_LISTEN": "127.0.0.1:9990"},
-    ))  # fmt: skip
+    out = ok(
+        halfmoon(
+            "serve",
+            "--config",
+            str(toml),
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--flush",
+            "sync",
+            "--listen",
+            "127.0.0.1:9991",
+            "--set",
+            "broker.name=set",
+            "--set",
+            "broker.max_body_size=1MiB",
+            "--print-config",
+            env={
+                "HALFMOON_BROKER_NAME": "env",
+                "HALFMOON_BROKER_DEFAULT_QUEUE_COUNT": "5",
+                "HALFMOON_SERVER_LISTEN": "127.0.0.1:9990",
+            },
+        )
+    )
     config = json.loads(out)
     assert config["broker"]["name"] == "set"
     assert config["broker"]["default_queue_count"] == 5

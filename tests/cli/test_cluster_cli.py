@@ -1,4 +1,5 @@
-"""``halfmoon cluster ...`` and ``halfmoon topic status|route`` end to end against a real admin API."""
+"""``halfmoon cluster ...`` and ``halfmoon topic status|route`` end to end against a real admin
+API."""
 
 from __future__ import annotations
 

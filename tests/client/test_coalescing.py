@@ -1,4 +1,5 @@
-"""Send coalescing against a real server: shared requests, own receipts, isolated errors, FIFO order, close."""
+"""Send coalescing against a real server: shared requests, own receipts, isolated errors, FIFO
+order, close."""
 
 from __future__ import annotations
 
@@ -109,7 +110,8 @@ def test_lone_sends_go_out_at_once_one_request_each(server: ServerProcess) -> No
         async with Producer(server.grpc, topics=[topic]) as producer:
             assert producer.coalescing is not None
             task = producer.send_async(Message(topic, b"alone"))
-            # No timer: the request starts within a few loop steps, before any answer can be awaited.
+            # No timer: the request starts within a few loop steps, before any answer can be
+            # awaited.
             for _ in range(5):
                 await asyncio.sleep(0)
             assert producer.coalescing.requests == 1

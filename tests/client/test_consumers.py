@@ -1,4 +1,5 @@
-"""Simple and push consumers against a real server: invisibility, retries to dead letters, broadcasting."""
+"""Simple and push consumers against a real server: invisibility, retries to dead letters,
+broadcasting."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""halfmoon's own client with a namespace: same names, separate tenants (as the official clients)."""
+"""halfmoon's own client with a namespace: same names, separate tenants (as the official
+clients)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Producer against a real server: round trips, batches, FIFO order, typed errors, fault tolerance."""
+"""Producer against a real server: round trips, batches, FIFO order, typed errors, fault
+tolerance."""
 
 from __future__ import annotations
 

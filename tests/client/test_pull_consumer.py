@@ -1,4 +1,5 @@
-"""PullConsumer against a real server: poll/seek/commit, and group rebalancing as members come and go."""
+"""PullConsumer against a real server: poll/seek/commit, and group rebalancing as members come and
+go."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """A relay process for the crash and concurrency tests.
 
-    python -m tests.outbox.relay_process DB_URL PREFIX OUT_FILE [--workers N] [--batch N] [--delay S]
+    python -m tests.outbox.relay_process DB_URL PREFIX OUT_FILE [--workers N] [--batch N] [--delay
+S]
 
 Publishes to a file target: one ``O_APPEND`` write per message (atomic, and
 in the kernel before ``publish`` returns, so a SIGKILL loses no line), so the
@@ -60,8 +61,15 @@ def main() -> None:
     args = parser.parse_args()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    relay = Relay(Outbox(args.db, table_prefix=args.prefix), FileTarget(args.out, args.delay), workers=args.workers,
-                  batch_size=args.batch, poll_interval=0.05, lease_seconds=args.lease, sent_retention=None)  # fmt: skip
+    relay = Relay(
+        Outbox(args.db, table_prefix=args.prefix),
+        FileTarget(args.out, args.delay),
+        workers=args.workers,
+        batch_size=args.batch,
+        poll_interval=0.05,
+        lease_seconds=args.lease,
+        sent_retention=None,
+    )
     relay.start()
     print("relay ready", flush=True)
     stop.wait()

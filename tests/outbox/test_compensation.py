@@ -1,4 +1,5 @@
-"""Compensations: the format, stale ones skipped, retries then the alert on halfmoon and on RabbitMQ."""
+"""Compensations: the format, stale ones skipped, retries then the alert on halfmoon and on
+RabbitMQ."""
 
 from __future__ import annotations
 

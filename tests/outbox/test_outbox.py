@@ -11,8 +11,18 @@ from halfmoon.outbox import InvalidOutboxMessage, Outbox, OutboxMessage, OutboxR
 
 def test_add_commits_with_the_business_transaction(outbox: Outbox) -> None:
     with outbox.engine.begin() as conn:
-        mid = outbox.add(conn, OutboxMessage("orders", b"\x00\x01payload", aggregate_type="order", aggregate_id="42",
-                                             keys=["o-42"], tag="created", headers={"trace": "abc", "n": 7}))  # fmt: skip
+        mid = outbox.add(
+            conn,
+            OutboxMessage(
+                "orders",
+                b"\x00\x01payload",
+                aggregate_type="order",
+                aggregate_id="42",
+                keys=["o-42"],
+                tag="created",
+                headers={"trace": "abc", "n": 7},
+            ),
+        )
     with outbox.engine.connect() as conn:
         row = conn.execute(select(outbox.table)).one()
     record = OutboxRecord.from_row(row)

@@ -1,4 +1,5 @@
-"""The RabbitMQ target against a real RabbitMQ: confirms, returns, a connection closed by the server."""
+"""The RabbitMQ target against a real RabbitMQ: confirms, returns, a connection closed by the
+server."""
 
 from __future__ import annotations
 
@@ -24,9 +25,20 @@ from tests.outbox.conftest import wait_until
 
 def record(queue: str, body: bytes, routing_key: str | None = None) -> OutboxRecord:
     return OutboxRecord(
-        id=0, message_id=uuid.uuid4().hex, aggregate_type="order", aggregate_id="1", topic="", routing_key=routing_key or queue,
-        keys=[], tag="created", message_group=None, headers={"trace": "t1"}, payload=body, attempts=0, created_at=0,
-    )  # fmt: skip
+        id=0,
+        message_id=uuid.uuid4().hex,
+        aggregate_type="order",
+        aggregate_id="1",
+        topic="",
+        routing_key=routing_key or queue,
+        keys=[],
+        tag="created",
+        message_group=None,
+        headers={"trace": "t1"},
+        payload=body,
+        attempts=0,
+        created_at=0,
+    )
 
 
 class Queue:

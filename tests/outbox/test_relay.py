@@ -185,8 +185,20 @@ def test_relay_to_halfmoon_delivers_with_properties(
     topic, group = f"{table_prefix}orders", f"{table_prefix}g"
     halfmoon_server.create_topic(topic)
     halfmoon_server.create_group(group)
-    ids = add(outbox, *(OutboxMessage(topic, f"order {i}".encode(), aggregate_type="order", aggregate_id=str(i), tag="created",
-                                      headers={"trace": f"t{i}"}) for i in range(10)))  # fmt: skip
+    ids = add(
+        outbox,
+        *(
+            OutboxMessage(
+                topic,
+                f"order {i}".encode(),
+                aggregate_type="order",
+                aggregate_id=str(i),
+                tag="created",
+                headers={"trace": f"t{i}"},
+            )
+            for i in range(10)
+        ),
+    )
     target = HalfmoonTarget(f"halfmoon://{halfmoon_server.grpc}")
     with Relay(outbox, target, workers=2, poll_interval=0.05):
         wait_until(lambda: outbox.status().pending == 0, 15, "the relay to publish to halfmoon")

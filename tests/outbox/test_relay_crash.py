@@ -1,4 +1,5 @@
-"""Relay processes SIGKILLed mid-batch: nothing lost, and only in-flight messages published twice."""
+"""Relay processes SIGKILLed mid-batch: nothing lost, and only in-flight messages published
+twice."""
 
 from __future__ import annotations
 

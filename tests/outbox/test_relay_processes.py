@@ -32,7 +32,8 @@ Stored = tuple[int, str, str, int]
 
 
 def fill(outbox: Outbox, topic: str, per_aggregate: int) -> dict[str, tuple[str, int]]:
-    """Interleave the aggregates' messages, one transaction per round; the sequence number is the payload."""
+    """Interleave the aggregates' messages, one transaction per round; the sequence number is the
+    payload."""
     expected: dict[str, tuple[str, int]] = {}
     for seq in range(per_aggregate):
         messages = [
@@ -55,7 +56,8 @@ def topic(halfmoon_server: ServerProcess, table_prefix: str) -> str:
 def consume(
     server: ServerProcess, topic: str, expected: set[str], timeout: float = 20.0
 ) -> list[Stored]:
-    """Receive until every expected id was seen, then until the queue is empty; sorted by queue offset."""
+    """Receive until every expected id was seen, then until the queue is empty; sorted by queue
+    offset."""
     group = f"{topic}-check"
     server.create_group(group)
     stored: dict[int, Stored] = {}
@@ -123,8 +125,16 @@ def test_two_processes_publish_every_row_once_in_aggregate_order(
     topic: str,
     relay_groups: list[RelayProcesses],
 ) -> None:
-    group = RelayProcesses(db_url, f"halfmoon://{halfmoon_server.grpc}", processes=2, table_prefix=table_prefix,
-                           workers=2, batch_size=10, poll_interval=0.05, sent_retention=None)  # fmt: skip
+    group = RelayProcesses(
+        db_url,
+        f"halfmoon://{halfmoon_server.grpc}",
+        processes=2,
+        table_prefix=table_prefix,
+        workers=2,
+        batch_size=10,
+        poll_interval=0.05,
+        sent_retention=None,
+    )
     relay_groups.append(group)
     group.start(60)
     assert len(relay_children()) == 2
@@ -152,8 +162,17 @@ def test_a_sigkilled_child_is_restarted_and_nothing_is_lost(
     expected = fill(outbox, topic, 40)
     # One worker per child and small batches, so the backlog lasts long enough to kill into;
     # a 2 s SQLite lease so the killed child's claimed rows come back quickly.
-    group = RelayProcesses(db_url, f"halfmoon://{halfmoon_server.grpc}", processes=2, table_prefix=table_prefix,
-                           workers=1, batch_size=5, poll_interval=0.05, lease_seconds=2.0, sent_retention=None)  # fmt: skip
+    group = RelayProcesses(
+        db_url,
+        f"halfmoon://{halfmoon_server.grpc}",
+        processes=2,
+        table_prefix=table_prefix,
+        workers=1,
+        batch_size=5,
+        poll_interval=0.05,
+        lease_seconds=2.0,
+        sent_retention=None,
+    )
     relay_groups.append(group)
     stop_supervising = threading.Event()
     supervisor = threading.Thread(
@@ -205,8 +224,27 @@ def test_cli_runs_processes_and_stops_cleanly_on_a_signal(
     topic: str,
     signum: signal.Signals,
 ) -> None:
-    cmd = [sys.executable, "-m", "halfmoon", "outbox", "relay", "--processes", "2", "--workers", "2", "--batch", "10",
-           "--poll", "50ms", "--db", db_url, "--target", f"halfmoon://{halfmoon_server.grpc}", "--table-prefix", table_prefix]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "halfmoon",
+        "outbox",
+        "relay",
+        "--processes",
+        "2",
+        "--workers",
+        "2",
+        "--batch",
+        "10",
+        "--poll",
+        "50ms",
+        "--db",
+        db_url,
+        "--target",
+        f"halfmoon://{halfmoon_server.grpc}",
+        "--table-prefix",
+        table_prefix,
+    ]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

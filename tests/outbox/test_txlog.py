@@ -1,4 +1,5 @@
-"""Half messages bound to a database transaction: rollback, commit, an early check, a producer crash."""
+"""Half messages bound to a database transaction: rollback, commit, an early check, a producer
+crash."""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def setup(engine: Engine, prefix: str) -> tuple[TransactionLog, Table]:
 
 
 def drain(consumer: SyncSimpleConsumer, until: set[bytes], settle: float) -> list[bytes]:
-    """Receive (and ack) until every body in ``until`` arrived, then keep listening ``settle`` seconds."""
+    """Receive (and ack) until every body in ``until`` arrived, then keep listening ``settle``
+    seconds."""
     got: list[bytes] = []
     deadline = time.monotonic() + 20
     while not until <= set(got):
@@ -273,8 +275,12 @@ def run_until_decided_then_kill(
 ) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", CRASHING_PRODUCER, url, server.grpc, topic, group, prefix, outcome],
-        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         lines = []

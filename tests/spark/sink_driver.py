@@ -1,4 +1,5 @@
-"""A Spark driver for the sink crash test: copy one topic into another through the exactly-once sink.
+"""A Spark driver for the sink crash test: copy one topic into another through the exactly-once
+sink.
 
     python -m tests.spark.sink_driver ENDPOINT SOURCE_TOPIC TARGET_TOPIC CHECKPOINT MAX_PER_TRIGGER
 

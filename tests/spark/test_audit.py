@@ -101,10 +101,31 @@ def test_audit_command_exits_non_zero_when_inconsistent(server, tmp_path: Path) 
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     table, topic = _plant(server, url, clean=False)
     result = subprocess.run(
-        [sys.executable, "-m", "halfmoon", "spark", "audit", "--endpoint", server.grpc, "--master", "local[1]",
-         "--database", url, "--table", table, "--key-column", "order_key", "--primary-key", "id", topic],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "halfmoon",
+            "spark",
+            "audit",
+            "--endpoint",
+            server.grpc,
+            "--master",
+            "local[1]",
+            "--database",
+            url,
+            "--table",
+            table,
+            "--key-column",
+            "order_key",
+            "--primary-key",
+            "id",
+            topic,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 1, result.stderr[-2000:]
     assert "INCONSISTENT" in result.stdout and "order-7" in result.stdout
 

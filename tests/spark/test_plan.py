@@ -1,4 +1,5 @@
-"""Offsets arithmetic: admission control shares, range splitting, offset specs (no Spark, no server)."""
+"""Offsets arithmetic: admission control shares, range splitting, offset specs (no Spark, no
+server)."""
 
 from __future__ import annotations
 

@@ -61,9 +61,14 @@ def _driver(
         ]
     return subprocess.Popen(
         [sys.executable, "-m", *command],
-        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def test_driver_killed_between_broker_commit_and_checkpoint_writes_each_row_once(
@@ -235,9 +240,14 @@ def _admin_driver(
     )  # fmt: skip
     query = (
         rows.selectExpr("body", "array(message_id) AS keys")
-        .writeStream.format("halfmoon").option("endpoint", endpoint).option("admin", admin).option("topic", target)
-        .option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
-    )  # fmt: skip
+        .writeStream.format("halfmoon")
+        .option("endpoint", endpoint)
+        .option("admin", admin)
+        .option("topic", target)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination()
     spark.stop()
     return 0

@@ -1,4 +1,5 @@
-"""Sync flush: a record an fsync covers becomes visible, even when the fsync ran in the middle of its append.
+"""Sync flush: a record an fsync covers becomes visible, even when the fsync ran in the middle of
+its append.
 
 The flusher reads the commit log's write position without the append lock.
 An append writes its records first and queues them for visibility after, so

@@ -155,7 +155,8 @@ class CheckService:
         self.last_report: ScanReport | None = None
 
     def set_sender(self, sender: CheckSender | None) -> None:
-        """Use ``sender``; one that paces checks (``pace_checks``, ``answered``) gets the limits and answers."""
+        """Use ``sender``; one that paces checks (``pace_checks``, ``answered``) gets the limits
+        and answers."""
         self._sender = sender
         pace = getattr(sender, "pace_checks", None)
         if pace is not None:
@@ -235,9 +236,14 @@ class CheckService:
         if report.candidates:
             log.info(
                 "event=check_scan candidates=%d sent=%d unsent=%d parked=%d skipped=%d errors=%d elapsed_ms=%d",
-                report.candidates, report.sent, report.unsent, report.parked, report.skipped,
-                report.errors, report.elapsed_ms,
-            )  # fmt: skip
+                report.candidates,
+                report.sent,
+                report.unsent,
+                report.parked,
+                report.skipped,
+                report.errors,
+                report.elapsed_ms,
+            )
         return report
 
     def _failed(self, report: ScanReport, half_offset: int) -> None:

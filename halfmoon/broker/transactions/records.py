@@ -147,7 +147,8 @@ def real_from_half(half: StoredMessage | Message, half_offset: int) -> Message:
 
 
 def parked_from_half(half: StoredMessage) -> Message:
-    """The copy kept in the check-max topic (routing properties kept: it is a record of the half)."""
+    """The copy kept in the check-max topic (routing properties kept: it is a record of the
+    half)."""
     return Message(
         topic=CHECK_MAX_TOPIC,
         body=half.body,

@@ -59,7 +59,8 @@ _READ_BATCH = 256
 
 
 def read_queue(store: Store, topic: str, start: int) -> Iterator[StoredMessage]:
-    """Every record of ``topic`` queue 0 from queue offset ``start`` (skips what retention removed)."""
+    """Every record of ``topic`` queue 0 from queue offset ``start`` (skips what retention
+    removed)."""
     offset = start
     while True:
         result = store.get(topic, QUEUE_ID, offset, _READ_BATCH)
@@ -139,7 +140,8 @@ class Recovered:
 
 
 def recover(store: Store, path: Path | None, config: TransactionConfig) -> Recovered:
-    """Read the snapshot at ``path`` (None: none kept) and the queues after it; see the module docs."""
+    """Read the snapshot at ``path`` (None: none kept) and the queues after it; see the module
+    docs."""
     state = Recovered(config.decided_cache_entries)
     data = read_json(path) if path is not None else None
     if isinstance(data, dict) and data.get("version") == 1:

@@ -153,7 +153,8 @@ def table_keys(spark: SparkSession, spec: AuditSpec) -> DataFrame:
 
 
 def message_keys(spark: SparkSession, spec: AuditSpec) -> DataFrame:
-    """One row ``(key, message_id)`` per committed message of the topic (keyless messages: key null)."""
+    """One row ``(key, message_id)`` per committed message of the topic (keyless messages: key
+    null)."""
     messages = (
         spark.read.format("halfmoon")
         .option("endpoint", spec.endpoint)
