@@ -37,7 +37,7 @@ class CoalescerClosed(HalfmoonError):
 
     code = "BROKER_CONNECTION_CLOSED"
     protocol_code = "INTERNAL_SERVER_ERROR"
-    http_status = 503
+    http_status = 500
 
 
 class SendCoalescer:

@@ -107,7 +107,7 @@ class BrokerUnavailable(HalfmoonError):
 
     code = "BROKER_UNAVAILABLE"
     protocol_code = "INTERNAL_SERVER_ERROR"
-    http_status = 503
+    http_status = 500
 
 
 class BrokerDeadlineExceeded(HalfmoonError):
@@ -115,7 +115,7 @@ class BrokerDeadlineExceeded(HalfmoonError):
 
     code = "BROKER_DEADLINE_EXCEEDED"
     protocol_code = "PROXY_TIMEOUT"
-    http_status = 504
+    http_status = 500
 
 
 def schema_fingerprint() -> str:
@@ -150,6 +150,8 @@ def _pack(value: object) -> bytes:
 
 
 def _ext_hook(code: int, data: bytes) -> object:
+    if code not in (EXT_OBJECT, EXT_ENUM, EXT_TUPLE, EXT_ERROR):
+        raise MalformedRequest(f"unknown extension type {code} on the wire")
     payload = _unpack(data)
     if code == EXT_OBJECT:
         name, fields = payload
@@ -165,9 +167,7 @@ def _ext_hook(code: int, data: bytes) -> object:
         return enum_cls(raw)
     if code == EXT_TUPLE:
         return tuple(payload)
-    if code == EXT_ERROR:
-        return error_from_fields(payload)
-    raise MalformedRequest(f"unknown extension type {code} on the wire")
+    return error_from_fields(payload)
 
 
 def _unpack(data: bytes) -> Any:
