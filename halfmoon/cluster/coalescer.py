@@ -25,7 +25,7 @@ from halfmoon.broker.produce import SendResult
 from halfmoon.cluster.connection import BrokerConnection
 from halfmoon.errors import HalfmoonError
 
-DEFAULT_MAX_IN_FLIGHT = 2  # one request being fsynced while the next one fills
+DEFAULT_MAX_IN_FLIGHT = 1  # measured: 1 coalesces more (32 vs 21 per request at 64 senders)
 DEFAULT_MAX_MESSAGES = 1024
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 

@@ -121,8 +121,6 @@ class InternalService:
         self._lock = threading.Lock()
         self._batch_ids = itertools.count(1)
         self._rotation = itertools.count()
-        self.send_requests = 0
-        self.sent_messages = 0
         broker.add_arrival_listener(self._on_arrival)
         broker.set_check_sender(self)
         broker.set_lite_unsubscribe_notifier(self._on_lite_unsubscribe)
@@ -166,8 +164,7 @@ class InternalService:
         self._check_version(context)
         try:
             operation, args, kwargs = _call_parts(wire.decode(request))
-            if context.time_remaining() is not None and context.time_remaining() <= 0:
-                raise wire.BrokerDeadlineExceeded("the call's deadline passed before it started")
+            _check_deadline(context)
             return wire.encode(self._invoke(operation, args, kwargs, context))
         except HalfmoonError as error:
             return wire.encode(error)
@@ -197,13 +194,38 @@ class InternalService:
         self._check_version(context)
         try:
             batches = _send_batches(wire.decode(request))
+            _check_deadline(context)
         except HalfmoonError as error:
             return wire.encode(error)
-        answers: list[object] = []
+        answers, durable = self._store_batches(batches)
+        try:
+            _wait_durable(durable, context)
+        except HalfmoonError as error:
+            answers = [a if isinstance(a, HalfmoonError) else error for a in answers]
+        return wire.encode(answers)
+
+    def _store_batches(
+        self, batches: list[list[OutgoingMessage]]
+    ) -> tuple[list[object], list[Future[None]]]:
+        """Every batch in one append when all are valid (the store's cost per message, one
+        fsync wait); when that fails, batch by batch, so each caller gets its own answer."""
+        if len(batches) > 1:
+            try:
+                written = self._broker.send_nowait([m for batch in batches for m in batch])
+            except Exception:  # noqa: BLE001 - some batch is bad: which one is found below
+                pass  # (a send is all or nothing: nothing was stored)
+            else:
+                answers: list[object] = []
+                start = 0
+                for batch in batches:
+                    answers.append(written.result[start : start + len(batch)])
+                    start += len(batch)
+                return answers, [written.durable]
+        answers = []
         durable: list[Future[None]] = []
         for messages in batches:
             try:
-                written = self._broker.send_nowait(messages)
+                one = self._broker.send_nowait(messages)
             except HalfmoonError as error:
                 answers.append(error)
                 continue
@@ -211,16 +233,9 @@ class InternalService:
                 log.exception("event=internal_send_failed")
                 answers.append(HalfmoonError(f"internal error in the broker: {exc}"))
                 continue
-            answers.append(written.result)
-            durable.append(written.durable)
-        try:
-            _wait_durable(durable, context)
-        except HalfmoonError as error:
-            answers = [a if isinstance(a, HalfmoonError) else error for a in answers]
-        with self._lock:
-            self.send_requests += 1
-            self.sent_messages += sum(len(b) for b in batches)
-        return wire.encode(answers)
+            answers.append(one.result)
+            durable.append(one.durable)
+        return answers, durable
 
     def _advance_clock(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         assert self._clock is not None
@@ -312,6 +327,12 @@ class InternalService:
             for index, ok in zip(waiting, answered, strict=False):
                 took[index] = ok
         return took
+
+
+def _check_deadline(context: grpc.ServicerContext) -> None:
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        raise wire.BrokerDeadlineExceeded("the call's deadline passed before its work started")
 
 
 def _wait_durable(futures: Sequence[Future[None]], context: grpc.ServicerContext) -> None:

@@ -52,7 +52,7 @@ from halfmoon.broker.transactions import (
     TransactionInfo,
     TransactionStats,
 )
-from halfmoon.cluster.coalescer import SendCoalescer
+from halfmoon.cluster.coalescer import DEFAULT_MAX_IN_FLIGHT, SendCoalescer
 from halfmoon.cluster.connection import DEFAULT_TIMEOUT_S, BrokerConnection
 from halfmoon.cluster.events import BrokerEvents
 from halfmoon.store.api import StoreStats
@@ -72,7 +72,7 @@ class RemoteBroker:
         target: str,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        max_in_flight_sends: int = 2,
+        max_in_flight_sends: int = DEFAULT_MAX_IN_FLIGHT,
         handshake: bool = True,
     ) -> None:
         self.peer = f"proxy-{uuid.uuid4().hex[:12]}"

