@@ -6,7 +6,7 @@ base64-encoded, 64-bit integers as decimal strings, and fields at their
 default value (0, false, empty) are left out of answers. A failed call answers
 ``{"error": ..., "message": ..., "code": N}`` with N a gRPC status code.
 
-The CLI reads the cluster with :func:`range_prefix_sync` (urllib, so the
+The CLI reads the cluster with :func:`call_sync` (urllib, so the
 command line starts without importing aiohttp); servers use
 :class:`halfmoon.cluster.etcd.EtcdClient`.
 """
@@ -126,16 +126,16 @@ class EtcdRequestError(Exception):
         self.grpc_code = grpc_code
 
 
-def range_prefix_sync(
-    endpoints: Sequence[str], prefix: str, timeout: float = 5.0
-) -> tuple[list[KeyValue], int]:
-    """Every key under ``prefix`` and the revision read at, from the first endpoint that answers."""
-    body = json.dumps({"key": b64(prefix), "range_end": b64(prefix_end(prefix))}).encode()
+def call_sync(
+    endpoints: Sequence[str], path: str, body: dict[str, Any], timeout: float = 5.0
+) -> dict[str, Any]:
+    """One gateway call (``/v3`` + ``path``) on the first endpoint that answers."""
+    data = json.dumps(body).encode()
     failures = []
     for endpoint in endpoints:
         request = urllib.request.Request(
-            f"{endpoint}{API_PREFIX}/kv/range",
-            data=body,
+            f"{endpoint}{API_PREFIX}{path}",
+            data=data,
             headers={"Content-Type": "application/json"},
             method="POST",
         )
@@ -151,6 +151,15 @@ def range_prefix_sync(
             answer = json.loads(raw)
         except ValueError:
             answer = None
-        answer = raise_for_answer(endpoint, status, answer)
-        return [key_value(kv) for kv in answer.get("kvs", [])], header_revision(answer)
+        return raise_for_answer(endpoint, status, answer)
     raise CoordinatorUnavailable(f"no etcd endpoint answered ({'; '.join(failures)})")
+
+
+def range_prefix_sync(
+    endpoints: Sequence[str], prefix: str, timeout: float = 5.0
+) -> tuple[list[KeyValue], int]:
+    """Every key under ``prefix`` and the revision read at, from the first endpoint that answers."""
+    answer = call_sync(
+        endpoints, "/kv/range", {"key": b64(prefix), "range_end": b64(prefix_end(prefix))}, timeout
+    )
+    return [key_value(kv) for kv in answer.get("kvs", [])], header_revision(answer)

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import select
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -19,43 +14,7 @@ from halfmoon.cluster.etcd import EtcdClient
 from halfmoon.cluster.keys import ClusterKeys
 from halfmoon.cluster.membership import Membership
 from tests.cluster.etcd_server import EtcdServer
-
-ROOT = Path(__file__).resolve().parents[2]
-TTL = 2  # etcd's smallest lease
-
-
-class Member:
-    """A ``tests.cluster.member_process`` child, started and waited for with a deadline."""
-
-    def __init__(self, etcd: EtcdServer, cluster: str, name: str, endpoint: str) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.cluster.member_process", etcd.url, cluster, "broker",
-             name, endpoint, str(TTL)],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        assert self._line(timeout=20) == "registered"
-
-    def _line(self, timeout: float) -> str:
-        assert self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        assert ready, f"the member process said nothing within {timeout} s"
-        return self.process.stdout.readline().strip()
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
-
-    def terminate(self) -> str:
-        self.process.send_signal(signal.SIGTERM)
-        line = self._line(timeout=10)
-        self.process.wait(timeout=10)
-        return line
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.kill()
+from tests.cluster.member_process import TTL, Member
 
 
 @pytest.fixture
@@ -86,7 +45,7 @@ def wait_until_gone(etcd: EtcdServer, cluster: str, name: str, timeout: float) -
 def test_a_killed_member_disappears_when_its_lease_expires(
     etcd: EtcdServer, cluster_name: str, members: list[Member]
 ) -> None:
-    members.append(Member(etcd, cluster_name, "b1", "127.0.0.1:1001"))
+    members.append(Member(etcd.url, cluster_name, "b1", "127.0.0.1:1001"))
     registered = entry(etcd, cluster_name, "b1")
     assert registered is not None and registered["endpoint"] == "127.0.0.1:1001"
     members[0].kill()
@@ -111,7 +70,7 @@ def test_a_clean_stop_deregisters_at_once(
             assert time.monotonic() - started < 2, "deregistration must not wait for the TTL"
 
     asyncio.run(long_lived())
-    members.append(Member(etcd, cluster_name, "b1", "127.0.0.1:1001"))
+    members.append(Member(etcd.url, cluster_name, "b1", "127.0.0.1:1001"))
     assert members[0].terminate() == "deregistered"
     assert entry(etcd, cluster_name, "b1") is None
 
@@ -119,12 +78,12 @@ def test_a_clean_stop_deregisters_at_once(
 def test_a_restarted_member_takes_its_entry_over_cleanly(
     etcd: EtcdServer, cluster_name: str, members: list[Member]
 ) -> None:
-    members.append(Member(etcd, cluster_name, "b1", "127.0.0.1:1001"))
+    members.append(Member(etcd.url, cluster_name, "b1", "127.0.0.1:1001"))
     first = entry(etcd, cluster_name, "b1")
     assert first is not None
     members[0].kill()
     # Restarted before the old lease expired: registers at once, under a new lease.
-    members.append(Member(etcd, cluster_name, "b1", "127.0.0.1:1001"))
+    members.append(Member(etcd.url, cluster_name, "b1", "127.0.0.1:1001"))
     second = entry(etcd, cluster_name, "b1")
     assert second is not None and second["instance"] != first["instance"]
     assert second["lease"] != first["lease"]
@@ -144,7 +103,7 @@ def test_a_restarted_member_takes_its_entry_over_cleanly(
 def test_a_second_process_cannot_take_a_live_members_name(
     etcd: EtcdServer, cluster_name: str, members: list[Member]
 ) -> None:
-    members.append(Member(etcd, cluster_name, "b1", "127.0.0.1:1001"))
+    members.append(Member(etcd.url, cluster_name, "b1", "127.0.0.1:1001"))
 
     async def impostor() -> None:
         async with EtcdClient.from_url(etcd.url) as client:
