@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from halfmoon.cluster.errors import BadClusterName, MemberNameTaken
+from halfmoon.cluster.errors import BadClusterName, CoordinatorUnavailable, MemberNameTaken
 from halfmoon.cluster.etcd import EtcdClient
 from halfmoon.cluster.keys import ClusterKeys
 from halfmoon.cluster.membership import Membership
-from tests.cluster.etcd_server import EtcdServer
+from halfmoon.cluster.registration import register_member
+from tests.cluster.etcd_server import EtcdServer, free_port
 from tests.cluster.member_process import TTL, Member
 
 
@@ -139,3 +141,34 @@ def test_a_member_whose_lease_was_lost_registers_again(etcd: EtcdServer, cluster
 def test_bad_member_names_are_refused(name: str) -> None:
     with pytest.raises(BadClusterName):
         Membership(None, "c", "broker", name, "127.0.0.1:1")  # type: ignore[arg-type]
+
+
+def test_a_synchronous_process_registers_in_the_background(
+    etcd: EtcdServer, cluster_name: str
+) -> None:
+    deregister = register_member(
+        etcd.url, cluster_name, "broker", "b1", "127.0.0.1:7", {"data_dir": "/d"}, ttl_s=TTL
+    )
+    try:
+        # Past several TTLs with this thread asleep: the lease is renewed in the background.
+        time.sleep(TTL * 2)
+        registered = entry(etcd, cluster_name, "b1")
+        assert registered is not None and registered["data_dir"] == "/d"
+    finally:
+        deregister()
+    assert entry(etcd, cluster_name, "b1") is None
+    deregister()  # a second call does nothing
+    threads = [t.name for t in threading.enumerate()]
+    assert not any(n.startswith("halfmoon-membership-") for n in threads)
+
+
+def test_a_failed_background_registration_raises_and_leaves_no_thread(
+    etcd: EtcdServer, cluster_name: str, members: list[Member]
+) -> None:
+    members.append(Member(etcd.url, cluster_name, "b1", "127.0.0.1:1001"))
+    with pytest.raises(MemberNameTaken):
+        register_member(etcd.url, cluster_name, "broker", "b1", "127.0.0.1:9", ttl_s=TTL)
+    with pytest.raises(CoordinatorUnavailable):
+        register_member(f"etcd://127.0.0.1:{free_port()}", cluster_name, "broker", "b2", "x:1")
+    threads = [t.name for t in threading.enumerate()]
+    assert not any(n.startswith("halfmoon-membership-") for n in threads)
