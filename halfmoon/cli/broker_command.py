@@ -46,13 +46,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     broker.add_argument(
         "--cluster",
         metavar="NAME",
-        help="the cluster to join; registration needs the coordination module (etcd), "
-        "which this release does not have yet: giving it is an error for now",
+        help="the cluster to join: the broker registers in etcd under a lease "
+        "(with --coordinator; default $HALFMOON_CLUSTER)",
     )
     broker.add_argument(
         "--coordinator",
         metavar="etcd://HOST:PORT",
-        help="where the cluster is coordinated; needs the coordination module, as --cluster",
+        help="the cluster's etcd endpoints, comma-separated (default $HALFMOON_COORDINATOR)",
     )
     broker.add_argument("--config", metavar="FILE", help="a TOML configuration file")
     broker.add_argument(
@@ -71,11 +71,13 @@ def run_broker_command(args: argparse.Namespace) -> int:
     # Imported here so other commands never pay for the broker's modules (as serve does).
     from halfmoon.config import ConfigError, load_config
 
-    if args.cluster or args.coordinator:
+    cluster = args.cluster or os.environ.get("HALFMOON_CLUSTER") or None
+    coordinator = args.coordinator or os.environ.get("HALFMOON_COORDINATOR") or None
+    if (cluster is None) != (coordinator is None):
         raise UsageError(
-            "--cluster and --coordinator need the coordination module (etcd registration), "
-            "which this release does not have yet; run without them",
-            "UNSUPPORTED",
+            "--cluster and --coordinator go together: a broker registers in one cluster's etcd "
+            "(or give neither to run it unregistered)",
+            "USAGE",
         )
     flags = {key: getattr(args, dest) for dest, key in FLAG_KEYS.items()}
     try:
@@ -84,10 +86,18 @@ def run_broker_command(args: argparse.Namespace) -> int:
         )
     except ConfigError as exc:
         raise UsageError(exc.message, exc.code) from None
-    from halfmoon.cluster.broker_process import run_broker  # here: see load_config above
+    # Here: see load_config above.
+    from halfmoon.cluster.broker_process import register_in_etcd, run_broker
 
     try:
-        return run_broker(config, args.listen, fake_clock_ms=args.fake_clock_ms)
+        return run_broker(
+            config,
+            args.listen,
+            cluster=cluster,
+            coordinator=coordinator,
+            register=register_in_etcd if cluster is not None else None,
+            fake_clock_ms=args.fake_clock_ms,
+        )
     except HalfmoonError as exc:
         raise CliError.of(exc) from None
     except OSError as exc:

@@ -1,6 +1,11 @@
 """Cluster mode: brokers in their own processes behind stateless proxies.
 
-The internal broker protocol (``wire``, ``internal_service``) and the
-``Broker`` facade spoken over it (``remote_broker``); ``broker_process`` is
-``halfmoon broker``. See docs/cluster.md.
+Coordination through etcd: ``etcd`` (the client), ``keys`` (the key layout),
+``membership`` (leases), ``metadata`` and ``placement`` (topics, groups,
+settings), ``view`` (the watched cache every process reads).
+
+The internal broker protocol: ``wire`` (the encoding), ``internal_service``
+(the broker's side), ``connection``, ``coalescer``, ``events`` and
+``remote_broker`` (the ``Broker`` facade spoken over it); ``broker_process``
+is ``halfmoon broker``. See docs/cluster.md.
 """

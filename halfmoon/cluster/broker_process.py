@@ -11,10 +11,11 @@ Lifecycle (as ``halfmoon serve``'s):
   accepting and let in-flight calls finish for ``server.shutdown_grace``,
   then close the broker and the store. A second signal skips the wait.
 
-Registration (etcd membership in cluster mode) is a hook: :func:`run_broker`
-takes a ``register`` callable, given the :class:`BrokerEndpoint` once the
-port is bound and expected to return the callable that deregisters. The
-coordination module plugs in there; nothing here speaks to etcd.
+Registration is a hook: :func:`run_broker` takes a ``register`` callable,
+given the :class:`BrokerEndpoint` once the port is bound, returning the
+callable that deregisters it. ``halfmoon broker --cluster --coordinator``
+passes :func:`register_in_etcd` (a broker member under an etcd lease, kept
+alive in a thread of its own).
 
 ``fake_clock_ms`` is for tests only: the broker's clock then stands still
 until a peer moves it (``AdvanceClock``), and no tick thread runs (the test
@@ -41,6 +42,7 @@ from halfmoon.broker.broker import Broker as InProcessBroker
 from halfmoon.broker.clock import Clock, FakeClock, SystemClock
 from halfmoon.cluster.connection import MAX_MESSAGE_BYTES
 from halfmoon.cluster.internal_service import InternalService
+from halfmoon.cluster.registration import register_member
 from halfmoon.config import Config, parse_host_port
 from halfmoon.server.app import METADATA_DIR_NAME, TickThread, configure_logging
 from halfmoon.store.store import MessageStore
@@ -63,6 +65,14 @@ class BrokerEndpoint:
 
 # Registers the broker; returns the callable that deregisters it.
 Registration = Callable[[BrokerEndpoint], Callable[[], None]]
+
+
+def register_in_etcd(endpoint: BrokerEndpoint) -> Callable[[], None]:
+    """The registration of cluster mode: a broker member under an etcd lease."""
+    assert endpoint.coordinator is not None and endpoint.cluster is not None
+    return register_member(
+        endpoint.coordinator, endpoint.cluster, "broker", endpoint.name, endpoint.address
+    )
 
 
 def format_address(host: str, port: int) -> str:

@@ -4,6 +4,7 @@ tests/broker/test_facade_contract.py)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -17,9 +18,12 @@ from halfmoon.broker import FakeClock, FilterSpec, MessageType, OutgoingMessage,
 from halfmoon.broker.transactions.check import CheckRequest
 from halfmoon.cluster import wire
 from halfmoon.cluster.connection import BrokerConnection
+from halfmoon.cluster.etcd_json import parse_coordinator
+from halfmoon.cluster.members import read_members
 from halfmoon.cluster.remote_broker import RemoteBroker
 from halfmoon.errors import HalfmoonError
 from tests.cluster.broker_processes import BrokerProcess
+from tests.cluster.etcd_server import EtcdServer
 
 WAIT_S = 10.0
 EVERYTHING = FilterSpec()
@@ -107,7 +111,9 @@ def test_a_peer_of_another_version_is_refused_with_a_stable_code(process: Broker
             stranger.call("status")
     finally:
         stranger.close()
-    assert RemoteBroker(process.address).broker_name == "broker-a"  # the right version is served
+    remote = RemoteBroker(process.address)  # the right version is served
+    assert remote.broker_name == "broker-a"
+    remote.close()
 
 
 def test_a_call_past_its_deadline_fails_with_a_deadline_error_and_the_next_one_works(
@@ -242,12 +248,30 @@ def test_checks_and_lite_notices_are_pushed_to_the_connection_that_asked(
         assert process.stop() == 0
 
 
-def test_broker_command_refuses_cluster_flags_until_coordination_exists(tmp_path: Path) -> None:
+def test_broker_command_wants_cluster_and_coordinator_together(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "halfmoon", "broker", "--data-dir", str(tmp_path), "--cluster", "c"],
         capture_output=True,
         text=True,
         timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("HALFMOON_")},
     )
     assert result.returncode == 2
-    assert "coordination module" in result.stderr
+    assert "go together" in result.stderr
+
+
+def test_a_broker_registers_in_etcd_with_its_internal_address_and_leaves_on_stop(
+    tmp_path: Path, etcd: EtcdServer, cluster_name: str
+) -> None:
+    broker = BrokerProcess(
+        tmp_path / "data", extra=("--cluster", cluster_name, "--coordinator", etcd.url)
+    ).start()
+    try:
+        (member,) = read_members(parse_coordinator(etcd.url), cluster_name)["brokers"]
+        assert (member["name"], member["endpoint"]) == ("broker-a", broker.address)
+        remote = RemoteBroker(member["endpoint"])  # reachable there
+        assert remote.broker_name == "broker-a"
+        remote.close()
+    finally:
+        assert broker.stop() == 0
+    assert read_members(parse_coordinator(etcd.url), cluster_name)["brokers"] == []
