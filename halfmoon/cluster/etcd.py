@@ -148,10 +148,12 @@ class EtcdClient:
             ((self._preferred + i) % n, self.endpoints[(self._preferred + i) % n]) for i in range(n)
         ]
 
-    async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def call(
+        self, path: str, body: dict[str, Any], *, timeout_s: float | None = None
+    ) -> dict[str, Any]:
         """One unary gateway call (``/v3`` + ``path``) on the first endpoint that answers."""
         failures = []
-        timeout = aiohttp.ClientTimeout(total=self.timeout)
+        timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout)
         for index, endpoint in self._ordered_endpoints():
             try:
                 async with self._http().post(
@@ -225,6 +227,10 @@ class EtcdClient:
         if not result.kvs:  # deleted between the compare and the read: cannot be, in one txn
             raise CoordinatorUnavailable(f"etcd answered a failed create of {key!r} without it")
         return False, result.kvs[0]
+
+    async def ping(self, timeout_s: float) -> int:
+        """Ask etcd for its status within ``timeout_s``; its current revision."""
+        return header_revision(await self.call("/maintenance/status", {}, timeout_s=timeout_s))
 
     # Leases --------------------------------------------------------------------------
 

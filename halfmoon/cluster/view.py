@@ -7,10 +7,14 @@ Algorithm (one task per view):
 2. **Watch** the prefix from R + 1, applying each batch of events in order and
    advancing the view's revision; a change made anywhere reaches every view
    within etcd's watch latency (milliseconds on a LAN).
-3. When the watch breaks (etcd stopped or restarted, the connection lost) or
-   its start revision was compacted, go back to 1 after ``retry_s`` (0.2 s,
-   doubling to 2 s while etcd stays away). Meanwhile the cached map keeps
-   answering: readers get the last view they had, marked ``synced = False``.
+3. Beside the watch, ask etcd for its status every ``heartbeat_s`` (1 s),
+   allowing as long again for the answer: a watch on a hung etcd or across a
+   dead network path would wait silently, and the view must know it is stale.
+4. When the watch breaks (etcd stopped or restarted, the connection lost),
+   the heartbeat goes unanswered, or the watch's start revision was
+   compacted, go back to 1 after ``retry_s`` (0.2 s, doubling to 2 s while
+   etcd stays away). Meanwhile the cached map keeps answering: readers get
+   the last view they had, marked ``synced = False``.
 
 Readers never wait on etcd. :meth:`ClusterView.wait_for` lets a caller (or a
 test) wait, with a deadline, until the view satisfies a condition.
@@ -22,7 +26,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from halfmoon.broker.groups import GroupConfig
@@ -35,13 +39,22 @@ log = logging.getLogger("halfmoon.cluster.view")
 
 RETRY_S = 0.2
 MAX_RETRY_S = 2.0
+HEARTBEAT_S = 1.0
 
 
 class ClusterView:
-    def __init__(self, client: EtcdClient, cluster: str, *, retry_s: float = RETRY_S) -> None:
+    def __init__(
+        self,
+        client: EtcdClient,
+        cluster: str,
+        *,
+        retry_s: float = RETRY_S,
+        heartbeat_s: float = HEARTBEAT_S,
+    ) -> None:
         self.client = client
         self.keys = ClusterKeys(cluster)
         self.retry_s = retry_s
+        self.heartbeat_s = heartbeat_s
         self.revision = 0
         self.synced = False
         self.resyncs = 0  # how many times the view re-listed after its first sync
@@ -114,18 +127,31 @@ class ClusterView:
             try:
                 await self._list()
                 delay = self.retry_s
-                async for batch in self.client.watch_prefix(self.keys.prefix, self.revision + 1):
-                    for event in batch.events:
-                        self._apply(event.kind, event.kv.key, event.kv.value)
-                    self.revision = max(self.revision, batch.revision)
-                    await self._notify()
+                await _first_to_fail(self._watch(), self._heartbeat())
             except (CoordinatorUnavailable, WatchCompacted) as error:
                 if self.synced:
                     log.warning("event=view_unsynced prefix=%s error=%s", self.keys.prefix, error)
                 self.synced = False
                 await self._notify()
+            except Exception:
+                # A bug or an answer we cannot read: log it and follow afresh, never stop.
+                log.exception("event=view_failed prefix=%s", self.keys.prefix)
+                self.synced = False
+                await self._notify()
             await asyncio.sleep(delay)
             delay = min(delay * 2, MAX_RETRY_S)
+
+    async def _watch(self) -> None:
+        async for batch in self.client.watch_prefix(self.keys.prefix, self.revision + 1):
+            for event in batch.events:
+                self._apply(event.kind, event.kv.key, event.kv.value)
+            self.revision = max(self.revision, batch.revision)
+            await self._notify()
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            await self.client.ping(timeout_s=self.heartbeat_s)
 
     async def _list(self) -> None:
         kvs, revision = await self.client.get_prefix(self.keys.prefix)
@@ -169,6 +195,19 @@ class ClusterView:
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
+
+
+async def _first_to_fail(*jobs: Coroutine[Any, Any, None]) -> None:
+    """Run ``jobs`` until one ends; cancel the others; raise what that one raised."""
+    tasks = [asyncio.ensure_future(job) for job in jobs]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in done:
+        task.result()
 
 
 def _member(data: Any) -> dict[str, Any]:

@@ -109,12 +109,22 @@ class EtcdServer:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=10)
 
+    def pause(self) -> None:
+        """SIGSTOP etcd: connections stay open and nothing answers, as a hung server."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
     def restart(self) -> None:
         """Start etcd again on the same data directory and ports."""
         self.start()
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # a paused etcd cannot act on SIGTERM
             self.process.terminate()
             try:
                 self.process.wait(timeout=10)

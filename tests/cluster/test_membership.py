@@ -172,3 +172,28 @@ def test_a_failed_background_registration_raises_and_leaves_no_thread(
         register_member(f"etcd://127.0.0.1:{free_port()}", cluster_name, "broker", "b2", "x:1")
     threads = [t.name for t in threading.enumerate()]
     assert not any(n.startswith("halfmoon-membership-") for n in threads)
+
+
+def test_membership_survives_an_etcd_crash_longer_than_its_ttl(
+    own_etcd: EtcdServer, cluster_name: str
+) -> None:
+    async def scenario() -> None:
+        async with EtcdClient.from_url(own_etcd.url, timeout=1) as client:
+            member = Membership(client, cluster_name, "broker", "b1", "127.0.0.1:1", ttl_s=TTL)
+            await member.start()
+            own_etcd.kill()
+            deadline = time.monotonic() + 10
+            while member.registered:
+                assert time.monotonic() < deadline, "a failed renewal must clear 'registered'"
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(TTL + 1)  # down for longer than the lease's TTL
+            await asyncio.to_thread(own_etcd.restart)
+            deadline = time.monotonic() + 10
+            while not member.registered or (kv := await client.get(member.key)) is None:
+                assert time.monotonic() < deadline, "the member did not come back after etcd did"
+                await asyncio.sleep(0.1)
+            assert json.loads(kv.value)["instance"] == member.instance
+            await member.stop()
+            assert await client.get(member.key) is None
+
+    asyncio.run(scenario())

@@ -113,6 +113,33 @@ def test_the_view_survives_an_etcd_crash_and_resyncs(
     asyncio.run(scenario())
 
 
+def test_a_hung_etcd_marks_the_view_stale_and_it_resyncs_when_etcd_answers(
+    own_etcd: EtcdServer, cluster_name: str
+) -> None:
+    async def scenario() -> None:
+        async with (
+            EtcdClient.from_url(own_etcd.url) as writer,
+            EtcdClient.from_url(own_etcd.url, timeout=2) as reader,
+        ):
+            meta = ClusterMetadata(writer, cluster_name)
+            await meta.set_setting("before", 1)
+            view = ClusterView(reader, cluster_name, heartbeat_s=0.5)
+            await view.start()
+            own_etcd.pause()
+            try:
+                # The watch's connection stays open and silent; the heartbeat notices.
+                await view.wait_for(lambda v: not v.synced, 5)
+                assert view.setting("before") == 1
+            finally:
+                own_etcd.resume()
+            await view.wait_for(lambda v: v.synced, 10)
+            await meta.set_setting("after", 2)
+            await view.wait_for(lambda v: v.setting("after") == 2, LATENCY_BOUND_S)
+            await view.stop()
+
+    asyncio.run(scenario())
+
+
 def test_changes_made_while_the_watch_was_down_are_seen_by_relisting(
     own_etcd: EtcdServer, cluster_name: str
 ) -> None:
