@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import grpc
 
@@ -42,6 +43,7 @@ from halfmoon.broker.broker import Broker as InProcessBroker
 from halfmoon.broker.clock import Clock, FakeClock, SystemClock
 from halfmoon.cluster.connection import MAX_MESSAGE_BYTES
 from halfmoon.cluster.internal_service import InternalService
+from halfmoon.cluster.keys import DEFAULT_TTL_S
 from halfmoon.cluster.registration import register_member
 from halfmoon.config import Config, parse_host_port
 from halfmoon.server.app import METADATA_DIR_NAME, TickThread, configure_logging
@@ -67,11 +69,19 @@ class BrokerEndpoint:
 Registration = Callable[[BrokerEndpoint], Callable[[], None]]
 
 
-def register_in_etcd(endpoint: BrokerEndpoint) -> Callable[[], None]:
-    """The registration of cluster mode: a broker member under an etcd lease."""
+def register_in_etcd(
+    endpoint: BrokerEndpoint, *, ttl_s: int = DEFAULT_TTL_S, facts: dict[str, Any] | None = None
+) -> Callable[[], None]:
+    """The registration of cluster mode: a broker member under an etcd lease of ``ttl_s``."""
     assert endpoint.coordinator is not None and endpoint.cluster is not None
     return register_member(
-        endpoint.coordinator, endpoint.cluster, "broker", endpoint.name, endpoint.address
+        endpoint.coordinator,
+        endpoint.cluster,
+        "broker",
+        endpoint.name,
+        endpoint.address,
+        facts,
+        ttl_s=ttl_s,
     )
 
 
