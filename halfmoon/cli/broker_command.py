@@ -59,6 +59,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="the cluster's etcd endpoints, comma-separated (default $HALFMOON_COORDINATOR)",
     )
     broker.add_argument(
+        "--advertise",
+        metavar="HOST",
+        default=None,
+        help="the host proxies dial, registered in etcd with the bound port (default: the "
+        "--listen host, or this machine's name when that is 0.0.0.0 or ::)",
+    )
+    broker.add_argument(
         "--lease-ttl",
         metavar="SECONDS",
         type=lease_ttl,
@@ -127,6 +134,7 @@ def run_broker_command(args: argparse.Namespace) -> int:
                 register_in_etcd,
                 ttl_s=args.lease_ttl,
                 facts={"data_dir": str(Path(config.store.data_dir).resolve())},
+                advertise_host=args.advertise,
             )
             if cluster is not None
             else None,

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from pathlib import Path
 
+from halfmoon.cluster.broker_process import advertised_address, format_address
 from halfmoon.cluster.etcd import EtcdClient
 from halfmoon.cluster.metadata import ClusterMetadata
 from tests.cli.test_cli import failed, halfmoon, ok
@@ -71,3 +73,12 @@ def test_broker_registration_input_is_checked_before_the_store_opens(
     assert "(BAD_CLUSTER_NAME)" in broker("--cluster", "a/b", "--coordinator", etcd.url)
     assert "--lease-ttl" in broker("--cluster", "c", "--coordinator", etcd.url, "--lease-ttl", "1")
     assert not (tmp_path / "data").exists()
+
+
+def test_the_registered_endpoint_is_one_a_proxy_can_dial() -> None:
+    machine = socket.getfqdn()
+    assert advertised_address("127.0.0.1:8091", None) == "127.0.0.1:8091"
+    assert advertised_address("0.0.0.0:8091", None) == f"{machine}:8091"
+    assert advertised_address("[::]:8091", None) == format_address(machine, 8091)
+    assert advertised_address("0.0.0.0:8091", "b1.internal") == "b1.internal:8091"
+    assert advertised_address("0.0.0.0:8091", "fd00::1") == "[fd00::1]:8091"
