@@ -1,7 +1,8 @@
-"""``halfmoon consumer progress|status|reset-offset``: how far a group is, who is connected.
+"""``halfmoon consumer progress|status|lag|reset-offset``: how far groups are, who is connected.
 
-RocketMQ's consumerProgress, consumerStatus / consumerConnection and
-resetOffsetByTime. Progress is per queue (committed offset, broker max offset,
+RocketMQ's consumerProgress, consumerStatus / consumerConnection,
+brokerConsumeStats (``lag``: every group's queues, filtered by a minimum lag)
+and resetOffsetByTime. Progress is per queue (committed offset, broker max offset,
 lag, in flight), then per connected client (what it subscribes to), then the
 group's consume rate and total lag. halfmoon's consumers receive by pop, so a
 queue is not owned by one client as in RocketMQ's push model: the client table
@@ -51,6 +52,18 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     status = add_command(sub, "status", show_status, "who is connected and what they subscribe to")
     status.add_argument("group", metavar="GROUP")
+
+    lag = add_command(
+        sub, "lag", show_lag, "every group's lag per queue (RocketMQ's brokerConsumeStats)"
+    )
+    lag.add_argument("--topic", default=None, help="only this topic's queues")
+    lag.add_argument(
+        "--min-lag",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only queues at least N messages behind (mqadmin's -l diffLevel; default 0)",
+    )
 
     reset = add_command(
         sub, "reset-offset", reset_offset, "move the group to a point in time in a topic"
@@ -131,6 +144,25 @@ def show_status(args: argparse.Namespace) -> None:
         return render_table(_client_rows(clients), CLIENT_COLUMNS)
 
     emit(args, answer, human)
+
+
+def show_lag(args: argparse.Namespace) -> None:
+    api = client(args)
+    rows: list[dict[str, Any]] = []
+    for group in api.get("/v1/groups")["groups"]:
+        answer = api.get(f"/v1/groups/{quote(group['name'])}/progress", topic=args.topic)
+        rows.extend(q for q in answer["queues"] if int(q.get("lag") or 0) >= args.min_lag)
+    rows.sort(key=lambda q: (-int(q.get("lag") or 0), q["group"], q["topic"], q["queue_id"]))
+    total = sum(int(q.get("lag") or 0) for q in rows)
+    data = {"topic": args.topic, "min_lag": args.min_lag, "queues": rows, "total_lag": total}
+
+    def human() -> str:
+        if not rows:
+            return f"no queue is {args.min_lag} or more messages behind"
+        table = render_table(rows, [("group", "GROUP"), *PROGRESS_COLUMNS])
+        return f"{table}\n\ntotal lag: {total}"
+
+    emit(args, data, human)
 
 
 def reset_offset(args: argparse.Namespace) -> None:

@@ -61,6 +61,12 @@ SCHEMAS: dict[str, Any] = {
             "store_host": _STR,
             "properties": {"type": "object", "additionalProperties": _STR},
             "body_size": _INT,
+            "origin_message_id": {
+                **_NULL_STR,
+                "description": "the message a dead letter (or a retried copy) was made from",
+            },
+            "dead_letter_group": {**_NULL_STR, "description": "the group that gave up on it"},
+            "dead_letter_attempts": {**_NULL_INT, "description": "deliveries before it did"},
             "body": {**_STR, "description": "absent when bodies=false"},
             "body_encoding": {"type": "string", "enum": ["utf-8", "base64"]},
         },
@@ -226,6 +232,15 @@ SCHEMAS: dict[str, Any] = {
             "clients": {"type": "array", "items": {"type": "object", "additionalProperties": True}},
         },
     },
+    "TopicProducers": {
+        "type": "object",
+        "properties": {
+            "topic": _STR,
+            "group": _NULL_STR,
+            "registry": {**_BOOL, "description": "false when the app runs without the gRPC server"},
+            "clients": {"type": "array", "items": {"type": "object", "additionalProperties": True}},
+        },
+    },
     "OffsetReset": {
         "type": "object",
         "required": ["topic", "timestamp_ms"],
@@ -376,6 +391,15 @@ def paths() -> dict[str, Any]:
                 (200, _ref("GroupClients"), "clients"),
                 404,
                 params=[group],
+            ),
+        },
+        "/v1/topics/{topic}/producers": {
+            "get": _op(
+                "Connected producers that sent to a topic",
+                "getTopicProducers",
+                (200, _ref("TopicProducers"), "clients"),
+                404,
+                params=[topic, _query("group", "only this producer group")],
             ),
         },
         "/v1/groups/{group}/reset-offset": {

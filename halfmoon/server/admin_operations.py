@@ -1,7 +1,7 @@
 """Admin endpoints for operators: cluster and broker status, runtime configuration,
 statistics, routes, connected clients and offset resets (RocketMQ's clusterList,
 brokerStatus, getBrokerConfig / updateBrokerConfig, statsAll, topicRoute,
-consumerStatus, resetOffsetByTime).
+consumerStatus / consumerConnection, producerConnection, resetOffsetByTime).
 
     GET   /v1/cluster                       the brokers (one: this process) and their addresses
     GET   /v1/broker/status                 TPS, disk, store, pending transactions, clients
@@ -10,6 +10,7 @@ consumerStatus, resetOffsetByTime).
     GET   /v1/statistics?topic=&group=      in/out per second and over 24 h, and lag
     GET   /v1/topics/{topic}/route          queues, permissions, accepted types, address
     GET   /v1/groups/{group}/clients        connected consumers and what they subscribe
+    GET   /v1/topics/{topic}/producers      connected producers that published to the topic
     POST  /v1/groups/{group}/reset-offset   {"topic", "timestamp_ms"}: new offset per queue
 
 Runtime changes last until the process stops (put them in the configuration
@@ -238,6 +239,24 @@ async def get_group_clients(request: web.Request) -> web.Response:
     )
 
 
+async def get_topic_producers(request: web.Request) -> web.Response:
+    """Producers with a live telemetry stream that have sent to the topic (RocketMQ's
+    producerConnection). A RocketMQ 5 producer names no group unless it is transactional,
+    so the topic is the subject and ``?group=`` narrows to one producer group."""
+    broker = broker_of(request)
+    name = request.match_info["topic"]
+    group = request.query.get("group") or None
+    await call(existing_topic, broker, name)
+    clients = request.app.get(CLIENTS_KEY)
+    described: list[dict[str, Any]] = []
+    if clients is not None:
+        described = [s.describe() for s in clients.producers(topic=name, group=group)]
+    described.sort(key=lambda c: c["client_id"])
+    return reply(
+        {"topic": name, "group": group, "registry": clients is not None, "clients": described}
+    )
+
+
 def _subscriptions(session: ClientSession) -> list[dict[str, str]]:
     """What the client said it subscribes to (topic and filter), from its settings."""
     settings = session.settings
@@ -285,4 +304,5 @@ def add_routes(app: web.Application, clients: ClientRegistry | None = None) -> N
     app.router.add_get("/v1/statistics", get_statistics)
     app.router.add_get("/v1/topics/{topic}/route", get_route)
     app.router.add_get("/v1/groups/{group}/clients", get_group_clients)
+    app.router.add_get("/v1/topics/{topic}/producers", get_topic_producers)
     app.router.add_post("/v1/groups/{group}/reset-offset", reset_offset)
