@@ -51,6 +51,7 @@ from halfmoon.server.telemetry import ClientRegistry, ClientSession
 # Keys the broker reads each time it uses them, so a change takes effect at once.
 # (Others are copied into long-lived objects at startup and need a restart.)
 RUNTIME_KEYS: dict[str, str] = {
+    "broker.writable": "accept new messages (false: drain the broker, mqadmin's wipeWritePerm)",
     "broker.auto_create_topics": "create a mixed topic on first use",
     "broker.auto_create_groups": "create a consumer group on first use",
     "broker.default_queue_count": "queues of a topic created without a count",

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from halfmoon.broker.errors import PermissionDenied
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageType, OutgoingMessage
 from halfmoon.client.allocation import allocate_average, allocate_consistent_hash
@@ -224,3 +225,39 @@ def test_monitor_human_lines_and_duration(admin):
         "monitor", "--interval", "20ms", "--stuck-after", "1h", "--duration", "100ms", admin=admin
     )
     assert ok(quiet) == ""  # nothing new happened: nothing printed, exit 0
+
+
+# -- cluster write-perm (wipeWritePerm / addWritePerm) -----------------------------------------
+
+
+def test_write_perm_wipe_drains_the_broker_and_add_restores_it(admin):
+    topic, group = unique("orders"), unique("g")
+    admin.broker.create_topic(topic, queue_count=2)
+    admin.broker.create_group(group, consume_from="earliest")
+    send(admin, topic, 1)
+    try:
+        out = ok(halfmoon("cluster", "write-perm", "--wipe", admin=admin))
+        assert out.startswith("the broker accepts no new messages")
+        with pytest.raises(PermissionDenied, match="write permission was wiped"):
+            send(admin, topic, 1)
+        route = json.loads(ok(halfmoon("topic", "route", topic, "--json", admin=admin)))
+        assert {q["perm"] for q in route["queues"]} == {"r"}  # producers look elsewhere
+        # Draining: what is stored is still consumed and acknowledged.
+        (view,) = admin.broker.receive(group, topic, FilterSpec("TAG", "*"), 8, 60_000)
+        admin.broker.ack(group, topic, view.receipt_handle or "")
+        refused = failed(
+            halfmoon(
+                "message", "send", topic, "--body", "x", admin=admin
+            )
+        )  # fmt: skip
+        assert "FORBIDDEN" in refused
+        shown = json.loads(
+            ok(halfmoon("cluster", "config", "get", "broker.writable", "--json", admin=admin))
+        )
+        assert shown["value"] is False
+    finally:
+        ok(halfmoon("cluster", "write-perm", "--add", admin=admin))
+    send(admin, topic, 1)
+    route = json.loads(ok(halfmoon("topic", "route", topic, "--json", admin=admin)))
+    assert {q["perm"] for q in route["queues"]} == {"rw"}
+    failed(halfmoon("cluster", "write-perm", admin=admin), 2)  # --wipe or --add is required
