@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from halfmoon.broker.message import PROPERTY_DELIVERY_TIME, PROPERTY_REAL_TOPIC
 from halfmoon.broker.topics import TIMER_TOPIC
 from halfmoon.errors import HalfmoonError, NotFound
-from halfmoon.store.api import Store
-from halfmoon.store.message import StoredMessage
+from halfmoon.store.api import AppendResult, Store
+from halfmoon.store.message import Message, StoredMessage
 
 VERSION = 1
 MAX_HANDLE_LENGTH = 2048  # characters; a real handle is ~100
@@ -131,6 +131,22 @@ def decode(text: str) -> RecallHandle:
         raise bad
     broker, topic, message_id = texts
     return RecallHandle(broker, topic, timer_offset, commit_log_offset, due_ms, message_id)
+
+
+def recall_handle(
+    broker: str, topic: str, message_id: str, record: Message, appended: AppendResult
+) -> str:
+    """The handle a delay message's sender gets back to recall it before it is due."""
+    due = int(record.properties[PROPERTY_DELIVERY_TIME])
+    handle = RecallHandle(
+        broker,
+        topic,
+        appended.queue_offset,
+        appended.commit_log_offset,
+        due,
+        message_id,
+    )
+    return encode(handle)
 
 
 def names_record(handle: RecallHandle, stored: StoredMessage) -> bool:
