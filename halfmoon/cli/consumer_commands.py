@@ -1,8 +1,8 @@
-"""``halfmoon consumer progress|status|lag|reset-offset``: how far groups are, who is connected.
+"""``halfmoon consumer progress|status|lag|clone-offset|reset-offset``: how far groups are, who is connected.
 
 RocketMQ's consumerProgress, consumerStatus / consumerConnection,
-brokerConsumeStats (``lag``: every group's queues, filtered by a minimum lag)
-and resetOffsetByTime. Progress is per queue (committed offset, broker max offset,
+brokerConsumeStats (``lag``: every group's queues, filtered by a minimum lag),
+cloneGroupOffset (``clone-offset``) and resetOffsetByTime. Progress is per queue (committed offset, broker max offset,
 lag, in flight), then per connected client (what it subscribes to), then the
 group's consume rate and total lag. halfmoon's consumers receive by pop, so a
 queue is not owned by one client as in RocketMQ's push model: the client table
@@ -64,6 +64,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="N",
         help="only queues at least N messages behind (mqadmin's -l diffLevel; default 0)",
     )
+
+    clone = add_command(
+        sub, "clone-offset", clone_offset, "give another group this group's committed offsets"
+    )
+    clone.add_argument("group", metavar="GROUP")
+    clone.add_argument("--to", required=True, metavar="GROUP", help="the group that gets them")
+    clone.add_argument("--topic", default=None, help="only this topic (default: every topic)")
 
     reset = add_command(
         sub, "reset-offset", reset_offset, "move the group to a point in time in a topic"
@@ -163,6 +170,23 @@ def show_lag(args: argparse.Namespace) -> None:
         return f"{table}\n\ntotal lag: {total}"
 
     emit(args, data, human)
+
+
+def clone_offset(args: argparse.Namespace) -> None:
+    body: dict[str, Any] = {"to": args.to}
+    if args.topic is not None:
+        body["topic"] = args.topic
+    answer = client(args).post(f"/v1/groups/{quote(args.group)}/clone-offset", body)
+    queues = answer["queues"]
+
+    def human() -> str:
+        if not queues:
+            return f"group '{args.group}' has no offsets to clone"
+        head = f"group '{args.to}' now consumes from group '{args.group}''s offsets"
+        columns = [("topic", "TOPIC"), ("queue_id", "QUEUE"), ("offset", "NEW OFFSET")]
+        return f"{head}\n\n{render_table(queues, columns)}"
+
+    emit(args, answer, human)
 
 
 def reset_offset(args: argparse.Namespace) -> None:

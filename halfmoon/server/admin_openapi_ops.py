@@ -241,6 +241,30 @@ SCHEMAS: dict[str, Any] = {
             "clients": {"type": "array", "items": {"type": "object", "additionalProperties": True}},
         },
     },
+    "OffsetClone": {
+        "type": "object",
+        "required": ["to"],
+        "additionalProperties": False,
+        "properties": {
+            "to": {**_STR, "description": "the group that gets the offsets"},
+            "topic": {**_STR, "description": "only this topic (default: every topic)"},
+        },
+    },
+    "OffsetCloneResult": {
+        "type": "object",
+        "properties": {
+            "group": _STR,
+            "to": _STR,
+            "topic": _NULL_STR,
+            "queues": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"topic": _STR, "queue_id": _INT, "offset": _INT},
+                },
+            },
+        },
+    },
     "OffsetReset": {
         "type": "object",
         "required": ["topic", "timestamp_ms"],
@@ -400,6 +424,17 @@ def paths() -> dict[str, Any]:
                 (200, _ref("TopicProducers"), "clients"),
                 404,
                 params=[topic, _query("group", "only this producer group")],
+            ),
+        },
+        "/v1/groups/{group}/clone-offset": {
+            "post": _op(
+                "Give another group this group's offsets",
+                "cloneGroupOffset",
+                (200, _ref("OffsetCloneResult"), "offsets applied per queue"),
+                400,
+                404,
+                body="OffsetClone",
+                params=[group],
             ),
         },
         "/v1/groups/{group}/reset-offset": {

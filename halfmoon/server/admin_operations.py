@@ -12,6 +12,7 @@ consumerStatus / consumerConnection, producerConnection, resetOffsetByTime).
     GET   /v1/groups/{group}/clients        connected consumers and what they subscribe
     GET   /v1/topics/{topic}/producers      connected producers that published to the topic
     POST  /v1/groups/{group}/reset-offset   {"topic", "timestamp_ms"}: new offset per queue
+    POST  /v1/groups/{group}/clone-offset   {"to", "topic"?}: the group's offsets onto another
 
 Runtime changes last until the process stops (put them in the configuration
 file to keep them); all keys of one request are checked before any applies.
@@ -295,6 +296,38 @@ async def reset_offset(request: web.Request) -> web.Response:
     return reply({"group": name, "topic": topic, "timestamp_ms": timestamp, "queues": queues})
 
 
+async def clone_offset(request: web.Request) -> web.Response:
+    """Give group ``to`` the committed offsets of this group (RocketMQ's cloneGroupOffset), in
+    ``topic`` or in every topic this group has progress in; queues it has none in stay."""
+    body = await read_body(request)
+    reject_unknown(body, {"to", "topic"})
+    target = take(body, "to", str, required=True)
+    topic = take(body, "topic", str)
+    broker = broker_of(request)
+    source = request.match_info["group"]
+    if target == source:
+        raise ApiError("'to' names the group itself: clone into another group")
+
+    def clone() -> list[dict[str, Any]]:
+        existing_group(broker, source)
+        existing_group(broker, target)
+        if topic is not None:
+            existing_topic(broker, topic)
+        per_topic: dict[str, dict[int, int]] = {}
+        for q in broker.group_progress(source, topic):
+            per_topic.setdefault(q.topic, {})[q.queue_id] = q.committed_offset
+        moved = []
+        for name, offsets in sorted(per_topic.items()):
+            applied = broker.seek_group(target, name, offsets)
+            moved += [
+                {"topic": name, "queue_id": q, "offset": o} for q, o in sorted(applied.items())
+            ]
+        return moved
+
+    queues = await call(clone)
+    return reply({"group": source, "to": target, "topic": topic, "queues": queues})
+
+
 def add_routes(app: web.Application, clients: ClientRegistry | None = None) -> None:
     if clients is not None:
         app[CLIENTS_KEY] = clients
@@ -307,3 +340,4 @@ def add_routes(app: web.Application, clients: ClientRegistry | None = None) -> N
     app.router.add_get("/v1/groups/{group}/clients", get_group_clients)
     app.router.add_get("/v1/topics/{topic}/producers", get_topic_producers)
     app.router.add_post("/v1/groups/{group}/reset-offset", reset_offset)
+    app.router.add_post("/v1/groups/{group}/clone-offset", clone_offset)

@@ -261,3 +261,62 @@ def test_write_perm_wipe_drains_the_broker_and_add_restores_it(admin):
     route = json.loads(ok(halfmoon("topic", "route", topic, "--json", admin=admin)))
     assert {q["perm"] for q in route["queues"]} == {"rw"}
     failed(halfmoon("cluster", "write-perm", admin=admin), 2)  # --wipe or --add is required
+
+
+# -- consumer clone-offset (cloneGroupOffset) ----------------------------------------------------
+
+
+def test_clone_offset_moves_the_target_group_to_the_sources_offsets(admin):
+    topic, other = unique("orders"), unique("other")
+    admin.broker.create_topic(topic, queue_count=2)
+    admin.broker.create_topic(other, queue_count=1)
+    send(admin, topic, 5, queue_id=0)
+    send(admin, topic, 3, queue_id=1)
+    send(admin, other, 4, queue_id=0)
+    source, target = unique("src"), unique("dst")
+    for group in (source, target):
+        admin.broker.create_group(group, consume_from="earliest")
+    admin.broker.update_offset(source, topic, 0, 4)
+    admin.broker.update_offset(source, topic, 1, 3)
+    admin.broker.update_offset(source, other, 0, 2)
+
+    answer = json.loads(
+        ok(
+            halfmoon(
+                "consumer", "clone-offset", source, "--to", target, "--topic", topic, "--json",
+                admin=admin,
+            )
+        )
+    )  # fmt: skip
+    assert [(q["topic"], q["queue_id"], q["offset"]) for q in answer["queues"]] == [
+        (topic, 0, 4),
+        (topic, 1, 3),
+    ]
+    progress = {
+        (q.topic, q.queue_id): q.committed_offset for q in admin.broker.group_progress(target)
+    }
+    assert progress[(topic, 0)] == 4 and progress[(topic, 1)] == 3
+    assert (other, 0) not in progress  # --topic limits the clone
+    # The pop position moved too: the target's next delivery is the source's next message.
+    views = admin.broker.receive(target, topic, FilterSpec("TAG", "*"), 8, 60_000)
+    assert sorted((v.queue_id, v.queue_offset) for v in views) == [(0, 4)]
+
+    rows = table(ok(halfmoon("consumer", "clone-offset", source, "--to", target, admin=admin)))
+    assert rows[0][:3] == ["group", f"'{target}'", "now"]
+    assert rows[2][:2] == ["TOPIC", "QUEUE"]
+    assert sorted(r[:3] for r in rows[3:]) == sorted(
+        [[other, "0", "2"], [topic, "0", "4"], [topic, "1", "3"]]
+    )
+
+
+def test_clone_offset_errors(admin):
+    source = unique("src")
+    admin.broker.create_group(source, consume_from="earliest")
+    line = failed(halfmoon("consumer", "clone-offset", source, "--to", "nobody", admin=admin))
+    assert "GROUP_NOT_FOUND" in line
+    line = failed(halfmoon("consumer", "clone-offset", source, "--to", source, admin=admin))
+    assert "clone into another group" in line
+    empty = unique("dst")
+    admin.broker.create_group(empty, consume_from="earliest")
+    out = ok(halfmoon("consumer", "clone-offset", source, "--to", empty, admin=admin))
+    assert out.strip() == f"group '{source}' has no offsets to clone"
