@@ -180,7 +180,8 @@ def config_get(args: argparse.Namespace) -> None:
         match = [k for k in keys if k["key"] == args.key]
         if not match:
             raise CliError(
-                f"{args.key!r} is not a runtime-changeable key; they are: {', '.join(k['key'] for k in keys)}",
+                f"{args.key!r} is not a runtime-changeable key; they are: "
+                f"{', '.join(k['key'] for k in keys)}",
                 "ILLEGAL_CONFIG",
             )
         emit(args, match[0], lambda: readable(match[0]["key"], match[0]["value"]))
