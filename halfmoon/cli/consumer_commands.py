@@ -1,12 +1,14 @@
-"""``halfmoon consumer progress|status|lag|clone-offset|reset-offset``: how far groups are, who is connected.
+"""``halfmoon consumer progress|status|lag|clone-offset|reset-offset``: how far groups are,
+who is connected.
 
 RocketMQ's consumerProgress, consumerStatus / consumerConnection,
 brokerConsumeStats (``lag``: every group's queues, filtered by a minimum lag),
-cloneGroupOffset (``clone-offset``) and resetOffsetByTime. Progress is per queue (committed offset, broker max offset,
-lag, in flight), then per connected client (what it subscribes to), then the
-group's consume rate and total lag. halfmoon's consumers receive by pop, so a
-queue is not owned by one client as in RocketMQ's push model: the client table
-lists every connected consumer of the group rather than one per queue.
+cloneGroupOffset (``clone-offset``) and resetOffsetByTime. Progress is per
+queue (committed offset, broker max offset, lag, in flight), then per
+connected client (what it subscribes to), then the group's consume rate and
+total lag. halfmoon's consumers receive by pop, so a queue is not owned by one
+client as in RocketMQ's push model: the client table lists every connected
+consumer of the group rather than one per queue.
 """
 
 from __future__ import annotations
