@@ -186,7 +186,8 @@ async def run_visible_latency(
     )
     report.results += [visible, round_trip]
     log(
-        f"{system:<16} commit-to-visible p50 {visible.p(0.5):.2f} ms p99 {visible.p(0.99):.2f} ms   "
+        f"{system:<16} commit-to-visible p50 {visible.p(0.5):.2f} ms p99 {visible.p(0.99):.2f} ms  "
+        " "
         f"EndTransaction p50 {round_trip.p(0.5):.2f} ms p99 {round_trip.p(0.99):.2f} ms"
     )
 
@@ -286,7 +287,8 @@ def format_result(r: Result) -> str:
         e = r.extra
         per = e["scan_wall_us_per_message"]
         return (
-            f"{r.messages:,}/{e['orphans']:,} resolved {e['all_due_to_resolved_s']:.2f} s after all due; "
+            f"{r.messages:,}/{e['orphans']:,} resolved {e['all_due_to_resolved_s']:.2f} s after "
+            "all due; "
             f"{e['scans']} scans, scan wall {e['scan_wall_ms']:,} ms"
             + (f" ({per:.0f} us/msg)" if per else "")
         )

@@ -184,7 +184,8 @@ async def run_orphans(
     per = result.extra["scan_wall_us_per_message"]
     log(
         f"{system:<16} orphans resolved {result.messages:,}/{settings.orphans:,} "
-        f"{result.extra['all_due_to_resolved_s']:.2f} s after all were due (goal {RESOLVE_INTERVALS * interval:.1f} s); "
+        f"{result.extra['all_due_to_resolved_s']:.2f} s after all were due (goal "
+        f"{RESOLVE_INTERVALS * interval:.1f} s); "
         f"{len(scans)} scans, {scanned:,} candidates, {scan_ms:,} ms scan wall time"
         + (f" = {per:.0f} us/msg" if per else "")
     )

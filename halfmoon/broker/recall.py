@@ -197,7 +197,8 @@ def _read_record(store: Store, handle: RecallHandle) -> StoredMessage | None:
             stats = store.stats()
             if handle.commit_log_offset < stats.commit_log_min_offset:
                 raise RecallTooLate(
-                    f"delay message {handle.message_id} is gone from the store (delivered long ago and "
+                    f"delay message {handle.message_id} is gone from the store (delivered long ago "
+                    "and "
                     "removed by retention); it cannot be recalled"
                 ) from None
             if attempt or handle.commit_log_offset >= stats.commit_log_max_offset:

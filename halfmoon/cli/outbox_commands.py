@@ -22,28 +22,8 @@ from typing import Any
 
 from halfmoon.cli.admin_client import CliError
 from halfmoon.cli.parser import add_command, emit, positive_int
+from halfmoon.cli.timearg import duration
 from halfmoon.errors import HalfmoonError
-
-
-def duration(text: str) -> float:
-    """``500ms``, ``2s``, ``1.5`` (seconds) → seconds."""
-    raw = text.strip().lower()
-    try:
-        if raw.endswith("ms"):
-            value = float(raw[:-2]) / 1000
-        elif raw.endswith("s"):
-            value = float(raw[:-1])
-        elif raw.endswith("m"):
-            value = float(raw[:-1]) * 60
-        else:
-            value = float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a duration like 500ms or 2s, got {text!r}"
-        ) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive duration, got {text!r}")
-    return value
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -152,7 +132,8 @@ def run_relay(args: argparse.Namespace) -> int:
     relay.stop()
     stats = relay.stats()
     print(
-        f"outbox relay stopped: published={stats.published} failed={stats.failed} pending={stats.pending}",
+        f"outbox relay stopped: published={stats.published} failed={stats.failed} "
+        f"pending={stats.pending}",
         flush=True,
     )
     return 0
@@ -199,13 +180,15 @@ def _run_relay_processes(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         raise CliError(f"{exc}; see the log above", "OUTBOX_RELAY_START_FAILED") from None
     print(
-        f"outbox relay running: processes={args.processes} workers={args.workers} batch={args.batch} target={args.target.split('://')[0]}",
+        f"outbox relay running: processes={args.processes} workers={args.workers} "
+        f"batch={args.batch} target={args.target.split('://')[0]}",
         flush=True,
     )
     group.supervise(stop)
     group.stop()
     print(
-        f"outbox relay stopped: published={group.published} restarts={group.restarts} pending={outbox.status().pending}",
+        f"outbox relay stopped: published={group.published} restarts={group.restarts} "
+        f"pending={outbox.status().pending}",
         flush=True,
     )
     return 0
@@ -218,7 +201,8 @@ def show_status(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001
         cause = " ".join(str(getattr(exc, "orig", exc)).split())[:300]
         raise CliError(
-            f"cannot read the outbox table {outbox.table.name!r} ({cause}); check --db and --table-prefix, or create it with 'outbox relay --create-tables'",
+            f"cannot read the outbox table {outbox.table.name!r} ({cause}); check --db and "
+            "--table-prefix, or create it with 'outbox relay --create-tables'",
             "OUTBOX_UNREADABLE",
         ) from None
     data = {

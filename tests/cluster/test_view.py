@@ -57,7 +57,8 @@ def test_a_change_made_anywhere_reaches_every_view_within_a_second(
     latencies = asyncio.run(scenario())
     assert max(latencies) < LATENCY_BOUND_S
     print(
-        f"view latency: median {sorted(latencies)[5] * 1000:.1f} ms, max {max(latencies) * 1000:.1f} ms"
+        f"view latency: median {sorted(latencies)[5] * 1000:.1f} ms, max "
+        f"{max(latencies) * 1000:.1f} ms"
     )
 
 
