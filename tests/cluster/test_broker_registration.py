@@ -15,7 +15,7 @@ from tests.cli.test_cli import failed, halfmoon, ok
 from tests.cluster.broker_processes import BrokerProcess
 from tests.cluster.etcd_server import EtcdServer
 
-TTL = 2
+TTL = 3  # short, yet a renewal (every second) delayed by load does not look late
 
 
 def listed(etcd: EtcdServer, cluster: str) -> dict[str, dict]:  # type: ignore[type-arg]
