@@ -517,6 +517,9 @@ class Broker:
     def reset_offset(self, group: str, topic: str, timestamp: int) -> dict[int, int]:
         return self._pull.reset_offset(group, topic, timestamp)
 
+    def seek_group(self, group: str, topic: str, offsets: Mapping[int, int]) -> dict[int, int]:
+        return self._pull.seek_group(group, topic, offsets)
+
     # -- reading stored messages (halfmoon/broker/browse.py) ------------------------
     def messages_by_id(self, message_id: str, topic: str | None = None) -> list[MessageView]:
         topics = self.list_topics() if topic is None else [self._existing_topic(topic)]
@@ -558,8 +561,14 @@ class Broker:
     def route(self, topic: str) -> list[QueueRoute]:
         config = self.get_topic(topic)
         accepted = config.accepted_types()
+        draining = not self.config.writable  # wiped write permission: producers go elsewhere
         return [
-            QueueRoute(topic, q, config.queue_perm(q), list(accepted))
+            QueueRoute(
+                topic,
+                q,
+                _without_write(config.queue_perm(q)) if draining else config.queue_perm(q),
+                list(accepted),
+            )
             for q in config.readable_queues()
         ]
 
@@ -615,3 +624,7 @@ class Broker:
                 callback(topic, result.queue_id)
             except Exception:
                 log.exception("arrival listener failed")
+
+
+def _without_write(perm: str) -> str:
+    return perm.replace("w", "") or "-"

@@ -34,6 +34,10 @@ class BrokerConfig:
     # accessMessageInMemoryMaxRatio: data that recent is most likely still in page cache.
     hot_data_bytes: int = 0
     default_queue_count: int = 8
+    # False: the broker refuses new messages (mqadmin's wipeWritePerm) and routes show its
+    # queues read-only, so producers go elsewhere while consumers drain it; acks, offsets,
+    # transaction decisions and due delay messages go on.
+    writable: bool = True
     max_body_size: int = 4 * 1024 * 1024
     default_invisible_ms: int = 30_000
     # Shortest invisible time a receive may ask for (RocketMQ proxy's

@@ -33,6 +33,9 @@ from halfmoon.errors import InvalidArgument
 
 TIMER_TOPIC = "%HM_TIMER%"
 DLQ_PREFIX = "%DLQ%"
+# RocketMQ's retry topic prefix: halfmoon redelivers in place and keeps no retry topic, but
+# group names leave room for one (groups.MAX_GROUP_LENGTH).
+RETRY_PREFIX = "%RETRY%"
 RESERVED_PREFIXES = ("%", "RMQ_SYS_")
 # Internal topics whose names RocketMQ gave no reserved prefix.
 RESERVED_NAMES = frozenset({"TRANS_CHECK_MAX_TIME_TOPIC"})
