@@ -33,11 +33,10 @@ from typing import Any
 
 from halfmoon.cluster.errors import CoordinatorUnavailable, MemberNameTaken
 from halfmoon.cluster.etcd import Compare, EtcdClient, put_op
-from halfmoon.cluster.keys import ClusterKeys
+from halfmoon.cluster.keys import DEFAULT_TTL_S, MIN_TTL_S, ClusterKeys
 
 log = logging.getLogger("halfmoon.cluster.membership")
 
-DEFAULT_TTL_S = 10
 ROLES = {"broker": "brokers", "proxy": "proxies"}
 
 
@@ -55,8 +54,8 @@ class Membership:
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {sorted(ROLES)}, not {role!r}")
-        if ttl_s < 2:
-            raise ValueError("etcd grants leases of at least 2 s")  # its minimum TTL
+        if ttl_s < MIN_TTL_S:
+            raise ValueError(f"etcd grants leases of at least {MIN_TTL_S} s")
         keys = ClusterKeys(cluster)
         self.client = client
         self.role = role

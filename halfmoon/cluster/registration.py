@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from halfmoon.cluster.etcd import EtcdClient
-from halfmoon.cluster.membership import DEFAULT_TTL_S, Membership
+from halfmoon.cluster.keys import DEFAULT_TTL_S
+from halfmoon.cluster.membership import Membership
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
