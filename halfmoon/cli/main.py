@@ -30,6 +30,7 @@ from halfmoon.cli import (
     outbox_commands,
     probe_commands,
     producer_commands,
+    proxy_command,
     serve_command,
     spark_commands,
     stats_commands,
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve_command.register(commands)
     broker_command.register(commands)
+    proxy_command.register(commands)
     topic_commands.register(commands)
     group_commands.register(commands)
     transaction_commands.register(commands)
