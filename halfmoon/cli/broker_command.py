@@ -122,7 +122,7 @@ def run_broker_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise UsageError(exc.message, exc.code) from None
     # Here: see load_config above.
-    from halfmoon.cluster.broker_process import register_in_etcd, run_broker
+    from halfmoon.cluster.broker_process import disk_facts, register_in_etcd, run_broker
 
     try:
         return run_broker(
@@ -134,6 +134,7 @@ def run_broker_command(args: argparse.Namespace) -> int:
                 register_in_etcd,
                 ttl_s=args.lease_ttl,
                 facts={"data_dir": str(Path(config.store.data_dir).resolve())},
+                facts_source=functools.partial(disk_facts, Path(config.store.data_dir)),
                 advertise_host=args.advertise,
             )
             if cluster is not None

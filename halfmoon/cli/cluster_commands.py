@@ -41,6 +41,8 @@ MEMBER_COLUMNS = [
     ("state", "STATE"),
     ("expires_in_s", "LEASE"),
     ("queues", "QUEUES"),
+    ("disk_free_bytes", "DISK-FREE"),
+    ("disk_used_ratio", "DISK-USED"),
     ("host", "HOST"),
     ("pid", "PID"),
     ("uptime_ms", "UPTIME"),
@@ -150,8 +152,11 @@ def list_members(args: argparse.Namespace, coordinator: str) -> None:
 
 def member_row(role: str, member: dict[str, Any]) -> dict[str, Any]:
     uptime, expires = member.get("uptime_ms"), member.get("expires_in_s")
+    free, used = member.get("disk_free_bytes"), member.get("disk_used_ratio")
     return {
         **member,
+        "disk_free_bytes": format_size(free) if isinstance(free, int) else "",
+        "disk_used_ratio": f"{used * 100:.1f}%" if isinstance(used, float | int) else "",
         "role": role,
         "uptime_ms": format_duration_ms(uptime) if isinstance(uptime, int) else "",
         "expires_in_s": f"{expires}s" if isinstance(expires, int) else "",

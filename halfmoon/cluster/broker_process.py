@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import signal
 import socket
 import threading
@@ -77,6 +78,7 @@ def register_in_etcd(
     *,
     ttl_s: int = DEFAULT_TTL_S,
     facts: dict[str, Any] | None = None,
+    facts_source: Callable[[], dict[str, Any]] | None = None,
     advertise_host: str | None = None,
 ) -> Callable[[], None]:
     """The registration of cluster mode: a broker member under an etcd lease of ``ttl_s``.
@@ -93,7 +95,15 @@ def register_in_etcd(
         advertised_address(endpoint.address, advertise_host),
         facts,
         ttl_s=ttl_s,
+        facts_source=facts_source,
     )
+
+
+def disk_facts(data_dir: Path) -> dict[str, Any]:
+    """What ``cluster list`` shows of a broker's disk: free bytes and the share used."""
+    usage = shutil.disk_usage(data_dir)
+    used = round(1 - usage.free / usage.total, 4) if usage.total else None
+    return {"disk_free_bytes": usage.free, "disk_used_ratio": used}
 
 
 def advertised_address(address: str, advertise_host: str | None) -> str:

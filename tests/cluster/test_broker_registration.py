@@ -33,6 +33,7 @@ def test_a_started_broker_is_listed_and_leaves_after_sigkill_and_its_ttl(
         assert (member["endpoint"], member["state"]) == (broker.address, "live")
         assert member["pid"] == broker.pid and member["ttl_s"] == TTL
         assert member["data_dir"] == str((tmp_path / "data").resolve())
+        assert member["disk_free_bytes"] > 0 and 0 <= member["disk_used_ratio"] <= 1
 
         async def place() -> None:
             async with EtcdClient.from_url(etcd.url) as client:

@@ -57,16 +57,9 @@ def test_cluster_list_shows_brokers_proxies_and_queues_from_etcd(
         ok(halfmoon("cluster", "list", "--coordinator", etcd.url, "--cluster", cluster_name))
     )
     assert rows[0] == [
-        "ROLE",
-        "NAME",
-        "ENDPOINT",
-        "STATE",
-        "LEASE",
-        "QUEUES",
-        "HOST",
-        "PID",
-        "UPTIME",
-    ]
+        "ROLE", "NAME", "ENDPOINT", "STATE", "LEASE", "QUEUES", "DISK-FREE", "DISK-USED", "HOST",
+        "PID", "UPTIME",
+    ]  # fmt: skip
     assert [r[:4] for r in rows[1:]] == [
         ["broker", "b1", "127.0.0.1:1001", "live"],
         ["broker", "b2", "127.0.0.1:1002", "live"],
