@@ -15,7 +15,6 @@ The broker does not own the store: close the store after the broker.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -25,9 +24,9 @@ from typing import Any
 
 import halfmoon.broker.browse as browse
 import halfmoon.broker.reports as reports
-from halfmoon.broker.access import check_consumable
+from halfmoon.broker.access import check_consumable, routes
 from halfmoon.broker.clock import Clock, SystemClock
-from halfmoon.broker.config import BrokerConfig
+from halfmoon.broker.config import BrokerConfig, apply_changes
 from halfmoon.broker.dead_letters import write_dead_letter
 from halfmoon.broker.errors import (
     IllegalTopic,
@@ -71,7 +70,6 @@ from halfmoon.broker.transactions import (
     TransactionService,
     TransactionStats,
 )
-from halfmoon.errors import InvalidArgument
 from halfmoon.store.api import AppendResult, Store, StoreStats
 from halfmoon.store.message import StoredMessage
 
@@ -197,21 +195,11 @@ class Broker:
                 self._pop.snapshot()
             if now - self._last_drained_check_ms >= _DRAINED_CHECK_INTERVAL_MS:
                 self._last_drained_check_ms = now
-                for topic in self.topics.all():
-                    if topic.read_queue_count > topic.queue_count:
-                        self.topics.drop_drained_queues(
-                            topic.name, self._queue_has_messages(topic.name)
-                        )
+                self.topics.drop_all_drained_queues(self._queue_has_messages)
             return self._checks.scanning
 
     def update_config(self, changes: Mapping[str, Any]) -> BrokerConfig:
-        fields = {f.name for f in dataclasses.fields(BrokerConfig)}
-        unknown = sorted(set(changes) - fields)
-        if unknown:
-            raise InvalidArgument(f"no broker setting {', '.join(map(repr, unknown))}")
-        for name, value in changes.items():
-            setattr(self.config, name, value)
-        return self.config
+        return apply_changes(self.config, changes)
 
     # -- topics ------------------------------------------------------------------
     def create_topic(
@@ -559,18 +547,7 @@ class Broker:
 
     # -- routes, notifications, status -------------------------------------------
     def route(self, topic: str) -> list[QueueRoute]:
-        config = self.get_topic(topic)
-        accepted = config.accepted_types()
-        draining = not self.config.writable  # wiped write permission: producers go elsewhere
-        return [
-            QueueRoute(
-                topic,
-                q,
-                _without_write(config.queue_perm(q)) if draining else config.queue_perm(q),
-                list(accepted),
-            )
-            for q in config.readable_queues()
-        ]
+        return routes(self.get_topic(topic), writable=self.config.writable)
 
     def add_arrival_listener(self, callback: Callable[[str, int], None]) -> None:
         self._listeners.append(callback)
@@ -624,7 +601,3 @@ class Broker:
                 callback(topic, result.queue_id)
             except Exception:
                 log.exception("arrival listener failed")
-
-
-def _without_write(perm: str) -> str:
-    return perm.replace("w", "") or "-"

@@ -8,11 +8,14 @@ a crash leaves either the old or the new version, never half of one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from halfmoon.errors import InvalidArgument
 from halfmoon.store.fsutil import replace_atomically
 
 DAY_MS = 24 * 3600 * 1000
@@ -59,6 +62,17 @@ class BrokerConfig:
     max_lite_topics_per_topic: int = 100_000
     # A consumer's lite subscriptions lapse this long after its last SyncLiteSubscription.
     lite_subscription_timeout_ms: int = 120_000
+
+
+def apply_changes(config: BrokerConfig, changes: Mapping[str, Any]) -> BrokerConfig:
+    """Change settings of a running broker in place (unknown names: InvalidArgument)."""
+    fields = {f.name for f in dataclasses.fields(BrokerConfig)}
+    unknown = sorted(set(changes) - fields)
+    if unknown:
+        raise InvalidArgument(f"no broker setting {', '.join(map(repr, unknown))}")
+    for name, value in changes.items():
+        setattr(config, name, value)
+    return config
 
 
 def write_json_atomic(path: Path, data: object) -> None:

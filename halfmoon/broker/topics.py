@@ -274,6 +274,14 @@ class TopicRegistry:
             self._save()
             return topic
 
+    def drop_all_drained_queues(
+        self, has_messages_of: Callable[[str], Callable[[int], bool]]
+    ) -> None:
+        """``drop_drained_queues`` for every topic that still has removed queues."""
+        for topic in self.all():
+            if topic.read_queue_count > topic.queue_count:
+                self.drop_drained_queues(topic.name, has_messages_of(topic.name))
+
     def drop_drained_queues(self, name: str, has_messages: Callable[[int], bool]) -> TopicConfig:
         """Forget removed read-only queues that hold nothing any more."""
         with self._lock:
