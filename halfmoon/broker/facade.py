@@ -89,6 +89,7 @@ class QueueRoute:
     queue_id: int
     perm: str  # "rw", "r", "w" or "-"
     accepted_types: list[MessageType]
+    broker: str = ""  # in cluster mode, the broker owning the queue ("": this broker)
 
 
 @dataclass

@@ -213,10 +213,11 @@ async def get_route(request: web.Request) -> web.Response:
     routes = jsonable(await call(collect))
     grpc, _admin = _addresses(request)
     broker_name = broker.config.name
-    queues = [{**q, "broker": broker_name, "address": grpc} for q in routes]
-    return reply(
-        {"topic": name, "brokers": [{"broker": broker_name, "address": grpc}], "queues": queues}
-    )
+    # In cluster mode each queue names its broker; every broker is reached through a proxy.
+    queues = [{**q, "broker": q["broker"] or broker_name, "address": grpc} for q in routes]
+    names = dict.fromkeys(q["broker"] for q in queues) or {broker_name: None}
+    brokers = [{"broker": b, "address": grpc} for b in names]
+    return reply({"topic": name, "brokers": brokers, "queues": queues})
 
 
 async def get_group_clients(request: web.Request) -> web.Response:

@@ -93,7 +93,7 @@ def _format_address(host: str, port: int) -> str:
 
 
 async def _start_admin(
-    broker: Broker, config: Config, clients: ClientRegistry | None = None
+    broker: Broker, config: Config, clients: ClientRegistry | None = None, reuse_port: bool = False
 ) -> tuple[web.AppRunner, str]:
     """Serve the admin API (an aiohttp application) on ``config.server.admin_listen``;
     the runner (for shutdown) and the bound address."""
@@ -101,7 +101,7 @@ async def _start_admin(
     app = create_admin_app(broker, config, clients=clients)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port or None)
     try:
         await site.start()
     except BaseException:
@@ -164,10 +164,13 @@ async def serve_front_end(
     tick: bool = True,
     started: float | None = None,
     source: str = "",
+    reuse_port: bool = False,
 ) -> None:
     """The gRPC endpoint and the admin API in front of ``broker`` until stopped; the caller
     opened the broker and closes it. ``tick``: run the broker's tick thread here (False when
-    the broker is another process, which ticks itself). ``source`` ends the ready line."""
+    the broker is another process, which ticks itself). ``source`` ends the ready line.
+    ``reuse_port``: bind both ports with SO_REUSEPORT, so several worker processes share
+    them (the kernel spreads connections over the workers)."""
     server_config: ServerConfig = config.server
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
@@ -183,7 +186,7 @@ async def serve_front_end(
         options=[
             ("grpc.max_receive_message_length", server_config.max_request_bytes),
             ("grpc.max_send_message_length", -1),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 5000),
         ]
@@ -214,7 +217,7 @@ async def serve_front_end(
         lite_subscriptions.install_notifier(broker, registry)  # NotifyUnsubscribeLiteCommand
         collector = _grpc_collector(registry, notifier)
         default_registry().add_collector(collector)
-        admin, admin_address = await _start_admin(broker, config, registry)
+        admin, admin_address = await _start_admin(broker, config, registry, reuse_port)
         if tick:
             ticker.start()
         _install_signal_handlers(loop, stop, force)
