@@ -172,6 +172,10 @@ class BrokerPool:
             raise BrokerUnavailable(f"broker {name!r} is not reachable (not registered or down)")
         return entry[1]
 
+    def is_connected(self, name: str) -> bool:
+        with self._lock:
+            return name in self._brokers
+
     def connected(self) -> dict[str, RemoteBroker]:
         with self._lock:
             return {n: b for n, (_, b) in sorted(self._brokers.items())}

@@ -48,7 +48,9 @@ from halfmoon.broker.topics import TopicConfig
 from halfmoon.broker.transaction_state import TxnState
 from halfmoon.broker.transactions import EndResult, TransactionInfo, TransactionStats
 from halfmoon.cluster.cluster_reads import ClusterReads
+from halfmoon.cluster.placement import QueueAssignment
 from halfmoon.cluster.routing import Layout, qualify, unqualify
+from halfmoon.cluster.wire import BrokerDeadlineExceeded, BrokerUnavailable
 from halfmoon.errors import NotFound
 from halfmoon.store.api import StoreStats
 
@@ -322,6 +324,8 @@ class ClusterBroker(ClusterReads):
                     f"topic {message.topic!r} has no queue {queue_id} "
                     f"(queues 0..{len(layout.queues) - 1})"
                 )
+            if not message.message_group and not self.is_connected(where.broker):
+                where = self._steer(layout, where)
             parts.setdefault(where.broker, []).append(
                 (index, replace(message, queue_id=where.broker_queue), layout)
             )
@@ -338,6 +342,17 @@ class ClusterBroker(ClusterReads):
 
     def sends_cheaply(self, messages: Sequence[OutgoingMessage]) -> bool:
         return False  # a network hop away: never on an event loop
+
+    def _steer(self, layout: Layout, chosen: QueueAssignment) -> QueueAssignment:
+        """A queue on a reachable broker instead of ``chosen``, whose broker is down.
+
+        Only for messages without a message group: their queue carries no meaning, and a
+        client retrying the same queue (as the official Python client does) would otherwise
+        fail until its next route refresh. A FIFO message keeps its queue (its order)."""
+        live = [q for q in layout.queues if self.is_connected(q.broker)]
+        if not live:
+            return chosen  # nothing better: the send fails with BROKER_UNAVAILABLE
+        return live[next(self._round_robin) % len(live)]
 
     def _pick_queue(self, message: OutgoingMessage, queue_count: int) -> int:
         if message.message_group:
@@ -449,16 +464,25 @@ class ClusterBroker(ClusterReads):
         brokers = layout.brokers
         start = next(self._round_robin) % len(brokers)
         got: list[MessageView] = []
+        down = 0
         for broker in brokers[start:] + brokers[:start]:
             if len(got) >= batch_size:
                 break
+            if not self.is_connected(broker):
+                down += 1  # its queues wait for it; the others keep serving
+                continue
             try:
                 views = self.broker(broker).receive(
                     group, topic, filter, batch_size - len(got), invisible_ms, client_id
                 )
             except NotFound:
                 continue  # this broker has not seen the group or topic yet
+            except (BrokerUnavailable, BrokerDeadlineExceeded):
+                down += 1  # went down meanwhile
+                continue
             got.extend(_qualified_view(broker, layout, v) for v in views)
+        if down == len(brokers):
+            raise BrokerUnavailable(f"no broker holding topic {topic!r} is reachable")
         return got
 
     def next_wakeup_ms(self, group: str, topic: str, client_id: str = "") -> int | None:

@@ -117,15 +117,24 @@ async def list_topics(request: web.Request) -> web.Response:
 
 async def create_topic(request: web.Request) -> web.Response:
     body = await read_body(request)
-    reject_unknown(body, {"name", "message_type", "queue_count", "perm"})
+    reject_unknown(body, {"name", "message_type", "queue_count", "perm", "brokers"})
     name = take(body, "name", str, required=True)
     message_type = take(body, "message_type", str, choices=TOPIC_TYPES) or "normal"
     queue_count = take(body, "queue_count", int, minimum=1)
     if queue_count is None:
         queue_count = _default_queue_count(request)
     perm = take(body, "perm", str, choices=PERMS) or "rw"
+    # Cluster mode only: the brokers to place the queues on (mqadmin updateTopic -b).
+    brokers = take(body, "brokers", list) or []
+    if not all(isinstance(b, str) for b in brokers):
+        raise ApiError("field 'brokers' must be an array of broker names")
     topic = await call(
-        broker_of(request).create_topic, name, MessageType(message_type), queue_count, perm
+        broker_of(request).create_topic,
+        name,
+        MessageType(message_type),
+        queue_count,
+        perm,
+        brokers,
     )
     return reply(topic, status=201)
 

@@ -54,6 +54,7 @@ class ClusterServer(ClusterProxy):
     proxy, ``proxies[1]`` the second."""
 
     def __init__(self, data_dir: Path, *, brokers: int = 2, **kwargs: object) -> None:
+        data_dir.mkdir(parents=True, exist_ok=True)
         self.own_etcd = EtcdServer(data_dir / "etcd")
         cluster = f"c{next(_clusters)}"
         super().__init__(data_dir, self.own_etcd, cluster, **kwargs)
@@ -94,6 +95,10 @@ class ClusterServer(ClusterProxy):
         if not self.proxies[1].alive():
             ClusterProxy.start(self.proxies[1], timeout)
         return self
+
+    def kill_proxy(self, index: int) -> None:
+        """SIGKILL one proxy (``kill`` would kill the whole cluster)."""
+        ServerProcess.kill(self.proxies[index])
 
     def restart_broker(self, index: int) -> None:
         self.brokers[index].start()
