@@ -150,6 +150,19 @@ def test_a_malformed_request_gets_an_error_and_the_broker_stays_up(
     assert remote.status().name == "broker-a"
 
 
+def test_an_ill_typed_batch_fails_alone_and_nothing_of_it_is_stored(remote: RemoteBroker) -> None:
+    remote.create_topic("orders", queue_count=1)
+    ill_typed = [
+        [OutgoingMessage("orders", "text, not bytes")],  # type: ignore[arg-type]
+        [OutgoingMessage("orders", b"x", properties={"k": 1})],  # type: ignore[dict-item]
+        [OutgoingMessage("orders", b"x", queue_id=True)],
+    ]
+    answers = remote.connection.send([[OutgoingMessage("orders", b"good")], *ill_typed])
+    assert [m.topic for m in answers[0]] == ["orders"]  # type: ignore[union-attr]
+    assert all(isinstance(a, wire.MalformedRequest) for a in answers[1:])
+    assert stored_bodies(remote, "orders") == [b"good"]
+
+
 def test_concurrent_single_sends_are_coalesced_and_each_caller_gets_its_own_answer(
     remote: RemoteBroker,
 ) -> None:
