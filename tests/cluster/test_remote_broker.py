@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -288,3 +289,20 @@ def test_a_broker_registers_in_etcd_with_its_internal_address_and_leaves_on_stop
     finally:
         assert broker.stop() == 0
     assert read_members(parse_coordinator(etcd.url), cluster_name)["brokers"] == []
+
+
+def test_the_event_stream_is_reopened_after_a_broker_restart(
+    process: BrokerProcess, remote: RemoteBroker
+) -> None:
+    remote.create_topic("orders", queue_count=2)
+    arrived = threading.Event()
+    remote.add_arrival_listener(lambda topic, queue_id: arrived.set())
+    process.kill()
+    process.start()  # same port and data: the listener's stream must find it again
+    deadline = time.monotonic() + WAIT_S
+    while not arrived.is_set() and time.monotonic() < deadline:
+        # Sent until heard: arrivals between the restart and the stream's reopening are
+        # wake-ups nobody was subscribed to (long polls also wake on their own timeout).
+        remote.send([OutgoingMessage("orders", b"after restart", queue_id=0)])
+        arrived.wait(0.2)
+    assert arrived.is_set()
