@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -37,6 +38,7 @@ T = TypeVar("T")
 METADATA_TIMEOUT_S = 10.0
 # A broker listed in etcd whose handshake failed is tried again after this.
 RECONNECT_S = 1.0
+WRITABLE_TTL_S = 1.0
 
 Connect = Callable[[str], RemoteBroker]
 
@@ -79,6 +81,7 @@ class BrokerPool:
         self._arrival_listeners: list[Callable[[str, int], None]] = []
         self._check_sender: CheckSender | None = None
         self._lite_notifier: UnsubscribeNotifier | None = None
+        self._writable: dict[str, tuple[float, bool]] = {}  # name -> (asked at, writable)
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -175,6 +178,20 @@ class BrokerPool:
     def is_connected(self, name: str) -> bool:
         with self._lock:
             return name in self._brokers
+
+    def is_writable(self, name: str) -> bool:
+        """Whether the broker takes new messages (``cluster write-perm --wipe`` drains it);
+        asked at most once a second per broker, so sends do not pay a round trip each."""
+        now = time.monotonic()
+        cached = self._writable.get(name)
+        if cached is not None and now - cached[0] < WRITABLE_TTL_S:
+            return cached[1]
+        try:
+            writable = self.broker(name).config.writable
+        except HalfmoonError:
+            writable = False
+        self._writable[name] = (now, writable)
+        return writable
 
     def connected(self) -> dict[str, RemoteBroker]:
         with self._lock:

@@ -201,8 +201,13 @@ class ClusterBroker(ClusterReads):
         config = self.get_topic(topic)
         accepted = config.accepted_types()
         layout = self.layout(topic)
+        # A drained broker's queues are read-only (as a wiped RocketMQ broker's are).
+        perms = {
+            b: config.perm if self.is_writable(b) else config.perm.replace("w", "") or "-"
+            for b in layout.brokers
+        }
         return [
-            QueueRoute(topic, q.queue_id, config.perm, accepted, broker=q.broker)
+            QueueRoute(topic, q.queue_id, perms[q.broker], accepted, broker=q.broker)
             for q in layout.queues
         ]
 
@@ -324,7 +329,7 @@ class ClusterBroker(ClusterReads):
                     f"topic {message.topic!r} has no queue {queue_id} "
                     f"(queues 0..{len(layout.queues) - 1})"
                 )
-            if not message.message_group and not self.is_connected(where.broker):
+            if not message.message_group and not self._takes_sends(where.broker):
                 where = self._steer(layout, where)
             parts.setdefault(where.broker, []).append(
                 (index, replace(message, queue_id=where.broker_queue), layout)
@@ -349,10 +354,13 @@ class ClusterBroker(ClusterReads):
         Only for messages without a message group: their queue carries no meaning, and a
         client retrying the same queue (as the official Python client does) would otherwise
         fail until its next route refresh. A FIFO message keeps its queue (its order)."""
-        live = [q for q in layout.queues if self.is_connected(q.broker)]
+        live = [q for q in layout.queues if self._takes_sends(q.broker)]
         if not live:
             return chosen  # nothing better: the send fails with BROKER_UNAVAILABLE
         return live[next(self._round_robin) % len(live)]
+
+    def _takes_sends(self, broker: str) -> bool:
+        return self.is_connected(broker) and self.is_writable(broker)
 
     def _pick_queue(self, message: OutgoingMessage, queue_count: int) -> int:
         if message.message_group:

@@ -24,9 +24,13 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from halfmoon.broker.facade import Broker
 from halfmoon.cluster.cluster_broker import ClusterBroker
 from halfmoon.cluster.etcd import EtcdClient
+from halfmoon.cluster.etcd_json import parse_coordinator
+from halfmoon.cluster.members import read_members
 from halfmoon.cluster.membership import Membership
 from halfmoon.cluster.metadata import ClusterMetadata
 from halfmoon.cluster.registration import register_member
@@ -47,6 +51,20 @@ class ProxyIdentity:
     name: str
     endpoint: str  # what clients dial: the advertised host and the listening port
     ttl_s: int
+
+
+class ProxyMembers:
+    """The cluster's members for the proxy's admin API."""
+
+    def __init__(self, broker: ClusterBroker, identity: ProxyIdentity) -> None:
+        self.broker = broker
+        self.identity = identity
+
+    def member(self, name: str) -> Broker:
+        return self.broker.broker(name)
+
+    def members(self) -> dict[str, Any]:
+        return read_members(parse_coordinator(self.identity.coordinator), self.identity.cluster)
 
 
 async def serve_cluster_proxy(
@@ -89,6 +107,7 @@ async def serve_cluster_proxy(
             started=started,
             source=f"cluster={identity.cluster} proxy={identity.name}",
             reuse_port=reuse_port,
+            cluster=ProxyMembers(broker, identity),
         )
     finally:
         if member is not None:

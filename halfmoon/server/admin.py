@@ -57,9 +57,11 @@ from halfmoon.metrics import CONTENT_TYPE, MetricFamily, MetricsRegistry, defaul
 from halfmoon.server import admin_lite, admin_messages, admin_operations
 from halfmoon.server.admin_http import (
     BROKER_KEY,
+    CLUSTER_KEY,
     CONFIG_KEY,
     REGISTRY_KEY,
     ApiError,
+    ClusterMembers,
     broker_of,
     call,
     error_reply,
@@ -417,6 +419,7 @@ def create_admin_app(
     config: Config,
     registry: MetricsRegistry | None = None,
     clients: ClientRegistry | None = None,
+    cluster: ClusterMembers | None = None,
 ) -> web.Application:
     """The admin API over ``broker``; run it with aiohttp's ``AppRunner`` on
     ``config.server.admin_listen``. ``registry`` defaults to the process-wide one;
@@ -426,6 +429,8 @@ def create_admin_app(
     )
     app[BROKER_KEY] = broker
     app[CONFIG_KEY] = config
+    if cluster is not None:
+        app[CLUSTER_KEY] = cluster
     registry = registry or default_registry()
     app[REGISTRY_KEY] = registry
     collector = broker_collector(broker)

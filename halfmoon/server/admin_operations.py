@@ -35,6 +35,7 @@ from halfmoon.config import iter_keys
 from halfmoon.errors import InvalidArgument
 from halfmoon.server.admin_http import (
     CLIENTS_KEY,
+    CLUSTER_KEY,
     CONFIG_KEY,
     ApiError,
     broker_of,
@@ -85,6 +86,9 @@ def _addresses(request: web.Request) -> tuple[str, str]:
 
 
 async def get_cluster(request: web.Request) -> web.Response:
+    cluster = request.app.get(CLUSTER_KEY)
+    if cluster is not None:  # a proxy of a cluster: every member, from etcd
+        return reply(await call(cluster.members))
     broker = broker_of(request)
     status = jsonable(await call(broker.status))
     grpc, admin = _addresses(request)

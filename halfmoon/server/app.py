@@ -42,6 +42,7 @@ from halfmoon.config import Config, ServerConfig, parse_host_port
 from halfmoon.metrics import MetricFamily, default_registry
 from halfmoon.server import lite_subscriptions
 from halfmoon.server.admin import create_admin_app
+from halfmoon.server.admin_http import ClusterMembers
 from halfmoon.server.grpc_service import MessagingServicer
 from halfmoon.server.handlers import messaging_handler
 from halfmoon.server.longpoll import ArrivalNotifier
@@ -93,12 +94,16 @@ def _format_address(host: str, port: int) -> str:
 
 
 async def _start_admin(
-    broker: Broker, config: Config, clients: ClientRegistry | None = None, reuse_port: bool = False
+    broker: Broker,
+    config: Config,
+    clients: ClientRegistry | None = None,
+    reuse_port: bool = False,
+    cluster: ClusterMembers | None = None,
 ) -> tuple[web.AppRunner, str]:
     """Serve the admin API (an aiohttp application) on ``config.server.admin_listen``;
     the runner (for shutdown) and the bound address."""
     host, port = parse_host_port(config.server.admin_listen, what="admin listen address")
-    app = create_admin_app(broker, config, clients=clients)
+    app = create_admin_app(broker, config, clients=clients, cluster=cluster)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port or None)
@@ -165,12 +170,14 @@ async def serve_front_end(
     started: float | None = None,
     source: str = "",
     reuse_port: bool = False,
+    cluster: ClusterMembers | None = None,
 ) -> None:
     """The gRPC endpoint and the admin API in front of ``broker`` until stopped; the caller
     opened the broker and closes it. ``tick``: run the broker's tick thread here (False when
     the broker is another process, which ticks itself). ``source`` ends the ready line.
     ``reuse_port``: bind both ports with SO_REUSEPORT, so several worker processes share
-    them (the kernel spreads connections over the workers)."""
+    them (the kernel spreads connections over the workers). ``cluster``: in cluster mode,
+    the cluster's members, for the admin API (``?broker=NAME``, ``cluster list``)."""
     server_config: ServerConfig = config.server
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
@@ -217,7 +224,7 @@ async def serve_front_end(
         lite_subscriptions.install_notifier(broker, registry)  # NotifyUnsubscribeLiteCommand
         collector = _grpc_collector(registry, notifier)
         default_registry().add_collector(collector)
-        admin, admin_address = await _start_admin(broker, config, registry, reuse_port)
+        admin, admin_address = await _start_admin(broker, config, registry, reuse_port, cluster)
         if tick:
             ticker.start()
         _install_signal_handlers(loop, stop, force)

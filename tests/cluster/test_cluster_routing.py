@@ -8,6 +8,7 @@ endpoints.
 from __future__ import annotations
 
 import itertools
+import json
 import subprocess
 import sys
 import time
@@ -147,6 +148,59 @@ def test_messages_spread_over_both_brokers_and_acks_find_their_broker(
     assert sorted(q["queue_id"] for q in rows) == [0, 1, 2, 3], rows
     assert all(q["max_offset"] > 0 and q["lag"] == 0 for q in rows), rows
     assert sum(q["max_offset"] for q in rows) == 40
+
+
+# -- admin through any proxy -------------------------------------------------------------------
+
+
+def test_cluster_list_through_a_proxy_shows_every_broker_and_proxy(cluster: ClusterServer) -> None:
+    done = cli(cluster, "cluster", "list", "--json", "--admin", cluster.proxies[1].admin)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert sorted(b["name"] for b in answer["brokers"]) == ["broker-a", "broker-b"]
+    assert sorted(p["endpoint"] for p in answer["proxies"]) == sorted(
+        p.address for p in cluster.proxies
+    )
+    assert all(b["state"] == "live" for b in answer["brokers"]), answer
+
+
+def test_status_addresses_one_member_broker_through_a_proxy(cluster: ClusterServer) -> None:
+    for name in ("broker-a", "broker-b"):
+        done = cli(cluster, "status", "--broker", name, "--json", "--admin", cluster.admin)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["name"] == name
+    missing = cli(cluster, "status", "--broker", "broker-z", "--admin", cluster.admin)
+    assert missing.returncode != 0 and "BROKER_UNAVAILABLE" in missing.stderr, missing.stderr
+
+
+def test_wiping_write_perm_drains_one_broker_while_the_other_takes_the_sends(
+    cluster: ClusterServer,
+) -> None:
+    topic, group = unique("drain"), unique("drain-g")
+    cluster.create_topic(topic, "normal", queues=4)
+    cluster.create_group(group)
+    wipe = cli(cluster, "cluster", "write-perm", "--wipe", "--broker", "broker-a",
+               "--admin", cluster.proxies[1].admin)  # fmt: skip
+    assert wipe.returncode == 0, wipe.stderr
+    try:
+        perms = {q["broker"]: q["perm"] for q in route(cluster, 0, topic)[1]["queues"]}  # type: ignore[index]
+        assert perms == {"broker-a": "r", "broker-b": "rw"}, perms
+        producer = started(Producer(config(cluster)))
+        try:
+            for i in range(12):
+                producer.send(message(topic, f"m{i}"))
+        finally:
+            producer.shutdown()
+    finally:
+        add = cli(cluster, "cluster", "write-perm", "--add", "--broker", "broker-a",
+                  "--admin", cluster.admin)  # fmt: skip
+        assert add.returncode == 0, add.stderr
+    _, body = cluster.admin_call("GET", f"/v1/topics/{topic}/status")
+    owners = {q["queue_id"]: q["broker"] for q in route(cluster, 0, topic)[1]["queues"]}  # type: ignore[index]
+    stored = {owners[q["queue_id"]]: 0 for q in body["queues"]}  # type: ignore[index]
+    for q in body["queues"]:  # type: ignore[index]
+        stored[owners[q["queue_id"]]] += q["max_offset"]
+    assert stored == {"broker-a": 0, "broker-b": 12}, body
 
 
 # -- failures ----------------------------------------------------------------------------------
