@@ -33,7 +33,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         ("update", update_user, "change a user's secret, type or enabled flag (updateUser)"),
     ):
         command = add_command(users, name, handler, text)
-        command.add_argument("access_key", metavar="ACCESS_KEY")
+        # Not "access_key": that is the caller's own (--access-key, admin_options).
+        command.add_argument("user", metavar="ACCESS_KEY")
         command.add_argument("--user-secret", metavar="SK", default=None, help="its secret key")
         command.add_argument(
             "--user-secret-stdin", action="store_true", help="read its secret key from stdin"
@@ -43,7 +44,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         if name == "update":
             command.add_argument("--enabled", action="store_true", help="accept its requests")
     delete = add_command(users, "delete", delete_user, "delete a user and its ACL (deleteUser)")
-    delete.add_argument("access_key", metavar="ACCESS_KEY")
+    delete.add_argument("user", metavar="ACCESS_KEY")
     add_command(users, "list", list_users, "list users, never their secrets (listUser)")
 
     acl = commands.add_parser("acl", help="create, update, delete, get and list ACLs")
@@ -96,7 +97,7 @@ def _describe(user: dict[str, Any]) -> str:
 
 def create_user(args: argparse.Namespace) -> None:
     body: dict[str, Any] = {
-        "access_key": args.access_key,
+        "access_key": args.user,
         "secret_key": _secret(args, required=True),
         "user_type": args.user_type or "Normal",
         "enabled": not args.disabled,
@@ -118,13 +119,13 @@ def update_user(args: argparse.Namespace) -> None:
         body["enabled"] = bool(args.enabled)
     if not body:
         raise UsageError("nothing to change: give --user-secret, --type, --enabled or --disabled")
-    user = client(args).patch(f"/v1/users/{quote(args.access_key)}", body)
+    user = client(args).patch(f"/v1/users/{quote(args.user)}", body)
     emit(args, user, lambda: f"updated {_describe(user)}")
 
 
 def delete_user(args: argparse.Namespace) -> None:
-    answer = client(args).delete(f"/v1/users/{quote(args.access_key)}")
-    emit(args, answer, lambda: f"deleted user '{args.access_key}'")
+    answer = client(args).delete(f"/v1/users/{quote(args.user)}")
+    emit(args, answer, lambda: f"deleted user '{args.user}'")
 
 
 def list_users(args: argparse.Namespace) -> None:
