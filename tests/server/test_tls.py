@@ -87,9 +87,8 @@ def test_official_python_client_sends_over_tls(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr[-3000:]
         assert done.stdout.strip(), done.stderr[-3000:]
         # A plaintext client gets nowhere on an enforcing endpoint.
-        with grpc.insecure_channel(server.grpc) as channel:
-            with pytest.raises(grpc.FutureTimeoutError):
-                grpc.channel_ready_future(channel).result(timeout=2)
+        with grpc.insecure_channel(server.grpc) as plain, pytest.raises(grpc.FutureTimeoutError):
+            grpc.channel_ready_future(plain).result(timeout=2)
         # The plain-HTTP admin API is gone too.
         with pytest.raises(OSError):
             urllib.request.urlopen(server.admin + "/v1/status", timeout=5)
@@ -126,9 +125,12 @@ def test_certificate_reload_on_sighup_keeps_open_connections(tmp_path: Path) -> 
         )
         assert answer.HasField("status")  # an answer, not a transport error
         # New connections see the new certificate: the old CA no longer verifies it.
-        with grpc.secure_channel(server.grpc, grpc.ssl_channel_credentials(roots)) as old:
-            with pytest.raises(grpc.FutureTimeoutError):
-                grpc.channel_ready_future(old).result(timeout=3)
+        old_roots = grpc.ssl_channel_credentials(roots)
+        with (
+            grpc.secure_channel(server.grpc, old_roots) as old,
+            pytest.raises(grpc.FutureTimeoutError),
+        ):
+            grpc.channel_ready_future(old).result(timeout=3)
         new_roots = new_ca.bundle.read_bytes()
         with grpc.secure_channel(server.grpc, grpc.ssl_channel_credentials(new_roots)) as new:
             grpc.channel_ready_future(new).result(timeout=10)
