@@ -36,6 +36,7 @@ from pathlib import Path
 import grpc
 from aiohttp import web
 
+from halfmoon.auth import Guard, local_guard
 from halfmoon.broker.broker import Broker as InProcessBroker
 from halfmoon.broker.facade import Broker
 from halfmoon.config import Config, ServerConfig, parse_host_port
@@ -43,9 +44,11 @@ from halfmoon.metrics import MetricFamily, default_registry
 from halfmoon.server import lite_subscriptions
 from halfmoon.server.admin import create_admin_app
 from halfmoon.server.admin_http import ClusterMembers
+from halfmoon.server.edge_security import Certificates, check_exposure
 from halfmoon.server.grpc_service import MessagingServicer
 from halfmoon.server.handlers import messaging_handler
 from halfmoon.server.longpoll import ArrivalNotifier
+from halfmoon.server.rpc_guard import RpcGuard
 from halfmoon.server.telemetry import ClientRegistry, TelemetryCheckSender
 from halfmoon.store.store import MessageStore
 
@@ -97,16 +100,26 @@ async def _start_admin(
     broker: Broker,
     config: Config,
     clients: ClientRegistry | None = None,
+    guard: Guard | None = None,
+    certificates: Certificates | None = None,
     reuse_port: bool = False,
     cluster: ClusterMembers | None = None,
 ) -> tuple[web.AppRunner, str]:
-    """Serve the admin API (an aiohttp application) on ``config.server.admin_listen``;
-    the runner (for shutdown) and the bound address."""
+    """Serve the admin API (an aiohttp application) on ``config.server.admin_listen``
+    (HTTPS with ``certificates``); the runner (for shutdown) and the bound address."""
     host, port = parse_host_port(config.server.admin_listen, what="admin listen address")
-    app = create_admin_app(broker, config, clients=clients, cluster=cluster)
+    app = create_admin_app(broker, config, clients=clients, guard=guard, cluster=cluster)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port or None)
+    ssl_context = certificates.ssl_context() if certificates is not None else None
+    site = web.TCPSite(
+        runner,
+        host,
+        port,
+        reuse_address=True,
+        reuse_port=reuse_port or None,
+        ssl_context=ssl_context,
+    )
     try:
         await site.start()
     except BaseException:
@@ -142,6 +155,8 @@ async def serve(config: Config, *, stop: asyncio.Event | None = None) -> None:
     """Run until ``stop`` is set or SIGTERM/SIGINT arrives; then shut down cleanly."""
     loop = asyncio.get_running_loop()
     started = time.monotonic()
+    check_exposure(config)
+    guard = local_guard(config.auth, Path(config.store.data_dir))
     store, broker = await loop.run_in_executor(None, _open_store_and_broker, config)
     try:
         await serve_front_end(
@@ -151,6 +166,7 @@ async def serve(config: Config, *, stop: asyncio.Event | None = None) -> None:
             tick=True,
             started=started,
             source=f"data={config.store.data_dir}",
+            guard=guard,
         )
     finally:
         # Each step runs even if an earlier one failed: the store must get closed.
@@ -169,6 +185,7 @@ async def serve_front_end(
     tick: bool = True,
     started: float | None = None,
     source: str = "",
+    guard: Guard | None = None,
     reuse_port: bool = False,
     cluster: ClusterMembers | None = None,
 ) -> None:
@@ -177,7 +194,8 @@ async def serve_front_end(
     the broker is another process, which ticks itself). ``source`` ends the ready line.
     ``reuse_port``: bind both ports with SO_REUSEPORT, so several worker processes share
     them (the kernel spreads connections over the workers). ``cluster``: in cluster mode,
-    the cluster's members, for the admin API (``?broker=NAME``, ``cluster list``)."""
+    the cluster's members, for the admin API (``?broker=NAME``, ``cluster list``).
+    ``guard`` authenticates and authorizes every request at both edges (when enabled)."""
     server_config: ServerConfig = config.server
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
@@ -201,7 +219,13 @@ async def serve_front_end(
     ticker = TickThread(broker, server_config.tick_interval)
     admin = None
     try:
-        bound = server.add_insecure_port(_format_address(host, port))
+        certificates = Certificates(config.tls) if config.tls.mode != "disabled" else None
+        if certificates is not None:
+            bound = server.add_secure_port(
+                _format_address(host, port), certificates.grpc_credentials()
+            )
+        else:
+            bound = server.add_insecure_port(_format_address(host, port))
         if bound == 0:
             raise OSError(
                 f"cannot listen on {server_config.listen} (address in use or not available)"
@@ -217,22 +241,33 @@ async def serve_front_end(
             advertised=(advertised_host, bound),
             executor=executor,
         )
-        server.add_generic_rpc_handlers((messaging_handler(servicer),))
+        rpc_guard = RpcGuard(guard) if guard is not None and guard.enabled else None
+        server.add_generic_rpc_handlers((messaging_handler(servicer, rpc_guard),))
         await server.start()
         # Transaction checks reach producers over their telemetry streams.
         broker.set_check_sender(TelemetryCheckSender(registry))
         lite_subscriptions.install_notifier(broker, registry)  # NotifyUnsubscribeLiteCommand
         collector = _grpc_collector(registry, notifier)
         default_registry().add_collector(collector)
-        admin, admin_address = await _start_admin(broker, config, registry, reuse_port, cluster)
+        admin, admin_address = await _start_admin(
+            broker,
+            config,
+            registry,
+            guard,
+            certificates,
+            reuse_port=reuse_port,
+            cluster=cluster,
+        )
         if tick:
             ticker.start()
-        _install_signal_handlers(loop, stop, force)
+        _install_signal_handlers(loop, stop, force, certificates)
         log.info(
-            "halfmoon ready grpc=%s admin=%s %s startup_ms=%d",
+            "halfmoon ready grpc=%s admin=%s %s auth=%s tls=%s startup_ms=%d",
             _format_address(host, bound),
             admin_address,
             source,
+            "on" if guard is not None and guard.enabled else "off",
+            config.tls.mode,
             (time.monotonic() - started) * 1000,
         )
         janitor = asyncio.create_task(_expire_idle_clients(registry, stop))
@@ -321,7 +356,10 @@ async def _expire_idle_clients(registry: ClientRegistry, stop: asyncio.Event) ->
 
 
 def _install_signal_handlers(
-    loop: asyncio.AbstractEventLoop, stop: asyncio.Event, force: asyncio.Event
+    loop: asyncio.AbstractEventLoop,
+    stop: asyncio.Event,
+    force: asyncio.Event,
+    certificates: Certificates | None = None,
 ) -> None:
     def on_signal(signum: int) -> None:
         if stop.is_set():
@@ -334,10 +372,13 @@ def _install_signal_handlers(
     for signum in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signum, on_signal, signum)
+    if certificates is not None:  # SIGHUP: new handshakes get the re-read certificate
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGHUP, certificates.reload)
 
 
 def _remove_signal_handlers(loop: asyncio.AbstractEventLoop) -> None:
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.remove_signal_handler(signum)
 
