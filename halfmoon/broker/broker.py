@@ -65,6 +65,7 @@ from halfmoon.broker.topics import (
     is_reserved,
 )
 from halfmoon.broker.transaction_state import TxnState
+from halfmoon.broker.transactional_consume import TransactionalConsume
 from halfmoon.broker.transactions import (
     CheckSender,
     CheckService,
@@ -153,6 +154,20 @@ class Broker:
         txn_config = transaction_config if transaction_config is not None else TransactionConfig()
         self.transactions = TransactionService(store, metadata_dir, txn_config, clock)
         self._checks = CheckService(self.transactions, txn_config, self._started_ms)
+        # Acks, rejects and offset commits decided with a transaction group.
+        self.consuming = TransactionalConsume(
+            store,
+            self._pop,
+            self.offsets,
+            self.transactions,
+            metadata_dir,
+            dead_letter_copy=self._dead_letter_copy,
+            retry_delay_ms=lambda group, attempt: self.get_group(
+                group
+            ).retry_policy.delay_for_attempt(attempt),
+            check_queue=self._check_offset,
+        )
+        self.consuming.recover()
         store.add_listener(self._on_append)
 
     # -- lifecycle ---------------------------------------------------------------
@@ -160,8 +175,7 @@ class Broker:
         """Persist metadata, offsets, timer progress and consumption state."""
         with self._tick_lock:
             self.timer.persist()
-            self.offsets.persist()
-            self._pop.close()
+            self.consuming.persist(self._write_consumption_state)
             self.lite.close()
             self.transactions.close()
             self.topics.close()
@@ -175,10 +189,11 @@ class Broker:
             self._checks.tick(now)
             self.lite.tick(now)
             self.transactions.maybe_snapshot(now)
-            self.offsets.maybe_persist(now)
             if now - self._last_snapshot_ms >= self.config.offset_persist_interval_ms:
                 self._last_snapshot_ms = now
-                self._pop.snapshot()
+                # Offsets and pop state together, with the transactional-commit marker
+                # (transactional_consume.py).
+                self.consuming.persist(self._write_consumption_state)
             if now - self._last_drained_check_ms >= _DRAINED_CHECK_INTERVAL_MS:
                 self._last_drained_check_ms = now
                 for topic in self.topics.all():
@@ -187,6 +202,10 @@ class Broker:
                             topic.name, self._queue_has_messages(topic.name)
                         )
             return self._checks.scanning
+
+    def _write_consumption_state(self) -> None:
+        self.offsets.persist()
+        self._pop.snapshot()
 
     def update_config(self, changes: Mapping[str, Any]) -> BrokerConfig:
         fields = {f.name for f in dataclasses.fields(BrokerConfig)}
@@ -440,16 +459,78 @@ class Broker:
     def transaction_ends_cheaply(self, transaction_id: str) -> bool:
         return self.transactions.ends_cheaply(transaction_id)
 
-    def end_transaction_group(self, group_id: str, resolution: str, source: str = "client") -> int:
-        written = self.end_transaction_group_nowait(group_id, resolution, source)
+    def end_transaction_group(
+        self,
+        group_id: str,
+        resolution: str,
+        source: str = "client",
+        consume_actions: int | None = None,
+    ) -> int:
+        written = self.end_transaction_group_nowait(group_id, resolution, source, consume_actions)
         written.durable.result()
         return written.result
 
     def end_transaction_group_nowait(
-        self, group_id: str, resolution: str, source: str = "client"
+        self,
+        group_id: str,
+        resolution: str,
+        source: str = "client",
+        consume_actions: int | None = None,
     ) -> Written[int]:
-        count, end_offset = self.transactions.end_group(group_id, resolution, source)
-        return Written(count, self._durable(end_offset))
+        if consume_actions is None and not self.consuming.holds_actions(group_id):
+            count, end_offset = self.transactions.end_group(group_id, resolution, source)
+            return Written(count, self._durable(end_offset))
+        ended = self.consuming.end(group_id, resolution, source, consume_actions)
+        for topic in ended.topics:  # acks free FIFO queues, rejects change wake-up times
+            self._notify(topic)
+        return Written(ended.members, self._durable(ended.end_offset))
+
+    # -- transactional consumption (halfmoon/broker/transactional_consume.py) -------------
+    def transactional_ack(
+        self, transaction_group: str, group: str, topic: str, receipt_handle: str
+    ) -> None:
+        self._check_transactional(group, topic)
+        self.consuming.ack(transaction_group, group, topic, receipt_handle)
+
+    def transactional_reject(
+        self,
+        transaction_group: str,
+        group: str,
+        topic: str,
+        receipt_handle: str,
+        delay_ms: int | None = None,
+        dead_letter: bool = False,
+    ) -> None:
+        self._check_transactional(group, topic)
+        if dead_letter:
+            self.consuming.dead_letter(transaction_group, group, topic, receipt_handle)
+        else:
+            self.consuming.nack(transaction_group, group, topic, receipt_handle, delay_ms)
+
+    def transactional_offset(
+        self,
+        transaction_group: str,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        expected: int,
+    ) -> None:
+        self.consuming.commit_offset(transaction_group, group, topic, queue_id, offset, expected)
+
+    def _check_transactional(self, group: str, topic: str) -> None:
+        if self._check_consumable(group, topic).message_type is MessageType.LITE:
+            raise InvalidArgument(
+                f"{topic!r} is a lite topic: its acks cannot join a transaction (ack it plainly)"
+            )
+
+    def _notify(self, topic: str) -> None:
+        for queue_id in self._readable_queue_ids(topic):
+            for callback in list(self._listeners):
+                try:
+                    callback(topic, queue_id)
+                except Exception:
+                    log.exception("arrival listener failed")
 
     def _durable(self, end_offset: int) -> Future[None]:
         return self.store.durable(end_offset) if end_offset else _DURABLE
@@ -637,6 +718,10 @@ class Broker:
         return offset
 
     def update_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self._check_offset(group, topic, queue_id, offset)
+        self.offsets.set(group, topic, queue_id, offset)
+
+    def _check_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         self.get_group(group)
         self._check_queue(self.get_topic(topic), queue_id)
         high = self.store.max_offset(topic, queue_id)
@@ -644,7 +729,6 @@ class Broker:
             raise IllegalOffset(
                 f"offset {offset} is outside queue {queue_id} of {topic!r} (0 to {high})"
             )
-        self.offsets.set(group, topic, queue_id, offset)
 
     def query_offset(
         self, topic: str, queue_id: int, policy: str, timestamp: int | None = None
@@ -785,25 +869,25 @@ class Broker:
 
     def _dead_letter(self, group: str, stored: StoredMessage, attempts: int) -> None:
         """Copy a message that failed ``attempts`` times into ``%DLQ%<group>`` (durably)."""
+        self.store.put([self._dead_letter_copy(group, stored, attempts)])
+
+    def _dead_letter_copy(self, group: str, stored: StoredMessage, attempts: int) -> Message:
+        """The record of ``stored`` in ``%DLQ%<group>`` (the topic is created if needed)."""
         topic = self.topics.ensure_dead_letter_topic(group)
         props = dict(stored.properties)
         props[PROPERTY_DLQ_ORIGIN_GROUP] = group
         props[PROPERTY_DELIVERY_ATTEMPT] = str(attempts)
         if stored.unique_id:
             props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, stored.unique_id)
-        self.store.put(
-            [
-                Message(
-                    topic=topic.name,
-                    body=stored.body,
-                    queue_id=0,
-                    properties=props,
-                    flags=stored.flags,
-                    born_timestamp=stored.born_timestamp,
-                    born_host=stored.born_host,
-                    reconsume_times=attempts,
-                )
-            ]
+        return Message(
+            topic=topic.name,
+            body=stored.body,
+            queue_id=0,
+            properties=props,
+            flags=stored.flags,
+            born_timestamp=stored.born_timestamp,
+            born_host=stored.born_host,
+            reconsume_times=attempts,
         )
 
     def _delay_route(self, topic: str, queue_id: int) -> int | None:

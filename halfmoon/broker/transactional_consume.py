@@ -235,7 +235,8 @@ class TransactionalConsume:
                 self.incomplete_total += 1
                 self._roll_back(transaction_group, source)
                 raise TransactionIncomplete(
-                    f"transaction group {transaction_group!r}: the client registered "
+                    f"TRANSACTION_INCOMPLETE: transaction group {transaction_group!r}: the client "
+                    "registered "
                     f"{expected_actions} acks, rejects and offset commits, the broker holds "
                     f"{len(actions)} (it restarted meanwhile); the group was rolled back: "
                     "its received messages come back, consume them in a new transaction"
@@ -248,7 +249,8 @@ class TransactionalConsume:
                 if stale is not None:
                     self.fenced_total += 1
                     fenced = TransactionFenced(
-                        f"transaction group {transaction_group!r} was rolled back: {stale}"
+                        f"TRANSACTION_FENCED: transaction group {transaction_group!r} was rolled back: "
+                        f"{stale}"
                     )
                 else:
                     try:
@@ -288,9 +290,9 @@ class TransactionalConsume:
                         f"{a.expected}, but its committed offset is now {current} (the queue "
                         "was committed by another consumer since): read again from there"
                     )
-            elif not self._pop.holds(a.group, a.topic, a.queue_id, a.queue_offset, a.epoch):
+            elif not self._pop.holds(a.group, a.topic, a.queue_id, a.offset, a.epoch):
                 return (
-                    f"the delivery of {a.topic!r} queue {a.queue_id} offset {a.queue_offset} to "
+                    f"the delivery of {a.topic!r} queue {a.queue_id} offset {a.offset} to "
                     f"group {a.group!r} is over (acked another way, or its invisible time ended "
                     "and it went to another consumer): nothing of the transaction was applied"
                 )
@@ -306,12 +308,12 @@ class TransactionalConsume:
                     self._offsets.set(a.group, a.topic, a.queue_id, a.offset)
             elif a.kind is ActionKind.NACK:
                 self._pop.hide_delivery(
-                    a.group, a.topic, a.queue_id, a.queue_offset, a.delay_ms, locked=live
+                    a.group, a.topic, a.queue_id, a.offset, a.delay_ms, locked=live
                 )
             elif live:
-                self._pop.complete_delivery(a.group, a.topic, a.queue_id, a.queue_offset)
+                self._pop.complete_delivery(a.group, a.topic, a.queue_id, a.offset)
             else:
-                self._pop.replay_done(a.group, a.topic, a.queue_id, a.queue_offset)
+                self._pop.replay_done(a.group, a.topic, a.queue_id, a.offset)
 
     # -- state files and recovery ----------------------------------------------------
     def persist(self, write_state: Callable[[], None]) -> None:

@@ -76,8 +76,9 @@ class TransactionalConsumer(Protocol):
 
 
 class TransactionalPullConsumer(TransactionalConsumer, Protocol):
-    def _offsets_to_commit(self, offsets: Mapping[QueueInfo, int] | None) -> dict[QueueInfo, int]:
-        ...
+    def _offsets_to_commit(
+        self, offsets: Mapping[QueueInfo, int] | None
+    ) -> dict[QueueInfo, int]: ...
 
     def _expected_offset(self, queue: QueueInfo) -> int: ...
 
@@ -85,8 +86,9 @@ class TransactionalPullConsumer(TransactionalConsumer, Protocol):
 
     async def _reload_committed(self, queues: list[QueueInfo]) -> None: ...
 
-    async def _update_offset(self, queue: QueueInfo, offset: int, headers: Headers = ()) -> None:
-        ...
+    async def _update_offset(
+        self, queue: QueueInfo, offset: int, headers: Headers = ()
+    ) -> None: ...
 
 
 class ConsumeTransaction:
@@ -119,7 +121,9 @@ class ConsumeTransaction:
 
     def _check_open(self) -> None:
         if self.ended:
-            raise ClientError("this transaction has ended; begin a new one", code="TRANSACTION_ENDED")
+            raise ClientError(
+                "this transaction has ended; begin a new one", code="TRANSACTION_ENDED"
+            )
 
     async def send(self, message: Message) -> SendReceipt:
         """Send ``message`` as part of the transaction (invisible until the commit)."""

@@ -146,7 +146,8 @@ class ConsumeLedger:
             held = actions.get(action.target)
             if held is not None:
                 if held == action or (
-                    held.kind is ActionKind.OFFSET and action.kind is ActionKind.OFFSET
+                    held.kind is ActionKind.OFFSET
+                    and action.kind is ActionKind.OFFSET
                     and held.expected == action.expected
                 ):
                     actions[action.target] = action  # a later offset of the same read wins
