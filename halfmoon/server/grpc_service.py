@@ -32,7 +32,7 @@ from halfmoon.broker.message import MessageView, OutgoingMessage
 from halfmoon.broker.produce import SendResult
 from halfmoon.config import ServerConfig
 from halfmoon.errors import HalfmoonError
-from halfmoon.server import client_settings, convert, lite_subscriptions
+from halfmoon.server import client_settings, convert, lite_subscriptions, txn_headers
 from halfmoon.server import namespace as ns
 from halfmoon.server.errors import Code, RequestError, ok, status, status_for
 from halfmoon.server.longpoll import ArrivalNotifier
@@ -453,7 +453,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if request.transaction_id.startswith(TRANSACTION_GROUP_PREFIX):
             group = request.transaction_id[len(TRANSACTION_GROUP_PREFIX) :]
             written = await self._call(
-                self.broker.end_transaction_group_nowait, group, resolution, source
+                self.broker.end_transaction_group_nowait,
+                group,
+                resolution,
+                source,
+                txn_headers.consume_actions(context),
             )
             await _until_durable(written.durable)
             return svc.EndTransactionResponse(status=ok())
@@ -619,6 +623,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         ]
 
         lite_topics = [e.lite_topic if e.HasField("lite_topic") else None for e in request.entries]
+        txn = txn_headers.transaction_group(context)  # halfmoon's client: ack on commit
 
         def ack_all() -> tuple[list[pb.Status], bool]:
             statuses = []
@@ -626,7 +631,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 try:
                     if not handle:
                         raise RequestError("ack entry has no receipt_handle")
-                    self.broker.ack(group, topic, handle, lite_topic=lite_topic)
+                    if txn is not None:
+                        self.broker.transactional_ack(txn, group, topic, handle)
+                    else:
+                        self.broker.ack(group, topic, handle, lite_topic=lite_topic)
                     statuses.append(_OK)
                 except Exception as exc:  # noqa: BLE001 - one bad handle does not fail the others
                     statuses.append(status_for(exc, "AckMessage"))
@@ -669,6 +677,20 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         current = await self.renewer.current(
             _metadata(context, "x-mq-client-id"), group, request.receipt_handle
         )
+        txn = txn_headers.transaction_group(context)
+        if txn is not None:  # halfmoon's client: a reject applied on commit
+            delay = convert.duration_ms(request.invisible_duration)
+            await self._call(
+                self.broker.transactional_reject,
+                txn,
+                group,
+                topic,
+                current,
+                None if txn_headers.wants_retry_backoff(context) else delay,
+            )
+            return svc.ChangeInvisibleDurationResponse(
+                status=ok(), receipt_handle=request.receipt_handle
+            )
         handle = await self._call(
             self.broker.change_invisible_duration,
             group,
@@ -692,6 +714,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         current = await self.renewer.current(
             _metadata(context, "x-mq-client-id"), group, request.receipt_handle
         )
+        txn = txn_headers.transaction_group(context)
+        if txn is not None:  # halfmoon's client: dead-lettered on commit
+            await self._call(
+                self.broker.transactional_reject, txn, group, topic, current, None, True
+            )
+            return svc.ForwardMessageToDeadLetterQueueResponse(status=ok())
         await self._call(
             self.broker.forward_to_dead_letter,
             group,
@@ -773,6 +801,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     ) -> svc.UpdateOffsetResponse:
         group = _name(request.group, "group", context)
         topic = _name(request.message_queue.topic, "message_queue.topic", context)
+        txn = txn_headers.transaction_group(context)
+        if txn is not None:  # halfmoon's client: the offset moves on commit
+            await self._call(
+                self.broker.transactional_offset,
+                txn,
+                group,
+                topic,
+                request.message_queue.id,
+                request.offset,
+                txn_headers.expected_offset(context),
+            )
+            return svc.UpdateOffsetResponse(status=ok())
         await self._call(
             self.broker.update_offset, group, topic, request.message_queue.id, request.offset
         )
