@@ -269,3 +269,14 @@ def test_many_actions_in_one_group_and_the_limit(b: Broker) -> None:
     commit(b, "big", actions=300)
     assert all(p.inflight == 0 for p in b.group_progress(GROUP, IN))
     assert MAX_ACTIONS_PER_GROUP >= 1000
+
+
+def test_resource_creation_is_not_transactional(b: Broker, clock: FakeClock) -> None:
+    # A dead-letter reject creates the group's dead-letter topic when it is registered; a
+    # rollback leaves the topic (empty), as AMQP leaves a declared queue.
+    produce(b, b"a")
+    (m,) = receive(b)
+    b.transactional_reject("t1", GROUP, IN, m.receipt_handle, dead_letter=True)
+    b.end_transaction_group("t1", "rollback")
+    assert b.find_topic(f"%DLQ%{GROUP}") is not None
+    assert dead_letters(b) == []
