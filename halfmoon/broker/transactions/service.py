@@ -420,6 +420,11 @@ class TransactionService:
         del self.groups.unfinished[group]
         return len(members), end_offset
 
+    def group_pending(self, group: str) -> bool:
+        """True when ``group`` has pending members and no decision: another member's send needs
+        no key-index lookup (the server then runs it on its event loop)."""
+        return group in self.groups.members and group not in self.groups.unfinished
+
     def group_state(self, group: str) -> TxnState | None:
         """The group's decision; None while it is undecided (or unknown)."""
         with self._lock:
