@@ -309,7 +309,8 @@ async def send_rows(
                     result = await runs[system](senders)
                     row.of(system).add(result)
                     log(
-                        f"{row.key} round {round_index + 1} {system}: {result.per_second:,.0f} msgs/s"
+                        f"{row.key} round {round_index + 1} {system}: {result.per_second:,.0f} "
+                        "msgs/s"
                     )
             requests = coalescing.stats.requests - before[0]
             messages = coalescing.stats.messages - before[1]
@@ -420,7 +421,8 @@ def print_report(report: Report, out: TextIO) -> None:
     ratio = report.row("send_s16").ratio(HALFMOON) or 0.0
     verdict = "PASS" if ratio >= TARGET_RATIO else "MISS"
     out.write(
-        f"target: halfmoon >= {TARGET_RATIO:.0f}x the official client, 16 senders, 1 KiB: {ratio:.2f}x  {verdict}\n"
+        f"target: halfmoon >= {TARGET_RATIO:.0f}x the official client, 16 senders, 1 KiB: "
+        f"{ratio:.2f}x  {verdict}\n"
     )
     out.flush()
 

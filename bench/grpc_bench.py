@@ -304,7 +304,8 @@ def format_rows(rows: list[Row]) -> str:
             else:
                 result = f"p50 {m.p(0.5):6.2f}  p99 {m.p(0.99):6.2f} ms"
             lines.append(
-                f"{r.scenario if i == 0 else '':<42} {m.system:<32} {result:>30} {r.vs_rabbitmq(m):>16}"
+                f"{r.scenario if i == 0 else '':<42} {m.system:<32} {result:>30} "
+                f"{r.vs_rabbitmq(m):>16}"
             )
     return "\n".join(lines)
 
@@ -326,7 +327,8 @@ def print_report(report: Report, out: TextIO) -> None:
     out.write("settings:\n" + "".join(f"  {k}: {v}\n" for k, v in report.settings.items()) + "\n")
     out.write(format_rows(report.rows) + "\n\n")
     out.write(
-        "'vs RabbitMQ' > 1 means halfmoon is better (throughput ratio; for latency p50 / p99 ratios).\n\n"
+        "'vs RabbitMQ' > 1 means halfmoon is better (throughput ratio; for latency p50 / p99 "
+        "ratios).\n\n"
     )
     out.write(format_targets(report.targets) + "\n")
     out.flush()

@@ -309,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(
                 (
                     name,
-                    f"relay, {max(processes, 1) * workers} worker{'s' if max(processes, 1) * workers > 1 else ''} ({shape})",
+                    f"relay, {max(processes, 1) * workers} "
+                    f"worker{'s' if max(processes, 1) * workers > 1 else ''} ({shape})",
                     f"{rate:,.0f} msgs/s",
                 )
             )
@@ -359,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         ["git", "describe", "--always", "--dirty"], capture_output=True, text=True
     ).stdout.strip()
     print(
-        f"outbox relay benchmark — PostgreSQL, {args.messages} messages over {args.aggregates} aggregates, batch {args.batch}, "
+        f"outbox relay benchmark — PostgreSQL, {args.messages} messages over {args.aggregates} "
+        f"aggregates, batch {args.batch}, "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, tree {tree}"
     )
     width = max(len(r[1]) for r in rows)

@@ -244,14 +244,18 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * 92)
     for r in results:
         print(
-            f"{r.scenario:<52} {r.messages:>9,} {r.seconds:>8.2f} {r.per_second:>9,.0f} {r.per_second / client_rate:>8.2f}x"
+            f"{r.scenario:<52} {r.messages:>9,} {r.seconds:>8.2f} {r.per_second:>9,.0f} "
+            f"{r.per_second / client_rate:>8.2f}x"
         )
     stream_rate = next(r.per_second for r in results if r.scenario.startswith("spark stream"))
     print(
-        f"\ntarget: stream read into Spark >= {TARGET_READ:,} msgs/s: {'PASS' if stream_rate >= TARGET_READ else 'MISS'} ({stream_rate:,.0f})"
+        f"\ntarget: stream read into Spark >= {TARGET_READ:,} msgs/s: "
+        f"{'PASS' if stream_rate >= TARGET_READ else 'MISS'} ({stream_rate:,.0f})"
     )
     print(
-        f"machine: {platform.platform()}, {os.cpu_count()} cpus, python {platform.python_version()}; tree {tree()}; load average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+        f"machine: {platform.platform()}, {os.cpu_count()} cpus, python "
+        f"{platform.python_version()}; tree {tree()}; load average at end {load[0]:.2f} "
+        f"{load[1]:.2f} {load[2]:.2f}"
     )
     if args.json:
         with open(args.json, "w") as out:

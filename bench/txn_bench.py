@@ -42,213 +42,42 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
-import os
-import re
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any, TextIO
+from dataclasses import asdict
+from typing import TextIO
 
-import grpc
-from rocketmq.grpc_protocol import definition_pb2 as pb
-from rocketmq.grpc_protocol import service_pb2 as svc
-from rocketmq.grpc_protocol import service_pb2_grpc
-
-from bench import rawstub
 from bench.load import (
     BODY_SIZE,
     Arrivals,
     Throughput,
     body,
     machine_info,
-    percentile,
     seq_of,
     timed_producers,
 )
-from bench.rawstub import check_status
 from bench.server_proc import Flush, HalfmoonServer
-
-PRODUCERS = 16
-QUEUES = 8
-ORPHAN_BATCH = 256  # half messages per SendMessageRequest when planting orphans
-ORPHAN_SENDERS = 4  # concurrent planting requests
-CHECK_WORKERS = 64  # concurrent check answers in the TransactionProducer (its default is 4)
-LONG_POLL_SECONDS = 5.0
-RPC_TIMEOUT = 30.0
-LATENCY_WARMUP = 20
-STATUS_POLL_SECONDS = 0.05
-
-# The targets of issue 4.
-TXN_RATIO_GOAL = 0.5
-VISIBLE_P99_MS = 5.0
-RESOLVE_INTERVALS = 2
-
-_names = itertools.count()
-_SCAN_LINE = re.compile(r"event=check_scan candidates=(\d+) sent=(\d+) unsent=(\d+) parked=(\d+) "
-                        r"skipped=(\d+) errors=(\d+) elapsed_ms=(\d+)")  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    seconds: float  # per throughput turn
-    rounds: int  # alternating plain / transactional turns
-    latency_count: int  # timed commits in the commit-to-visible run
-    orphans: int  # half messages left undecided
-    timeout_ms: int = 1_000
-    check_interval_ms: int = 2_000
-    flushes: tuple[Flush, ...] = ("sync", "async")
-    orphan_flushes: tuple[Flush, ...] = ("sync",)
-    resolve_timeout: float = 120.0  # seconds after all orphans are due before giving up
-
-
-# The full run waits up to 10 minutes for 100,000 orphans: at the check rate measured on
-# 2 cores (about 400/s, see docs/benchmarks.md) they need about 4 of them.
-FULL = Settings(seconds=3.0, rounds=2, latency_count=1000, orphans=100_000, resolve_timeout=600.0)
-QUICK = Settings(seconds=1.0, rounds=1, latency_count=200, orphans=2_000)
-
-
-# -- raw protocol client -------------------------------------------------------------
-
-
-class RawClient:
-    """The protocol stubs on one channel, the requests the official clients send."""
-
-    def __init__(self, target: str, name: str) -> None:
-        self._channel = grpc.aio.insecure_channel(target)
-        self._stub = service_pb2_grpc.MessagingServiceStub(self._channel)
-        self._metadata = (
-            ("x-mq-client-id", f"txnbench@{os.getpid()}@{name}"),
-            ("x-mq-language", "PYTHON"),
-            ("x-mq-protocol", "v2"),
-            ("x-mq-client-version", "5.1.2"),
-        )
-        self._ids = itertools.count()
-        self._id_prefix = f"{os.getpid():08X}{int(time.time()) & 0xFFFFFFFF:08X}{next(_names):04X}"
-
-    async def close(self) -> None:
-        await self._channel.close()
-
-    def message(self, topic: str, payload: bytes, *, transactional: bool) -> pb.Message:
-        message = pb.Message(topic=pb.Resource(name=topic), body=payload)
-        sp = message.system_properties
-        sp.message_id = f"{self._id_prefix}{next(self._ids):012X}"
-        sp.message_type = pb.MessageType.TRANSACTION if transactional else pb.MessageType.NORMAL
-        sp.body_encoding = pb.Encoding.IDENTITY
-        sp.born_host = "127.0.0.1"
-        sp.born_timestamp.seconds = int(time.time())
-        return message
-
-    async def send(self, messages: list[pb.Message]) -> list[svc.SendResultEntry]:
-        response = await self._stub.SendMessage(
-            svc.SendMessageRequest(messages=messages), metadata=self._metadata, timeout=RPC_TIMEOUT
-        )
-        check_status(response.status, "SendMessage")
-        return list(response.entries)
-
-    async def commit(self, topic: str, entry: svc.SendResultEntry) -> None:
-        request = svc.EndTransactionRequest(
-            topic=pb.Resource(name=topic),
-            message_id=entry.message_id,
-            transaction_id=entry.transaction_id,
-            resolution=pb.TransactionResolution.COMMIT,
-            source=pb.TransactionSource.SOURCE_CLIENT,
-        )
-        response = await self._stub.EndTransaction(
-            request, metadata=self._metadata, timeout=RPC_TIMEOUT
-        )
-        check_status(response.status, "EndTransaction")
-
-    async def receive(self, group: str, topic: str) -> list[pb.Message]:
-        return await rawstub.receive(
-            self._stub, self._metadata, group, topic, batch=32, invisible_seconds=30,
-            long_poll=LONG_POLL_SECONDS, rpc_timeout=RPC_TIMEOUT,
-        )  # fmt: skip
-
-    async def ack(self, group: str, topic: str, messages: list[pb.Message]) -> None:
-        await rawstub.ack(
-            self._stub, self._metadata, group, topic, messages, rpc_timeout=RPC_TIMEOUT
-        )
-
-
-def _fresh_topic(server: HalfmoonServer, what: str, message_type: str) -> str:
-    topic = f"txnbench-{what}-{next(_names)}"
-    server.create_topic(topic, queues=QUEUES, message_type=message_type)
-    return topic
-
-
-# -- results ---------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Result:
-    """One scenario on one server: throughput, latency samples (seconds) or orphan resolution."""
-
-    key: str
-    scenario: str
-    system: str  # "halfmoon sync" / "halfmoon async"
-    messages: int = 0
-    seconds: float = 0.0
-    samples: list[float] = field(default_factory=list, repr=False)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def per_second(self) -> float:
-        return self.messages / self.seconds if self.seconds > 0 else 0.0
-
-    def p(self, q: float) -> float:
-        return percentile(self.samples, q) * 1000
-
-    def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"key": self.key, "scenario": self.scenario, "system": self.system}
-        if self.samples:
-            d.update(
-                count=len(self.samples),
-                p50_ms=self.p(0.5),
-                p99_ms=self.p(0.99),
-                max_ms=max(self.samples) * 1000,
-            )
-        else:
-            d.update(messages=self.messages, seconds=self.seconds, msgs_per_s=self.per_second)
-        return {**d, **self.extra}
-
-
-@dataclass(slots=True)
-class Target:
-    name: str
-    measured: float
-    goal: float
-    unit: str
-    at_most: bool
-
-    @property
-    def passed(self) -> bool:
-        return self.measured <= self.goal if self.at_most else self.measured >= self.goal
-
-
-@dataclass(slots=True)
-class Report:
-    results: list[Result] = field(default_factory=list)
-    targets: list[Target] = field(default_factory=list)
-    machine: dict[str, Any] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)
-
-    def get(self, key: str, system: str) -> Result | None:
-        return next((r for r in self.results if r.key == key and r.system == system), None)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "machine": self.machine,
-            "settings": self.settings,
-            "results": [r.to_json() for r in self.results],
-            "targets": [{**asdict(t), "passed": t.passed} for t in self.targets],
-        }
-
-
-Log = Callable[[str], None]
-
+from bench.txn_common import (
+    CHECK_WORKERS,
+    FULL,
+    LATENCY_WARMUP,
+    ORPHAN_BATCH,
+    PRODUCERS,
+    QUICK,
+    TXN_RATIO_GOAL,
+    VISIBLE_P99_MS,
+    Log,
+    RawClient,
+    Report,
+    Result,
+    Settings,
+    Target,
+    fresh_topic,
+    names,
+    pending_count,
+)
+from bench.txn_orphans import run_orphans
 
 # -- scenario 1: throughput ---------------------------------------------------------------
 
@@ -281,8 +110,8 @@ async def run_throughput(
     report: Report,
     log: Log,
 ) -> None:
-    plain_topic = _fresh_topic(server, "plain", "normal")
-    txn_topic = _fresh_topic(server, "txn", "transaction")
+    plain_topic = fresh_topic(server, "plain", "normal")
+    txn_topic = fresh_topic(server, "txn", "transaction")
     # Warm both paths (channel, topic caches, the first transactional append) untimed.
     await plain_turn(client, plain_topic, 0.3)
     await transactional_turn(client, txn_topic, 0.3)
@@ -296,7 +125,7 @@ async def run_throughput(
             done = await turn(client, topic, settings.seconds)
             result.messages += done.messages
             result.seconds += done.seconds
-    pending = await asyncio.to_thread(_pending, server)
+    pending = await asyncio.to_thread(pending_count, server)
     txn.extra["pending_after"] = pending
     txn.extra["ratio_to_plain"] = txn.per_second / plain.per_second if plain.per_second else 0.0
     report.results += [plain, txn]
@@ -315,10 +144,10 @@ async def run_visible_latency(
     report: Report,
     log: Log,
 ) -> None:
-    topic = _fresh_topic(server, "visible", "transaction")
-    group = f"txnbench-visible-{next(_names)}"
+    topic = fresh_topic(server, "visible", "transaction")
+    group = f"txnbench-visible-{next(names)}"
     server.create_group(group, consume_from="earliest")
-    consumer = RawClient(server.grpc, f"consumer-{next(_names)}")
+    consumer = RawClient(server.grpc, f"consumer-{next(names)}")
     arrivals = Arrivals()
     acks: set[asyncio.Task[None]] = set()
 
@@ -357,174 +186,9 @@ async def run_visible_latency(
     )
     report.results += [visible, round_trip]
     log(
-        f"{system:<16} commit-to-visible p50 {visible.p(0.5):.2f} ms p99 {visible.p(0.99):.2f} ms   "
+        f"{system:<16} commit-to-visible p50 {visible.p(0.5):.2f} ms p99 {visible.p(0.99):.2f} ms  "
+        " "
         f"EndTransaction p50 {round_trip.p(0.5):.2f} ms p99 {round_trip.p(0.99):.2f} ms"
-    )
-
-
-# -- scenario 3: orphan resolution --------------------------------------------------------------
-
-
-def _committed(server: HalfmoonServer, topic: str) -> int:
-    status = server.admin_call("GET", f"/v1/topics/{topic}/status")
-    assert isinstance(status, dict)
-    return sum(int(q["max_offset"]) - int(q["min_offset"]) for q in status["queues"])
-
-
-def _pending(server: HalfmoonServer) -> int:
-    status = server.admin_call("GET", "/v1/broker/status")
-    assert isinstance(status, dict)
-    return int(status.get("pending_transactions") or 0)
-
-
-class CommitEverything:
-    """A check listener that says COMMIT to every check (the local transactions all committed)."""
-
-    def __init__(self) -> None:
-        self.checks = 0
-
-    async def execute_local_transaction(self, message: Any, arg: Any) -> Any:
-        from halfmoon.client import TransactionResolution
-
-        return TransactionResolution.COMMIT
-
-    async def check_local_transaction(self, message: Any) -> Any:
-        from halfmoon.client import TransactionResolution
-
-        self.checks += 1
-        return TransactionResolution.COMMIT
-
-
-def _scan_reports(lines: list[str]) -> list[dict[str, int]]:
-    names = ("candidates", "sent", "unsent", "parked", "skipped", "errors", "elapsed_ms")
-    found = []
-    for line in lines:
-        match = _SCAN_LINE.search(line)
-        if match:
-            found.append(dict(zip(names, map(int, match.groups()), strict=True)))
-    return found
-
-
-async def _scans_covering(
-    server: HalfmoonServer, log_from: int, checks: int
-) -> list[dict[str, int]]:
-    """The scan reports logged since ``log_from``, once they account for ``checks`` resolved
-    orphans (or after a few seconds: a report never logged must not hang the run).
-
-    A check answered before the scan counted it is reported as ``skipped`` (decided
-    while the check was on its way), so sent + skipped is what the scans handled.
-    """
-    deadline = time.perf_counter() + 5.0
-    while True:
-        scans = [s for s in _scan_reports(server.lines[log_from:]) if s["candidates"]]
-        if sum(s["sent"] + s["skipped"] for s in scans) >= checks or time.perf_counter() > deadline:
-            return scans
-        await asyncio.sleep(STATUS_POLL_SECONDS)
-
-
-async def plant_orphans(client: RawClient, topic: str, count: int) -> tuple[float, float]:
-    """Send ``count`` half messages in batches; (first, last) ack times (perf_counter)."""
-    payload = body(0, BODY_SIZE)
-    remaining = count
-    acked: list[float] = []
-
-    async def sender() -> None:
-        nonlocal remaining
-        while remaining > 0:
-            n = min(ORPHAN_BATCH, remaining)
-            remaining -= n
-            entries = await client.send(
-                [client.message(topic, payload, transactional=True) for _ in range(n)]
-            )
-            assert len(entries) == n and all(e.transaction_id for e in entries)
-            acked.append(time.perf_counter())
-
-    await asyncio.gather(*(sender() for _ in range(ORPHAN_SENDERS)))
-    return min(acked), max(acked)
-
-
-async def run_orphans(
-    server: HalfmoonServer,
-    client: RawClient,
-    system: str,
-    settings: Settings,
-    report: Report,
-    log: Log,
-) -> None:
-    from halfmoon.client import TransactionProducer
-
-    topic = _fresh_topic(server, "orphans", "transaction")
-    listener = CommitEverything()
-    checker = TransactionProducer(
-        server.grpc,
-        f"txnbench-checker-{next(_names)}",
-        listener,
-        topics=[topic],
-        check_workers=CHECK_WORKERS,
-    )
-    await checker.start()
-    try:
-        log_from = len(server.lines)
-        planting = time.perf_counter()
-        first_ack, last_ack = await plant_orphans(client, topic, settings.orphans)
-        plant_seconds = last_ack - planting
-        log(f"{system:<16} planted {settings.orphans:,} orphans in {plant_seconds:.2f} s "
-            f"({settings.orphans / plant_seconds:,.0f} msg/s)")  # fmt: skip
-        all_due = last_ack + settings.timeout_ms / 1000
-        interval = settings.check_interval_ms / 1000
-        deadline = all_due + settings.resolve_timeout
-        first_resolved = None
-        next_progress = time.perf_counter() + 10.0
-        # A commit appends the message to its topic exactly once: the topic's message
-        # count is the number resolved (cheap to ask, unlike the pending-set statistics).
-        while True:
-            committed = await asyncio.to_thread(_committed, server, topic)
-            now = time.perf_counter()
-            if first_resolved is None and committed > 0:
-                first_resolved = now
-            if committed >= settings.orphans or now > deadline:
-                break
-            if now > next_progress:
-                next_progress = now + 10.0
-                log(f"{system:<16} ... {committed:,}/{settings.orphans:,} resolved, "
-                    f"{now - all_due:.0f} s after all were due")  # fmt: skip
-            await asyncio.sleep(STATUS_POLL_SECONDS)
-        resolved_at = time.perf_counter()
-        pending = await asyncio.to_thread(_pending, server)
-        # The last scan logs its report just after its last check is answered: wait for it.
-        scans = await _scans_covering(server, log_from, committed)
-    finally:
-        await checker.close()
-    scanned = sum(s["candidates"] for s in scans)
-    scan_ms = sum(s["elapsed_ms"] for s in scans)
-    result = Result("orphans", f"{settings.orphans:,} orphans resolved by checks", system)
-    result.messages = committed
-    result.seconds = resolved_at - all_due  # time after all became due
-    result.extra.update(
-        orphans=settings.orphans,
-        unresolved=settings.orphans - committed,
-        pending_after=pending,
-        plant_seconds=plant_seconds,
-        first_due_to_first_resolved_s=(first_resolved - (first_ack + settings.timeout_ms / 1000))
-        if first_resolved
-        else None,
-        all_due_to_resolved_s=resolved_at - all_due,
-        goal_s=RESOLVE_INTERVALS * interval,
-        checks_answered=listener.checks,
-        scans=len(scans),
-        scan_candidates=scanned,
-        checks_sent=sum(s["sent"] for s in scans),
-        scan_wall_ms=scan_ms,
-        scan_wall_us_per_message=(scan_ms * 1000 / scanned) if scanned else None,
-        scan_reports=scans,
-    )
-    report.results.append(result)
-    per = result.extra["scan_wall_us_per_message"]
-    log(
-        f"{system:<16} orphans resolved {result.messages:,}/{settings.orphans:,} "
-        f"{result.extra['all_due_to_resolved_s']:.2f} s after all were due (goal {RESOLVE_INTERVALS * interval:.1f} s); "
-        f"{len(scans)} scans, {scanned:,} candidates, {scan_ms:,} ms scan wall time"
-        + (f" = {per:.0f} us/msg" if per else "")
     )
 
 
@@ -623,7 +287,8 @@ def format_result(r: Result) -> str:
         e = r.extra
         per = e["scan_wall_us_per_message"]
         return (
-            f"{r.messages:,}/{e['orphans']:,} resolved {e['all_due_to_resolved_s']:.2f} s after all due; "
+            f"{r.messages:,}/{e['orphans']:,} resolved {e['all_due_to_resolved_s']:.2f} s after "
+            "all due; "
             f"{e['scans']} scans, scan wall {e['scan_wall_ms']:,} ms"
             + (f" ({per:.0f} us/msg)" if per else "")
         )

@@ -56,7 +56,17 @@ def _name(cls: type) -> str:
 
 def test_the_walk_sees_errors_of_every_layer() -> None:
     modules = {c.__module__.split(".")[1] for c in ERRORS}
-    assert {"errors", "store", "broker", "server", "client", "outbox", "spark", "config"} <= modules
+    assert {
+        "errors",
+        "store",
+        "broker",
+        "server",
+        "client",
+        "outbox",
+        "spark",
+        "config",
+        "cluster",
+    } <= modules
 
 
 @pytest.mark.parametrize("cls", ERRORS, ids=_name)

@@ -239,7 +239,8 @@ async def run(args: argparse.Namespace) -> int:
             )
         ]
         print(
-            f"placed {len(placed)} orders: {len(committed)} committed, {len(placed) - len(committed)} rolled back with their messages"
+            f"placed {len(placed)} orders: {len(committed)} committed, "
+            f"{len(placed) - len(committed)} rolled back with their messages"
         )
 
         consumers = [
@@ -327,12 +328,14 @@ def settled(engine: Any, schema: Schema) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description="The orders example: transactional messages, inbox, compensations, and a consistency report."
+        description="The orders example: transactional messages, inbox, compensations, and a "
+        "consistency report."
     )
     parser.add_argument("--db", help="SQLAlchemy URL (default: SQLite in a temporary directory)")
     parser.add_argument(
         "--amqp",
-        help="send compensations through RabbitMQ retry queues at this URL instead of halfmoon topics",
+        help="send compensations through RabbitMQ retry queues at this URL instead of halfmoon "
+        "topics",
     )
     parser.add_argument(
         "--broker", help="an existing halfmoon gRPC endpoint HOST:PORT (default: start one)"

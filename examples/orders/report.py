@@ -58,9 +58,13 @@ def consistency_report(
         "",
         "consistency report",
         "------------------",
-        f"orders placed {len(placed)}: committed {len(orders)} (confirmed {len(confirmed)}, cancelled {len(cancelled)}, pending {len(pending)}), rolled back {len(rolled_back)}",
-        f"messages: {len(order_messages)} order-created logged; deliveries {sum(stats.deliveries.values())}, duplicates absorbed by the inbox {sum(stats.duplicates.values())}, stale compensations skipped {stats.stale}",
-        f"effects: stock {stock}/{initial_stock}, reservations held {len(held)}, released {len(reservations) - len(held)}, payments {len(payments)}",
+        f"orders placed {len(placed)}: committed {len(orders)} (confirmed {len(confirmed)}, "
+        f"cancelled {len(cancelled)}, pending {len(pending)}), rolled back {len(rolled_back)}",
+        f"messages: {len(order_messages)} order-created logged; deliveries "
+        f"{sum(stats.deliveries.values())}, duplicates absorbed by the inbox "
+        f"{sum(stats.duplicates.values())}, stale compensations skipped {stats.stale}",
+        f"effects: stock {stock}/{initial_stock}, reservations held {len(held)}, released "
+        f"{len(reservations) - len(held)}, payments {len(payments)}",
         *(f"  {'ok  ' if passed else 'FAIL'} {text}" for text, passed in checks),
         "CONSISTENT" if ok else "INCONSISTENT",
     ]

@@ -239,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'MINUTE (UTC)':<18} {'EXPECTED':>10} {'PARQUET':>10} {'TOPIC':>10}")
     for minute in sorted(expected):
         print(
-            f"{minute:<18} {expected[minute]:>10.2f} {parquet.get(minute, float('nan')):>10.2f} {topic.get(minute, float('nan')):>10.2f}"
+            f"{minute:<18} {expected[minute]:>10.2f} {parquet.get(minute, float('nan')):>10.2f} "
+            f"{topic.get(minute, float('nan')):>10.2f}"
         )
     checks = {
         "each minute once in the topic": len(messages) == len(topic) == len(expected),

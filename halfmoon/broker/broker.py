@@ -1,11 +1,13 @@
 """The in-process broker: the :class:`~halfmoon.broker.facade.Broker` facade over a store.
 
-Every operation is documented once, on the facade (:mod:`facade`). Plain
-synchronous objects over a :class:`~halfmoon.store.api.Store`: topics and
-groups (:mod:`topics`, :mod:`groups`), the send path (:mod:`produce`), delay
-messages (:mod:`timer`), pop consumption (:mod:`pop`), pull with committed
-offsets (:mod:`offsets`), operators' reads (:mod:`browse`), and the status
-page (:mod:`stats`).
+Every operation is documented once, on the facade (:mod:`facade`); this
+class keeps a method for each and hands it to plain synchronous objects over
+a :class:`~halfmoon.store.api.Store`: topics and groups (:mod:`topics`,
+:mod:`groups`), the send path (:mod:`send_path`, :mod:`produce`), delay
+messages (:mod:`timer`), pop consumption (:mod:`pop_router`, :mod:`pop`,
+:mod:`lite`), pull with committed offsets (:mod:`pull`, :mod:`offsets`),
+dead letters (:mod:`dead_letters`), operators' reads (:mod:`browse`), and
+the status pages (:mod:`reports`, :mod:`stats`).
 Time comes from the injected clock; background work happens only in
 :meth:`Broker.tick`, which the server calls every ~100 ms from one thread.
 The broker does not own the store: close the store after the broker.
@@ -17,19 +19,18 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import halfmoon.broker.browse as browse
+import halfmoon.broker.reports as reports
+from halfmoon.broker.access import check_consumable
 from halfmoon.broker.clock import Clock, SystemClock
 from halfmoon.broker.config import BrokerConfig
+from halfmoon.broker.dead_letters import dead_letter_copy, write_dead_letter
 from halfmoon.broker.errors import (
-    IllegalOffset,
-    IllegalQueueId,
     IllegalTopic,
-    OffsetNotFound,
-    PermissionDenied,
     TopicExists,
     TopicNotFound,
 )
@@ -37,67 +38,48 @@ from halfmoon.broker.facade import PullResult, QueueProgress, QueueRoute, QueueS
 from halfmoon.broker.filter_spec import FilterCache, FilterSpec
 from halfmoon.broker.groups import GroupConfig, GroupRegistry, RetryPolicy
 from halfmoon.broker.lite import LiteTopics, OffsetOption, UnsubscribeNotifier
-from halfmoon.broker.lite_names import parent_topic_of, split_lite_queue_topic
+from halfmoon.broker.lite_names import parent_topic_of
 from halfmoon.broker.message import (
-    PROPERTY_DELIVERY_ATTEMPT,
-    PROPERTY_DELIVERY_TIME,
-    PROPERTY_DLQ_ORIGIN_GROUP,
-    PROPERTY_ORIGIN_MESSAGE_ID,
     MessageType,
     MessageView,
     OutgoingMessage,
 )
 from halfmoon.broker.offsets import OffsetTable
 from halfmoon.broker.pop import PopGroupSettings, PopService, default_hot_data_bytes
-from halfmoon.broker.priority import scan_order
-from halfmoon.broker.produce import SendResult, plan_send
+from halfmoon.broker.pop_router import PopRouter
+from halfmoon.broker.produce import SendResult
+from halfmoon.broker.pull import PullService
 from halfmoon.broker.queue_select import QueueSelector
-from halfmoon.broker.recall import RecallHandle, check_handle
-from halfmoon.broker.recall import encode as encode_recall_handle
+from halfmoon.broker.recall import check_handle
+from halfmoon.broker.send_path import SendPath
 from halfmoon.broker.statistics import TrafficRow, TrafficStatistics
 from halfmoon.broker.stats import BrokerStatus, RateCounter
 from halfmoon.broker.timer import DelayTimer
 from halfmoon.broker.topics import (
-    TIMER_TOPIC,
     TopicConfig,
     TopicRegistry,
     is_internal_topic,
     is_reserved,
 )
-from halfmoon.broker.transaction_state import TxnState
+from halfmoon.broker.transaction_operations import TransactionOperations
 from halfmoon.broker.transactional_consume import TransactionalConsume
 from halfmoon.broker.transactions import (
-    CheckSender,
     CheckService,
-    EndResult,
     TransactionConfig,
-    TransactionInfo,
     TransactionService,
-    TransactionStats,
 )
 from halfmoon.errors import InvalidArgument
-from halfmoon.store.api import AppendResult, GetStatus, Store, StoreStats
-from halfmoon.store.message import Message, StoredMessage
+from halfmoon.store.api import AppendResult, Store, StoreStats
+from halfmoon.store.message import StoredMessage
 
 log = logging.getLogger(__name__)
 
-MAX_PULL_BATCH = 1024
 _DRAINED_CHECK_INTERVAL_MS = 60_000
 # Re-exported: the facade's result types used to live here.
 __all__ = ["Broker", "PullResult", "QueueProgress", "QueueRoute", "QueueStatus"]
 
 
-def _completed() -> Future[None]:
-    future: Future[None] = Future()
-    future.set_result(None)
-    return future
-
-
-# What a write that needs no flush waits for (nothing written, or nothing to append).
-_DURABLE = _completed()
-
-
-class Broker:
+class Broker(TransactionOperations):
     def __init__(
         self,
         store: Store,
@@ -126,7 +108,7 @@ class Broker:
         self.timer = DelayTimer(
             store,
             metadata_dir,
-            self._delay_route,
+            self.topics.delay_route,
             window_ms=config.timer_window_ms,
             max_heap=config.timer_max_heap,
             persist_interval_ms=config.offset_persist_interval_ms,
@@ -134,13 +116,13 @@ class Broker:
         self._pop = PopService(
             store,
             clock,
-            topic_queues=self._readable_queue_ids,
+            topic_queues=self.topics.readable_queue_ids,
             group_settings=self._pop_settings,
             dead_letter=self._dead_letter,
             state_path=metadata_dir / "consumption.json" if metadata_dir is not None else None,
             hot_data_bytes=config.hot_data_bytes or default_hot_data_bytes(),
             min_receive_invisible_ms=config.min_receive_invisible_ms,
-            priority_order=self._is_priority_topic,
+            priority_order=self.topics.is_priority,
         )
         # Lite topics (RIP-83): subscriptions and a pop service over their queues.
         self.lite = LiteTopics(
@@ -154,6 +136,36 @@ class Broker:
         txn_config = transaction_config if transaction_config is not None else TransactionConfig()
         self.transactions = TransactionService(store, metadata_dir, txn_config, clock)
         self._checks = CheckService(self.transactions, txn_config, self._started_ms)
+        self._sender = SendPath(
+            store,
+            config,
+            clock,
+            self.topics,
+            self.get_topic,
+            self._selector,
+            self.lite,
+            self.transactions,
+            self._received,
+        )
+        self._consume = PopRouter(
+            self._pop,
+            self.lite,
+            self.topics,
+            self._filters,
+            config,
+            check_consumable=self._check_consumable,
+            delivered=self._delivered,
+        )
+        self._pull = PullService(
+            store,
+            self.offsets,
+            self._filters,
+            get_topic=self.get_topic,
+            get_group=self.get_group,
+            check_consumable=self._check_consumable,
+            delivered=self._delivered,
+            reset_pop=self._pop.reset,
+        )
         # Acks, rejects and offset commits decided with a transaction group.
         self.consuming = TransactionalConsume(
             store,
@@ -161,11 +173,12 @@ class Broker:
             self.offsets,
             self.transactions,
             metadata_dir,
-            dead_letter_copy=self._dead_letter_copy,
-            retry_delay_ms=lambda group, attempt: self.get_group(
-                group
-            ).retry_policy.delay_for_attempt(attempt),
-            check_queue=self._check_offset,
+            dead_letter_copy=partial(dead_letter_copy, self.topics),
+            retry_delay_ms=lambda g, attempt: self.get_group(g).retry_policy.delay_for_attempt(
+                attempt
+            ),
+            check_queue=self._pull.check_offset,
+            check_consumable=self._check_consumable,
         )
         self.consuming.recover()
         store.add_listener(self._on_append)
@@ -190,9 +203,7 @@ class Broker:
             self.lite.tick(now)
             self.transactions.maybe_snapshot(now)
             if now - self._last_snapshot_ms >= self.config.offset_persist_interval_ms:
-                self._last_snapshot_ms = now
-                # Offsets and pop state together, with the transactional-commit marker
-                # (transactional_consume.py).
+                self._last_snapshot_ms = now  # offsets and pop state, then the commit marker
                 self.consuming.persist(self._write_consumption_state)
             if now - self._last_drained_check_ms >= _DRAINED_CHECK_INTERVAL_MS:
                 self._last_drained_check_ms = now
@@ -202,10 +213,6 @@ class Broker:
                             topic.name, self._queue_has_messages(topic.name)
                         )
             return self._checks.scanning
-
-    def _write_consumption_state(self) -> None:
-        self.offsets.persist()
-        self._pop.snapshot()
 
     def update_config(self, changes: Mapping[str, Any]) -> BrokerConfig:
         fields = {f.name for f in dataclasses.fields(BrokerConfig)}
@@ -268,19 +275,7 @@ class Broker:
         return [t for t in self.topics.all() if not is_internal_topic(t.name)]
 
     def topic_status(self, name: str) -> list[QueueStatus]:
-        topic = self.get_topic(name)
-        statuses = []
-        for queue_id in topic.readable_queues():
-            low = self.store.min_offset(name, queue_id)
-            high = self.store.max_offset(name, queue_id)
-            last = None
-            if high > low:
-                got = self.store.get(name, queue_id, high - 1, max_messages=1)
-                last = got.messages[0].store_timestamp if got.messages else None
-            statuses.append(
-                QueueStatus(name, queue_id, low, high, last, topic.queue_perm(queue_id))
-            )
-        return statuses
+        return reports.topic_status(self.store, self.get_topic(name))
 
     # -- groups ------------------------------------------------------------------
     def create_group(
@@ -330,23 +325,7 @@ class Broker:
         self.groups.get(group)
         names = [topic] if topic is not None else [t.name for t in self.list_topics()]
         pulled = self.offsets.of_group(group, topic)
-        out = []
-        for name in names:
-            seen: dict[int, tuple[int, int]] = {
-                queue_id: (committed, inflight)
-                for queue_id, committed, _cursor, inflight in self._pop.progress(group, name)
-            }
-            for (t, queue_id), committed in pulled.items():
-                if t == name and queue_id not in seen:
-                    seen[queue_id] = (committed, 0)
-            for queue_id, (committed, inflight) in sorted(seen.items()):
-                high = self.store.max_offset(name, queue_id)
-                out.append(
-                    QueueProgress(
-                        group, name, queue_id, committed, high, max(0, high - committed), inflight
-                    )
-                )
-        return out
+        return reports.group_progress(self.store, group, names, pulled, self._pop.progress)
 
     # -- produce -----------------------------------------------------------------
     def send(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
@@ -355,60 +334,10 @@ class Broker:
         return written.result
 
     def send_nowait(self, messages: Sequence[OutgoingMessage]) -> Written[list[SendResult]]:
-        results = self._send(messages)
-        if not results:
-            return Written(results, _DURABLE)
-        return Written(results, self.store.durable(max(r.end_offset for r in results)))
+        return self._sender.send_nowait(messages)
 
     def sends_cheaply(self, messages: Sequence[OutgoingMessage]) -> bool:
-        find = self.topics.find
-        pending = self.transactions.group_pending
-        return all(
-            find(m.topic) is not None
-            and (
-                m.message_type is not MessageType.TRANSACTION
-                or m.transaction_group is None
-                or pending(m.transaction_group)  # a known open group: no index lookup
-            )
-            for m in messages
-        )
-
-    def _send(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
-        if not messages:
-            return []
-        planned = plan_send(
-            list(messages), self.get_topic, self._selector, self.config, self.clock.now_ms()
-        )
-        for p in planned:
-            lite = split_lite_queue_topic(p.record.topic)
-            if lite is not None:
-                self.lite.reserve(*lite)
-        transaction_ids: list[str | None] = [None] * len(planned)
-        if any(m.message_type is MessageType.TRANSACTION for m in messages):
-            appended, transaction_ids = self.transactions.append(
-                messages, planned
-            )  # halves: invisible
-        else:
-            appended = self.store.append([p.record for p in planned])
-        self._in.add(len(planned))
-        self.statistics.record_in(p.topic for p in planned)
-        return [
-            SendResult(
-                message_id=p.message_id,
-                topic=p.topic,
-                queue_id=p.queue_id,
-                queue_offset=-1
-                if p.delayed
-                else r.queue_offset,  # a half message: its half-queue offset
-                commit_log_offset=r.commit_log_offset,
-                end_offset=r.end_offset,
-                transaction_id=txn,
-                recall_handle=self._recall_handle(p.topic, p.message_id, p.record, r)
-                if p.delayed and r.topic == TIMER_TOPIC
-                else None,
-            )
-            for p, r, txn in zip(planned, appended, transaction_ids, strict=True)
-        ]
+        return self._sender.sends_cheaply(messages)
 
     # -- recall (halfmoon/broker/recall.py) ------------------------------------------
     def recall(self, topic: str, recall_handle: str) -> str:
@@ -417,147 +346,7 @@ class Broker:
         self.timer.cancel(handle.timer_key, handle.message_id)
         return handle.message_id
 
-    def _recall_handle(
-        self, topic: str, message_id: str, record: Message, appended: AppendResult
-    ) -> str:
-        due = int(record.properties[PROPERTY_DELIVERY_TIME])
-        handle = RecallHandle(
-            self.config.name,
-            topic,
-            appended.queue_offset,
-            appended.commit_log_offset,
-            due,
-            message_id,
-        )
-        return encode_recall_handle(handle)
-
-    # -- transactions (halfmoon/broker/transactions) -------------------------------
-    def end_transaction(
-        self,
-        topic: str,
-        message_id: str,
-        transaction_id: str,
-        resolution: str,
-        source: str,
-        producer_group: str | None = None,
-    ) -> TxnState:
-        written = self.end_transaction_nowait(
-            topic, message_id, transaction_id, resolution, source, producer_group
-        )
-        written.durable.result()
-        return written.result.state
-
-    def end_transaction_nowait(
-        self,
-        topic: str,
-        message_id: str,
-        transaction_id: str,
-        resolution: str,
-        source: str,
-        producer_group: str | None = None,
-    ) -> Written[EndResult]:
-        result = self.transactions.end(
-            transaction_id, resolution, source, message_id=message_id, topic=topic
-        )
-        return Written(result, self._durable(result.end_offset))
-
-    def transaction_ends_cheaply(self, transaction_id: str) -> bool:
-        return self.transactions.ends_cheaply(transaction_id)
-
-    def end_transaction_group(
-        self,
-        group_id: str,
-        resolution: str,
-        source: str = "client",
-        consume_actions: int | None = None,
-    ) -> int:
-        written = self.end_transaction_group_nowait(group_id, resolution, source, consume_actions)
-        written.durable.result()
-        return written.result
-
-    def end_transaction_group_nowait(
-        self,
-        group_id: str,
-        resolution: str,
-        source: str = "client",
-        consume_actions: int | None = None,
-    ) -> Written[int]:
-        if consume_actions is None and not self.consuming.holds_actions(group_id):
-            count, end_offset = self.transactions.end_group(group_id, resolution, source)
-            return Written(count, self._durable(end_offset))
-        ended = self.consuming.end(group_id, resolution, source, consume_actions)
-        for topic in ended.topics:  # acks free FIFO queues, rejects change wake-up times
-            self._notify(topic)
-        return Written(ended.members, self._durable(ended.end_offset))
-
-    # -- transactional consumption (halfmoon/broker/transactional_consume.py) -------------
-    def transactional_ack(
-        self, transaction_group: str, group: str, topic: str, receipt_handle: str
-    ) -> None:
-        self._check_transactional(group, topic)
-        self.consuming.ack(transaction_group, group, topic, receipt_handle)
-
-    def transactional_reject(
-        self,
-        transaction_group: str,
-        group: str,
-        topic: str,
-        receipt_handle: str,
-        delay_ms: int | None = None,
-        dead_letter: bool = False,
-    ) -> None:
-        self._check_transactional(group, topic)
-        if dead_letter:
-            self.consuming.dead_letter(transaction_group, group, topic, receipt_handle)
-        else:
-            self.consuming.nack(transaction_group, group, topic, receipt_handle, delay_ms)
-
-    def transactional_offset(
-        self,
-        transaction_group: str,
-        group: str,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        expected: int,
-    ) -> None:
-        self.consuming.commit_offset(transaction_group, group, topic, queue_id, offset, expected)
-
-    def _check_transactional(self, group: str, topic: str) -> None:
-        if self._check_consumable(group, topic).message_type is MessageType.LITE:
-            raise InvalidArgument(
-                f"{topic!r} is a lite topic: its acks cannot join a transaction (ack it plainly)"
-            )
-
-    def _notify(self, topic: str) -> None:
-        for queue_id in self._readable_queue_ids(topic):
-            for callback in list(self._listeners):
-                try:
-                    callback(topic, queue_id)
-                except Exception:
-                    log.exception("arrival listener failed")
-
-    def _durable(self, end_offset: int) -> Future[None]:
-        return self.store.durable(end_offset) if end_offset else _DURABLE
-
-    def list_transactions(
-        self, topic: str | None = None, limit: int = 1000
-    ) -> list[TransactionInfo]:
-        return self.transactions.list(topic=topic, limit=limit)
-
-    def parked_transactions(self, limit: int = 1000) -> list[TransactionInfo]:
-        return self.transactions.list(state=TxnState.PARKED, limit=limit)
-
-    def resume_transaction(self, transaction_id: str) -> TransactionInfo:
-        return self.transactions.resume(transaction_id)
-
-    def set_check_sender(self, sender: CheckSender | None) -> None:
-        self._checks.set_sender(sender)
-
-    def transaction_stats(self) -> TransactionStats:
-        return self.transactions.stats()
-
-    # -- pop ---------------------------------------------------------------------
+    # -- pop (halfmoon/broker/pop_router.py) -------------------------------------
     def receive(
         self,
         group: str,
@@ -568,35 +357,18 @@ class Broker:
         client_id: str = "",
         queue_id: int | None = None,
     ) -> list[MessageView]:
-        config = self._check_consumable(group, topic)
-        if queue_id is not None:
-            self._check_queue(config, queue_id)
-        compiled = self._filters.get(filter)
-        invisible_ms = invisible_ms or self.config.default_invisible_ms
-        if config.message_type is MessageType.LITE:  # the lite topics client_id subscribes to
-            views = self.lite.receive(
-                group, topic, client_id, compiled.compiled, batch_size, invisible_ms
-            )
-        else:
-            views = self._pop.receive(
-                group, topic, compiled.compiled, batch_size, invisible_ms, queue_id
-            )
-        self._out.add(len(views))
-        self.statistics.record_out(group, topic, len(views))
-        return views
+        return self._consume.receive(
+            group, topic, filter, batch_size, invisible_ms, client_id, queue_id
+        )
 
     def subscribe(self, group: str, topic: str) -> None:
         """Fix a new group's start position in ``topic`` now (call when a consumer subscribes)."""
-        if self._check_consumable(group, topic).message_type is not MessageType.LITE:
-            self._pop.subscribe(group, topic)  # lite topics: SyncLiteSubscription says what
+        self._consume.subscribe(group, topic)
 
     def ack(
         self, group: str, topic: str, receipt_handle: str, lite_topic: str | None = None
     ) -> None:
-        if self._is_lite(topic, lite_topic):
-            self.lite.ack(group, topic, lite_topic, receipt_handle)
-        else:
-            self._pop.ack(group, topic, receipt_handle)
+        self._consume.ack(group, topic, receipt_handle, lite_topic)
 
     def change_invisible_duration(
         self,
@@ -606,25 +378,17 @@ class Broker:
         invisible_ms: int,
         lite_topic: str | None = None,
     ) -> str:
-        if self._is_lite(topic, lite_topic):
-            return self.lite.change_invisible_duration(
-                group, topic, lite_topic, receipt_handle, invisible_ms
-            )
-        return self._pop.change_invisible_duration(group, topic, receipt_handle, invisible_ms)
+        return self._consume.change_invisible_duration(
+            group, topic, receipt_handle, invisible_ms, lite_topic
+        )
 
     def forward_to_dead_letter(
         self, group: str, topic: str, receipt_handle: str, lite_topic: str | None = None
     ) -> None:
-        if self._is_lite(topic, lite_topic):
-            self.lite.forward_to_dead_letter(group, topic, lite_topic, receipt_handle)
-        else:
-            self._pop.forward_to_dead_letter(group, topic, receipt_handle)
+        self._consume.forward_to_dead_letter(group, topic, receipt_handle, lite_topic)
 
     def next_wakeup_ms(self, group: str, topic: str, client_id: str = "") -> int | None:
-        config = self.topics.find(topic)
-        if config is not None and config.message_type is MessageType.LITE:
-            return self.lite.next_wakeup_ms(group, topic, client_id)
-        return self._pop.next_wakeup_ms(group, topic)
+        return self._consume.next_wakeup_ms(group, topic, client_id)
 
     # -- lite topics (halfmoon/broker/lite.py) -------------------------------------
     def sync_lite_subscription(
@@ -673,12 +437,7 @@ class Broker:
             )
         return config
 
-    def _is_lite(self, topic: str, lite_topic: str | None) -> bool:
-        """Whether ``topic`` is a lite parent (then ``lite_topic`` names the queue; required)."""
-        config = self.topics.find(topic)
-        return config is not None and config.message_type is MessageType.LITE
-
-    # -- pull --------------------------------------------------------------------
+    # -- pull (halfmoon/broker/pull.py) -------------------------------------------
     def pull(
         self,
         group: str,
@@ -688,77 +447,21 @@ class Broker:
         batch_size: int,
         filter: FilterSpec,
     ) -> PullResult:
-        config = self._check_consumable(group, topic)
-        self._check_queue(config, queue_id)
-        if offset < 0:
-            raise IllegalOffset(f"offset must be >= 0, got {offset}")
-        if not 1 <= batch_size <= MAX_PULL_BATCH:
-            raise InvalidArgument(f"batch size must be 1 to {MAX_PULL_BATCH}, got {batch_size}")
-        compiled = self._filters.get(filter)
-        got = self.store.get(
-            topic,
-            queue_id,
-            offset,
-            batch_size,
-            tag_hashes=compiled.tag_hashes,
-            predicate=compiled.predicate,
-        )
-        status = got.status
-        if status is GetStatus.NO_SUCH_QUEUE:  # a queue of a known topic that has no data yet
-            status = GetStatus.NO_MESSAGE if offset == 0 else GetStatus.OFFSET_OVERFLOW
-        views = [MessageView.of(m) for m in got.messages]
-        self._out.add(len(views))
-        self.statistics.record_out(group, topic, len(views))
-        return PullResult(status, views, got.next_offset, got.min_offset, got.max_offset)
+        return self._pull.pull(group, topic, queue_id, offset, batch_size, filter)
 
     def get_offset(self, group: str, topic: str, queue_id: int) -> int:
-        self.get_group(group)
-        self._check_queue(self.get_topic(topic), queue_id)
-        offset = self.offsets.get(group, topic, queue_id)
-        if offset is None:
-            raise OffsetNotFound(
-                f"group {group!r} has no committed offset for {topic!r} queue {queue_id}; "
-                "start with query_offset"
-            )
-        return offset
+        return self._pull.get_offset(group, topic, queue_id)
 
     def update_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        self._check_offset(group, topic, queue_id, offset)
-        self.offsets.set(group, topic, queue_id, offset)
-
-    def _check_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        self.get_group(group)
-        self._check_queue(self.get_topic(topic), queue_id)
-        high = self.store.max_offset(topic, queue_id)
-        if not 0 <= offset <= high:
-            raise IllegalOffset(
-                f"offset {offset} is outside queue {queue_id} of {topic!r} (0 to {high})"
-            )
+        self._pull.update_offset(group, topic, queue_id, offset)
 
     def query_offset(
         self, topic: str, queue_id: int, policy: str, timestamp: int | None = None
     ) -> int:
-        self._check_queue(self.get_topic(topic), queue_id)
-        if policy == "beginning":
-            return self.store.min_offset(topic, queue_id)
-        if policy == "end":
-            return self.store.max_offset(topic, queue_id)
-        if policy == "timestamp":
-            if timestamp is None:
-                raise InvalidArgument("query_offset by timestamp needs a timestamp")
-            return self.store.offset_for_timestamp(topic, queue_id, timestamp)
-        raise InvalidArgument(f"unknown offset policy {policy!r}: use beginning, end or timestamp")
+        return self._pull.query_offset(topic, queue_id, policy, timestamp)
 
     def reset_offset(self, group: str, topic: str, timestamp: int) -> dict[int, int]:
-        self.get_group(group)
-        config = self.get_topic(topic)
-        offsets = {}
-        for queue_id in config.readable_queues():
-            offset = self.store.offset_for_timestamp(topic, queue_id, timestamp)
-            offsets[queue_id] = offset
-            self.offsets.set(group, topic, queue_id, offset)
-            self._pop.reset(group, topic, queue_id, offset)
-        return offsets
+        return self._pull.reset_offset(group, topic, timestamp)
 
     # -- reading stored messages (halfmoon/broker/browse.py) ------------------------
     def messages_by_id(self, message_id: str, topic: str | None = None) -> list[MessageView]:
@@ -816,97 +519,52 @@ class Broker:
         return self.statistics.rows(topic=topic, group=group)
 
     def status(self) -> BrokerStatus:
-        stats = self.store.stats()
-        return BrokerStatus(
-            name=self.config.name,
-            uptime_ms=self.clock.now_ms() - self._started_ms,
+        return reports.broker_status(
+            self.config.name,
+            self.clock.now_ms() - self._started_ms,
+            self.store.stats(),
             topics=len(self.list_topics()),
             groups=len(self.groups.all()),
-            queues=stats.queues,
-            messages_in_total=self._in.total,
-            messages_out_total=self._out.total,
-            tps_in=self._in.per_second(),
-            tps_out=self._out.per_second(),
-            disk_bytes=stats.disk_bytes,
-            commit_log_min_offset=stats.commit_log_min_offset,
-            commit_log_max_offset=stats.commit_log_max_offset,
-            commit_log_flushed_offset=stats.commit_log_flushed_offset,
+            received=self._in,
+            delivered=self._out,
             pending_delay_messages=self.timer.pending,
         )
 
     # -- internals -----------------------------------------------------------------
     def _check_consumable(self, group: str, topic: str) -> TopicConfig:
-        config = self.get_topic(topic)
-        if not config.readable:
-            raise PermissionDenied(f"topic {topic!r} is not readable (perm {config.perm!r})")
-        if is_internal_topic(config.name):
-            raise PermissionDenied(f"topic {topic!r} is internal to the broker")
-        if not self.get_group(group).consume_enabled:
-            raise PermissionDenied(f"consumer group {group!r} has consuming disabled")
-        return config
-
-    @staticmethod
-    def _check_queue(config: TopicConfig, queue_id: int) -> None:
-        if queue_id not in config.readable_queues():
-            raise IllegalQueueId(
-                f"topic {config.name!r} has no queue {queue_id} "
-                f"(0 to {len(config.readable_queues()) - 1})"
-            )
+        return check_consumable(self.get_topic, self.get_group, group, topic)
 
     def _queue_has_messages(self, topic: str) -> Callable[[int], bool]:
         return lambda q: self.store.max_offset(topic, q) > self.store.min_offset(topic, q)
 
-    def _readable_queue_ids(self, topic: str) -> list[int]:
-        config = self.topics.find(topic)
-        if config is None or not config.readable:
-            return []
-        if config.message_type is MessageType.PRIORITY:
-            return scan_order(list(config.readable_queues()))
-        return list(config.readable_queues())
+    def _received(self, topics: list[str]) -> None:
+        self._in.add(len(topics))
+        self.statistics.record_in(topics)
 
-    def _is_priority_topic(self, topic: str) -> bool:
-        config = self.topics.find(topic)
-        return config is not None and config.message_type is MessageType.PRIORITY
+    def _delivered(self, group: str, topic: str, count: int) -> None:
+        self._out.add(count)
+        self.statistics.record_out(group, topic, count)
 
     def _pop_settings(self, group: str) -> PopGroupSettings:
         config = self.get_group(group)
         return PopGroupSettings(config.fifo, config.max_delivery_attempts, config.consume_from)
 
     def _dead_letter(self, group: str, stored: StoredMessage, attempts: int) -> None:
-        """Copy a message that failed ``attempts`` times into ``%DLQ%<group>`` (durably)."""
-        self.store.put([self._dead_letter_copy(group, stored, attempts)])
+        write_dead_letter(self.store, self.topics, group, stored, attempts)
 
-    def _dead_letter_copy(self, group: str, stored: StoredMessage, attempts: int) -> Message:
-        """The record of ``stored`` in ``%DLQ%<group>`` (the topic is created if needed)."""
-        topic = self.topics.ensure_dead_letter_topic(group)
-        props = dict(stored.properties)
-        props[PROPERTY_DLQ_ORIGIN_GROUP] = group
-        props[PROPERTY_DELIVERY_ATTEMPT] = str(attempts)
-        if stored.unique_id:
-            props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, stored.unique_id)
-        return Message(
-            topic=topic.name,
-            body=stored.body,
-            queue_id=0,
-            properties=props,
-            flags=stored.flags,
-            born_timestamp=stored.born_timestamp,
-            born_host=stored.born_host,
-            reconsume_times=attempts,
-        )
-
-    def _delay_route(self, topic: str, queue_id: int) -> int | None:
-        config = self.topics.find(topic)
-        if config is None:
-            return None
-        return queue_id if queue_id < config.queue_count else queue_id % config.queue_count
+    def _write_consumption_state(self) -> None:
+        self.offsets.persist()
+        self._pop.snapshot()
 
     def _on_append(self, result: AppendResult) -> None:
         if is_internal_topic(result.topic):
             return  # timer, half, op and parked records: no consumer waits on them
-        topic = parent_topic_of(result.topic) or result.topic  # lite consumers wait on the parent
+        # lite consumers wait on the parent
+        self._wake(parent_topic_of(result.topic) or result.topic, result.queue_id)
+
+    def _wake(self, topic: str, queue_id: int) -> None:
         for callback in list(self._listeners):
             try:
-                callback(topic, result.queue_id)
+                callback(topic, queue_id)
             except Exception:
                 log.exception("arrival listener failed")

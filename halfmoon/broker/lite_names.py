@@ -61,7 +61,8 @@ def check_lite_topic(
     if parent and len(lite_queue_topic_unchecked(parent, name)) > MAX_STORE_TOPIC_LENGTH:
         raise IllegalLiteTopic(
             f"lite topic {name!r} under {parent!r} is too long: the parent and lite topic "
-            f"names together may have at most {MAX_STORE_TOPIC_LENGTH - len(LITE_QUEUE_PREFIX) - 1} "
+            "names together may have at most "
+            f"{MAX_STORE_TOPIC_LENGTH - len(LITE_QUEUE_PREFIX) - 1} "
             "characters"
         )
     return name

@@ -34,19 +34,18 @@ A last delivery whose invisible time ends is dead-lettered in the
 background too (:meth:`PopService.revive`, from ``Broker.tick``): see
 :mod:`halfmoon.broker.revive`.
 
+The state table, where a new group starts, the queries, administration and
+the snapshot are :mod:`halfmoon.broker.pop_state`; this module delivers.
+
 Invisible-time bounds are RocketMQ's proxy defaults: a receive hides a
 message for 10 s .. 12 h, a change of invisible duration 0 .. 12 h.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-import os
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
 from halfmoon.broker.clock import Clock
@@ -54,19 +53,16 @@ from halfmoon.broker.consumption import (
     InFlight,
     QueueConsumption,
     TopicConsumption,
-    read_snapshot,
-    write_snapshot,
 )
 from halfmoon.broker.filter import MessageFilter
 from halfmoon.broker.message import MessageView
+from halfmoon.broker.pop_state import PopGroupSettings, PopStates, default_hot_data_bytes
 from halfmoon.broker.receipt import (
     MIN_CHANGE_INVISIBLE_MS,
     MIN_RECEIVE_INVISIBLE_MS,
     InvalidReceiptHandle,
-    ReceiptCodec,
     ReceiptHandle,
     check_invisible_ms,
-    new_receipt_key,
 )
 from halfmoon.broker.revive import ReviveQueue
 from halfmoon.errors import InvalidArgument
@@ -84,28 +80,18 @@ MAX_READS_PER_QUEUE = 4
 
 DeadLetter = Callable[[str, StoredMessage, int], None]
 
-
-def default_hot_data_bytes() -> int:
-    """40 % of physical memory: RocketMQ's ``accessMessageInMemoryMaxRatio`` default."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 40 // 100
-    except (ValueError, OSError):  # not on this platform: assume 4 GiB of memory
-        return 4 * 1024**3 * 40 // 100
-
-
-@dataclass(frozen=True, slots=True)
-class PopGroupSettings:
-    """What pop needs to know about a consumer group."""
-
-    fifo: bool = False
-    max_delivery_attempts: int = 17
-    consume_from: str = "latest"  # where a new group starts: "earliest" | "latest" | "auto"
-    # With fifo: order every message of a queue, not only those with a message group
-    # (lite topics: one queue per lite topic, always delivered in order).
-    every_message_ordered: bool = False
+__all__ = [
+    "DEAD_LETTER_RETRY_MS",
+    "DeadLetter",
+    "PopGroupSettings",
+    "PopService",
+    "default_hot_data_bytes",
+]
 
 
-class PopService:
+class PopService(PopStates):
+    """Pop deliveries over :class:`~halfmoon.broker.pop_state.PopStates`."""
+
     def __init__(
         self,
         store: Store,
@@ -119,27 +105,19 @@ class PopService:
         hot_data_bytes: int = 0,
         priority_order: Callable[[str], bool] = lambda topic: False,
     ) -> None:
-        self._store = store
-        self._clock = clock
-        self._topic_queues = topic_queues
-        self._group_settings = group_settings
+        super().__init__(
+            store,
+            clock,
+            topic_queues=topic_queues,
+            group_settings=group_settings,
+            state_path=state_path,
+            hot_data_bytes=hot_data_bytes,
+        )
         self._dead_letter = dead_letter
-        self._state_path = state_path
         self._min_receive_invisible_ms = min_receive_invisible_ms
-        self._hot_data_bytes = hot_data_bytes or default_hot_data_bytes()
         # Topics whose receives start at the first of topic_queues every time: priority
         # topics, which list their queues highest priority first (priority.py).
         self._priority_order = priority_order
-        self._states: dict[tuple[str, str], TopicConsumption] = {}
-        self._states_lock = threading.Lock()
-        self._snapshot_lock = threading.Lock()
-        self._membership_changed = False  # a state was dropped since the last snapshot
-        snapshot = read_snapshot(state_path) if state_path is not None else None
-        self._codec = ReceiptCodec(snapshot.receipt_key if snapshot else new_receipt_key())
-        # Epochs must never repeat, even across a crash that lost the last
-        # snapshot: start above both the saved counter and 1024 per elapsed ms.
-        first_epoch = max(snapshot.next_epoch if snapshot else 0, clock.now_ms() * 1024)
-        self._epochs = itertools.count(first_epoch)
         self._revive = ReviveQueue(
             self._states,
             lambda group: self._group_settings(group).max_delivery_attempts,
@@ -148,10 +126,8 @@ class PopService:
             lambda: next(self._epochs),
             retry_ms=DEAD_LETTER_RETRY_MS,
         )
-        if snapshot:
-            for state in snapshot.topics:
-                self._states[(state.group, state.topic)] = state
-                self._revive.watch_restored(state)
+        for state in self._states.values():  # restored from the snapshot
+            self._revive.watch_restored(state)
 
     # -- receive -------------------------------------------------------------
 
@@ -551,156 +527,3 @@ class PopService:
                 "visible again and was redelivered; receive it again"
             )
         return queue, entry
-
-    # -- queries and administration ------------------------------------------
-
-    def subscribe(self, group: str, topic: str) -> None:
-        """Fix where a new group starts in ``topic`` now, before its first receive.
-
-        With ``consume_from="latest"``, a group's position is taken at its first
-        contact with a topic; calling this when a consumer subscribes makes
-        messages sent between subscribing and the first receive count.
-        """
-        queue_ids = self._topic_queues(topic)
-        settings = self._group_settings(group)
-        state = self._state(group, topic)
-        with state.lock:
-            self._ensure_queues(state, queue_ids, settings)
-
-    def next_wakeup_ms(self, group: str, topic: str) -> int | None:
-        """When an in-flight message of ``topic`` may next become deliverable (maybe past).
-
-        None when nothing is in flight. For a FIFO-blocked queue, the time the
-        block ends rather than an earlier expiry behind it.
-        """
-        state = self._states.get((group, topic))
-        if state is None:
-            return None
-        earliest: int | None = None
-        with state.lock:
-            now = self._clock.now_ms()
-            for queue in state.queues.values():
-                if queue.ordered and queue.fifo_blocked(now):
-                    wake: int | None = max(queue.inflight[o].visible_at for o in queue.ordered)
-                else:
-                    wake = queue.next_visible_at()
-                if wake is not None and (earliest is None or wake < earliest):
-                    earliest = wake
-        return earliest
-
-    def progress(self, group: str, topic: str) -> list[tuple[int, int, int, int]]:
-        """(queue_id, committed, cursor, inflight_count) for each queue the group has touched."""
-        state = self._states.get((group, topic))
-        if state is None:
-            return []
-        with state.lock:
-            return [
-                (queue_id, queue.committed, queue.cursor, len(queue.inflight))
-                for queue_id, queue in sorted(state.queues.items())
-            ]
-
-    def drop_group(self, group: str) -> None:
-        """Forget everything about ``group`` (its handles stop working)."""
-        with self._states_lock:
-            for key in [key for key in self._states if key[0] == group]:
-                del self._states[key]
-                self._membership_changed = True
-
-    def reset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        """Restart ``group`` at ``offset`` in one queue; its in-flight deliveries there die."""
-        state = self._state(group, topic)
-        with state.lock:
-            queue = state.queues.get(queue_id)
-            if queue is None:
-                state.queues[queue_id] = QueueConsumption(offset)
-            else:
-                queue.reset(offset)
-            state.dirty = True
-
-    # -- persistence ---------------------------------------------------------
-
-    def snapshot(self) -> None:
-        """Write the state file if anything changed since the last write (atomic)."""
-        if self._state_path is None:
-            return
-        with self._snapshot_lock:
-            with self._states_lock:
-                states = list(self._states.values())
-                changed = self._membership_changed
-                self._membership_changed = False
-            documents = []
-            try:
-                for state in states:
-                    with state.lock:
-                        if state.dirty or state.saved is None:
-                            state.saved = state.to_json()
-                            state.dirty = False
-                            changed = True
-                        documents.append(state.saved)
-                if changed:
-                    write_snapshot(self._state_path, self._codec.key, next(self._epochs), documents)
-            except BaseException:
-                self._membership_changed = True  # make the next snapshot write
-                raise
-
-    def close(self) -> None:
-        self.snapshot()
-
-    # -- internals -----------------------------------------------------------
-
-    def _state(self, group: str, topic: str) -> TopicConsumption:
-        key = (group, topic)
-        state = self._states.get(key)
-        if state is None:
-            with self._states_lock:
-                state = self._states.get(key)
-                if state is None:
-                    state = self._states[key] = TopicConsumption(group, topic)
-        return state
-
-    def _ensure_queues(
-        self, state: TopicConsumption, queue_ids: list[int], settings: PopGroupSettings
-    ) -> None:
-        """Give every readable queue a position; called with ``state.lock`` held.
-
-        "latest" and "auto" apply only to a group's first contact with the topic: a
-        queue added later starts at its beginning, since all of it is news to the group.
-        """
-        queues = state.queues
-        first_contact = not queues
-        for queue_id in queue_ids:
-            if queue_id in queues:
-                continue
-            if first_contact and settings.consume_from == "latest":
-                start = self._store.max_offset(state.topic, queue_id)
-            elif first_contact and settings.consume_from == "auto":
-                start = self._auto_start(state.topic, queue_id)
-            else:
-                start = self._store.min_offset(state.topic, queue_id)
-            queues[queue_id] = QueueConsumption(start)
-            state.dirty = True
-
-    def _auto_start(self, topic: str, queue_id: int) -> int:
-        """RocketMQ 5's first pop position (``PopMessageProcessor.getInitOffset``, mode MAX).
-
-        The queue's first message when the queue still starts at offset 0 and that
-        message is hot (``initPopOffsetByCheckMsgInMem``): a consumer started right
-        after its producer gets everything. Otherwise the queue's last message, so
-        the newest one is still delivered but an old backlog is not replayed.
-        """
-        end = self._store.max_offset(topic, queue_id)
-        if end == 0:
-            return 0
-        if self._store.min_offset(topic, queue_id) == 0:
-            first = self._store.get(topic, queue_id, 0, max_messages=1)
-            if first.messages and first.messages[0].queue_offset == 0:
-                log_end = self._store.stats().commit_log_max_offset
-                if log_end - first.messages[0].commit_log_offset <= self._hot_data_bytes:
-                    return 0
-        return end - 1
-
-    def _read(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
-        result = self._store.get(topic, queue_id, offset, max_messages=1)
-        if result.messages and result.messages[0].queue_offset == offset:
-            return result.messages[0]
-        return None

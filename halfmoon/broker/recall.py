@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from halfmoon.broker.message import PROPERTY_DELIVERY_TIME, PROPERTY_REAL_TOPIC
 from halfmoon.broker.topics import TIMER_TOPIC
 from halfmoon.errors import HalfmoonError, NotFound
-from halfmoon.store.api import Store
-from halfmoon.store.message import StoredMessage
+from halfmoon.store.api import AppendResult, Store
+from halfmoon.store.message import Message, StoredMessage
 
 VERSION = 1
 MAX_HANDLE_LENGTH = 2048  # characters; a real handle is ~100
@@ -133,6 +133,22 @@ def decode(text: str) -> RecallHandle:
     return RecallHandle(broker, topic, timer_offset, commit_log_offset, due_ms, message_id)
 
 
+def recall_handle(
+    broker: str, topic: str, message_id: str, record: Message, appended: AppendResult
+) -> str:
+    """The handle a delay message's sender gets back to recall it before it is due."""
+    due = int(record.properties[PROPERTY_DELIVERY_TIME])
+    handle = RecallHandle(
+        broker,
+        topic,
+        appended.queue_offset,
+        appended.commit_log_offset,
+        due,
+        message_id,
+    )
+    return encode(handle)
+
+
 def names_record(handle: RecallHandle, stored: StoredMessage) -> bool:
     """Whether ``stored`` is the timer record ``handle`` was issued for."""
     return (
@@ -181,7 +197,8 @@ def _read_record(store: Store, handle: RecallHandle) -> StoredMessage | None:
             stats = store.stats()
             if handle.commit_log_offset < stats.commit_log_min_offset:
                 raise RecallTooLate(
-                    f"delay message {handle.message_id} is gone from the store (delivered long ago and "
+                    f"delay message {handle.message_id} is gone from the store (delivered long ago "
+                    "and "
                     "removed by retention); it cannot be recalled"
                 ) from None
             if attempt or handle.commit_log_offset >= stats.commit_log_max_offset:

@@ -28,6 +28,7 @@ from pathlib import Path
 from halfmoon.broker.config import read_json, write_json_atomic
 from halfmoon.broker.errors import IllegalTopic, TopicExists, TopicNotFound
 from halfmoon.broker.message import MessageType
+from halfmoon.broker.priority import scan_order
 from halfmoon.errors import InvalidArgument
 
 TIMER_TOPIC = "%HM_TIMER%"
@@ -183,6 +184,26 @@ class TopicRegistry:
 
     def find(self, name: str) -> TopicConfig | None:
         return self._topics.get(name)
+
+    def readable_queue_ids(self, name: str) -> list[int]:
+        """The queues a pop scans, in scan order (a priority topic's highest first)."""
+        config = self.find(name)
+        if config is None or not config.readable:
+            return []
+        if config.message_type is MessageType.PRIORITY:
+            return scan_order(list(config.readable_queues()))
+        return list(config.readable_queues())
+
+    def is_priority(self, name: str) -> bool:
+        config = self.find(name)
+        return config is not None and config.message_type is MessageType.PRIORITY
+
+    def delay_route(self, name: str, queue_id: int) -> int | None:
+        """The queue a due delay message goes to (its own, folded if the topic shrank)."""
+        config = self.find(name)
+        if config is None:
+            return None
+        return queue_id if queue_id < config.queue_count else queue_id % config.queue_count
 
     def all(self) -> list[TopicConfig]:
         with self._lock:

@@ -58,9 +58,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from halfmoon.broker.config import read_json, write_json_atomic
+from halfmoon.broker.message import MessageType
 from halfmoon.broker.offsets import OffsetTable
 from halfmoon.broker.pop import PopService
 from halfmoon.broker.receipt import ReceiptHandle
+from halfmoon.broker.topics import TopicConfig
 from halfmoon.broker.transactions.consume import (
     ActionKind,
     ConsumeAction,
@@ -106,6 +108,7 @@ class TransactionalConsume:
         dead_letter_copy: DeadLetterCopy,
         retry_delay_ms: Callable[[str, int], int],
         check_queue: Callable[[str, str, int, int], None],
+        check_consumable: Callable[[str, str], TopicConfig],
     ) -> None:
         self._store = store
         self._pop = pop
@@ -115,6 +118,7 @@ class TransactionalConsume:
         self._dead_letter_copy = dead_letter_copy
         self._retry_delay_ms = retry_delay_ms
         self._check_queue = check_queue  # (group, topic, queue_id, offset): raises if illegal
+        self._check_consumable = check_consumable  # (group, topic): the topic, or raises
         self.ledger = ConsumeLedger()
         self._commit_lock = threading.Lock()
         self._applied_end = 0  # commit-log end of the last commit applied in memory
@@ -131,6 +135,20 @@ class TransactionalConsume:
                 ActionKind.ACK, group, topic, receipt.queue_id, receipt.queue_offset, receipt.epoch
             ),
         )
+
+    def reject(
+        self,
+        transaction_group: str,
+        group: str,
+        topic: str,
+        handle: str,
+        delay_ms: int | None,
+        dead_letter: bool,
+    ) -> None:
+        if dead_letter:
+            self.dead_letter(transaction_group, group, topic, handle)
+        else:
+            self.nack(transaction_group, group, topic, handle, delay_ms)
 
     def nack(
         self, transaction_group: str, group: str, topic: str, handle: str, delay_ms: int | None
@@ -200,6 +218,10 @@ class TransactionalConsume:
     def _delivery(
         self, transaction_group: str, group: str, topic: str, handle: str
     ) -> tuple[ReceiptHandle, int]:
+        if self._check_consumable(group, topic).message_type is MessageType.LITE:
+            raise InvalidArgument(
+                f"{topic!r} is a lite topic: its acks cannot join a transaction (ack it plainly)"
+            )
         self._open_group(transaction_group)
         return self._pop.delivery(group, topic, handle)
 
@@ -225,6 +247,9 @@ class TransactionalConsume:
     ) -> ConsumeEnd:
         """Decide the group with its consume actions (see the module docs)."""
         check_group_id(transaction_group)
+        if expected_actions is None and not self.holds_actions(transaction_group):
+            members, end = self._transactions.end_group(transaction_group, resolution, source)
+            return ConsumeEnd(members, end, frozenset())
         if resolution.lower() != "commit":
             self.ledger.take(transaction_group)
             members, end = self._transactions.end_group(transaction_group, resolution, source)
@@ -249,8 +274,8 @@ class TransactionalConsume:
                 if stale is not None:
                     self.fenced_total += 1
                     fenced = TransactionFenced(
-                        f"TRANSACTION_FENCED: transaction group {transaction_group!r} was rolled back: "
-                        f"{stale}"
+                        f"TRANSACTION_FENCED: transaction group {transaction_group!r} was "
+                        f"rolled back: {stale}"
                     )
                 else:
                     try:

@@ -105,7 +105,8 @@ class AdminClient:
             return json.loads(payload)
         except ValueError:
             raise CliError(
-                f"the admin API at {self.base_url} answered {method} {path} with something not JSON",
+                f"the admin API at {self.base_url} answered {method} {path} "
+                "with something not JSON",
                 "BAD_RESPONSE",
             ) from None
 

@@ -1,6 +1,9 @@
 """``halfmoon cluster list|status|config``: brokers, the numbers operators watch, runtime settings.
 
 RocketMQ's clusterList, brokerStatus and getBrokerConfig / updateBrokerConfig.
+``cluster list --coordinator etcd://HOST:PORT --cluster NAME`` reads a cluster's
+brokers and proxies from etcd itself (see docs/cluster.md), so it answers even
+when no broker does; without ``--coordinator`` it asks one broker's admin API.
 ``config set`` changes only keys the broker reads at each use; the change
 lasts until the process stops (put it in the configuration file to keep it).
 """
@@ -8,11 +11,15 @@ lasts until the process stops (put it in the configuration file to keep it).
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from halfmoon.cli.admin_client import CliError
 from halfmoon.cli.parser import UsageError, add_command, client, emit
 from halfmoon.cli.table import cell, format_duration_ms, format_size, render_record, render_table
+from halfmoon.cluster.etcd_json import parse_coordinator
+from halfmoon.cluster.keys import check_name
+from halfmoon.cluster.members import read_members
 
 CLUSTER_COLUMNS = [
     ("cluster", "CLUSTER"),
@@ -25,6 +32,19 @@ CLUSTER_COLUMNS = [
     ("tps_out", "OUT/S"),
     ("uptime_ms", "UPTIME"),
 ]
+MEMBER_COLUMNS = [
+    ("role", "ROLE"),
+    ("name", "NAME"),
+    ("endpoint", "ENDPOINT"),
+    ("state", "STATE"),
+    ("expires_in_s", "LEASE"),
+    ("queues", "QUEUES"),
+    ("host", "HOST"),
+    ("pid", "PID"),
+    ("uptime_ms", "UPTIME"),
+]
+COORDINATOR_ENV = "HALFMOON_COORDINATOR"
+CLUSTER_ENV = "HALFMOON_CLUSTER"
 # What an operator looks at first, in this order; any other field follows.
 STATUS_FIRST = [
     ("name", "broker"),
@@ -53,7 +73,20 @@ def register(commands: argparse._SubParsersAction) -> None:
         "cluster", help="brokers, broker status and runtime configuration"
     )
     sub = cluster.add_subparsers(dest="cluster_command", metavar="ACTION", required=True)
-    add_command(sub, "list", list_brokers, "list the brokers and their addresses")
+    listing = add_command(sub, "list", list_brokers, "list the brokers and their addresses")
+    listing.add_argument(
+        "--coordinator",
+        metavar="URL",
+        default=None,
+        help="read the cluster's brokers and proxies from etcd, etcd://HOST:PORT[,HOST:PORT...] "
+        f"(default: ${COORDINATOR_ENV}; without it, ask the broker at --admin)",
+    )
+    listing.add_argument(
+        "--cluster",
+        metavar="NAME",
+        default=None,
+        help=f"the cluster to list, with --coordinator (default: ${CLUSTER_ENV})",
+    )
     add_command(sub, "status", broker_status, "TPS in/out, disk, pending transactions and more")
 
     config = sub.add_parser("config", help="show or change runtime-changeable settings")
@@ -65,9 +98,43 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def list_brokers(args: argparse.Namespace) -> None:
+    coordinator = args.coordinator or os.environ.get(COORDINATOR_ENV)
+    if coordinator:
+        list_members(args, coordinator)
+        return
     answer = client(args).get("/v1/cluster")
     rows = [{"cluster": answer["cluster"], **b} for b in answer["brokers"]]
     emit(args, answer, lambda: render_table(rows, CLUSTER_COLUMNS))
+
+
+def list_members(args: argparse.Namespace, coordinator: str) -> None:
+    cluster = args.cluster or os.environ.get(CLUSTER_ENV)
+    if not cluster:
+        raise UsageError(f"--coordinator needs --cluster NAME (or ${CLUSTER_ENV})", "USAGE")
+    answer = read_members(parse_coordinator(coordinator), check_name("cluster", cluster))
+
+    def human() -> str:
+        rows = [
+            member_row(role, member)
+            for role, kind in (("broker", "brokers"), ("proxy", "proxies"))
+            for member in answer[kind]
+        ]
+        if not rows:
+            return f"cluster {cluster!r}: no broker or proxy is registered"
+        return render_table(rows, MEMBER_COLUMNS)
+
+    emit(args, answer, human)
+
+
+def member_row(role: str, member: dict[str, Any]) -> dict[str, Any]:
+    uptime, expires = member.get("uptime_ms"), member.get("expires_in_s")
+    return {
+        **member,
+        "role": role,
+        "uptime_ms": format_duration_ms(uptime) if isinstance(uptime, int) else "",
+        "expires_in_s": f"{expires}s" if isinstance(expires, int) else "",
+        "queues": member.get("queues", ""),
+    }
 
 
 def broker_status(args: argparse.Namespace) -> None:
@@ -91,7 +158,8 @@ def config_get(args: argparse.Namespace) -> None:
         match = [k for k in keys if k["key"] == args.key]
         if not match:
             raise CliError(
-                f"{args.key!r} is not a runtime-changeable key; they are: {', '.join(k['key'] for k in keys)}",
+                f"{args.key!r} is not a runtime-changeable key; they are: "
+                f"{', '.join(k['key'] for k in keys)}",
                 "ILLEGAL_CONFIG",
             )
         emit(args, match[0], lambda: readable(match[0]["key"], match[0]["value"]))

@@ -85,7 +85,9 @@ anything, with one line naming the key, where the value came from and the
 accepted form, e.g.:
 
 ```
-halfmoon: error: bad value 'soon' for store.flush_interval (from --set store.flush_interval=soon): expected a duration such as 500ms, 6s, 1m, 2h, 1d (a bare number means seconds) (ILLEGAL_CONFIG)
+halfmoon: error: bad value 'soon' for store.flush_interval (from --set \
+store.flush_interval=soon): expected a duration such as 500ms, 6s, 1m, 2h, 1d (a bare \
+number means seconds) (ILLEGAL_CONFIG)
 ```
 
 Variables starting with `HALFMOON_` that name no section (such as
@@ -95,17 +97,24 @@ Variables starting with `HALFMOON_` that name no section (such as
 
 # Descriptions for keys whose dataclass field carries no comment.
 MEANINGS = {
-    "store.data_dir": "Directory of everything halfmoon stores: commit log, consume queues, key index, checkpoint.",
+    "store.data_dir": "Directory of everything halfmoon stores: commit log, consume queues, key "
+    "index, checkpoint.",
     "store.segment_size": "Commit-log segment size (a multiple of 4096, at least 64KiB).",
-    "store.flush": "sync: acknowledge a send after fsync (group commit); async: after the write, fsync in the background.",
+    "store.flush": "sync: acknowledge a send after fsync (group commit); async: after the write, "
+    "fsync in the background.",
     "store.max_body_size": "Largest message body the store accepts.",
     "broker.name": "Broker name, reported in routes and status.",
-    "broker.auto_create_topics": "Create an unknown topic on first send or route query (with `default_queue_count` queues).",
-    "broker.auto_create_groups": "Create an unknown consumer group on first use, with default settings.",
+    "broker.auto_create_topics": "Create an unknown topic on first send or route query (with "
+    "`default_queue_count` queues).",
+    "broker.auto_create_groups": "Create an unknown consumer group on first use, with default "
+    "settings.",
     "broker.default_queue_count": "Queues of a topic created without an explicit count.",
-    "broker.max_body_size": "Largest message body a producer may send (the gRPC layer announces it to clients).",
-    "broker.default_invisible_ms": "How long a received message stays invisible when the consumer names no duration.",
-    "broker.offset_persist_interval_ms": "How often committed offsets and consumption state are written to disk.",
+    "broker.max_body_size": "Largest message body a producer may send (the gRPC layer announces it "
+    "to clients).",
+    "broker.default_invisible_ms": "How long a received message stays invisible when the consumer "
+    "names no duration.",
+    "broker.offset_persist_interval_ms": "How often committed offsets and consumption state are "
+    "written to disk.",
     "broker.max_message_group_length": "Longest FIFO message group name.",
     "server.max_receive_batch_size": "Largest batch one receive request may ask for.",
     "server.producer_backoff_initial": "First retry backoff announced to producers.",

@@ -72,7 +72,8 @@ def _client_rows(clients: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for c in clients:
         subs = c.get("subscriptions") or []
         text = ", ".join(
-            f"{s['topic']}({s['filter'] if s.get('filter_type') == 'tag' else 'sql: ' + s['filter']})"
+            f"{s['topic']}("
+            f"{s['filter'] if s.get('filter_type') == 'tag' else 'sql: ' + s['filter']})"
             for s in subs
         )
         rows.append(
@@ -126,7 +127,10 @@ def show_status(args: argparse.Namespace) -> None:
     def human() -> str:
         if not clients:
             if not answer.get("registry", True):
-                return "connected clients are unknown here (the admin API runs without the gRPC server)"
+                return (
+                    "connected clients are unknown here (the admin API runs without the gRPC "
+                    "server)"
+                )
             return f"no consumer of group '{args.group}' is connected"
         return render_table(_client_rows(clients), CLIENT_COLUMNS)
 

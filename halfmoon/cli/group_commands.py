@@ -52,7 +52,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         dest="consume_from",
         choices=("earliest", "latest", "auto"),
         default=None,
-        help="where a new group starts: earliest, latest or auto (the queue's first message while hot, else its last); default: the broker's broker.default_consume_from (auto)",
+        help="where a new group starts: earliest, latest or auto (the queue's first message while "
+        "hot, else its last); default: the broker's broker.default_consume_from (auto)",
     )
 
     add_command(sub, "list", list_groups, "list consumer groups")
@@ -199,7 +200,8 @@ def summary(group: dict[str, Any]) -> str:
         f"consuming {'enabled' if group.get('consume_enabled', True) else 'disabled'}, "
         f"from {group.get('consume_from', '?')}, "
         f"{'broadcast' if group.get('broadcast') else 'clustering'}, "
-        f"max attempts {group.get('max_delivery_attempts', '?')}, fifo {'on' if group.get('fifo') else 'off'}"
+        f"max attempts {group.get('max_delivery_attempts', '?')}, fifo "
+        f"{'on' if group.get('fifo') else 'off'}"
     )
 
 

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 
 from halfmoon.cli import (
+    broker_command,
     cluster_commands,
     consumer_commands,
     group_commands,
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve_command.register(commands)
+    broker_command.register(commands)
     topic_commands.register(commands)
     group_commands.register(commands)
     transaction_commands.register(commands)

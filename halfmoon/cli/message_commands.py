@@ -247,7 +247,8 @@ def send_message(args: argparse.Namespace) -> None:
         args,
         result,
         lambda: (
-            f"sent message {result['message_id']} to '{result['topic']}' queue {result['queue_id']} "
+            f"sent message {result['message_id']} to '{result['topic']}' queue "
+            f"{result['queue_id']} "
             f"offset {result['queue_offset']}"
         ),
     )

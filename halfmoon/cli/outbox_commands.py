@@ -152,7 +152,8 @@ def run_relay(args: argparse.Namespace) -> int:
     relay.stop()
     stats = relay.stats()
     print(
-        f"outbox relay stopped: published={stats.published} failed={stats.failed} pending={stats.pending}",
+        f"outbox relay stopped: published={stats.published} failed={stats.failed} "
+        f"pending={stats.pending}",
         flush=True,
     )
     return 0
@@ -199,13 +200,15 @@ def _run_relay_processes(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         raise CliError(f"{exc}; see the log above", "OUTBOX_RELAY_START_FAILED") from None
     print(
-        f"outbox relay running: processes={args.processes} workers={args.workers} batch={args.batch} target={args.target.split('://')[0]}",
+        f"outbox relay running: processes={args.processes} workers={args.workers} "
+        f"batch={args.batch} target={args.target.split('://')[0]}",
         flush=True,
     )
     group.supervise(stop)
     group.stop()
     print(
-        f"outbox relay stopped: published={group.published} restarts={group.restarts} pending={outbox.status().pending}",
+        f"outbox relay stopped: published={group.published} restarts={group.restarts} "
+        f"pending={outbox.status().pending}",
         flush=True,
     )
     return 0
@@ -218,7 +221,8 @@ def show_status(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001
         cause = " ".join(str(getattr(exc, "orig", exc)).split())[:300]
         raise CliError(
-            f"cannot read the outbox table {outbox.table.name!r} ({cause}); check --db and --table-prefix, or create it with 'outbox relay --create-tables'",
+            f"cannot read the outbox table {outbox.table.name!r} ({cause}); check --db and "
+            "--table-prefix, or create it with 'outbox relay --create-tables'",
             "OUTBOX_UNREADABLE",
         ) from None
     data = {

@@ -5,7 +5,7 @@ thing it acts on (a topic, a consumer group, a message or transaction id, a
 runtime key), is its positional argument: ``halfmoon topic create orders``,
 ``halfmoon message send orders --body hi``, ``halfmoon consumer status billing``.
 Everything else is an option, required or not: addresses (``--admin``,
-``--db``, ``--target``), a second object that qualifies the first
+``--db``, ``--target``, ``--coordinator``), a second object that qualifies the first
 (``consumer reset-offset billing --topic orders``), times, counts, filters.
 Commands that act on everything of a kind (``topic list``, ``stats``) take no
 positional. mqadmin spells every argument as a flag (``updateTopic -t NAME``);

@@ -158,6 +158,7 @@ def run_stats_command(args: argparse.Namespace) -> int:
     print(f"{'WINDOW START':<20} {'TOPIC':<24} {'GROUP (- = in)':<24} MESSAGES")
     for row in rows:
         print(
-            f"{row['window_start'][:19]:<20} {row['topic']:<24} {row['group']:<24} {row['messages']}"
+            f"{row['window_start'][:19]:<20} {row['topic']:<24} {row['group']:<24} "
+            f"{row['messages']}"
         )
     return 0

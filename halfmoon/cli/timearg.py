@@ -11,7 +11,10 @@ import time
 # "-2h" reads as an option to argparse unless written --begin=-2h, so "2h" alone means ago too.
 _RELATIVE = re.compile(r"^-?(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-TIME_HELP = "now, 30m / 2h / 1d (that long ago), 2026-01-31T12:00[:00][Z|+01:00] (local time without a zone), or epoch ms"
+TIME_HELP = (
+    "now, 30m / 2h / 1d (that long ago), 2026-01-31T12:00[:00][Z|+01:00] (local time "
+    "without a zone), or epoch ms"
+)
 
 
 def parse_time_ms(text: str, now_ms: int | None = None) -> int:

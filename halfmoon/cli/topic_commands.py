@@ -149,7 +149,10 @@ def topic_status(args: argparse.Namespace) -> None:
 
     def human() -> str:
         total = sum(r["messages"] for r in rows)
-        return f"{render_table(rows, columns_for(rows, QUEUE_COLUMNS))}\n\n{len(rows)} queues, {total} messages retained"
+        return (
+            f"{render_table(rows, columns_for(rows, QUEUE_COLUMNS))}\n\n{len(rows)} queues, "
+            f"{total} messages retained"
+        )
 
     emit(args, answer, human)
 

@@ -66,7 +66,8 @@ def register(commands: argparse._SubParsersAction) -> None:
             sub,
             name,
             decide_group,
-            f"{'roll back' if resolution == 'rollback' else resolution} every member of a transaction group",
+            f"{'roll back' if resolution == 'rollback' else resolution} every member of a "
+            "transaction group",
         )
         group.add_argument("group", metavar="GROUP", help="the transaction group id")
         group.set_defaults(resolution=resolution)
@@ -129,6 +130,7 @@ def decide_group(args: argparse.Namespace) -> None:
         args,
         answer,
         lambda: (
-            f"transaction group {args.group} is {state} ({answer.get('members_decided', 0)} members decided now)"
+            f"transaction group {args.group} is {state} ({answer.get('members_decided', 0)} "
+            "members decided now)"
         ),
     )

@@ -46,8 +46,10 @@ def split_batch(
         framed = framed_size(message)
         if framed > max_bytes:
             raise MessageBodyTooLarge(
-                f"message {message.system_properties.message_id} is {framed} bytes on the wire, above the "
-                f"{max_bytes}-byte request limit; send a smaller body (batches are split, single bodies are not)"
+                f"message {message.system_properties.message_id} is {framed} bytes on the wire, "
+                "above the "
+                f"{max_bytes}-byte request limit; send a smaller body (batches are split, single "
+                "bodies are not)"
             )
         if chunk and size + framed > max_bytes:
             yield chunk

@@ -34,7 +34,8 @@ def as_config(config: ClientConfig | str, **overrides: Any) -> ClientConfig:
         return ClientConfig(endpoints=config, **overrides)
     if overrides:
         raise TypeError(
-            "pass options either in a ClientConfig or as keywords with an endpoints string, not both"
+            "pass options either in a ClientConfig or as keywords with an endpoints string, not "
+            "both"
         )
     return config
 

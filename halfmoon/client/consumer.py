@@ -327,7 +327,8 @@ class ConsumerBase(BaseClient):
 def _handle(message: MessageView) -> str:
     if not message.receipt_handle:
         raise InvalidReceiptHandle(
-            f"message {message.message_id} has no receipt handle (it was pulled by offset, not received)"
+            f"message {message.message_id} has no receipt handle (it was pulled by offset, not "
+            "received)"
         )
     return message.receipt_handle
 

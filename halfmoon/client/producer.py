@@ -224,7 +224,8 @@ class Producer(BaseClient):
                 if not receipts:
                     raise
                 raise ProducerError(
-                    f"batch send failed after {len(receipts)} of {len(messages)} messages were sent: {exc.message}"
+                    f"batch send failed after {len(receipts)} of {len(messages)} messages were "
+                    f"sent: {exc.message}"
                 ) from exc
         return receipts
 
@@ -237,7 +238,8 @@ class Producer(BaseClient):
     def _wire(self, message: Message, *, transactional: bool = False) -> pb.Message:
         if len(message.body) > self.max_body_size:
             raise MessageBodyTooLarge(
-                f"message body is {len(message.body)} bytes, above the server's {self.max_body_size}-byte limit; "
+                f"message body is {len(message.body)} bytes, above the server's "
+                f"{self.max_body_size}-byte limit; "
                 "send smaller bodies or raise the server's max_body_size"
             )
         return to_wire(
@@ -280,7 +282,8 @@ class Producer(BaseClient):
                 names = ", ".join(sorted(pb.MessageType.Name(t) for t in accepted))
                 kind = pb.MessageType.Name(wire.system_properties.message_type)
                 raise MessageTypeMismatch(
-                    f"topic {route.topic!r} accepts {names} messages, not {kind}; send to a topic of that type"
+                    f"topic {route.topic!r} accepts {names} messages, not {kind}; send to a topic "
+                    "of that type"
                 )
 
     async def _send(

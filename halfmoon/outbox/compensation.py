@@ -85,11 +85,13 @@ class Compensation:
             if f.name in ("state_version", "timestamp_ms"):
                 if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                     raise InvalidCompensation(
-                        f"compensation field {f.name!r} must be a non-negative integer, not {value!r}"
+                        f"compensation field {f.name!r} must be a non-negative integer, not "
+                        f"{value!r}"
                     )
             elif not isinstance(value, str) or len(value) > MAX_FIELD_LENGTH:
                 raise InvalidCompensation(
-                    f"compensation field {f.name!r} must be a string of at most {MAX_FIELD_LENGTH} characters"
+                    f"compensation field {f.name!r} must be a string of at most {MAX_FIELD_LENGTH} "
+                    "characters"
                 )
         for required in ("trace_id", "target_service", "action", "business_key", "original_event"):
             if not getattr(self, required):
@@ -123,7 +125,10 @@ class Compensation:
     @property
     def idempotency_key(self) -> str:
         """The inbox key: one compensation of one state of one entity is applied once."""
-        return f"compensation:{self.target_service}:{self.action}:{self.business_key}:{self.state_version}"
+        return (
+            f"compensation:{self.target_service}:{self.action}:"
+            f"{self.business_key}:{self.state_version}"
+        )
 
     def to_bytes(self) -> bytes:
         return json.dumps(

@@ -92,7 +92,8 @@ def check_skip_locked(conn: Connection) -> None:
         name = "MariaDB" if mariadb else "MySQL"
         shown = ".".join(str(v) for v in version)
         raise UnsupportedDatabase(
-            f"{name} {shown} has no FOR UPDATE SKIP LOCKED; the relay needs {name} >= {'.'.join(map(str, needed))}"
+            f"{name} {shown} has no FOR UPDATE SKIP LOCKED; the relay needs {name} >= "
+            f"{'.'.join(map(str, needed))}"
         )
 
 
@@ -214,7 +215,8 @@ class _LeasedClaim(Claim):
 #   few to a database crash republishes those messages, which at-least-once allows,
 #   and saves a WAL flush per batch. The application's inserts keep their own setting.
 _PG_CLAIM_SETTINGS = text(
-    "SELECT set_config('plan_cache_mode', 'force_custom_plan', true), set_config('synchronous_commit', 'off', true),"
+    "SELECT set_config('plan_cache_mode', 'force_custom_plan', true), "
+    "set_config('synchronous_commit', 'off', true),"
     " set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true)"
 )
 
@@ -336,7 +338,8 @@ def install_notify_trigger(conn: Connection, tables: OutboxTables) -> None:
     conn.execute(text(f"DROP TRIGGER IF EXISTS {table}_notify ON {table}"))
     conn.execute(
         text(
-            f"CREATE TRIGGER {table}_notify AFTER INSERT ON {table} FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
+            f"CREATE TRIGGER {table}_notify AFTER INSERT ON {table} FOR EACH STATEMENT EXECUTE "
+            f"FUNCTION {function}()"
         )
     )
 

@@ -105,7 +105,8 @@ def insert_if_absent(conn: Connection, table: Table, values: Mapping[str, Any]) 
         stmt = insert(table).values(**values).prefix_with("OR IGNORE")
     else:
         raise NotImplementedError(
-            f"no insert-if-absent for database {kind!r} (SQLite, PostgreSQL and MariaDB/MySQL are supported)"
+            f"no insert-if-absent for database {kind!r} (SQLite, PostgreSQL and MariaDB/MySQL are "
+            "supported)"
         )
     return conn.execute(stmt).rowcount == 1
 

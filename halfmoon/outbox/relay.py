@@ -268,7 +268,8 @@ class Relay:
             if attempts >= self.max_attempts:
                 outcomes.append(Outcome(record.id, text, None))
                 log.error(
-                    "event=outbox_message_failed message_id=%s aggregate=%s/%s topic=%s attempts=%d error=%r",
+                    "event=outbox_message_failed message_id=%s aggregate=%s/%s topic=%s "
+                    "attempts=%d error=%r",
                     record.message_id,
                     record.aggregate_type,
                     record.aggregate_id,
@@ -529,7 +530,8 @@ class RelayProcesses:
             if dead or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(
-                    f"outbox relay process failed to start (exit codes {[c.exitcode for c in dead]})"
+                    "outbox relay process failed to start (exit codes "
+                    f"{[c.exitcode for c in dead]})"
                 )
             time.sleep(0.05)  # poll interval of the start-up check
         log.info(

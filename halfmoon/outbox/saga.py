@@ -143,7 +143,8 @@ class Saga:
                         step.compensation(delivery.conn, ctx)
             except Exception as exc:
                 raise SagaCompensationFailed(
-                    f"saga {self.name!r} id {saga_id!r}: compensating step {step.name!r} failed ({type(exc).__name__}: {exc}); "
+                    f"saga {self.name!r} id {saga_id!r}: compensating step {step.name!r} failed "
+                    f"({type(exc).__name__}: {exc}); "
                     "fix the cause and run the saga again with the same id to resume compensating"
                 ) from exc
             result.compensated.append(step.name)

@@ -315,11 +315,13 @@ class RabbitTarget(PublishTarget):
             )
         except aiormq.exceptions.PublishError as exc:
             raise UnroutableMessage(
-                f"RabbitMQ returned message {record.message_id}: no queue bound to exchange {record.topic!r} with routing key {record.routing_key!r}"
+                f"RabbitMQ returned message {record.message_id}: no queue bound to exchange "
+                f"{record.topic!r} with routing key {record.routing_key!r}"
             ) from exc
         if isinstance(result, aiormq.abc.DeliveredMessage):
             raise UnroutableMessage(
-                f"RabbitMQ returned message {record.message_id}: no queue bound to exchange {record.topic!r} with routing key {record.routing_key!r}"
+                f"RabbitMQ returned message {record.message_id}: no queue bound to exchange "
+                f"{record.topic!r} with routing key {record.routing_key!r}"
             )
         if not isinstance(result, aiormq.spec.Basic.Ack):
             raise OutboxError(

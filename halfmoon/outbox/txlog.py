@@ -204,7 +204,8 @@ class TransactionalSender:
         """
         if not isinstance(self.producer, SyncTransactionProducer):
             raise TransactionLogError(
-                "transaction() needs a SyncTransactionProducer; with an asyncio TransactionProducer use `async with sender.atransaction(conn)`"
+                "transaction() needs a SyncTransactionProducer; with an asyncio "
+                "TransactionProducer use `async with sender.atransaction(conn)`"
             )
         with _connection(bind) as conn:
             tx = BoundTransaction(conn, self, self._client.begin())
@@ -222,7 +223,8 @@ class TransactionalSender:
         """As :meth:`transaction` for an asyncio producer; use ``await tx.send_async(message)``."""
         if isinstance(self.producer, SyncTransactionProducer):
             raise TransactionLogError(
-                "atransaction() needs an asyncio TransactionProducer; with a SyncTransactionProducer use `with sender.transaction(conn)`"
+                "atransaction() needs an asyncio TransactionProducer; with a "
+                "SyncTransactionProducer use `with sender.transaction(conn)`"
             )
         with _connection(bind) as conn:
             tx = BoundTransaction(conn, self, self._client.begin())

@@ -141,7 +141,8 @@ def reject_unknown(body: dict[str, Any], known: set[str]) -> None:
     unknown = sorted(set(body) - known)
     if unknown:
         raise ApiError(
-            f"unknown field(s) {', '.join(map(repr, unknown))}; accepted: {', '.join(sorted(known))}"
+            f"unknown field(s) {', '.join(map(repr, unknown))}; accepted: "
+            f"{', '.join(sorted(known))}"
         )
 
 

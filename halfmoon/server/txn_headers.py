@@ -22,6 +22,7 @@ from __future__ import annotations
 import grpc
 
 from halfmoon.server.errors import RequestError
+from halfmoon.server.rpc_common import metadata
 
 GROUP_HEADER = "x-hm-txn-group"
 RETRY_BACKOFF_HEADER = "x-hm-txn-retry-backoff"
@@ -29,16 +30,9 @@ EXPECTED_OFFSET_HEADER = "x-hm-txn-expected-offset"
 ACTIONS_HEADER = "x-hm-txn-actions"
 
 
-def _header(context: grpc.aio.ServicerContext, key: str) -> str | None:
-    for k, v in context.invocation_metadata() or ():
-        if k == key:
-            return v if isinstance(v, str) else v.decode("utf-8", "replace")
-    return None
-
-
 def _integer(context: grpc.aio.ServicerContext, key: str) -> int | None:
-    text = _header(context, key)
-    if text is None:
+    text = metadata(context, key)
+    if not text:
         return None
     try:
         return int(text)
@@ -48,11 +42,11 @@ def _integer(context: grpc.aio.ServicerContext, key: str) -> int | None:
 
 def transaction_group(context: grpc.aio.ServicerContext) -> str | None:
     """The transaction group a consume call joins; None: a plain call."""
-    return _header(context, GROUP_HEADER) or None
+    return metadata(context, GROUP_HEADER) or None
 
 
 def wants_retry_backoff(context: grpc.aio.ServicerContext) -> bool:
-    return _header(context, RETRY_BACKOFF_HEADER) == "1"
+    return metadata(context, RETRY_BACKOFF_HEADER) == "1"
 
 
 def expected_offset(context: grpc.aio.ServicerContext) -> int:

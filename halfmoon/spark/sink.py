@@ -214,7 +214,8 @@ def write_group(
     partition = context.partitionId() if context is not None else 0
     if context is not None and context.attemptNumber() > 0:
         raise SinkError(
-            f"task for partition {partition} is a retry (attempt {context.attemptNumber()}): its earlier attempt "
+            f"task for partition {partition} is a retry (attempt {context.attemptNumber()}): its "
+            "earlier attempt "
             "may have sent rows into the same transaction group, so the batch is aborted instead; "
             "the query resumes from its checkpoint when restarted"
         )
@@ -251,7 +252,8 @@ class CommitProtocol:
             queues = self.wire.queues(self.options.marker_topic)
         except ClientError as exc:
             raise SinkError(
-                f"the commit-marker topic {self.options.marker_topic!r} is missing ({exc}); create it once: "
+                f"the commit-marker topic {self.options.marker_topic!r} is missing ({exc}); create "
+                "it once: "
                 f"halfmoon topic create {self.options.marker_topic} --type transaction --queues 1"
             ) from None
         return queues[0]
@@ -305,7 +307,8 @@ class CommitProtocol:
             offset = max(offset, answer.next_offset)
         raise SinkError(
             f"batch {key} is committed on the broker but its commit marker did not appear in "
-            f"{self.options.marker_topic!r} within {MARKER_TIMEOUT:.0f}s; the batch is retried when the query restarts"
+            f"{self.options.marker_topic!r} within {MARKER_TIMEOUT:.0f}s; the batch is retried "
+            "when the query restarts"
         )
 
     def named_groups(self, queue: Queue, key: str) -> set[str]:
@@ -475,7 +478,8 @@ class HalfmoonStreamWriter(DataSourceStreamArrowWriter):
         )
         if context is None or batch_id is None or sink is None:
             raise SinkError(
-                "the halfmoon stream writer ran outside a streaming micro-batch (no batch id in the task)"
+                "the halfmoon stream writer ran outside a streaming micro-batch (no batch id in "
+                "the task)"
             )
         # Unique to this run of the batch and shared by its tasks: the application's start time
         # and the write stage.
@@ -492,7 +496,8 @@ class HalfmoonStreamWriter(DataSourceStreamArrowWriter):
         groups = {m.group for m in commits}
         if len(groups) != 1:
             raise SinkError(
-                f"batch {batchId} was written into several transaction groups {sorted(groups)}; refusing to commit"
+                f"batch {batchId} was written into several transaction groups {sorted(groups)}; "
+                "refusing to commit"
             )
         group = groups.pop()
         log_to_driver()
@@ -506,7 +511,8 @@ class HalfmoonStreamWriter(DataSourceStreamArrowWriter):
         # One line per batch with what an operator asks after a restart: was this a
         # replay, and how many dead runs' groups did the sweep roll back.
         log.info(
-            "event=spark_sink_commit sink=%s batch=%d group=%s rows=%d replay=%s orphans_rolled_back=%d",
+            "event=spark_sink_commit sink=%s batch=%d group=%s rows=%d replay=%s "
+            "orphans_rolled_back=%d",
             commits[0].sink,
             batchId,
             winner,

@@ -92,7 +92,8 @@ def read_range(options: SourceOptions, queue_range: QueueRange) -> Iterator[pa.R
     )
     if queue is None:
         raise DataLossError(
-            f"queue {queue_range.queue_id} of topic {queue_range.topic!r} is gone; it had offsets {queue_range.start} to {queue_range.end} left to read"
+            f"queue {queue_range.queue_id} of topic {queue_range.topic!r} is gone; it had offsets "
+            f"{queue_range.start} to {queue_range.end} left to read"
         )
     offset = _check_retention(wire, options, queue, queue_range.start, queue_range.end)
     selector = selector_wire(options.filter)
@@ -113,7 +114,8 @@ def read_range(options: SourceOptions, queue_range: QueueRange) -> Iterator[pa.R
         stalled_since = stalled_since or time.monotonic()
         if time.monotonic() - stalled_since > MISSING_RANGE_TIMEOUT:
             raise DataLossError(
-                f"{queue_range.topic!r} queue {queue.queue_id} answers nothing at offset {offset} (below its end {queue_range.end}) for {MISSING_RANGE_TIMEOUT:.0f}s"
+                f"{queue_range.topic!r} queue {queue.queue_id} answers nothing at offset {offset} "
+                f"(below its end {queue_range.end}) for {MISSING_RANGE_TIMEOUT:.0f}s"
             )
         wire.pull(options.group, queue, offset, 1, selector, wait=1.0)
 
@@ -127,7 +129,8 @@ def _check_retention(
         return offset
     lost = min(earliest, end) - offset
     text = (
-        f"{lost} messages of {queue.topic!r} queue {queue.queue_id} (offsets {offset} to {min(earliest, end)}) "
+        f"{lost} messages of {queue.topic!r} queue {queue.queue_id} (offsets {offset} to "
+        f"{min(earliest, end)}) "
         "were removed by retention before this query read them"
     )
     if options.fail_on_data_loss:

@@ -34,7 +34,8 @@ class FileTarget(PublishTarget):
                 time.sleep(self.delay)  # the publish's own duration, not synchronisation
             os.write(
                 self.fd,
-                f"{record.message_id} {record.aggregate_id} {record.payload.decode()} {os.getpid()}\n".encode(),
+                f"{record.message_id} {record.aggregate_id} {record.payload.decode()} "
+                f"{os.getpid()}\n".encode(),
             )
         return [None] * len(records)
 

@@ -290,7 +290,8 @@ def run_until_decided_then_kill(
             if line.strip() == "DB_DECIDED" or time.monotonic() > deadline:
                 break
         assert lines[-1:] == ["DB_DECIDED"], (
-            f"producer did not reach its decision: {lines}\n{proc.stderr.read() if proc.poll() is not None else ''}"
+            "producer did not reach its decision: "
+            f"{lines}\n{proc.stderr.read() if proc.poll() is not None else ''}"
         )
         assert "HALF_SENT" in lines
     finally:

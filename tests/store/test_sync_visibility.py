@@ -47,7 +47,8 @@ def fsync_inside_next_append(store: MessageStore) -> Iterator[None]:
             return result
         written = commitlog.write_position
         with synced:
-            store._flusher.written()  # the flusher is idle: this starts an fsync of the written bytes
+            # The flusher is idle: this starts an fsync of the written bytes.
+            store._flusher.written()
             synced.wait_for(lambda: commitlog.flushed_position >= written, WAIT_S)
         covered.set()
         assert commitlog.flushed_position >= written, "the fsync did not run inside the append"

@@ -235,7 +235,8 @@ class CheckService:
         self.last_report = report
         if report.candidates:
             log.info(
-                "event=check_scan candidates=%d sent=%d unsent=%d parked=%d skipped=%d errors=%d elapsed_ms=%d",
+                "event=check_scan candidates=%d sent=%d unsent=%d parked=%d skipped=%d errors=%d "
+                "elapsed_ms=%d",
                 report.candidates,
                 report.sent,
                 report.unsent,

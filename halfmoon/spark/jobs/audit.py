@@ -95,7 +95,8 @@ def _identifier(name: str, what: str) -> str:
     # Table and column names go into SQL text: only plain (optionally schema-qualified) names.
     if not name or not all(part.replace("_", "").isalnum() for part in name.split(".")):
         raise AuditError(
-            f"{what} {name!r} is not a plain SQL name (letters, digits, '_', optionally schema.table)"
+            f"{what} {name!r} is not a plain SQL name (letters, digits, '_', optionally "
+            "schema.table)"
         )
     return name
 
@@ -135,7 +136,8 @@ def table_keys(spark: SparkSession, spec: AuditSpec) -> DataFrame:
             ).one()  # noqa: S608
     except sa.exc.SQLAlchemyError as exc:
         raise AuditError(
-            f"cannot read {spec.table!r} at {engine.url.render_as_string(hide_password=True)}: {exc.__class__.__name__}: {str(exc).splitlines()[0]}"
+            f"cannot read {spec.table!r} at {engine.url.render_as_string(hide_password=True)}: "
+            f"{exc.__class__.__name__}: {str(exc).splitlines()[0]}"
         ) from None
     finally:
         engine.dispose()
@@ -143,7 +145,8 @@ def table_keys(spark: SparkSession, spec: AuditSpec) -> DataFrame:
         return spark.createDataFrame([], "key string")
     if not isinstance(low, int) or not isinstance(high, int):
         raise AuditError(
-            f"primary key column {pk!r} is not an integer; name an integer column with --primary-key to split the read"
+            f"primary key column {pk!r} is not an integer; name an integer column with "
+            "--primary-key to split the read"
         )
     ranges = key_ranges(low, high, max(spec.partitions, 1))
     rdd = spark.sparkContext.parallelize(ranges, len(ranges)).mapPartitions(

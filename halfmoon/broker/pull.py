@@ -1,0 +1,130 @@
+"""Consumption by pull: a consumer reads a queue at an offset it keeps itself, and
+may commit that offset to the broker (:mod:`offsets`) to resume from after a restart.
+
+Unlike pop (:mod:`pop`), the broker tracks nothing in flight: a pull reads the
+store and counts what it handed out, and the committed offsets are plain
+values per group, topic and queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from halfmoon.broker.access import check_queue
+from halfmoon.broker.errors import IllegalOffset, OffsetNotFound
+from halfmoon.broker.facade import PullResult
+from halfmoon.broker.filter_spec import FilterCache, FilterSpec
+from halfmoon.broker.groups import GroupConfig
+from halfmoon.broker.message import MessageView
+from halfmoon.broker.offsets import OffsetTable
+from halfmoon.broker.topics import TopicConfig
+from halfmoon.errors import InvalidArgument
+from halfmoon.store.api import GetStatus, Store
+
+MAX_PULL_BATCH = 1024
+
+
+class PullService:
+    """Pull reads and the offsets pull consumers commit, for one broker."""
+
+    def __init__(
+        self,
+        store: Store,
+        offsets: OffsetTable,
+        filters: FilterCache,
+        *,
+        get_topic: Callable[[str], TopicConfig],
+        get_group: Callable[[str], GroupConfig],
+        check_consumable: Callable[[str, str], TopicConfig],
+        delivered: Callable[[str, str, int], None],
+        reset_pop: Callable[[str, str, int, int], None],
+    ) -> None:
+        self._store = store
+        self._offsets = offsets
+        self._filters = filters
+        self._get_topic = get_topic
+        self._get_group = get_group
+        self._check_consumable = check_consumable
+        self._delivered = delivered  # (group, topic, count): the traffic counters
+        self._reset_pop = reset_pop  # a reset moves the group's pop cursor as well
+
+    def pull(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        batch_size: int,
+        filter: FilterSpec,
+    ) -> PullResult:
+        config = self._check_consumable(group, topic)
+        check_queue(config, queue_id)
+        if offset < 0:
+            raise IllegalOffset(f"offset must be >= 0, got {offset}")
+        if not 1 <= batch_size <= MAX_PULL_BATCH:
+            raise InvalidArgument(f"batch size must be 1 to {MAX_PULL_BATCH}, got {batch_size}")
+        compiled = self._filters.get(filter)
+        got = self._store.get(
+            topic,
+            queue_id,
+            offset,
+            batch_size,
+            tag_hashes=compiled.tag_hashes,
+            predicate=compiled.predicate,
+        )
+        status = got.status
+        if status is GetStatus.NO_SUCH_QUEUE:  # a queue of a known topic that has no data yet
+            status = GetStatus.NO_MESSAGE if offset == 0 else GetStatus.OFFSET_OVERFLOW
+        views = [MessageView.of(m) for m in got.messages]
+        self._delivered(group, topic, len(views))
+        return PullResult(status, views, got.next_offset, got.min_offset, got.max_offset)
+
+    def get_offset(self, group: str, topic: str, queue_id: int) -> int:
+        self._get_group(group)
+        check_queue(self._get_topic(topic), queue_id)
+        offset = self._offsets.get(group, topic, queue_id)
+        if offset is None:
+            raise OffsetNotFound(
+                f"group {group!r} has no committed offset for {topic!r} queue {queue_id}; "
+                "start with query_offset"
+            )
+        return offset
+
+    def update_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self.check_offset(group, topic, queue_id, offset)
+        self._offsets.set(group, topic, queue_id, offset)
+
+    def check_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Raise unless ``offset`` is a committable offset of the queue for ``group``."""
+        self._get_group(group)
+        check_queue(self._get_topic(topic), queue_id)
+        high = self._store.max_offset(topic, queue_id)
+        if not 0 <= offset <= high:
+            raise IllegalOffset(
+                f"offset {offset} is outside queue {queue_id} of {topic!r} (0 to {high})"
+            )
+
+    def query_offset(
+        self, topic: str, queue_id: int, policy: str, timestamp: int | None = None
+    ) -> int:
+        check_queue(self._get_topic(topic), queue_id)
+        if policy == "beginning":
+            return self._store.min_offset(topic, queue_id)
+        if policy == "end":
+            return self._store.max_offset(topic, queue_id)
+        if policy == "timestamp":
+            if timestamp is None:
+                raise InvalidArgument("query_offset by timestamp needs a timestamp")
+            return self._store.offset_for_timestamp(topic, queue_id, timestamp)
+        raise InvalidArgument(f"unknown offset policy {policy!r}: use beginning, end or timestamp")
+
+    def reset_offset(self, group: str, topic: str, timestamp: int) -> dict[int, int]:
+        self._get_group(group)
+        config = self._get_topic(topic)
+        offsets = {}
+        for queue_id in config.readable_queues():
+            offset = self._store.offset_for_timestamp(topic, queue_id, timestamp)
+            offsets[queue_id] = offset
+            self._offsets.set(group, topic, queue_id, offset)
+            self._reset_pop(group, topic, queue_id, offset)
+        return offsets

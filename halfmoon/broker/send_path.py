@@ -1,0 +1,111 @@
+"""The send path: plan a batch (:mod:`produce`), append it (half messages
+through the transaction service), count it, and answer with each message's
+result and the future that holds once the batch is durable."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+
+from halfmoon.broker.clock import Clock
+from halfmoon.broker.config import BrokerConfig
+from halfmoon.broker.facade import Written
+from halfmoon.broker.lite import LiteTopics
+from halfmoon.broker.lite_names import split_lite_queue_topic
+from halfmoon.broker.message import MessageType, OutgoingMessage
+from halfmoon.broker.produce import SendResult, plan_send
+from halfmoon.broker.queue_select import QueueSelector
+from halfmoon.broker.recall import recall_handle
+from halfmoon.broker.topics import TIMER_TOPIC, TopicConfig, TopicRegistry
+from halfmoon.broker.transactions import TransactionService
+from halfmoon.store.api import Store
+
+
+def _completed() -> Future[None]:
+    future: Future[None] = Future()
+    future.set_result(None)
+    return future
+
+
+# What a write that needs no flush waits for (nothing written, or nothing to append).
+ALREADY_DURABLE = _completed()
+
+
+class SendPath:
+    def __init__(
+        self,
+        store: Store,
+        config: BrokerConfig,
+        clock: Clock,
+        topics: TopicRegistry,
+        get_topic: Callable[[str], TopicConfig],
+        selector: QueueSelector,
+        lite: LiteTopics,
+        transactions: TransactionService,
+        received: Callable[[list[str]], None],
+    ) -> None:
+        self._store = store
+        self._config = config
+        self._clock = clock
+        self._topics = topics
+        self._get_topic = get_topic  # may auto-create the topic
+        self._selector = selector
+        self._lite = lite
+        self._transactions = transactions
+        self._received = received  # the traffic counters, one topic name per message
+
+    def send_nowait(self, messages: Sequence[OutgoingMessage]) -> Written[list[SendResult]]:
+        results = self._send(messages)
+        if not results:
+            return Written(results, ALREADY_DURABLE)
+        return Written(results, self._store.durable(max(r.end_offset for r in results)))
+
+    def sends_cheaply(self, messages: Sequence[OutgoingMessage]) -> bool:
+        find = self._topics.find
+        pending = self._transactions.group_pending
+        return all(
+            find(m.topic) is not None
+            and (
+                m.message_type is not MessageType.TRANSACTION
+                or m.transaction_group is None
+                or pending(m.transaction_group)  # a known open group: no index lookup
+            )
+            for m in messages
+        )
+
+    def _send(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
+        if not messages:
+            return []
+        planned = plan_send(
+            list(messages), self._get_topic, self._selector, self._config, self._clock.now_ms()
+        )
+        for p in planned:
+            lite = split_lite_queue_topic(p.record.topic)
+            if lite is not None:
+                self._lite.reserve(*lite)
+        transaction_ids: list[str | None] = [None] * len(planned)
+        if any(m.message_type is MessageType.TRANSACTION for m in messages):
+            appended, transaction_ids = self._transactions.append(
+                messages, planned
+            )  # halves: invisible
+        else:
+            appended = self._store.append([p.record for p in planned])
+        self._received([p.topic for p in planned])
+        broker = self._config.name
+        return [
+            SendResult(
+                message_id=p.message_id,
+                topic=p.topic,
+                queue_id=p.queue_id,
+                queue_offset=-1
+                if p.delayed
+                else r.queue_offset,  # a half message: its half-queue offset
+                commit_log_offset=r.commit_log_offset,
+                end_offset=r.end_offset,
+                transaction_id=txn,
+                recall_handle=recall_handle(broker, p.topic, p.message_id, p.record, r)
+                if p.delayed and r.topic == TIMER_TOPIC
+                else None,
+            )
+            for p, r, txn in zip(planned, appended, transaction_ids, strict=True)
+        ]

@@ -1,0 +1,224 @@
+"""The transaction service's ledger: the pending set (one :class:`PendingTxn` per
+undecided half message), the recent decisions, the appends that change them,
+their snapshot on disk, and what an operator reads about them (listing, stats).
+
+:class:`TransactionLedger` adopts the state :func:`recovery.recover` returns;
+:class:`halfmoon.broker.transactions.service.TransactionService` drives the
+transitions on top of it.
+"""
+
+from __future__ import annotations
+
+import builtins  # ``list`` is also a method of TransactionLedger
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from halfmoon.broker.clock import Clock
+from halfmoon.broker.config import write_json_atomic
+from halfmoon.broker.transaction_state import TxnState
+from halfmoon.broker.transactions.config import TransactionConfig
+from halfmoon.broker.transactions.groups import GroupBook
+from halfmoon.broker.transactions.oplog import OP_TOPIC, Op, op_message
+from halfmoon.broker.transactions.records import PendingTxn
+from halfmoon.broker.transactions.recovery import Recovered
+from halfmoon.errors import NotFound
+from halfmoon.store.api import AppendResult, Store
+from halfmoon.store.message import Message, StoredMessage
+
+# Time from half message to decision, in ms (upper bounds of the histogram buckets).
+LATENCY_BUCKETS_MS = (10, 50, 100, 500, 1_000, 5_000, 10_000, 30_000, 60_000, 300_000, 3_600_000)
+
+
+@dataclass(frozen=True)
+class TransactionInfo:
+    transaction_id: str
+    topic: str
+    queue_id: int
+    message_id: str
+    keys: list[str]
+    producer_group: str | None
+    transaction_group: str | None
+    state: str  # "prepared" or "parked"
+    checks_sent: int
+    age_ms: int
+    stored_ms: int
+
+
+@dataclass
+class TransactionStats:
+    pending: int = 0  # gauge: half messages without a decision (parked included)
+    parked: int = 0  # gauge
+    committed_total: int = 0
+    rolled_back_total: int = 0
+    checks_sent_total: int = 0
+    checks_unsent_total: int = 0  # no live producer: not counted against check_max
+    check_errors_total: int = 0
+    parked_total: int = 0
+    redone_commits_total: int = 0  # group members committed by recovery after a crash
+    lost_total: int = 0  # half messages removed by retention before a decision
+    decision_latency_ms: dict[str, int] = field(default_factory=dict)  # bucket "le" -> count
+
+
+class TransactionLedger:
+    SNAPSHOT_FILE = "transactions.json"
+
+    def __init__(
+        self,
+        store: Store,
+        path: Path | None,
+        config: TransactionConfig,
+        clock: Clock,
+        recovered: Recovered,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self._path = path
+        self._lock = threading.RLock()
+        self._snapshot_lock = threading.Lock()
+        self.pending: dict[int, PendingTxn] = recovered.pending
+        self._decided: OrderedDict[int, tuple[TxnState, int]] = recovered.decided
+        self.groups: GroupBook = recovered.groups
+        self._op_buffer: list[Op] = []  # check counts, appended with the next batch
+        # half queue offset up to which the pending set is complete
+        self.half_next = recovered.half_next
+        self.op_next = recovered.op_next  # op queue offset up to which ops are applied
+        self._max_end = 0  # end offset of the last record this service appended
+        self._cached_bytes = 0  # bodies held in PendingTxn.record
+        self._dirty = False
+        self._last_snapshot_ms = clock.now_ms()
+        self.counters = TransactionStats()
+        # Told the id of every EndTransaction (any source, any resolution): the check sender
+        # clears the producer's outstanding check with it. Must be cheap and not raise.
+        self.on_end: Callable[[str], None] | None = None
+        self._latency = [0] * (len(LATENCY_BUCKETS_MS) + 1)
+
+    # -- listing ---------------------------------------------------------------------
+    def list(
+        self, *, topic: str | None = None, state: TxnState | None = None, limit: int = 1000
+    ) -> builtins.list[TransactionInfo]:
+        """Undecided transactions, oldest first (optionally of one topic / one state)."""
+        now = self.clock.now_ms()
+        with self._lock:
+            chosen = [
+                e
+                for e in self.pending.values()
+                if (topic is None or e.topic == topic) and (state is None or e.state is state)
+            ]
+        chosen.sort(key=lambda e: (e.stored_ms, e.half_offset))
+        return [self._info(e, now) for e in chosen[: max(0, limit)]]
+
+    @staticmethod
+    def _info(entry: PendingTxn, now_ms: int) -> TransactionInfo:
+        return TransactionInfo(
+            transaction_id=entry.transaction_id,
+            topic=entry.topic,
+            queue_id=entry.queue_id,
+            message_id=entry.message_id,
+            keys=list(entry.keys),
+            producer_group=entry.producer_group,
+            transaction_group=entry.group,
+            state=entry.state.value,
+            checks_sent=entry.checks,
+            age_ms=max(0, now_ms - entry.stored_ms),
+            stored_ms=entry.stored_ms,
+        )
+
+    def stats(self) -> TransactionStats:
+        with self._lock:
+            c = self.counters
+            parked = sum(1 for e in self.pending.values() if e.state is TxnState.PARKED)
+            labels = [str(b) for b in LATENCY_BUCKETS_MS] + ["+Inf"]
+            return TransactionStats(
+                pending=len(self.pending),
+                parked=parked,
+                committed_total=c.committed_total,
+                rolled_back_total=c.rolled_back_total,
+                checks_sent_total=c.checks_sent_total,
+                checks_unsent_total=c.checks_unsent_total,
+                check_errors_total=c.check_errors_total,
+                parked_total=c.parked_total,
+                redone_commits_total=c.redone_commits_total,
+                lost_total=c.lost_total,
+                decision_latency_ms=dict(zip(labels, self._latency, strict=True)),
+            )
+
+    def snapshot(self) -> None:
+        """Write the pending set and the offsets it covers, once the store holds them durably."""
+        if self._path is None:
+            return
+        with self._snapshot_lock:
+            with self._lock:
+                if self._op_buffer:
+                    self._append([])
+                if not self._dirty:
+                    return
+                data = {
+                    "version": 1,
+                    "half_next": self.half_next,
+                    "op_next": self.op_next,
+                    "pending": [
+                        [e.half_offset, e.checks, 1 if e.state is TxnState.PARKED else 0]
+                        for e in self.pending.values()
+                    ],
+                }
+                end = self._max_end
+                self._dirty = False
+            try:
+                self.store.wait_durable(end)
+                write_json_atomic(self._path, data)
+            except BaseException:
+                self._dirty = True
+                raise
+
+    def close(self) -> None:
+        self.snapshot()
+
+    # -- internals -------------------------------------------------------------------
+    def _half_of(self, entry: PendingTxn) -> Message | StoredMessage:
+        return (
+            entry.record
+            if entry.record is not None
+            else self.read_half(entry.half_offset, entry.half_end)
+        )
+
+    def read_half(self, half_offset: int, half_end: int) -> StoredMessage:
+        """The half record; waits for it when it is written but not yet readable (sync flush)."""
+        try:
+            return self.store.read_at(half_offset)
+        except NotFound:
+            self.store.wait_durable(half_end, timeout=30.0)
+            return self.store.read_at(half_offset)
+
+    def _append(self, batch: builtins.list[Message]) -> builtins.list[AppendResult]:
+        """Append buffered ops then ``batch`` in one store call; results for ``batch``. Locked."""
+        buffered = [op_message(op) for op in self._op_buffer]
+        results = self.store.append(buffered + batch)
+        self._op_buffer.clear()
+        for result in results:
+            if result.topic == OP_TOPIC:
+                self.op_next = max(self.op_next, result.queue_offset + 1)
+        if results:
+            self._max_end = max(self._max_end, results[-1].end_offset)
+        self._dirty = True
+        return results[len(buffered) :]
+
+    def drop_record(self, entry: PendingTxn) -> None:
+        """Forget the cached half record (decided, or old enough to be checked: read it then)."""
+        if entry.record is not None:
+            self._cached_bytes -= len(entry.record.body)
+            entry.record = None
+
+    def _add_pending(self, entry: PendingTxn) -> None:
+        self.pending[entry.half_offset] = entry
+        if entry.group is not None:
+            self.groups.add_member(entry.group, entry.half_offset)
+
+    def _remove_pending(self, entry: PendingTxn) -> None:
+        self.pending.pop(entry.half_offset, None)
+        self.drop_record(entry)
+        if entry.group is not None:
+            self.groups.remove_member(entry.group, entry.half_offset)

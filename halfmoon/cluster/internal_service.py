@@ -1,0 +1,372 @@
+"""The broker side of the internal protocol: one in-process ``Broker`` served over gRPC.
+
+Methods of ``halfmoon.internal.v1.Broker`` (generic handlers, bytes in and
+out, encoded by :mod:`halfmoon.cluster.wire`):
+
+- ``Hello`` (unary): the version handshake a peer makes at connect.
+- ``Call`` (unary): ``[operation, args, kwargs]`` for any facade operation
+  in :data:`OPERATIONS`; the answer is the result or the error.
+- ``Send`` (unary): many callers' sends in one request, ``[[message, ...],
+  ...]``; each batch is stored all-or-nothing as one ``send`` would, the
+  request is answered once every batch is durable (one shared fsync under
+  ``sync`` flush), with one result list or error per batch.
+- ``Events`` (bidirectional stream): the broker pushes arrival wake-ups
+  (coalesced per queue), transaction check requests and lite unsubscribe
+  notices; the peer answers each check batch with which checks a live
+  producer took.
+
+Every call carries the version token in its metadata (a mismatch is refused
+with FAILED_PRECONDITION and ``WIRE_VERSION_MISMATCH``), and a deadline; the
+work of an expired call is skipped. In-flight work is bounded by the server's
+thread pool and ``maximum_concurrent_rpcs`` (beyond it: RESOURCE_EXHAUSTED).
+A request that cannot be decoded, or names an unknown operation, is answered
+with ``MALFORMED_REQUEST``; nothing a peer sends is executed beyond the
+listed operations, and no failure of one call takes the broker down.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+import grpc
+
+from halfmoon.broker.clock import FakeClock
+from halfmoon.broker.facade import Broker, Written
+from halfmoon.broker.message import OutgoingMessage
+from halfmoon.broker.transactions.check import CheckRequest
+from halfmoon.cluster import wire
+from halfmoon.errors import HalfmoonError
+
+log = logging.getLogger("halfmoon.cluster")
+
+# Facade members that are not plain request/answer operations: sends have their own
+# method, listeners and senders are the Events stream, close belongs to the process.
+NOT_CALLS = frozenset(
+    {
+        "close",
+        "add_arrival_listener",
+        "set_check_sender",
+        "set_lite_unsubscribe_notifier",
+        "send",
+        "send_nowait",
+    }
+)
+OPERATIONS: frozenset[str] = frozenset(
+    name
+    for name, value in vars(Broker).items()
+    if not name.startswith("_") and callable(value) and name not in NOT_CALLS
+)
+CHECK_ANSWER_TIMEOUT_S = 3.0  # a check batch no peer answered in time counts as unsent
+EVENT_POLL_S = 1.0  # how often an idle event stream looks whether its peer is still there
+
+
+class _Subscriber:
+    """One peer's Events stream: what is waiting to be pushed to it."""
+
+    def __init__(self, peer: str, kinds: set[str]) -> None:
+        self.peer = peer
+        self.kinds = kinds
+        self.changed = threading.Condition()
+        self.arrivals: dict[tuple[str, int], None] = {}  # ordered set: one wake-up per queue
+        self.outbox: list[list[Any]] = []
+        self.answers: dict[int, Future[list[bool]]] = {}
+        self.closed = False
+
+    def push(self, event: list[Any]) -> None:
+        with self.changed:
+            self.outbox.append(event)
+            self.changed.notify()
+
+    def arrived(self, topic: str, queue_id: int) -> None:
+        with self.changed:
+            self.arrivals[(topic, queue_id)] = None
+            self.changed.notify()
+
+    def next_events(self) -> list[list[Any]]:
+        with self.changed:
+            if not self.arrivals and not self.outbox and not self.closed:
+                self.changed.wait(EVENT_POLL_S)
+            events = self.outbox
+            self.outbox = []
+            if self.arrivals:
+                events.append(["arrivals", [list(key) for key in self.arrivals]])
+                self.arrivals = {}
+            return events
+
+    def close(self) -> None:
+        with self.changed:
+            self.closed = True
+            self.changed.notify()
+        for answer in self.answers.values():
+            if not answer.done():
+                answer.set_result([])
+
+
+class InternalService:
+    """Serves ``broker`` to peers; ``handler()`` is what a ``grpc.server`` is given."""
+
+    def __init__(self, broker: Broker, name: str, clock: FakeClock | None = None) -> None:
+        self._broker = broker
+        self._name = name
+        self._clock = clock  # a test clock peers may move (``AdvanceClock``); None in production
+        self._token = wire.version_token()
+        self._subscribers: list[_Subscriber] = []
+        self._lock = threading.Lock()
+        self._batch_ids = itertools.count(1)
+        self._rotation = itertools.count()
+        broker.add_arrival_listener(self._on_arrival)
+        broker.set_check_sender(self)
+        broker.set_lite_unsubscribe_notifier(self._on_lite_unsubscribe)
+
+    def close(self) -> None:
+        self._broker.set_check_sender(None)
+        self._broker.set_lite_unsubscribe_notifier(None)
+        with self._lock:
+            subscribers, self._subscribers = self._subscribers, []
+        for subscriber in subscribers:
+            subscriber.close()
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        methods: dict[str, grpc.RpcMethodHandler] = {
+            "Hello": grpc.unary_unary_rpc_method_handler(self._hello),
+            "Call": grpc.unary_unary_rpc_method_handler(self._call),
+            "Send": grpc.unary_unary_rpc_method_handler(self._send),
+            "Events": grpc.stream_stream_rpc_method_handler(self._events),
+        }
+        if self._clock is not None:
+            methods["AdvanceClock"] = grpc.unary_unary_rpc_method_handler(self._advance_clock)
+        return grpc.method_handlers_generic_handler(wire.SERVICE, methods)
+
+    # -- unary methods ---------------------------------------------------------------------------
+
+    def _check_version(self, context: grpc.ServicerContext) -> None:
+        sent = dict(context.invocation_metadata()).get(wire.VERSION_HEADER)
+        if sent != self._token:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{wire.WireVersionMismatch.code}: this broker speaks internal protocol "
+                f"{self._token}, the peer {sent or 'sent no version'}; run the same halfmoon "
+                "release on proxies and brokers",
+            )
+
+    def _hello(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        self._check_version(context)
+        return wire.encode({"broker": self._name, "version": self._token})
+
+    def _call(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        self._check_version(context)
+        try:
+            operation, args, kwargs = _call_parts(wire.decode(request))
+            _check_deadline(context)
+            return wire.encode(self._invoke(operation, args, kwargs, context))
+        except HalfmoonError as error:
+            return wire.encode(error)
+        except Exception as exc:  # noqa: BLE001 - a bug answers this call, never the process
+            log.exception("event=internal_call_failed")
+            return wire.encode(HalfmoonError(f"internal error in the broker: {exc}"))
+
+    def _invoke(
+        self, operation: str, args: list[Any], kwargs: dict[str, Any], context: grpc.ServicerContext
+    ) -> object:
+        if operation == "config":
+            return self._broker.config
+        if operation not in OPERATIONS:
+            raise wire.MalformedRequest(f"the broker has no operation {operation!r}")
+        method: Callable[..., Any] = getattr(self._broker, operation)
+        try:
+            inspect.signature(method).bind(*args, **kwargs)
+        except TypeError as exc:
+            raise wire.MalformedRequest(f"{operation}: {exc}") from None
+        result = method(*args, **kwargs)
+        if isinstance(result, Written):  # the remote side waits for durability here
+            _wait_durable([result.durable], context)
+            return result.result
+        return result
+
+    def _send(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        self._check_version(context)
+        try:
+            batches = _send_batches(wire.decode(request))
+            _check_deadline(context)
+        except HalfmoonError as error:
+            return wire.encode(error)
+        answers, durable = self._store_batches(batches)
+        try:
+            _wait_durable(durable, context)
+        except HalfmoonError as error:
+            answers = [a if isinstance(a, HalfmoonError) else error for a in answers]
+        return wire.encode(answers)
+
+    def _store_batches(
+        self, batches: list[list[OutgoingMessage]]
+    ) -> tuple[list[object], list[Future[None]]]:
+        """Every batch in one append when all are valid (the store's cost per message, one
+        fsync wait); when that fails, batch by batch, so each caller gets its own answer."""
+        if len(batches) > 1:
+            try:
+                written = self._broker.send_nowait([m for batch in batches for m in batch])
+            except Exception:  # noqa: BLE001 - some batch is bad: which one is found below
+                pass  # (a send is all or nothing: nothing was stored)
+            else:
+                answers: list[object] = []
+                start = 0
+                for batch in batches:
+                    answers.append(written.result[start : start + len(batch)])
+                    start += len(batch)
+                return answers, [written.durable]
+        answers = []
+        durable: list[Future[None]] = []
+        for messages in batches:
+            try:
+                one = self._broker.send_nowait(messages)
+            except HalfmoonError as error:
+                answers.append(error)
+                continue
+            except Exception as exc:  # noqa: BLE001 - one batch fails, not the request
+                log.exception("event=internal_send_failed")
+                answers.append(HalfmoonError(f"internal error in the broker: {exc}"))
+                continue
+            answers.append(one.result)
+            durable.append(one.durable)
+        return answers, durable
+
+    def _advance_clock(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        assert self._clock is not None
+        self._check_version(context)
+        try:
+            ms = wire.decode(request)
+            if not isinstance(ms, int):
+                raise wire.MalformedRequest("AdvanceClock takes milliseconds")
+        except HalfmoonError as error:
+            return wire.encode(error)
+        return wire.encode(self._clock.advance(ms))
+
+    # -- the Events stream -----------------------------------------------------------------------
+
+    def _events(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        self._check_version(context)
+        try:
+            opening = wire.decode(next(requests))
+            kinds = set(opening["subscribe"])
+            peer = str(opening.get("peer", ""))
+        except (StopIteration, HalfmoonError, KeyError, TypeError):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST: bad subscription")
+        subscriber = _Subscriber(peer, kinds)
+        with self._lock:
+            self._subscribers.append(subscriber)
+        reader = threading.Thread(
+            target=self._read_answers, args=(subscriber, requests), daemon=True
+        )
+        reader.start()
+        try:
+            yield wire.encode([["subscribed", self._name]])
+            while context.is_active() and not subscriber.closed:
+                events = subscriber.next_events()
+                if events:
+                    yield wire.encode(events)
+        finally:
+            with self._lock:
+                if subscriber in self._subscribers:
+                    self._subscribers.remove(subscriber)
+            subscriber.close()
+
+    def _read_answers(self, subscriber: _Subscriber, requests: Iterator[bytes]) -> None:
+        """Check answers from the peer: ``[batch_id, [took, ...]]``."""
+        try:
+            for raw in requests:
+                batch_id, took = wire.decode(raw)
+                answer = subscriber.answers.pop(batch_id, None)
+                if answer is not None and not answer.done():
+                    answer.set_result([bool(t) for t in took])
+        except Exception:  # noqa: BLE001 - the stream ended or the peer sent garbage
+            pass
+        finally:
+            subscriber.close()
+
+    def _listening(self, kind: str) -> list[_Subscriber]:
+        with self._lock:
+            return [s for s in self._subscribers if kind in s.kinds]
+
+    def _on_arrival(self, topic: str, queue_id: int) -> None:
+        for subscriber in self._listening("arrivals"):
+            subscriber.arrived(topic, queue_id)
+
+    def _on_lite_unsubscribe(self, client_id: str, group: str, topic: str, lite: str) -> None:
+        for subscriber in self._listening("lite"):
+            subscriber.push(["lite", [client_id, group, topic, lite]])
+
+    def send_checks(self, checks: Sequence[CheckRequest]) -> list[bool]:
+        """The broker's check sender: each peer holding producer streams in turn is offered
+        the checks no earlier peer's producers took; False for a check nobody took."""
+        took = [False] * len(checks)
+        peers = self._listening("checks")
+        if not peers:
+            return took
+        start = next(self._rotation) % len(peers)
+        for subscriber in peers[start:] + peers[:start]:
+            waiting = [i for i, done in enumerate(took) if not done]
+            if not waiting:
+                break
+            batch_id = next(self._batch_ids)
+            answer: Future[list[bool]] = Future()
+            subscriber.answers[batch_id] = answer
+            subscriber.push(["checks", batch_id, [checks[i] for i in waiting]])
+            try:
+                answered = answer.result(timeout=CHECK_ANSWER_TIMEOUT_S)
+            except FutureTimeout:
+                subscriber.answers.pop(batch_id, None)
+                log.warning("event=check_answer_timeout peer=%s", subscriber.peer)
+                continue
+            for index, ok in zip(waiting, answered, strict=False):
+                took[index] = ok
+        return took
+
+
+def _check_deadline(context: grpc.ServicerContext) -> None:
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        raise wire.BrokerDeadlineExceeded("the call's deadline passed before its work started")
+
+
+def _wait_durable(futures: Sequence[Future[None]], context: grpc.ServicerContext) -> None:
+    remaining = context.time_remaining()
+    for future in futures:
+        try:
+            future.result(timeout=remaining)
+        except FutureTimeout:
+            raise wire.BrokerDeadlineExceeded(
+                "written, but not yet durable when the call's deadline passed"
+            ) from None
+        except HalfmoonError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - e.g. an fsync failure
+            raise HalfmoonError(f"the store could not make the write durable: {exc}") from None
+
+
+def _call_parts(request: object) -> tuple[str, list[Any], dict[str, Any]]:
+    if (
+        isinstance(request, list)
+        and len(request) == 3
+        and isinstance(request[0], str)
+        and isinstance(request[1], list)
+        and isinstance(request[2], dict)
+        and all(isinstance(k, str) for k in request[2])
+    ):
+        return request[0], request[1], request[2]
+    raise wire.MalformedRequest("a Call is [operation, args, kwargs]")
+
+
+def _send_batches(request: object) -> list[list[Any]]:
+    if isinstance(request, list) and all(
+        isinstance(batch, list) and all(isinstance(m, OutgoingMessage) for m in batch)
+        for batch in request
+    ):
+        return request
+    raise wire.MalformedRequest("a Send is [[OutgoingMessage, ...], ...]")

@@ -1,0 +1,103 @@
+"""``halfmoon cluster list --coordinator etcd://... --cluster NAME`` against real members."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from halfmoon.cluster.etcd import EtcdClient
+from halfmoon.cluster.metadata import ClusterMetadata
+from tests.cli.test_cli import failed, halfmoon, ok, table
+from tests.cluster.etcd_server import EtcdServer, free_port
+from tests.cluster.member_process import TTL, Member
+
+
+@pytest.fixture
+def members() -> Iterator[list[Member]]:
+    started: list[Member] = []
+    yield started
+    for member in started:
+        member.close()
+
+
+def listing(etcd: EtcdServer, cluster: str) -> dict:  # type: ignore[type-arg]
+    args = ("cluster", "list", "--coordinator", etcd.url, "--cluster", cluster, "--json")
+    return json.loads(ok(halfmoon(*args)))
+
+
+def test_cluster_list_shows_brokers_proxies_and_queues_from_etcd(
+    etcd: EtcdServer, cluster_name: str, members: list[Member]
+) -> None:
+    members.append(Member(etcd.url, cluster_name, "b1", "127.0.0.1:1001"))
+    members.append(Member(etcd.url, cluster_name, "b2", "127.0.0.1:1002"))
+    members.append(Member(etcd.url, cluster_name, "p1", "127.0.0.1:2001", role="proxy"))
+
+    async def create() -> None:
+        async with EtcdClient.from_url(etcd.url) as client:
+            await ClusterMetadata(client, cluster_name).create_topic("orders", queues=8)
+            await ClusterMetadata(client, cluster_name).create_topic("pinned", brokers=["b1"])
+
+    asyncio.run(create())
+    data = listing(etcd, cluster_name)
+    assert data["cluster"] == cluster_name
+    brokers = {b["name"]: b for b in data["brokers"]}
+    assert {n: (b["endpoint"], b["state"], b["queues"]) for n, b in brokers.items()} == {
+        "b1": ("127.0.0.1:1001", "live", 4 + 8),
+        "b2": ("127.0.0.1:1002", "live", 4),
+    }
+    assert [(p["name"], p["endpoint"], p["state"]) for p in data["proxies"]] == [
+        ("p1", "127.0.0.1:2001", "live")
+    ]
+    rows = table(
+        ok(halfmoon("cluster", "list", "--coordinator", etcd.url, "--cluster", cluster_name))
+    )
+    assert rows[0] == [
+        "ROLE",
+        "NAME",
+        "ENDPOINT",
+        "STATE",
+        "LEASE",
+        "QUEUES",
+        "HOST",
+        "PID",
+        "UPTIME",
+    ]
+    assert [r[:4] for r in rows[1:]] == [
+        ["broker", "b1", "127.0.0.1:1001", "live"],
+        ["broker", "b2", "127.0.0.1:1002", "live"],
+        ["proxy", "p1", "127.0.0.1:2001", "live"],
+    ]
+
+
+def test_a_killed_member_leaves_the_list_after_its_ttl(
+    etcd: EtcdServer, cluster_name: str, members: list[Member]
+) -> None:
+    members.append(Member(etcd.url, cluster_name, "b1", "127.0.0.1:1001"))
+    members.append(Member(etcd.url, cluster_name, "b2", "127.0.0.1:1002"))
+    members[0].kill()
+    deadline = time.monotonic() + TTL + 5
+    while "b1" in {b["name"] for b in listing(etcd, cluster_name)["brokers"]}:
+        assert time.monotonic() < deadline, "b1 is still listed after its lease's TTL"
+        time.sleep(0.2)
+    assert [b["name"] for b in listing(etcd, cluster_name)["brokers"]] == ["b2"]
+    members[1].terminate()
+    out = ok(halfmoon("cluster", "list", "--coordinator", etcd.url, "--cluster", cluster_name))
+    assert out == f"cluster {cluster_name!r}: no broker or proxy is registered\n"
+
+
+def test_cluster_list_refuses_bad_input(etcd: EtcdServer) -> None:
+    line = failed(halfmoon("cluster", "list", "--coordinator", "http://x:1", "--cluster", "c"))
+    assert "(BAD_COORDINATOR_ADDRESS)" in line
+    line = failed(halfmoon("cluster", "list", "--coordinator", etcd.url, "--cluster", "a/b"))
+    assert "(BAD_CLUSTER_NAME)" in line
+    assert "--cluster" in failed(halfmoon("cluster", "list", "--coordinator", etcd.url), status=2)
+    dead = f"etcd://127.0.0.1:{free_port()}"
+    line = failed(halfmoon("cluster", "list", "--coordinator", dead, "--cluster", "c"))
+    assert "(COORDINATOR_UNAVAILABLE)" in line
+    # The environment stands in for the flags.
+    env = {"HALFMOON_COORDINATOR": etcd.url, "HALFMOON_CLUSTER": "empty"}
+    assert json.loads(ok(halfmoon("cluster", "list", "--json", env=env)))["brokers"] == []

@@ -1,0 +1,199 @@
+"""Membership under leases, with real member processes: register, SIGKILL, expire, restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from halfmoon.cluster.errors import BadClusterName, CoordinatorUnavailable, MemberNameTaken
+from halfmoon.cluster.etcd import EtcdClient
+from halfmoon.cluster.keys import ClusterKeys
+from halfmoon.cluster.membership import Membership
+from halfmoon.cluster.registration import register_member
+from tests.cluster.etcd_server import EtcdServer, free_port
+from tests.cluster.member_process import TTL, Member
+
+
+@pytest.fixture
+def members() -> Iterator[list[Member]]:
+    started: list[Member] = []
+    yield started
+    for member in started:
+        member.close()
+
+
+def entry(etcd: EtcdServer, cluster: str, name: str) -> dict | None:  # type: ignore[type-arg]
+    async def read() -> dict | None:  # type: ignore[type-arg]
+        async with EtcdClient.from_url(etcd.url) as client:
+            kv = await client.get(ClusterKeys(cluster).broker(name))
+            return None if kv is None else {**kv.json(), "lease": kv.lease}
+
+    return asyncio.run(read())
+
+
+def wait_until_gone(etcd: EtcdServer, cluster: str, name: str, timeout: float) -> float:
+    start = time.monotonic()
+    while entry(etcd, cluster, name) is not None:
+        assert time.monotonic() - start < timeout, f"{name} still registered after {timeout} s"
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def test_a_killed_member_disappears_when_its_lease_expires(
+    etcd: EtcdServer, cluster_name: str, members: list[Member]
+) -> None:
+    members.append(Member(etcd.url, cluster_name, "b1", "127.0.0.1:1001"))
+    registered = entry(etcd, cluster_name, "b1")
+    assert registered is not None and registered["endpoint"] == "127.0.0.1:1001"
+    members[0].kill()
+    assert entry(etcd, cluster_name, "b1") is not None, (
+        "the entry outlives the process until its TTL"
+    )
+    waited = wait_until_gone(etcd, cluster_name, "b1", timeout=TTL + 5)
+    assert waited <= TTL + 5
+
+
+def test_a_clean_stop_deregisters_at_once(
+    etcd: EtcdServer, cluster_name: str, members: list[Member]
+) -> None:
+    async def long_lived() -> None:
+        async with EtcdClient.from_url(etcd.url) as client:
+            member = Membership(client, cluster_name, "proxy", "p1", "127.0.0.1:2", ttl_s=60)
+            await member.start()
+            assert await client.get(member.key) is not None
+            started = time.monotonic()
+            await member.stop()
+            assert await client.get(member.key) is None
+            assert time.monotonic() - started < 2, "deregistration must not wait for the TTL"
+
+    asyncio.run(long_lived())
+    members.append(Member(etcd.url, cluster_name, "b1", "127.0.0.1:1001"))
+    assert members[0].terminate() == "deregistered"
+    assert entry(etcd, cluster_name, "b1") is None
+
+
+def test_a_restarted_member_takes_its_entry_over_cleanly(
+    etcd: EtcdServer, cluster_name: str, members: list[Member]
+) -> None:
+    members.append(Member(etcd.url, cluster_name, "b1", "127.0.0.1:1001"))
+    first = entry(etcd, cluster_name, "b1")
+    assert first is not None
+    members[0].kill()
+    # Restarted before the old lease expired: registers at once, under a new lease.
+    members.append(Member(etcd.url, cluster_name, "b1", "127.0.0.1:1001"))
+    second = entry(etcd, cluster_name, "b1")
+    assert second is not None and second["instance"] != first["instance"]
+    assert second["lease"] != first["lease"]
+
+    async def old_lease_ttl() -> int:
+        async with EtcdClient.from_url(etcd.url) as client:
+            return await client.keep_alive(first["lease"])
+
+    assert asyncio.run(old_lease_ttl()) == 0, (
+        "the predecessor's lease is revoked, not left to expire"
+    )
+    time.sleep(TTL + 1)  # past the old lease's TTL: the new entry must still be there
+    third = entry(etcd, cluster_name, "b1")
+    assert third is not None and third["instance"] == second["instance"]
+
+
+def test_a_second_process_cannot_take_a_live_members_name(
+    etcd: EtcdServer, cluster_name: str, members: list[Member]
+) -> None:
+    members.append(Member(etcd.url, cluster_name, "b1", "127.0.0.1:1001"))
+
+    async def impostor() -> None:
+        async with EtcdClient.from_url(etcd.url) as client:
+            member = Membership(client, cluster_name, "broker", "b1", "127.0.0.1:9999", ttl_s=TTL)
+            with pytest.raises(MemberNameTaken) as caught:
+                await member.start()
+            assert caught.value.code == "MEMBER_NAME_TAKEN"
+
+    asyncio.run(impostor())
+    assert entry(etcd, cluster_name, "b1")["endpoint"] == "127.0.0.1:1001"  # type: ignore[index]
+
+
+def test_a_member_whose_lease_was_lost_registers_again(etcd: EtcdServer, cluster_name: str) -> None:
+    async def scenario() -> None:
+        async with EtcdClient.from_url(etcd.url) as client:
+            member = Membership(client, cluster_name, "broker", "b1", "127.0.0.1:1", ttl_s=TTL)
+            await member.start()
+            lost = member.lease
+            await client.revoke_lease(lost)  # as if etcd had expired it while we were away
+            assert await client.get(member.key) is None
+            deadline = time.monotonic() + 5
+            while (kv := await client.get(member.key)) is None:
+                assert time.monotonic() < deadline, "the member never registered again"
+                await asyncio.sleep(0.1)
+            assert kv.lease == member.lease != lost
+            assert json.loads(kv.value)["instance"] == member.instance
+            await member.stop()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "../x", "-lead", "x" * 65, "sp ace"])
+def test_bad_member_names_are_refused(name: str) -> None:
+    with pytest.raises(BadClusterName):
+        Membership(None, "c", "broker", name, "127.0.0.1:1")  # type: ignore[arg-type]
+
+
+def test_a_synchronous_process_registers_in_the_background(
+    etcd: EtcdServer, cluster_name: str
+) -> None:
+    deregister = register_member(
+        etcd.url, cluster_name, "broker", "b1", "127.0.0.1:7", {"data_dir": "/d"}, ttl_s=TTL
+    )
+    try:
+        # Past several TTLs with this thread asleep: the lease is renewed in the background.
+        time.sleep(TTL * 2)
+        registered = entry(etcd, cluster_name, "b1")
+        assert registered is not None and registered["data_dir"] == "/d"
+    finally:
+        deregister()
+    assert entry(etcd, cluster_name, "b1") is None
+    deregister()  # a second call does nothing
+    threads = [t.name for t in threading.enumerate()]
+    assert not any(n.startswith("halfmoon-membership-") for n in threads)
+
+
+def test_a_failed_background_registration_raises_and_leaves_no_thread(
+    etcd: EtcdServer, cluster_name: str, members: list[Member]
+) -> None:
+    members.append(Member(etcd.url, cluster_name, "b1", "127.0.0.1:1001"))
+    with pytest.raises(MemberNameTaken):
+        register_member(etcd.url, cluster_name, "broker", "b1", "127.0.0.1:9", ttl_s=TTL)
+    with pytest.raises(CoordinatorUnavailable):
+        register_member(f"etcd://127.0.0.1:{free_port()}", cluster_name, "broker", "b2", "x:1")
+    threads = [t.name for t in threading.enumerate()]
+    assert not any(n.startswith("halfmoon-membership-") for n in threads)
+
+
+def test_membership_survives_an_etcd_crash_longer_than_its_ttl(
+    own_etcd: EtcdServer, cluster_name: str
+) -> None:
+    async def scenario() -> None:
+        async with EtcdClient.from_url(own_etcd.url, timeout=1) as client:
+            member = Membership(client, cluster_name, "broker", "b1", "127.0.0.1:1", ttl_s=TTL)
+            await member.start()
+            own_etcd.kill()
+            deadline = time.monotonic() + 10
+            while member.registered:
+                assert time.monotonic() < deadline, "a failed renewal must clear 'registered'"
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(TTL + 1)  # down for longer than the lease's TTL
+            await asyncio.to_thread(own_etcd.restart)
+            deadline = time.monotonic() + 10
+            while not member.registered or (kv := await client.get(member.key)) is None:
+                assert time.monotonic() < deadline, "the member did not come back after etcd did"
+                await asyncio.sleep(0.1)
+            assert json.loads(kv.value)["instance"] == member.instance
+            await member.stop()
+            assert await client.get(member.key) is None
+
+    asyncio.run(scenario())

@@ -1,0 +1,277 @@
+"""``RemoteBroker`` against real ``halfmoon broker`` processes: crashes, versions, deadlines,
+malformed requests, coalescing and the event streams (the facade contract itself runs in
+tests/broker/test_facade_contract.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from halfmoon.broker import FakeClock, FilterSpec, MessageType, OutgoingMessage, TopicNotFound
+from halfmoon.broker.transactions.check import CheckRequest
+from halfmoon.cluster import wire
+from halfmoon.cluster.connection import BrokerConnection
+from halfmoon.cluster.etcd_json import parse_coordinator
+from halfmoon.cluster.members import read_members
+from halfmoon.cluster.remote_broker import RemoteBroker
+from halfmoon.errors import HalfmoonError
+from tests.cluster.broker_processes import BrokerProcess
+from tests.cluster.etcd_server import EtcdServer
+
+WAIT_S = 10.0
+EVERYTHING = FilterSpec()
+
+
+@pytest.fixture
+def process(tmp_path: Path) -> Iterator[BrokerProcess]:
+    broker = BrokerProcess(tmp_path / "data").start()
+    yield broker
+    broker.kill()
+
+
+@pytest.fixture
+def remote(process: BrokerProcess) -> Iterator[RemoteBroker]:
+    client = RemoteBroker(process.address)
+    yield client
+    client.close()
+
+
+def stored_bodies(broker: RemoteBroker, topic: str) -> list[bytes]:
+    bodies: list[bytes] = []
+    for route in broker.route(topic):
+        offset = 0
+        while True:
+            pulled = broker.pull("audit", topic, route.queue_id, offset, 256, EVERYTHING)
+            bodies += [m.body for m in pulled.messages]
+            if not pulled.messages:
+                break
+            offset = pulled.next_offset
+    return sorted(bodies)
+
+
+def test_a_sigkilled_broker_restarts_and_the_remote_carries_on_losing_nothing_acknowledged(
+    process: BrokerProcess, remote: RemoteBroker
+) -> None:
+    remote.create_topic("orders", queue_count=4)
+    acknowledged: list[bytes] = []
+    failed = 0
+    stop = threading.Event()
+    lock = threading.Condition()
+
+    def produce(worker: int) -> None:
+        nonlocal failed
+        n = 0
+        while not stop.is_set():
+            body = f"{worker}-{n}".encode()
+            n += 1
+            try:
+                remote.send([OutgoingMessage("orders", body)])
+            except HalfmoonError:
+                with lock:
+                    failed += 1
+                continue
+            with lock:
+                acknowledged.append(body)
+                lock.notify_all()
+
+    workers = [threading.Thread(target=produce, args=(i,)) for i in range(8)]
+    for worker in workers:
+        worker.start()
+    try:
+        with lock:
+            assert lock.wait_for(lambda: len(acknowledged) >= 200, WAIT_S * 3)
+        process.kill()  # SIGKILL mid-stream: some sends in flight fail, none acknowledged is lost
+        before_restart = len(acknowledged)
+        process.start()  # same port, same data directory
+        with lock:  # the same RemoteBroker reconnected
+            assert lock.wait_for(lambda: len(acknowledged) >= before_restart + 200, WAIT_S * 3)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
+    stored = stored_bodies(remote, "orders")
+    assert set(acknowledged) <= set(stored)
+    assert len(set(stored)) == len(stored)  # nothing stored twice by a retry of ours
+
+
+def test_a_peer_of_another_version_is_refused_with_a_stable_code(process: BrokerProcess) -> None:
+    stranger = BrokerConnection(process.address, version_token="0:0000000000000000")
+    try:
+        with pytest.raises(wire.WireVersionMismatch) as info:
+            stranger.hello()
+        assert info.value.code == "WIRE_VERSION_MISMATCH" and "0:0000" in info.value.message
+        with pytest.raises(wire.WireVersionMismatch):
+            stranger.call("status")
+    finally:
+        stranger.close()
+    remote = RemoteBroker(process.address)  # the right version is served
+    assert remote.broker_name == "broker-a"
+    remote.close()
+
+
+def test_a_call_past_its_deadline_fails_with_a_deadline_error_and_the_next_one_works(
+    process: BrokerProcess, remote: RemoteBroker
+) -> None:
+    process.pause()  # SIGSTOP: the broker answers nothing
+    try:
+        with pytest.raises(wire.BrokerDeadlineExceeded) as info:
+            remote.connection.call("status", timeout_s=0.5)
+        assert info.value.code == "BROKER_DEADLINE_EXCEEDED"
+    finally:
+        process.resume()
+    assert remote.status().name == "broker-a"
+
+
+@pytest.mark.parametrize(
+    ("method", "request_bytes"),
+    [
+        ("Call", b"\xc1 not msgpack"),
+        ("Call", wire.encode(["no_such_operation", [], {}])),
+        ("Call", wire.encode(["__init__", [], {}])),
+        ("Call", wire.encode(["status", [1, 2, 3], {}])),  # wrong arguments
+        ("Call", wire.encode({"not": "a call"})),
+        ("Send", wire.encode([[1, 2]])),
+        ("Send", wire.encode("nonsense")),
+    ],
+)
+def test_a_malformed_request_gets_an_error_and_the_broker_stays_up(
+    remote: RemoteBroker, method: str, request_bytes: bytes
+) -> None:
+    answer = wire.decode(remote.connection.send_raw(method, request_bytes))
+    assert isinstance(answer, wire.MalformedRequest)
+    assert answer.code == "MALFORMED_REQUEST"
+    assert remote.status().name == "broker-a"
+
+
+def test_concurrent_single_sends_are_coalesced_and_each_caller_gets_its_own_answer(
+    remote: RemoteBroker,
+) -> None:
+    remote.create_topic("orders", queue_count=4)
+
+    def send_one(i: int) -> object:
+        topic = "orders" if i % 10 else "missing"  # every tenth caller fails on its own
+        try:
+            return remote.send([OutgoingMessage(topic, str(i).encode(), message_id=f"id-{i}")])
+        except TopicNotFound as error:
+            return error
+
+    with ThreadPoolExecutor(64) as pool:
+        answers = list(pool.map(send_one, range(1_000)))
+    for i, answer in enumerate(answers):
+        if i % 10:
+            assert isinstance(answer, list) and answer[0].message_id == f"id-{i}"
+        else:
+            assert isinstance(answer, TopicNotFound)
+    assert remote.sender.sends == 1_000
+    assert remote.sender.requests < remote.sender.sends / 4  # coalesced, not one call per send
+    assert len(stored_bodies(remote, "orders")) == 900
+
+
+def test_arrivals_reach_listeners_of_another_connection(
+    process: BrokerProcess, remote: RemoteBroker
+) -> None:
+    remote.create_topic("orders", queue_count=2)
+    listener_side = RemoteBroker(process.address)
+    heard: list[tuple[str, int]] = []
+    arrived = threading.Event()
+
+    def on_arrival(topic: str, queue_id: int) -> None:
+        heard.append((topic, queue_id))
+        arrived.set()
+
+    try:
+        listener_side.add_arrival_listener(on_arrival)
+        remote.send([OutgoingMessage("orders", b"x", queue_id=1)])
+        assert arrived.wait(WAIT_S)
+        assert heard == [("orders", 1)]
+    finally:
+        listener_side.close()
+
+
+def test_checks_and_lite_notices_are_pushed_to_the_connection_that_asked(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    process = BrokerProcess(tmp_path / "data", fake_clock_ms=clock.now_ms()).start()
+    producer_side, checker_side = RemoteBroker(process.address), RemoteBroker(process.address)
+    asked: list[CheckRequest] = []
+    told: list[tuple[str, ...]] = []
+    notified = threading.Event()
+
+    def notify(*notice: str) -> None:
+        told.append(notice)
+        notified.set()
+
+    class Sender:
+        def send_checks(self, checks: list[CheckRequest]) -> list[bool]:
+            asked.extend(checks)
+            return [False] * len(checks)  # no live producer here: the broker must hear that
+
+    try:
+        checker_side.set_check_sender(Sender())
+        checker_side.set_lite_unsubscribe_notifier(notify)
+        producer_side.create_topic("payments", MessageType.TRANSACTION, queue_count=1)
+        (half,) = producer_side.send(
+            [
+                OutgoingMessage(
+                    "payments", b"h", message_type=MessageType.TRANSACTION, producer_group="pg"
+                )
+            ]
+        )
+        producer_side.connection.advance_clock(3_600_000)
+        while producer_side.tick():
+            pass
+        assert [(c.transaction_id, c.topic, c.message.body) for c in asked] == [
+            (half.transaction_id, "payments", b"h")
+        ]
+        assert producer_side.transaction_stats().checks_unsent_total >= 1
+
+        producer_side.create_topic("chat", MessageType.LITE, queue_count=1)
+        producer_side.create_group("bots")
+        producer_side.send(
+            [OutgoingMessage("chat", b"x", message_type=MessageType.LITE, lite_topic="s1")]
+        )
+        producer_side.sync_lite_subscription("client-1", "bots", "chat", "partial_add", ["s1"])
+        assert producer_side.delete_lite_topic("chat", "s1") == 1
+        assert notified.wait(WAIT_S)
+        assert told == [("client-1", "bots", "chat", "s1")]
+    finally:
+        producer_side.close()
+        checker_side.close()
+        assert process.stop() == 0
+
+
+def test_broker_command_wants_cluster_and_coordinator_together(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "halfmoon", "broker", "--data-dir", str(tmp_path), "--cluster", "c"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("HALFMOON_")},
+    )
+    assert result.returncode == 2
+    assert "go together" in result.stderr
+
+
+def test_a_broker_registers_in_etcd_with_its_internal_address_and_leaves_on_stop(
+    tmp_path: Path, etcd: EtcdServer, cluster_name: str
+) -> None:
+    broker = BrokerProcess(
+        tmp_path / "data", extra=("--cluster", cluster_name, "--coordinator", etcd.url)
+    ).start()
+    try:
+        (member,) = read_members(parse_coordinator(etcd.url), cluster_name)["brokers"]
+        assert (member["name"], member["endpoint"]) == ("broker-a", broker.address)
+        remote = RemoteBroker(member["endpoint"])  # reachable there
+        assert remote.broker_name == "broker-a"
+        remote.close()
+    finally:
+        assert broker.stop() == 0
+    assert read_members(parse_coordinator(etcd.url), cluster_name)["brokers"] == []
