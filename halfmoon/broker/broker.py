@@ -205,6 +205,7 @@ class Broker(TransactionOperations):
             if now - self._last_snapshot_ms >= self.config.offset_persist_interval_ms:
                 self._last_snapshot_ms = now  # offsets and pop state, then the commit marker
                 self.consuming.persist(self._write_consumption_state)
+                self.consuming.sweep()  # roll back groups whose consumer lost a message
             if now - self._last_drained_check_ms >= _DRAINED_CHECK_INTERVAL_MS:
                 self._last_drained_check_ms = now
                 for topic in self.topics.all():

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -72,7 +73,7 @@ from halfmoon.broker.transactions.consume import (
     decode_actions,
     encode_actions,
 )
-from halfmoon.broker.transactions.errors import TransactionGroupEnded
+from halfmoon.broker.transactions.errors import TransactionGroupEnded, TransactionStateError
 from halfmoon.broker.transactions.groups import check_group_id
 from halfmoon.broker.transactions.oplog import OP_TOPIC, QUEUE_ID, OpKind, parse_op
 from halfmoon.broker.transactions.recovery import read_queue
@@ -84,6 +85,7 @@ from halfmoon.store.message import Message, StoredMessage
 log = logging.getLogger(__name__)
 
 MARKER_FILE = "consumed_commits.json"
+SWEPT_MEMORY = 65_536  # swept groups remembered, to fence their late commits
 
 # (consumer group, stored message, attempts) -> the dead-letter copy, routed
 DeadLetterCopy = Callable[[str, StoredMessage, int], Message]
@@ -125,6 +127,9 @@ class TransactionalConsume:
         self.fenced_total = 0
         self.incomplete_total = 0
         self.replayed_total = 0
+        self.swept_total = 0
+        # Groups the sweep rolled back (most recent last, bounded): their commit is fenced.
+        self._swept: OrderedDict[str, None] = OrderedDict()
 
     # -- registering ---------------------------------------------------------------
     def ack(self, transaction_group: str, group: str, topic: str, handle: str) -> None:
@@ -251,10 +256,16 @@ class TransactionalConsume:
             members, end = self._transactions.end_group(transaction_group, resolution, source)
             return ConsumeEnd(members, end, frozenset())
         if resolution.lower() != "commit":
-            self.ledger.take(transaction_group)
             members, end = self._transactions.end_group(transaction_group, resolution, source)
+            if resolution.lower() == "rollback":  # UNKNOWN decides nothing: keep the actions
+                self.ledger.take(transaction_group)
             return ConsumeEnd(members, end, frozenset())
         with self._commit_lock:
+            if transaction_group in self._swept:
+                raise TransactionFenced(
+                    f"TRANSACTION_FENCED: transaction group {transaction_group!r} was rolled "
+                    "back: a message it received went to another consumer before the commit"
+                )
             actions = self.ledger.take(transaction_group)
             if expected_actions is not None and expected_actions != len(actions):
                 self.incomplete_total += 1
@@ -291,6 +302,41 @@ class TransactionalConsume:
                     return ConsumeEnd(members, end, frozenset(a.topic for a in actions))
         self._roll_back(transaction_group, source)
         raise fenced
+
+    def sweep(self) -> int:
+        """Roll back the undecided groups that can never commit; how many.
+
+        A group is doomed once the delivery of a message it acks or rejects is
+        over: its consumer died or stalled mid-transaction and the message went
+        to another (epochs never come back). Rolling it back drops its half
+        messages and registered actions now instead of keeping them until an
+        operator decides; its late commit is fenced. The broker's tick calls
+        this every ``broker.offset_persist_interval_ms``.
+        """
+        doomed = [
+            group
+            for group, actions in self.ledger.items()
+            # Read without the state locks: a delivery that is over stays over.
+            if any(
+                a.kind is not ActionKind.OFFSET
+                and not self._pop.holds(a.group, a.topic, a.queue_id, a.offset, a.epoch)
+                for a in actions
+            )
+        ]
+        for group in doomed:
+            with self._commit_lock:
+                if not self.ledger.take(group):
+                    continue  # decided meanwhile
+                self._swept[group] = None
+                while len(self._swept) > SWEPT_MEMORY:
+                    self._swept.popitem(last=False)
+                try:
+                    self._transactions.end_group(group, "rollback", "check")
+                except TransactionStateError:
+                    continue  # committed meanwhile by an operator
+                self.swept_total += 1
+                log.info("event=transaction_group_swept group=%s", group)
+        return len(doomed)
 
     def _roll_back(self, transaction_group: str, source: str) -> None:
         self._transactions.end_group(transaction_group, "rollback", source)

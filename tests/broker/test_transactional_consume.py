@@ -280,3 +280,35 @@ def test_resource_creation_is_not_transactional(b: Broker, clock: FakeClock) -> 
     b.end_transaction_group("t1", "rollback")
     assert b.find_topic(f"%DLQ%{GROUP}") is not None
     assert dead_letters(b) == []
+
+
+def test_unknown_decides_nothing_and_keeps_the_actions(b: Broker, clock: FakeClock) -> None:
+    produce(b, b"a")
+    (m,) = receive(b)
+    b.transactional_ack("t1", GROUP, IN, m.receipt_handle)
+    assert b.end_transaction_group("t1", "unknown") == 0
+    commit(b, "t1", actions=1)  # still holds its ack
+    clock.advance(INVISIBLE + 1)
+    assert receive(b) == []
+
+
+def test_a_group_that_lost_a_message_is_rolled_back_by_the_tick(
+    b: Broker, clock: FakeClock
+) -> None:
+    # A consumer died mid-transaction: its message went to another consumer, its outputs are
+    # pending. The broker rolls the group back instead of keeping it until an operator does.
+    produce(b, b"a")
+    (stale,) = receive(b)
+    output(b, "dead", b"A-dead")
+    b.transactional_ack("dead", GROUP, IN, stale.receipt_handle)
+    clock.advance(INVISIBLE + 1)
+    b.tick()
+    assert [t.transaction_group for t in b.list_transactions()] == ["dead"]  # not yet lost
+    (fresh,) = receive(b)
+    clock.advance(b.config.offset_persist_interval_ms)
+    b.tick()
+    assert b.list_transactions() == []
+    with pytest.raises(TransactionFenced):
+        commit(b, "dead", actions=1)
+    b.ack(GROUP, IN, fresh.receipt_handle)
+    assert visible(b) == []

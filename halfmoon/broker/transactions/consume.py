@@ -187,6 +187,11 @@ class ConsumeLedger:
             for action in actions:
                 held.setdefault(action.target, action)
 
+    def items(self) -> list[tuple[str, list[ConsumeAction]]]:
+        """Every undecided group's actions (a copy)."""
+        with self._lock:
+            return [(group, list(actions.values())) for group, actions in self._groups.items()]
+
     def pending_groups(self) -> int:
         with self._lock:
             return len(self._groups)
