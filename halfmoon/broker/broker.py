@@ -15,7 +15,6 @@ The broker does not own the store: close the store after the broker.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -25,9 +24,9 @@ from typing import Any
 
 import halfmoon.broker.browse as browse
 import halfmoon.broker.reports as reports
-from halfmoon.broker.access import check_consumable
+from halfmoon.broker.access import check_consumable, routes
 from halfmoon.broker.clock import Clock, SystemClock
-from halfmoon.broker.config import BrokerConfig
+from halfmoon.broker.config import BrokerConfig, apply_changes
 from halfmoon.broker.dead_letters import dead_letter_copy, write_dead_letter
 from halfmoon.broker.errors import (
     IllegalTopic,
@@ -68,7 +67,6 @@ from halfmoon.broker.transactions import (
     TransactionConfig,
     TransactionService,
 )
-from halfmoon.errors import InvalidArgument
 from halfmoon.store.api import AppendResult, Store, StoreStats
 from halfmoon.store.message import StoredMessage
 
@@ -208,21 +206,11 @@ class Broker(TransactionOperations):
                 self.consuming.sweep()  # roll back groups whose consumer lost a message
             if now - self._last_drained_check_ms >= _DRAINED_CHECK_INTERVAL_MS:
                 self._last_drained_check_ms = now
-                for topic in self.topics.all():
-                    if topic.read_queue_count > topic.queue_count:
-                        self.topics.drop_drained_queues(
-                            topic.name, self._queue_has_messages(topic.name)
-                        )
+                self.topics.drop_all_drained_queues(self._queue_has_messages)
             return self._checks.scanning
 
     def update_config(self, changes: Mapping[str, Any]) -> BrokerConfig:
-        fields = {f.name for f in dataclasses.fields(BrokerConfig)}
-        unknown = sorted(set(changes) - fields)
-        if unknown:
-            raise InvalidArgument(f"no broker setting {', '.join(map(repr, unknown))}")
-        for name, value in changes.items():
-            setattr(self.config, name, value)
-        return self.config
+        return apply_changes(self.config, changes)
 
     # -- topics ------------------------------------------------------------------
     def create_topic(
@@ -464,6 +452,9 @@ class Broker(TransactionOperations):
     def reset_offset(self, group: str, topic: str, timestamp: int) -> dict[int, int]:
         return self._pull.reset_offset(group, topic, timestamp)
 
+    def seek_group(self, group: str, topic: str, offsets: Mapping[int, int]) -> dict[int, int]:
+        return self._pull.seek_group(group, topic, offsets)
+
     # -- reading stored messages (halfmoon/broker/browse.py) ------------------------
     def messages_by_id(self, message_id: str, topic: str | None = None) -> list[MessageView]:
         topics = self.list_topics() if topic is None else [self._existing_topic(topic)]
@@ -503,12 +494,7 @@ class Broker(TransactionOperations):
 
     # -- routes, notifications, status -------------------------------------------
     def route(self, topic: str) -> list[QueueRoute]:
-        config = self.get_topic(topic)
-        accepted = config.accepted_types()
-        return [
-            QueueRoute(topic, q, config.queue_perm(q), list(accepted))
-            for q in config.readable_queues()
-        ]
+        return routes(self.get_topic(topic), writable=self.config.writable)
 
     def add_arrival_listener(self, callback: Callable[[str, int], None]) -> None:
         self._listeners.append(callback)

@@ -8,11 +8,14 @@ a crash leaves either the old or the new version, never half of one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from halfmoon.errors import InvalidArgument
 from halfmoon.store.fsutil import replace_atomically
 
 DAY_MS = 24 * 3600 * 1000
@@ -34,6 +37,10 @@ class BrokerConfig:
     # accessMessageInMemoryMaxRatio: data that recent is most likely still in page cache.
     hot_data_bytes: int = 0
     default_queue_count: int = 8
+    # False: the broker refuses new messages (mqadmin's wipeWritePerm) and routes show its
+    # queues read-only, so producers go elsewhere while consumers drain it; acks, offsets,
+    # transaction decisions and due delay messages go on.
+    writable: bool = True
     max_body_size: int = 4 * 1024 * 1024
     default_invisible_ms: int = 30_000
     # Shortest invisible time a receive may ask for (RocketMQ proxy's
@@ -55,6 +62,17 @@ class BrokerConfig:
     max_lite_topics_per_topic: int = 100_000
     # A consumer's lite subscriptions lapse this long after its last SyncLiteSubscription.
     lite_subscription_timeout_ms: int = 120_000
+
+
+def apply_changes(config: BrokerConfig, changes: Mapping[str, Any]) -> BrokerConfig:
+    """Change settings of a running broker in place (unknown names: InvalidArgument)."""
+    fields = {f.name for f in dataclasses.fields(BrokerConfig)}
+    unknown = sorted(set(changes) - fields)
+    if unknown:
+        raise InvalidArgument(f"no broker setting {', '.join(map(repr, unknown))}")
+    for name, value in changes.items():
+        setattr(config, name, value)
+    return config
 
 
 def write_json_atomic(path: Path, data: object) -> None:

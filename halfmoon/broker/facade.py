@@ -509,6 +509,12 @@ class Broker(Protocol):
         """Move the group (pull offsets and pop position) to ``timestamp`` in every queue."""
         ...
 
+    def seek_group(self, group: str, topic: str, offsets: Mapping[int, int]) -> dict[int, int]:
+        """Move the group (pull offsets and pop position) to ``offsets[queue]`` in the named
+        queues (deliveries in flight there die); the offsets applied. Every offset is checked
+        first (IllegalOffset outside a queue's retained range): none moves unless all can."""
+        ...
+
     # -- reading stored messages (operators; no consumer state changes) -----------------------
 
     def messages_by_id(self, message_id: str, topic: str | None = None) -> list[MessageView]:

@@ -7,6 +7,12 @@ new group starts reading (``latest`` or ``earliest``), whether consuming is
 enabled, and whether it is a broadcast group (each consumer keeps its own
 offsets; the pull path serves those).
 
+Names: letters, digits, ``_``, ``-`` and ``%``, at most 120 characters, so
+that the group's dead-letter topic ``%DLQ%<group>`` (and RocketMQ's longer
+``%RETRY%<group>``) fits the 127-character topic limit. A longer name is
+refused when the group is created, not when its first message is
+dead-lettered. Names starting with ``%`` or ``RMQ_SYS_`` are reserved.
+
 The registry lives in ``<metadata_dir>/groups.json``, replaced atomically on
 every change.
 """
@@ -22,9 +28,14 @@ from typing import Any
 
 from halfmoon.broker.config import read_json, write_json_atomic
 from halfmoon.broker.errors import GroupExists, GroupNotFound, IllegalGroup
+from halfmoon.broker.topics import MAX_TOPIC_LENGTH, RETRY_PREFIX
 from halfmoon.errors import InvalidArgument
 
-MAX_GROUP_LENGTH = 255
+# A group's name is part of its dead-letter topic, %DLQ%<group>, which must fit the topic
+# limit. RocketMQ caps groups at 120 (TopicValidator.GROUP_MAX_LENGTH, the client's
+# Validators too) to leave room for %RETRY%<group>, the longer prefix; halfmoon uses the
+# same number, so a group name is valid on both and any derived topic fits.
+MAX_GROUP_LENGTH = MAX_TOPIC_LENGTH - len(RETRY_PREFIX)
 _NAME = re.compile(r"^[%a-zA-Z0-9_-]+$")
 CONSUME_FROM = ("latest", "earliest", "auto")
 
@@ -149,7 +160,13 @@ _FIELDS = {
 
 
 def check_group_name(name: str) -> None:
-    if not name or len(name) > MAX_GROUP_LENGTH or not _NAME.match(name):
+    if len(name) > MAX_GROUP_LENGTH:
+        raise IllegalGroup(
+            f"consumer group name {name[:32]!r}... is {len(name)} characters; a group name may "
+            f"have at most {MAX_GROUP_LENGTH}, so that its dead-letter topic "
+            f"%DLQ%<group> fits the {MAX_TOPIC_LENGTH}-character topic limit"
+        )
+    if not name or not _NAME.match(name):
         raise IllegalGroup(
             f"illegal consumer group name {name!r}: use 1 to {MAX_GROUP_LENGTH} letters, "
             "digits, '_' or '-'"

@@ -93,7 +93,3 @@ def split_lite_queue_topic(name: str) -> tuple[str, str] | None:
 def parent_topic_of(name: str) -> str | None:
     split = split_lite_queue_topic(name)
     return split[0] if split is not None else None
-
-
-def is_lite_queue_topic(name: str) -> bool:
-    return split_lite_queue_topic(name) is not None

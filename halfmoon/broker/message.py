@@ -168,6 +168,11 @@ class MessageView:
     delivery_attempt: int = 1
     receipt_handle: str | None = None
     invisible_duration_ms: int | None = None
+    # A dead letter's origin: the group that gave up on it, after how many deliveries, and the
+    # id of the message it copies (None on every other message).
+    dead_letter_group: str | None = None
+    dead_letter_attempts: int | None = None
+    origin_message_id: str | None = None
     priority: int | None = None
     lite_topic: str | None = None
 
@@ -178,6 +183,7 @@ class MessageView:
         type_name = props.get(PROPERTY_MESSAGE_TYPE)
         priority = props.get(PROPERTY_PRIORITY)
         lite_topic = props.get(PROPERTY_LITE_TOPIC)
+        attempts = props.get(PROPERTY_DELIVERY_ATTEMPT)
         topic = props.get(PROPERTY_REAL_TOPIC, stored.topic)
         if lite_topic is not None:
             # A lite topic's queue is a store topic of its own; consumers see the parent.
@@ -203,6 +209,9 @@ class MessageView:
             transaction_id=props.get(PROPERTY_TRANSACTION_ID),
             priority=int(priority) if priority and priority.isdigit() else None,
             lite_topic=lite_topic,
+            dead_letter_group=props.get(PROPERTY_DLQ_ORIGIN_GROUP),
+            dead_letter_attempts=int(attempts) if attempts and attempts.isdigit() else None,
+            origin_message_id=props.get(PROPERTY_ORIGIN_MESSAGE_ID),
         )
 
 

@@ -189,6 +189,12 @@ def plan_send(
     now_ms: int,
 ) -> list[PlannedMessage]:
     """Validate every message, then decide each one's record and queue."""
+    if not config.writable and messages:
+        raise PermissionDenied(
+            f"broker {config.name!r} accepts no new messages: its write permission was wiped "
+            "to drain it; send through another broker, or restore it with "
+            "'halfmoon cluster write-perm --add'"
+        )
     checked = []
     for msg in messages:
         check_topic_name(msg.topic)

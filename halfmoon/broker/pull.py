@@ -8,7 +8,7 @@ values per group, topic and queue.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from halfmoon.broker.access import check_queue
 from halfmoon.broker.errors import IllegalOffset, OffsetNotFound
@@ -121,10 +121,30 @@ class PullService:
     def reset_offset(self, group: str, topic: str, timestamp: int) -> dict[int, int]:
         self._get_group(group)
         config = self._get_topic(topic)
-        offsets = {}
-        for queue_id in config.readable_queues():
-            offset = self._store.offset_for_timestamp(topic, queue_id, timestamp)
-            offsets[queue_id] = offset
+        offsets = {
+            queue_id: self._store.offset_for_timestamp(topic, queue_id, timestamp)
+            for queue_id in config.readable_queues()
+        }
+        self._move(group, topic, offsets)
+        return offsets
+
+    def seek_group(self, group: str, topic: str, offsets: Mapping[int, int]) -> dict[int, int]:
+        self._get_group(group)
+        config = self._get_topic(topic)
+        for queue_id, offset in offsets.items():  # all checked before any moves
+            check_queue(config, queue_id)
+            low, high = (
+                self._store.min_offset(topic, queue_id),
+                self._store.max_offset(topic, queue_id),
+            )
+            if not low <= offset <= high:
+                raise IllegalOffset(
+                    f"offset {offset} is outside queue {queue_id} of {topic!r} ({low} to {high})"
+                )
+        self._move(group, topic, offsets)
+        return dict(offsets)
+
+    def _move(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+        for queue_id, offset in offsets.items():
             self._offsets.set(group, topic, queue_id, offset)
             self._reset_pop(group, topic, queue_id, offset)
-        return offsets

@@ -33,6 +33,9 @@ from halfmoon.errors import InvalidArgument
 
 TIMER_TOPIC = "%HM_TIMER%"
 DLQ_PREFIX = "%DLQ%"
+# RocketMQ's retry topic prefix: halfmoon redelivers in place and keeps no retry topic, but
+# group names leave room for one (groups.MAX_GROUP_LENGTH).
+RETRY_PREFIX = "%RETRY%"
 RESERVED_PREFIXES = ("%", "RMQ_SYS_")
 # Internal topics whose names RocketMQ gave no reserved prefix.
 RESERVED_NAMES = frozenset({"TRANS_CHECK_MAX_TIME_TOPIC"})
@@ -270,6 +273,14 @@ class TopicRegistry:
             self._topics[name] = topic
             self._save()
             return topic
+
+    def drop_all_drained_queues(
+        self, has_messages_of: Callable[[str], Callable[[int], bool]]
+    ) -> None:
+        """``drop_drained_queues`` for every topic that still has removed queues."""
+        for topic in self.all():
+            if topic.read_queue_count > topic.queue_count:
+                self.drop_drained_queues(topic.name, has_messages_of(topic.name))
 
     def drop_drained_queues(self, name: str, has_messages: Callable[[int], bool]) -> TopicConfig:
         """Forget removed read-only queues that hold nothing any more."""

@@ -7,10 +7,14 @@ variables, flags, ``--set``) and checked in full before anything starts.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+from pathlib import Path
 
 from halfmoon.cli.admin_client import CliError
 from halfmoon.cli.parser import UsageError, add_command
+from halfmoon.cluster.etcd_json import parse_coordinator
+from halfmoon.cluster.keys import DEFAULT_TTL_S, MIN_TTL_S, check_name
 from halfmoon.errors import HalfmoonError
 
 # Dedicated flag (argparse destination) → the configuration key it sets.
@@ -54,6 +58,21 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="etcd://HOST:PORT",
         help="the cluster's etcd endpoints, comma-separated (default $HALFMOON_COORDINATOR)",
     )
+    broker.add_argument(
+        "--advertise",
+        metavar="HOST",
+        default=None,
+        help="the host proxies dial, registered in etcd with the bound port (default: the "
+        "--listen host, or this machine's name when that is 0.0.0.0 or ::)",
+    )
+    broker.add_argument(
+        "--lease-ttl",
+        metavar="SECONDS",
+        type=lease_ttl,
+        default=DEFAULT_TTL_S,
+        help=f"how long etcd keeps a broker that stopped renewing listed (default {DEFAULT_TTL_S}; "
+        f"at least {MIN_TTL_S}); a clean stop leaves at once",
+    )
     broker.add_argument("--config", metavar="FILE", help="a TOML configuration file")
     broker.add_argument(
         "--set",
@@ -65,6 +84,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     # Tests only: the broker's clock stands still until a peer moves it (docs/cluster.md).
     broker.add_argument("--fake-clock-ms", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def lease_ttl(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < MIN_TTL_S:
+        raise argparse.ArgumentTypeError(f"expected whole seconds, at least {MIN_TTL_S}: {text!r}")
+    return value
 
 
 def run_broker_command(args: argparse.Namespace) -> int:
@@ -79,6 +108,12 @@ def run_broker_command(args: argparse.Namespace) -> int:
             "(or give neither to run it unregistered)",
             "USAGE",
         )
+    if cluster is not None and coordinator is not None:
+        try:  # checked before the store opens, so a typo costs no recovery
+            parse_coordinator(coordinator)
+            check_name("cluster", cluster)
+        except HalfmoonError as exc:
+            raise UsageError(exc.message, exc.code) from None
     flags = {key: getattr(args, dest) for dest, key in FLAG_KEYS.items()}
     try:
         config = load_config(
@@ -87,7 +122,7 @@ def run_broker_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise UsageError(exc.message, exc.code) from None
     # Here: see load_config above.
-    from halfmoon.cluster.broker_process import register_in_etcd, run_broker
+    from halfmoon.cluster.broker_process import disk_facts, register_in_etcd, run_broker
 
     try:
         return run_broker(
@@ -95,7 +130,15 @@ def run_broker_command(args: argparse.Namespace) -> int:
             args.listen,
             cluster=cluster,
             coordinator=coordinator,
-            register=register_in_etcd if cluster is not None else None,
+            register=functools.partial(
+                register_in_etcd,
+                ttl_s=args.lease_ttl,
+                facts={"data_dir": str(Path(config.store.data_dir).resolve())},
+                facts_source=functools.partial(disk_facts, Path(config.store.data_dir)),
+                advertise_host=args.advertise,
+            )
+            if cluster is not None
+            else None,
             fake_clock_ms=args.fake_clock_ms,
         )
     except HalfmoonError as exc:

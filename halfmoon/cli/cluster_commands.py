@@ -1,9 +1,11 @@
-"""``halfmoon cluster list|status|config``: brokers, the numbers operators watch, runtime settings.
+"""``halfmoon cluster list|status|config|write-perm``: brokers, the numbers operators watch,
+runtime settings, draining.
 
-RocketMQ's clusterList, brokerStatus and getBrokerConfig / updateBrokerConfig.
-``cluster list --coordinator etcd://HOST:PORT --cluster NAME`` reads a cluster's
-brokers and proxies from etcd itself (see docs/cluster.md), so it answers even
-when no broker does; without ``--coordinator`` it asks one broker's admin API.
+RocketMQ's clusterList, brokerStatus, getBrokerConfig / updateBrokerConfig and
+wipeWritePerm / addWritePerm (``write-perm --wipe|--add``: the runtime key
+``broker.writable``). ``cluster list --coordinator etcd://HOST:PORT --cluster NAME``
+reads a cluster's brokers and proxies from etcd itself (see docs/cluster.md), so it
+answers even when no broker does; without ``--coordinator`` it asks one broker's admin API.
 ``config set`` changes only keys the broker reads at each use; the change
 lasts until the process stops (put it in the configuration file to keep it).
 """
@@ -39,6 +41,8 @@ MEMBER_COLUMNS = [
     ("state", "STATE"),
     ("expires_in_s", "LEASE"),
     ("queues", "QUEUES"),
+    ("disk_free_bytes", "DISK-FREE"),
+    ("disk_used_ratio", "DISK-USED"),
     ("host", "HOST"),
     ("pid", "PID"),
     ("uptime_ms", "UPTIME"),
@@ -96,6 +100,26 @@ def register(commands: argparse._SubParsersAction) -> None:
     set_ = add_command(config_sub, "set", config_set, "change keys until restart: KEY=VALUE ...")
     set_.add_argument("assignments", metavar="KEY=VALUE", nargs="+")
 
+    perm = add_command(
+        sub,
+        "write-perm",
+        write_perm,
+        "stop or resume accepting new messages (drain the broker), until restart",
+    )
+    change = perm.add_mutually_exclusive_group(required=True)
+    change.add_argument(
+        "--wipe",
+        action="store_false",
+        dest="writable",
+        help="refuse new messages; routes show the queues read-only (mqadmin's wipeWritePerm)",
+    )
+    change.add_argument(
+        "--add",
+        action="store_true",
+        dest="writable",
+        help="accept new messages again (mqadmin's addWritePerm)",
+    )
+
 
 def list_brokers(args: argparse.Namespace) -> None:
     coordinator = args.coordinator or os.environ.get(COORDINATOR_ENV)
@@ -128,8 +152,11 @@ def list_members(args: argparse.Namespace, coordinator: str) -> None:
 
 def member_row(role: str, member: dict[str, Any]) -> dict[str, Any]:
     uptime, expires = member.get("uptime_ms"), member.get("expires_in_s")
+    free, used = member.get("disk_free_bytes"), member.get("disk_used_ratio")
     return {
         **member,
+        "disk_free_bytes": format_size(free) if isinstance(free, int) else "",
+        "disk_used_ratio": f"{used * 100:.1f}%" if isinstance(used, float | int) else "",
         "role": role,
         "uptime_ms": format_duration_ms(uptime) if isinstance(uptime, int) else "",
         "expires_in_s": f"{expires}s" if isinstance(expires, int) else "",
@@ -198,5 +225,20 @@ def config_set(args: argparse.Namespace) -> None:
         answer,
         lambda: "\n".join(
             f"set {key} = {readable(key, values[key])} (until restart)" for key in answer["changed"]
+        ),
+    )
+
+
+def write_perm(args: argparse.Namespace) -> None:
+    value = "true" if args.writable else "false"
+    answer = client(args).patch("/v1/runtime-config", {"changes": {"broker.writable": value}})
+    emit(
+        args,
+        answer,
+        lambda: (
+            "the broker accepts new messages again"
+            if args.writable
+            else "the broker accepts no new messages until 'cluster write-perm --add' or a "
+            "restart; consumers, acks and transaction decisions go on"
         ),
     )

@@ -1,11 +1,14 @@
-"""``halfmoon consumer progress|status|reset-offset``: how far a group is, who is connected.
+"""``halfmoon consumer progress|status|lag|clone-offset|reset-offset``: how far groups are,
+who is connected.
 
-RocketMQ's consumerProgress, consumerStatus / consumerConnection and
-resetOffsetByTime. Progress is per queue (committed offset, broker max offset,
-lag, in flight), then per connected client (what it subscribes to), then the
-group's consume rate and total lag. halfmoon's consumers receive by pop, so a
-queue is not owned by one client as in RocketMQ's push model: the client table
-lists every connected consumer of the group rather than one per queue.
+RocketMQ's consumerProgress, consumerStatus / consumerConnection,
+brokerConsumeStats (``lag``: every group's queues, filtered by a minimum lag),
+cloneGroupOffset (``clone-offset``) and resetOffsetByTime. Progress is per
+queue (committed offset, broker max offset, lag, in flight), then per
+connected client (what it subscribes to), then the group's consume rate and
+total lag. halfmoon's consumers receive by pop, so a queue is not owned by one
+client as in RocketMQ's push model: the client table lists every connected
+consumer of the group rather than one per queue.
 """
 
 from __future__ import annotations
@@ -51,6 +54,25 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     status = add_command(sub, "status", show_status, "who is connected and what they subscribe to")
     status.add_argument("group", metavar="GROUP")
+
+    lag = add_command(
+        sub, "lag", show_lag, "every group's lag per queue (RocketMQ's brokerConsumeStats)"
+    )
+    lag.add_argument("--topic", default=None, help="only this topic's queues")
+    lag.add_argument(
+        "--min-lag",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only queues at least N messages behind (mqadmin's -l diffLevel; default 0)",
+    )
+
+    clone = add_command(
+        sub, "clone-offset", clone_offset, "give another group this group's committed offsets"
+    )
+    clone.add_argument("group", metavar="GROUP")
+    clone.add_argument("--to", required=True, metavar="GROUP", help="the group that gets them")
+    clone.add_argument("--topic", default=None, help="only this topic (default: every topic)")
 
     reset = add_command(
         sub, "reset-offset", reset_offset, "move the group to a point in time in a topic"
@@ -133,6 +155,42 @@ def show_status(args: argparse.Namespace) -> None:
                 )
             return f"no consumer of group '{args.group}' is connected"
         return render_table(_client_rows(clients), CLIENT_COLUMNS)
+
+    emit(args, answer, human)
+
+
+def show_lag(args: argparse.Namespace) -> None:
+    api = client(args)
+    rows: list[dict[str, Any]] = []
+    for group in api.get("/v1/groups")["groups"]:
+        answer = api.get(f"/v1/groups/{quote(group['name'])}/progress", topic=args.topic)
+        rows.extend(q for q in answer["queues"] if int(q.get("lag") or 0) >= args.min_lag)
+    rows.sort(key=lambda q: (-int(q.get("lag") or 0), q["group"], q["topic"], q["queue_id"]))
+    total = sum(int(q.get("lag") or 0) for q in rows)
+    data = {"topic": args.topic, "min_lag": args.min_lag, "queues": rows, "total_lag": total}
+
+    def human() -> str:
+        if not rows:
+            return f"no queue is {args.min_lag} or more messages behind"
+        table = render_table(rows, [("group", "GROUP"), *PROGRESS_COLUMNS])
+        return f"{table}\n\ntotal lag: {total}"
+
+    emit(args, data, human)
+
+
+def clone_offset(args: argparse.Namespace) -> None:
+    body: dict[str, Any] = {"to": args.to}
+    if args.topic is not None:
+        body["topic"] = args.topic
+    answer = client(args).post(f"/v1/groups/{quote(args.group)}/clone-offset", body)
+    queues = answer["queues"]
+
+    def human() -> str:
+        if not queues:
+            return f"group '{args.group}' has no offsets to clone"
+        head = f"group '{args.to}' now consumes from group '{args.group}''s offsets"
+        columns = [("topic", "TOPIC"), ("queue_id", "QUEUE"), ("offset", "NEW OFFSET")]
+        return f"{head}\n\n{render_table(queues, columns)}"
 
     emit(args, answer, human)
 

@@ -39,7 +39,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     sub = group.add_subparsers(dest="group_command", metavar="ACTION", required=True)
 
     create = add_command(sub, "create", create_group, "create a consumer group")
-    create.add_argument("name", metavar="NAME")
+    create.add_argument(
+        "name", metavar="NAME", help="the group's name: 1 to 120 letters, digits, '_' or '-'"
+    )
     create.add_argument("--fifo", action="store_true", help="deliver each message group in order")
     create.add_argument(
         "--max-attempts",

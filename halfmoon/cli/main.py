@@ -26,8 +26,11 @@ from halfmoon.cli import (
     consumer_commands,
     group_commands,
     message_commands,
+    monitor_command,
     outbox_commands,
     probe_commands,
+    producer_commands,
+    proxy_command,
     serve_command,
     spark_commands,
     stats_commands,
@@ -50,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve_command.register(commands)
     broker_command.register(commands)
+    proxy_command.register(commands)
     topic_commands.register(commands)
     group_commands.register(commands)
     transaction_commands.register(commands)
@@ -58,8 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     outbox_commands.register(commands)
     message_commands.register(commands)
     consumer_commands.register(commands)
+    producer_commands.register(commands)
     cluster_commands.register(commands)
     stats_commands.register(commands)
+    monitor_command.register(commands)
     probe_commands.register(commands)
     return parser
 

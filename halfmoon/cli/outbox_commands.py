@@ -22,28 +22,8 @@ from typing import Any
 
 from halfmoon.cli.admin_client import CliError
 from halfmoon.cli.parser import add_command, emit, positive_int
+from halfmoon.cli.timearg import duration
 from halfmoon.errors import HalfmoonError
-
-
-def duration(text: str) -> float:
-    """``500ms``, ``2s``, ``1.5`` (seconds) → seconds."""
-    raw = text.strip().lower()
-    try:
-        if raw.endswith("ms"):
-            value = float(raw[:-2]) / 1000
-        elif raw.endswith("s"):
-            value = float(raw[:-1])
-        elif raw.endswith("m"):
-            value = float(raw[:-1]) * 60
-        else:
-            value = float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a duration like 500ms or 2s, got {text!r}"
-        ) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive duration, got {text!r}")
-    return value
 
 
 def register(commands: argparse._SubParsersAction) -> None:

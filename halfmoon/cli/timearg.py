@@ -1,5 +1,5 @@
 """Times on the command line: ``now``, ``1h`` (that long ago), ISO 8601 or milliseconds since the
-epoch."""
+epoch; and durations (``500ms``, ``2s``)."""
 
 from __future__ import annotations
 
@@ -35,3 +35,26 @@ def parse_time_ms(text: str, now_ms: int | None = None) -> int:
     if parsed.tzinfo is None:
         parsed = parsed.astimezone()  # local time, as people read clocks
     return int(parsed.timestamp() * 1000)
+
+
+def duration(text: str) -> float:
+    """``500ms``, ``2s``, ``5m``, ``1h``, ``1.5`` (seconds) → seconds."""
+    raw = text.strip().lower()
+    try:
+        if raw.endswith("ms"):
+            value = float(raw[:-2]) / 1000
+        elif raw.endswith("s"):
+            value = float(raw[:-1])
+        elif raw.endswith("m"):
+            value = float(raw[:-1]) * 60
+        elif raw.endswith("h"):
+            value = float(raw[:-1]) * 3600
+        else:
+            value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration like 500ms or 2s, got {text!r}"
+        ) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive duration, got {text!r}")
+    return value

@@ -1,7 +1,9 @@
-"""``halfmoon topic create|list|describe|status|route|update|delete|lite-list|lite-delete``.
+"""``halfmoon topic create|list|describe|status|route|allocate|update|delete|lite-list|…``.
 
 ``status`` is RocketMQ's topicStatus (offsets per queue, last store time);
-``route`` its topicRoute (which broker serves which queue, with what permission).
+``route`` its topicRoute (which broker serves which queue, with what permission);
+``allocate`` its allocateMQ (which queues each member of a pull-consumer group
+reads, computed as halfmoon's ``PullConsumer`` computes it).
 """
 
 from __future__ import annotations
@@ -91,6 +93,27 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     route.add_argument("name", metavar="NAME")
 
+    allocate = add_command(
+        sub,
+        "allocate",
+        allocate_queues,
+        "which readable queues each pull consumer of a group would read",
+    )
+    allocate.add_argument("name", metavar="NAME")
+    allocate.add_argument(
+        "--clients",
+        required=True,
+        metavar="ID,ID,...",
+        help="the group's members (client ids), comma-separated",
+    )
+    allocate.add_argument(
+        "--strategy",
+        choices=("average", "consistent_hash"),
+        default="average",
+        help="PullConsumer's allocation strategy (default average, RocketMQ's "
+        "AllocateMessageQueueAveragely)",
+    )
+
     lite_list = add_command(
         sub, "lite-list", list_lite_topics, "lite topics of a lite topic, and who subscribes"
     )
@@ -170,6 +193,43 @@ def topic_route(args: argparse.Namespace) -> None:
         ("accepted_types", "ACCEPTS"),
     ]
     emit(args, answer, lambda: render_table(queues, columns))
+
+
+def allocate_queues(args: argparse.Namespace) -> None:
+    # Here, not at the top: halfmoon.client imports grpc, which the rest of the CLI does not need.
+    from halfmoon.client.allocation import strategy_named
+
+    members = sorted({c.strip() for c in args.clients.split(",") if c.strip()})
+    if not members:
+        raise UsageError("--clients names no client id")
+    answer = client(args).get(f"/v1/topics/{quote(args.name)}/route")
+    # The same keys and order PullConsumer allocates over: topic/broker@queue, readable only.
+    keys = {
+        f"{args.name}/{q['broker']}@{q['queue_id']}": q
+        for q in answer["queues"]
+        if "r" in str(q.get("perm", ""))
+    }
+    allocate = strategy_named(args.strategy)
+    result = {
+        member: [
+            {"broker": keys[k]["broker"], "queue_id": keys[k]["queue_id"]}
+            for k in allocate(sorted(keys), members, member)
+        ]
+        for member in members
+    }
+    data = {"topic": args.name, "strategy": args.strategy, "allocation": result}
+
+    def human() -> str:
+        rows = [
+            {
+                "client_id": member,
+                "queues": ", ".join(f"{q['broker']}@{q['queue_id']}" for q in queues) or "-",
+            }
+            for member, queues in result.items()
+        ]
+        return render_table(rows, [("client_id", "CLIENT ID"), ("queues", "QUEUES")])
+
+    emit(args, data, human)
 
 
 def describe_topic(args: argparse.Namespace) -> None:

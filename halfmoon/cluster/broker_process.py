@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import grpc
 
@@ -42,6 +45,7 @@ from halfmoon.broker.broker import Broker as InProcessBroker
 from halfmoon.broker.clock import Clock, FakeClock, SystemClock
 from halfmoon.cluster.connection import MAX_MESSAGE_BYTES
 from halfmoon.cluster.internal_service import InternalService
+from halfmoon.cluster.keys import DEFAULT_TTL_S
 from halfmoon.cluster.registration import register_member
 from halfmoon.config import Config, parse_host_port
 from halfmoon.server.app import METADATA_DIR_NAME, TickThread, configure_logging
@@ -49,6 +53,8 @@ from halfmoon.store.store import MessageStore
 
 log = logging.getLogger("halfmoon.cluster")
 
+# Listen addresses that name no host a peer could dial.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 # Calls served at once; beyond this, callers get RESOURCE_EXHAUSTED (bounded in-flight work).
 MAX_CONCURRENT_CALLS = 256
 
@@ -67,12 +73,44 @@ class BrokerEndpoint:
 Registration = Callable[[BrokerEndpoint], Callable[[], None]]
 
 
-def register_in_etcd(endpoint: BrokerEndpoint) -> Callable[[], None]:
-    """The registration of cluster mode: a broker member under an etcd lease."""
+def register_in_etcd(
+    endpoint: BrokerEndpoint,
+    *,
+    ttl_s: int = DEFAULT_TTL_S,
+    facts: dict[str, Any] | None = None,
+    facts_source: Callable[[], dict[str, Any]] | None = None,
+    advertise_host: str | None = None,
+) -> Callable[[], None]:
+    """The registration of cluster mode: a broker member under an etcd lease of ``ttl_s``.
+
+    The endpoint registered is the one proxies dial: ``advertise_host`` with the bound port;
+    without it, the listen address, or this machine's name when that is a wildcard.
+    """
     assert endpoint.coordinator is not None and endpoint.cluster is not None
     return register_member(
-        endpoint.coordinator, endpoint.cluster, "broker", endpoint.name, endpoint.address
+        endpoint.coordinator,
+        endpoint.cluster,
+        "broker",
+        endpoint.name,
+        advertised_address(endpoint.address, advertise_host),
+        facts,
+        ttl_s=ttl_s,
+        facts_source=facts_source,
     )
+
+
+def disk_facts(data_dir: Path) -> dict[str, Any]:
+    """What ``cluster list`` shows of a broker's disk: free bytes and the share used."""
+    usage = shutil.disk_usage(data_dir)
+    used = round(1 - usage.free / usage.total, 4) if usage.total else None
+    return {"disk_free_bytes": usage.free, "disk_used_ratio": used}
+
+
+def advertised_address(address: str, advertise_host: str | None) -> str:
+    host, port = parse_host_port(address, what="internal address")
+    if advertise_host is None and host in WILDCARD_HOSTS:
+        advertise_host = socket.getfqdn()
+    return format_address(advertise_host or host, port)
 
 
 def format_address(host: str, port: int) -> str:

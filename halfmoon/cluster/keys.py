@@ -21,6 +21,10 @@ from dataclasses import dataclass
 from halfmoon.cluster.errors import BadClusterName
 
 ROOT = "/halfmoon/"
+# A member's key lives under a lease of this many seconds (renewed every third of it);
+# etcd grants no lease shorter than 2 s.
+DEFAULT_TTL_S = 10
+MIN_TTL_S = 2
 KINDS = ("brokers", "proxies", "topics", "groups", "settings")
 MAX_NAME_LENGTH = 64
 # Cluster, broker, proxy and setting names: what a host name or a config key looks like.

@@ -17,6 +17,10 @@ expires: etcd decides who is alive, halfmoon only reads its answer.
   paused): the next renewal finds the lease gone and registers afresh.
 - **etcd unreachable**: renewals are retried at the same interval; the member
   keeps working and reports ``registered`` false until etcd answers.
+
+Facts that change (a broker's free disk) come from ``facts_source``, read at
+registration and republished every ``facts_every_s`` seconds (30) under the
+same lease; a failing source is logged and the last facts stay.
 """
 
 from __future__ import annotations
@@ -29,16 +33,17 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from halfmoon.cluster.errors import CoordinatorUnavailable, MemberNameTaken
 from halfmoon.cluster.etcd import Compare, EtcdClient, put_op
-from halfmoon.cluster.keys import ClusterKeys
+from halfmoon.cluster.keys import DEFAULT_TTL_S, MIN_TTL_S, ClusterKeys
 
 log = logging.getLogger("halfmoon.cluster.membership")
 
-DEFAULT_TTL_S = 10
 ROLES = {"broker": "brokers", "proxy": "proxies"}
+FACTS_EVERY_S = 30.0
 
 
 class Membership:
@@ -52,11 +57,13 @@ class Membership:
         facts: dict[str, Any] | None = None,
         *,
         ttl_s: int = DEFAULT_TTL_S,
+        facts_source: Callable[[], dict[str, Any]] | None = None,
+        facts_every_s: float = FACTS_EVERY_S,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"role must be one of {sorted(ROLES)}, not {role!r}")
-        if ttl_s < 2:
-            raise ValueError("etcd grants leases of at least 2 s")  # its minimum TTL
+        if ttl_s < MIN_TTL_S:
+            raise ValueError(f"etcd grants leases of at least {MIN_TTL_S} s")
         keys = ClusterKeys(cluster)
         self.client = client
         self.role = role
@@ -64,6 +71,9 @@ class Membership:
         self.key = keys.broker(name) if role == "broker" else keys.proxy(name)
         self.endpoint = endpoint
         self.facts = dict(facts or {})
+        self.facts_source = facts_source
+        self.facts_every_s = facts_every_s
+        self._facts_read_at = 0.0
         self.ttl_s = ttl_s
         self.instance = uuid.uuid4().hex  # tells this process's entry from a predecessor's
         self.lease = 0
@@ -111,7 +121,23 @@ class Membership:
         self.registered = False
         self.lease = 0
 
+    def _read_facts(self) -> bool:
+        """Refresh the facts from ``facts_source`` if they are due; whether they were."""
+        if self.facts_source is None:
+            return False
+        now = time.monotonic()
+        if self._facts_read_at and now - self._facts_read_at < self.facts_every_s:
+            return False
+        self._facts_read_at = now
+        try:
+            self.facts.update(self.facts_source())
+        except Exception:
+            log.exception("event=member_facts_failed key=%s", self.key)
+            return False
+        return True
+
     async def _register(self) -> None:
+        self._read_facts()
         existing = await self.client.get(self.key)
         if existing is not None and existing.lease:
             try:
@@ -156,6 +182,10 @@ class Membership:
             try:
                 if await self.client.keep_alive(self.lease) > 0:
                     self.registered = True
+                    if self._read_facts():
+                        await self.client.put(
+                            self.key, json.dumps(self.record()).encode(), lease=self.lease
+                        )
                     continue
                 log.warning("event=lease_lost key=%s lease=%x", self.key, self.lease)
                 self.registered = False

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from halfmoon.cluster.etcd import EtcdClient
-from halfmoon.cluster.membership import DEFAULT_TTL_S, Membership
+from halfmoon.cluster.keys import DEFAULT_TTL_S
+from halfmoon.cluster.membership import FACTS_EVERY_S, Membership
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
@@ -31,10 +32,25 @@ def register_member(
     facts: dict[str, Any] | None = None,
     *,
     ttl_s: int = DEFAULT_TTL_S,
+    facts_source: Callable[[], dict[str, Any]] | None = None,
+    facts_every_s: float = FACTS_EVERY_S,
 ) -> Callable[[], None]:
-    """Register and keep the lease alive in the background; returns the deregistration."""
+    """Register and keep the lease alive in the background; returns the deregistration.
+
+    ``facts_source`` runs on the membership thread (see :class:`Membership`).
+    """
     client = EtcdClient.from_url(coordinator)
-    member = Membership(client, cluster, role, name, endpoint, facts, ttl_s=ttl_s)
+    member = Membership(
+        client,
+        cluster,
+        role,
+        name,
+        endpoint,
+        facts,
+        ttl_s=ttl_s,
+        facts_source=facts_source,
+        facts_every_s=facts_every_s,
+    )
     loop = asyncio.new_event_loop()
     thread = threading.Thread(
         target=loop.run_forever, name=f"halfmoon-membership-{name}", daemon=True

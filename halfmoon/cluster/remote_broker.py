@@ -417,6 +417,9 @@ class RemoteBroker:
     def reset_offset(self, group: str, topic: str, timestamp: int) -> dict[int, int]:
         return self._call("reset_offset", [group, topic, timestamp])
 
+    def seek_group(self, group: str, topic: str, offsets: Mapping[int, int]) -> dict[int, int]:
+        return self._call("seek_group", [group, topic, dict(offsets)])
+
     def messages_by_id(self, message_id: str, topic: str | None = None) -> list[MessageView]:
         return self._call("messages_by_id", [message_id, topic])
 

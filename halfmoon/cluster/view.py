@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from halfmoon.broker.groups import GroupConfig
@@ -40,6 +41,14 @@ log = logging.getLogger("halfmoon.cluster.view")
 RETRY_S = 0.2
 MAX_RETRY_S = 2.0
 HEARTBEAT_S = 1.0
+
+
+@dataclass(frozen=True)
+class RoutedQueue:
+    queue_id: int
+    broker: str
+    broker_queue: int
+    endpoint: str | None  # None: the broker is not registered now
 
 
 class ClusterView:
@@ -107,6 +116,19 @@ class ClusterView:
 
     def topic(self, name: str) -> ClusterTopic | None:
         return self._entries["topics"].get(name)
+
+    def route(self, topic: str) -> list[RoutedQueue] | None:
+        """Each queue of ``topic`` with its broker's endpoint (None while that broker is down)."""
+        placed = self._entries["topics"].get(topic)
+        if placed is None:
+            return None
+        brokers = self._entries["brokers"]
+        return [
+            RoutedQueue(
+                q.queue_id, q.broker, q.broker_queue, brokers.get(q.broker, {}).get("endpoint")
+            )
+            for q in placed.queues
+        ]
 
     @property
     def groups(self) -> dict[str, GroupConfig]:

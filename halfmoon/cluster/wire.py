@@ -233,9 +233,22 @@ def _error_classes() -> dict[str, type[HalfmoonError]]:
 _error_cache: dict[str, type[HalfmoonError]] = {}
 
 
-def error_fields(error: HalfmoonError) -> list[str]:
-    """What crosses the wire of an error: its class, stable code and message."""
-    return [_class_path(type(error)), error.code, error.message]
+def error_fields(error: HalfmoonError) -> list[object]:
+    """What crosses the wire of an error: its class, stable code, message, and the plain
+    attributes it carries (``TopicNotFound.topic``: front ends quote them)."""
+    attributes = {
+        name: value
+        for name, value in vars(error).items()
+        if name != "code" and isinstance(value, _PLAIN) and _settable(type(error), name)
+    }
+    return [_class_path(type(error)), error.code, error.message, attributes]
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _settable(cls: type, name: str) -> bool:
+    return name.isidentifier() and not name.startswith("_") and not hasattr(cls, name)
 
 
 def error_from_fields(fields: object) -> HalfmoonError:
@@ -243,10 +256,13 @@ def error_from_fields(fields: object) -> HalfmoonError:
     ``HalfmoonError`` subclasses are looked up, never an arbitrary name), else a
     ``HalfmoonError`` with the same code and message."""
     if not (
-        isinstance(fields, list) and len(fields) == 3 and all(isinstance(f, str) for f in fields)
+        isinstance(fields, list)
+        and len(fields) == 4
+        and all(isinstance(f, str) for f in fields[:3])
+        and isinstance(fields[3], dict)
     ):
         return MalformedRequest(f"undecodable error on the wire: {fields!r}")
-    path, code, message = fields
+    path, code, message, attributes = fields
     cls = _error_cache.get(path)
     if cls is None:
         _error_cache.update(_error_classes())  # new subclasses may have been imported since
@@ -256,4 +272,7 @@ def error_from_fields(fields: object) -> HalfmoonError:
     Exception.__init__(error, message)
     if error.code != code:
         error.code = code
+    for name, value in attributes.items():
+        if isinstance(name, str) and isinstance(value, _PLAIN) and _settable(cls, name):
+            setattr(error, name, value)
     return error

@@ -78,6 +78,9 @@ def message_json(view: MessageView, *, body: bool = True) -> dict[str, Any]:
         "store_host": view.store_host,
         "properties": view.properties,
         "body_size": len(view.body),
+        "origin_message_id": view.origin_message_id,
+        "dead_letter_group": view.dead_letter_group,
+        "dead_letter_attempts": view.dead_letter_attempts,
     }
     if body:
         try:

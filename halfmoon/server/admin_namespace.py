@@ -38,6 +38,7 @@ _BODY_NAMES: dict[tuple[str, str], dict[str, str]] = {
     ("POST", "/v1/topics"): {"name": "topic"},
     ("POST", "/v1/groups"): {"name": "group"},
     ("POST", "/v1/groups/{group}/reset-offset"): {"topic": "topic"},
+    ("POST", "/v1/groups/{group}/clone-offset"): {"topic": "topic", "to": "group"},
 }
 # List endpoints filtered to the namespace: route template -> key of the list in the answer.
 _LISTS = {"/v1/topics": "topics", "/v1/groups": "groups"}

@@ -61,6 +61,12 @@ SCHEMAS: dict[str, Any] = {
             "store_host": _STR,
             "properties": {"type": "object", "additionalProperties": _STR},
             "body_size": _INT,
+            "origin_message_id": {
+                **_NULL_STR,
+                "description": "the message a dead letter (or a retried copy) was made from",
+            },
+            "dead_letter_group": {**_NULL_STR, "description": "the group that gave up on it"},
+            "dead_letter_attempts": {**_NULL_INT, "description": "deliveries before it did"},
             "body": {**_STR, "description": "absent when bodies=false"},
             "body_encoding": {"type": "string", "enum": ["utf-8", "base64"]},
         },
@@ -226,6 +232,39 @@ SCHEMAS: dict[str, Any] = {
             "clients": {"type": "array", "items": {"type": "object", "additionalProperties": True}},
         },
     },
+    "TopicProducers": {
+        "type": "object",
+        "properties": {
+            "topic": _STR,
+            "group": _NULL_STR,
+            "registry": {**_BOOL, "description": "false when the app runs without the gRPC server"},
+            "clients": {"type": "array", "items": {"type": "object", "additionalProperties": True}},
+        },
+    },
+    "OffsetClone": {
+        "type": "object",
+        "required": ["to"],
+        "additionalProperties": False,
+        "properties": {
+            "to": {**_STR, "description": "the group that gets the offsets"},
+            "topic": {**_STR, "description": "only this topic (default: every topic)"},
+        },
+    },
+    "OffsetCloneResult": {
+        "type": "object",
+        "properties": {
+            "group": _STR,
+            "to": _STR,
+            "topic": _NULL_STR,
+            "queues": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"topic": _STR, "queue_id": _INT, "offset": _INT},
+                },
+            },
+        },
+    },
     "OffsetReset": {
         "type": "object",
         "required": ["topic", "timestamp_ms"],
@@ -375,6 +414,26 @@ def paths() -> dict[str, Any]:
                 "getGroupClients",
                 (200, _ref("GroupClients"), "clients"),
                 404,
+                params=[group],
+            ),
+        },
+        "/v1/topics/{topic}/producers": {
+            "get": _op(
+                "Connected producers that sent to a topic",
+                "getTopicProducers",
+                (200, _ref("TopicProducers"), "clients"),
+                404,
+                params=[topic, _query("group", "only this producer group")],
+            ),
+        },
+        "/v1/groups/{group}/clone-offset": {
+            "post": _op(
+                "Give another group this group's offsets",
+                "cloneGroupOffset",
+                (200, _ref("OffsetCloneResult"), "offsets applied per queue"),
+                400,
+                404,
+                body="OffsetClone",
                 params=[group],
             ),
         },

@@ -1,7 +1,7 @@
 """Admin endpoints for operators: cluster and broker status, runtime configuration,
 statistics, routes, connected clients and offset resets (RocketMQ's clusterList,
 brokerStatus, getBrokerConfig / updateBrokerConfig, statsAll, topicRoute,
-consumerStatus, resetOffsetByTime).
+consumerStatus / consumerConnection, producerConnection, resetOffsetByTime).
 
     GET   /v1/cluster                       the brokers (one: this process) and their addresses
     GET   /v1/broker/status                 TPS, disk, store, pending transactions, clients
@@ -10,7 +10,9 @@ consumerStatus, resetOffsetByTime).
     GET   /v1/statistics?topic=&group=      in/out per second and over 24 h, and lag
     GET   /v1/topics/{topic}/route          queues, permissions, accepted types, address
     GET   /v1/groups/{group}/clients        connected consumers and what they subscribe
+    GET   /v1/topics/{topic}/producers      connected producers that published to the topic
     POST  /v1/groups/{group}/reset-offset   {"topic", "timestamp_ms"}: new offset per queue
+    POST  /v1/groups/{group}/clone-offset   {"to", "topic"?}: the group's offsets onto another
 
 Runtime changes last until the process stops (put them in the configuration
 file to keep them); all keys of one request are checked before any applies.
@@ -50,6 +52,7 @@ from halfmoon.server.telemetry import ClientRegistry, ClientSession
 # Keys the broker reads each time it uses them, so a change takes effect at once.
 # (Others are copied into long-lived objects at startup and need a restart.)
 RUNTIME_KEYS: dict[str, str] = {
+    "broker.writable": "accept new messages (false: drain the broker, mqadmin's wipeWritePerm)",
     "broker.auto_create_topics": "create a mixed topic on first use",
     "broker.auto_create_groups": "create a consumer group on first use",
     "broker.default_queue_count": "queues of a topic created without a count",
@@ -238,6 +241,24 @@ async def get_group_clients(request: web.Request) -> web.Response:
     )
 
 
+async def get_topic_producers(request: web.Request) -> web.Response:
+    """Producers with a live telemetry stream that have sent to the topic (RocketMQ's
+    producerConnection). A RocketMQ 5 producer names no group unless it is transactional,
+    so the topic is the subject and ``?group=`` narrows to one producer group."""
+    broker = broker_of(request)
+    name = request.match_info["topic"]
+    group = request.query.get("group") or None
+    await call(existing_topic, broker, name)
+    clients = request.app.get(CLIENTS_KEY)
+    described: list[dict[str, Any]] = []
+    if clients is not None:
+        described = [s.describe() for s in clients.producers(topic=name, group=group)]
+    described.sort(key=lambda c: c["client_id"])
+    return reply(
+        {"topic": name, "group": group, "registry": clients is not None, "clients": described}
+    )
+
+
 def _subscriptions(session: ClientSession) -> list[dict[str, str]]:
     """What the client said it subscribes to (topic and filter), from its settings."""
     settings = session.settings
@@ -275,6 +296,38 @@ async def reset_offset(request: web.Request) -> web.Response:
     return reply({"group": name, "topic": topic, "timestamp_ms": timestamp, "queues": queues})
 
 
+async def clone_offset(request: web.Request) -> web.Response:
+    """Give group ``to`` the committed offsets of this group (RocketMQ's cloneGroupOffset), in
+    ``topic`` or in every topic this group has progress in; queues it has none in stay."""
+    body = await read_body(request)
+    reject_unknown(body, {"to", "topic"})
+    target = take(body, "to", str, required=True)
+    topic = take(body, "topic", str)
+    broker = broker_of(request)
+    source = request.match_info["group"]
+    if target == source:
+        raise ApiError("'to' names the group itself: clone into another group")
+
+    def clone() -> list[dict[str, Any]]:
+        existing_group(broker, source)
+        existing_group(broker, target)
+        if topic is not None:
+            existing_topic(broker, topic)
+        per_topic: dict[str, dict[int, int]] = {}
+        for q in broker.group_progress(source, topic):
+            per_topic.setdefault(q.topic, {})[q.queue_id] = q.committed_offset
+        moved = []
+        for name, offsets in sorted(per_topic.items()):
+            applied = broker.seek_group(target, name, offsets)
+            moved += [
+                {"topic": name, "queue_id": q, "offset": o} for q, o in sorted(applied.items())
+            ]
+        return moved
+
+    queues = await call(clone)
+    return reply({"group": source, "to": target, "topic": topic, "queues": queues})
+
+
 def add_routes(app: web.Application, clients: ClientRegistry | None = None) -> None:
     if clients is not None:
         app[CLIENTS_KEY] = clients
@@ -285,4 +338,6 @@ def add_routes(app: web.Application, clients: ClientRegistry | None = None) -> N
     app.router.add_get("/v1/statistics", get_statistics)
     app.router.add_get("/v1/topics/{topic}/route", get_route)
     app.router.add_get("/v1/groups/{group}/clients", get_group_clients)
+    app.router.add_get("/v1/topics/{topic}/producers", get_topic_producers)
     app.router.add_post("/v1/groups/{group}/reset-offset", reset_offset)
+    app.router.add_post("/v1/groups/{group}/clone-offset", clone_offset)

@@ -14,6 +14,10 @@ Lifecycle (as uvicorn's): startup → serve → shutdown.
   ``shutdown_grace`` for the rest, then close the broker (persists offsets
   and consumption state) and the store (flush, checkpoint, clean-shutdown
   mark). A second signal skips the wait.
+
+The front end (:func:`serve_front_end`: gRPC, admin API, sessions) takes any
+``Broker``; ``halfmoon proxy`` runs it in front of a broker in another
+process (``halfmoon.cluster.proxy_process``).
 """
 
 from __future__ import annotations
@@ -131,14 +135,45 @@ def _open_store_and_broker(config: Config) -> tuple[MessageStore, InProcessBroke
 
 async def serve(config: Config, *, stop: asyncio.Event | None = None) -> None:
     """Run until ``stop`` is set or SIGTERM/SIGINT arrives; then shut down cleanly."""
+    loop = asyncio.get_running_loop()
+    started = time.monotonic()
+    store, broker = await loop.run_in_executor(None, _open_store_and_broker, config)
+    try:
+        await serve_front_end(
+            config,
+            broker,
+            stop=stop,
+            tick=True,
+            started=started,
+            source=f"data={config.store.data_dir}",
+        )
+    finally:
+        # Each step runs even if an earlier one failed: the store must get closed.
+        try:
+            broker.close()
+        finally:
+            store.close()
+            log.info("event=stopped")
+
+
+async def serve_front_end(
+    config: Config,
+    broker: Broker,
+    *,
+    stop: asyncio.Event | None = None,
+    tick: bool = True,
+    started: float | None = None,
+    source: str = "",
+) -> None:
+    """The gRPC endpoint and the admin API in front of ``broker`` until stopped; the caller
+    opened the broker and closes it. ``tick``: run the broker's tick thread here (False when
+    the broker is another process, which ticks itself). ``source`` ends the ready line."""
     server_config: ServerConfig = config.server
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     force = asyncio.Event()
     host, port = parse_host_port(server_config.listen, what="listen address")
-
-    started = time.monotonic()
-    store, broker = await loop.run_in_executor(None, _open_store_and_broker, config)
+    started = time.monotonic() if started is None else started
     registry = ClientRegistry()
     registry.bind_loop(loop)
     notifier = ArrivalNotifier(loop)
@@ -153,7 +188,7 @@ async def serve(config: Config, *, stop: asyncio.Event | None = None) -> None:
             ("grpc.http2.min_ping_interval_without_data_ms", 5000),
         ]
     )
-    tick = TickThread(broker, server_config.tick_interval)
+    ticker = TickThread(broker, server_config.tick_interval)
     admin = None
     try:
         bound = server.add_insecure_port(_format_address(host, port))
@@ -180,13 +215,14 @@ async def serve(config: Config, *, stop: asyncio.Event | None = None) -> None:
         collector = _grpc_collector(registry, notifier)
         default_registry().add_collector(collector)
         admin, admin_address = await _start_admin(broker, config, registry)
-        tick.start()
+        if tick:
+            ticker.start()
         _install_signal_handlers(loop, stop, force)
         log.info(
-            "halfmoon ready grpc=%s admin=%s data=%s startup_ms=%d",
+            "halfmoon ready grpc=%s admin=%s %s startup_ms=%d",
             _format_address(host, bound),
             admin_address,
-            config.store.data_dir,
+            source,
             (time.monotonic() - started) * 1000,
         )
         janitor = asyncio.create_task(_expire_idle_clients(registry, stop))
@@ -196,21 +232,18 @@ async def serve(config: Config, *, stop: asyncio.Event | None = None) -> None:
         default_registry().remove_collector(collector)
         log.info("event=shutdown_begin grace_s=%s", server_config.shutdown_grace)
     finally:
-        # Each step runs even if an earlier one failed: the store must get closed.
-        broker.set_check_sender(None)
-        lite_subscriptions.remove_notifier(broker)
+        # Each step runs even if an earlier one failed: the broker must get closed after.
         try:
-            await _shutdown(server, server_config, notifier, registry, force, admin)
+            broker.set_check_sender(None)
+            lite_subscriptions.remove_notifier(broker)
         finally:
             try:
-                if tick.is_alive():
-                    tick.stop()
-                executor.shutdown(wait=True, cancel_futures=False)
-                broker.close()
+                await _shutdown(server, server_config, notifier, registry, force, admin)
             finally:
-                store.close()
+                if ticker.is_alive():
+                    ticker.stop()
+                executor.shutdown(wait=True, cancel_futures=False)
                 _remove_signal_handlers(loop)
-                log.info("event=stopped")
 
 
 def _grpc_collector(

@@ -84,9 +84,8 @@ def add_lite_settings(answer: pb.Settings, client: pb.Settings, broker: Broker) 
     """Tell a lite consumer its quota and the longest lite topic name."""
     if client.client_type not in LITE_CLIENT_TYPES:
         return
-    config = getattr(broker, "config", None)
-    answer.subscription.lite_subscription_quota = getattr(config, "lite_subscription_quota", 1000)
-    answer.subscription.max_lite_topic_size = getattr(config, "max_lite_topic_length", 64)
+    answer.subscription.lite_subscription_quota = broker.config.lite_subscription_quota
+    answer.subscription.max_lite_topic_size = broker.config.max_lite_topic_length
 
 
 def unsubscribe_command(lite_topic: str) -> svc.TelemetryCommand:

@@ -16,8 +16,9 @@ and answers with the name the client used plus ``resource_namespace``
 tenants using the same names never meet. A namespace is 1 to 125 letters,
 digits, ``_`` or ``-`` (RocketMQ's topic characters without ``%``, which
 would make the stored name ambiguous, and ``|``); the stored name must still
-fit the topic limit (127 characters; 122 for a group, whose ``%DLQ%`` topic
-must fit too). Names only the broker uses
+fit the limit (127 characters for a topic; 120 for a group, as for every
+group, so that its ``%DLQ%`` topic fits too: :mod:`halfmoon.broker.groups`).
+Names only the broker uses
 (``RMQ_SYS_*``, ``%HM_TIMER%``, ``CID_RMQ_SYS_*``) are never namespaced, as
 in RocketMQ; users cannot create them, so no tenant data lives there.
 
@@ -33,18 +34,14 @@ import re
 from rocketmq.grpc_protocol import definition_pb2
 
 from halfmoon.broker.errors import IllegalGroup, IllegalTopic
-from halfmoon.broker.topics import MAX_TOPIC_LENGTH, is_reserved
+from halfmoon.broker.groups import MAX_GROUP_LENGTH
+from halfmoon.broker.topics import DLQ_PREFIX, MAX_TOPIC_LENGTH, RETRY_PREFIX, is_reserved
 from halfmoon.errors import InvalidArgument
 
 SEPARATOR = "%"
-RETRY_PREFIX = "%RETRY%"
-DLQ_PREFIX = "%DLQ%"
 HEADER = "x-mq-namespace"
 # Room for a one-character name after "namespace%" within the topic limit.
 MAX_NAMESPACE_LENGTH = MAX_TOPIC_LENGTH - 2
-# A namespaced group's stored name leaves room for its %DLQ% topic within the topic limit
-# (RocketMQ caps groups at 120 for its %RETRY%/%DLQ% names the same way).
-MAX_NAMESPACED_GROUP_LENGTH = MAX_TOPIC_LENGTH - len(DLQ_PREFIX)
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_-]+$")
 # A namespace with these prefixes would make its stored names look like the broker's own.
 _RESERVED_NAMESPACE_PREFIXES = ("rmq_sys_", "cid_rmq_sys_")
@@ -128,9 +125,7 @@ def stored_name(namespace: str, name: str, kind: str = "topic") -> str:
     if stored is name or _retry_or_dlq_prefix(stored):
         return stored  # unchanged, or a DLQ/retry topic: the broker checks those itself
     limit, error = (
-        (MAX_NAMESPACED_GROUP_LENGTH, IllegalGroup)
-        if kind == "group"
-        else (MAX_TOPIC_LENGTH, IllegalTopic)
+        (MAX_GROUP_LENGTH, IllegalGroup) if kind == "group" else (MAX_TOPIC_LENGTH, IllegalTopic)
     )
     if len(stored) > limit:
         what = "consumer group" if kind == "group" else "topic"

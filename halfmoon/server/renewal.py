@@ -375,8 +375,7 @@ class Renewer:
         return results
 
     def _retry_delay_ms(self, item: Tracked) -> int:
-        policy = getattr(self.broker.get_group(item.group), "retry_policy", None)
-        return policy.delay_for_attempt(item.attempt) if policy is not None else 0
+        return self.broker.get_group(item.group).retry_policy.delay_for_attempt(item.attempt)
 
     def _clear(self, items: list[Tracked]) -> None:
         if items and not self._closed:

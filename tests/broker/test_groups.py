@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,9 @@ from halfmoon.broker import (
     PermissionDenied,
     RetryPolicy,
 )
+from halfmoon.broker.groups import MAX_GROUP_LENGTH, GroupConfig, GroupRegistry
+from halfmoon.broker.message import OutgoingMessage
+from halfmoon.broker.topics import MAX_TOPIC_LENGTH, dead_letter_topic
 from halfmoon.errors import InvalidArgument
 from halfmoon.store.memory import MemoryStore
 
@@ -96,6 +100,31 @@ def test_create_update_delete_and_validation(broker: Broker) -> None:
     assert broker.groups.find("pay") is None
 
 
+def test_group_names_leave_room_for_their_dead_letter_topic(broker: Broker) -> None:
+    """The longest group dead-letters; one character more is refused when it is created."""
+    longest = "g" * MAX_GROUP_LENGTH
+    assert len(dead_letter_topic(longest)) <= MAX_TOPIC_LENGTH
+    broker.create_topic("t", queue_count=1)
+    broker.create_group(longest, consume_from="earliest")
+    broker.send([OutgoingMessage("t", b"bad")])
+    (msg,) = broker.receive(longest, "t", FilterSpec(), 1, 10_000)
+    broker.forward_to_dead_letter(longest, "t", msg.receipt_handle or "")
+    dead = broker.pull("x", dead_letter_topic(longest), 0, 0, 10, FilterSpec()).messages
+    assert [m.body for m in dead] == [b"bad"]
+
+    too_long = "g" * (MAX_GROUP_LENGTH + 1)
+    for create in (
+        lambda: broker.create_group(too_long),
+        lambda: broker.get_group(too_long),  # auto-creation on first use
+    ):
+        with pytest.raises(IllegalGroup) as info:
+            create()
+        assert info.value.code == "ILLEGAL_CONSUMER_GROUP"
+        assert f"at most {MAX_GROUP_LENGTH}" in info.value.message
+        assert "%DLQ%" in info.value.message
+    assert broker.find_group(too_long) is None
+
+
 def test_disabled_group_cannot_consume(broker: Broker) -> None:
     broker.create_topic("t")
     broker.create_group("off", consume_enabled=False)
@@ -103,6 +132,17 @@ def test_disabled_group_cannot_consume(broker: Broker) -> None:
         broker.pull("off", "t", 0, 0, 1, FilterSpec())
     with pytest.raises(PermissionDenied):
         broker.receive("off", "t", FilterSpec(), 1, 30_000)
+
+
+def test_a_group_stored_before_the_name_limit_still_loads(
+    store: MemoryStore, clock: FakeClock, tmp_path: Path
+) -> None:
+    old = GroupConfig("g" * (MAX_GROUP_LENGTH + 2), consume_from="earliest")
+    (tmp_path / GroupRegistry.FILE).write_text(
+        json.dumps({"version": 1, "groups": [old.to_dict()]})
+    )
+    broker = Broker(store, tmp_path, clock=clock)
+    assert broker.get_group(old.name).consume_from == "earliest"
 
 
 def test_groups_survive_close_and_reopen(

@@ -258,6 +258,9 @@ def test_group_errors(admin):
     assert failed(halfmoon("group", "create", name, admin=admin)).endswith(
         "(CONSUMER_GROUP_EXISTS)"
     )
+    # Refused when created, not when its first message is dead-lettered.
+    line = failed(halfmoon("group", "create", "g" * 121, admin=admin))
+    assert "at most 120" in line and line.endswith("(ILLEGAL_CONSUMER_GROUP)")
 
 
 # -- status and the admin address ------------------------------------------------

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from halfmoon.client import ClientError, MessageSelector, SyncSimpleConsumer
+from halfmoon.client import ClientError, Message, MessageSelector, SyncProducer, SyncSimpleConsumer
 from tests.cli.test_cli import failed, ok, table, unique
 from tests.server.conftest import ServerProcess, wait_until
 
@@ -235,3 +235,31 @@ def test_group_update_changes_what_consumers_get(server):
     assert failed(cli(server, "group", "update", "ghost", "--enable")).endswith(
         "(CONSUMER_GROUP_NOT_FOUND)"
     )
+
+
+def test_producer_status_lists_producers_connected_to_a_topic(server):
+    topic = unique("orders")
+    server.create_topic(topic, queues=1)
+    assert (
+        ok(cli(server, "producer", "status", topic))
+        == f"no producer connected now has sent to '{topic}'\n"
+    )
+    with SyncProducer(server.grpc, topics=[topic]) as producer:
+        producer.send(Message(topic, b"hello"))
+        client_id = producer.client.client_id
+
+        def listed() -> list[dict] | None:
+            data = json.loads(ok(cli(server, "producer", "status", topic, "--json")))
+            return data["clients"] or None
+
+        clients = wait_until(listed, 15, f"a producer of {topic}")
+        assert [c["client_id"] for c in clients] == [client_id]  # type: ignore[union-attr]
+        assert clients[0]["client_type"] == "PRODUCER"  # type: ignore[index]
+        rows = table(ok(cli(server, "producer", "status", topic)))
+        assert rows[0][:3] == ["CLIENT", "ID", "GROUP"]
+        assert rows[1][0] == client_id
+        other = json.loads(
+            ok(cli(server, "producer", "status", topic, "--group", "nobody", "--json"))
+        )
+        assert other["clients"] == []  # --group narrows to one producer group
+    failed(cli(server, "producer", "status", unique("missing")))

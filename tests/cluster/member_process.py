@@ -39,11 +39,17 @@ class Member:
     """A ``tests.cluster.member_process`` child, started and waited for with a deadline."""
 
     def __init__(
-        self, etcd_url: str, cluster: str, name: str, endpoint: str, role: str = "broker"
+        self,
+        etcd_url: str,
+        cluster: str,
+        name: str,
+        endpoint: str,
+        role: str = "broker",
+        ttl_s: int = TTL,
     ) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.cluster.member_process", etcd_url, cluster, role,
-             name, endpoint, str(TTL)],
+             name, endpoint, str(ttl_s)],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             text=True,
@@ -60,6 +66,12 @@ class Member:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=10)
 
+    def pause(self) -> None:
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.process.send_signal(signal.SIGCONT)
+
     def terminate(self) -> str:
         self.process.send_signal(signal.SIGTERM)
         line = self._line(timeout=10)
@@ -68,6 +80,7 @@ class Member:
 
     def close(self) -> None:
         if self.process.poll() is None:
+            self.resume()
             self.kill()
 
 

@@ -32,9 +32,10 @@ def listing(etcd: EtcdServer, cluster: str) -> dict:  # type: ignore[type-arg]
 def test_cluster_list_shows_brokers_proxies_and_queues_from_etcd(
     etcd: EtcdServer, cluster_name: str, members: list[Member]
 ) -> None:
-    members.append(Member(etcd.url, cluster_name, "b1", "127.0.0.1:1001"))
-    members.append(Member(etcd.url, cluster_name, "b2", "127.0.0.1:1002"))
-    members.append(Member(etcd.url, cluster_name, "p1", "127.0.0.1:2001", role="proxy"))
+    # TTL 6 (renewals every 2 s): a loaded machine cannot delay one long enough to look late.
+    members.append(Member(etcd.url, cluster_name, "b1", "127.0.0.1:1001", ttl_s=6))
+    members.append(Member(etcd.url, cluster_name, "b2", "127.0.0.1:1002", ttl_s=6))
+    members.append(Member(etcd.url, cluster_name, "p1", "127.0.0.1:2001", "proxy", ttl_s=6))
 
     async def create() -> None:
         async with EtcdClient.from_url(etcd.url) as client:
@@ -56,16 +57,9 @@ def test_cluster_list_shows_brokers_proxies_and_queues_from_etcd(
         ok(halfmoon("cluster", "list", "--coordinator", etcd.url, "--cluster", cluster_name))
     )
     assert rows[0] == [
-        "ROLE",
-        "NAME",
-        "ENDPOINT",
-        "STATE",
-        "LEASE",
-        "QUEUES",
-        "HOST",
-        "PID",
-        "UPTIME",
-    ]
+        "ROLE", "NAME", "ENDPOINT", "STATE", "LEASE", "QUEUES", "DISK-FREE", "DISK-USED", "HOST",
+        "PID", "UPTIME",
+    ]  # fmt: skip
     assert [r[:4] for r in rows[1:]] == [
         ["broker", "b1", "127.0.0.1:1001", "live"],
         ["broker", "b2", "127.0.0.1:1002", "live"],
@@ -101,3 +95,25 @@ def test_cluster_list_refuses_bad_input(etcd: EtcdServer) -> None:
     # The environment stands in for the flags.
     env = {"HALFMOON_COORDINATOR": etcd.url, "HALFMOON_CLUSTER": "empty"}
     assert json.loads(ok(halfmoon("cluster", "list", "--json", env=env)))["brokers"] == []
+
+
+def test_a_member_that_stops_renewing_is_shown_late_until_it_renews_again(
+    etcd: EtcdServer, cluster_name: str, members: list[Member]
+) -> None:
+    # TTL 6: renewals every 2 s; late once one is missed (3 s), gone at 6 s.
+    members.append(Member(etcd.url, cluster_name, "b1", "127.0.0.1:1001", ttl_s=6))
+
+    def state() -> str:
+        return {b["name"]: b["state"] for b in listing(etcd, cluster_name)["brokers"]}["b1"]
+
+    def wait_for(wanted: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while state() != wanted:
+            assert time.monotonic() < deadline, f"b1 never became {wanted}"
+            time.sleep(0.2)
+
+    assert state() == "live"
+    members[0].pause()  # alive but not renewing, as a process stuck or cut off
+    wait_for("late", timeout=5)
+    members[0].resume()
+    wait_for("live", timeout=5)

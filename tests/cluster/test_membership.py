@@ -197,3 +197,38 @@ def test_membership_survives_an_etcd_crash_longer_than_its_ttl(
             assert await client.get(member.key) is None
 
     asyncio.run(scenario())
+
+
+def test_changing_facts_are_republished_under_the_same_lease(
+    etcd: EtcdServer, cluster_name: str
+) -> None:
+    reads = iter(range(1, 1000))
+
+    def facts() -> dict[str, int]:
+        count = next(reads)
+        if count == 2:
+            raise OSError("disk gone for a moment")  # logged; the last facts stay
+        return {"reads": count}
+
+    async def scenario() -> None:
+        async with EtcdClient.from_url(etcd.url) as client:
+            member = Membership(
+                client, cluster_name, "broker", "b1", "127.0.0.1:1", ttl_s=TTL,
+                facts_source=facts, facts_every_s=0.1,
+            )  # fmt: skip
+            await member.start()
+            first = await client.get(member.key)
+            assert first is not None and json.loads(first.value)["reads"] == 1
+
+            async def published_reads() -> int:
+                kv = await client.get(member.key)
+                assert kv is not None and kv.lease == first.lease  # same lease, same entry
+                return int(json.loads(kv.value)["reads"])
+
+            deadline = time.monotonic() + 10
+            while await published_reads() < 3:
+                assert time.monotonic() < deadline, "the facts were never republished"
+                await asyncio.sleep(0.1)
+            await member.stop()
+
+    asyncio.run(scenario())

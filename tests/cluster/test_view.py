@@ -62,6 +62,38 @@ def test_a_change_made_anywhere_reaches_every_view_within_a_second(
     )
 
 
+def test_a_route_names_each_queues_broker_endpoint_while_it_is_live(
+    etcd: EtcdServer, cluster_name: str
+) -> None:
+    async def scenario() -> None:
+        async with EtcdClient.from_url(etcd.url) as client:
+            a = Membership(client, cluster_name, "broker", "a", "127.0.0.1:1")
+            b = Membership(client, cluster_name, "broker", "b", "127.0.0.1:2")
+            await a.start()
+            await b.start()
+            view = ClusterView(client, cluster_name)
+            await view.start()
+            await ClusterMetadata(client, cluster_name).create_topic("orders", brokers=["a", "b"])
+            await view.wait_for(lambda v: v.route("orders") is not None, LATENCY_BOUND_S)
+            route = view.route("orders")
+            assert route is not None and len(route) == 8
+            assert {(q.broker, q.endpoint) for q in route} == {
+                ("a", "127.0.0.1:1"),
+                ("b", "127.0.0.1:2"),
+            }
+            await b.stop()
+            await view.wait_for(lambda v: "b" not in v.brokers, LATENCY_BOUND_S)
+            route = view.route("orders")
+            assert route is not None
+            assert {q.endpoint for q in route if q.broker == "b"} == {None}
+            assert {q.endpoint for q in route if q.broker == "a"} == {"127.0.0.1:1"}
+            assert view.route("missing") is None
+            await a.stop()
+            await view.stop()
+
+    asyncio.run(scenario())
+
+
 def test_a_view_sees_a_member_expire(etcd: EtcdServer, cluster_name: str) -> None:
     async def scenario() -> None:
         async with EtcdClient.from_url(etcd.url) as client, EtcdClient.from_url(etcd.url) as other:

@@ -56,10 +56,15 @@ def test_errors_cross_as_the_same_class_with_code_and_message() -> None:
     error = wire.decode(wire.encode(TopicNotFound("orders")))
     assert type(error) is TopicNotFound
     assert error.code == "TOPIC_NOT_FOUND" and "orders" in error.message
+    assert error.topic == "orders"  # the attributes front ends quote come along
     unknown = wire.decode(wire.encode(HalfmoonError("x", code="SOMETHING_NEW")))
     assert type(unknown) is HalfmoonError and unknown.code == "SOMETHING_NEW"
-    renamed = wire.error_from_fields(["elsewhere.NoSuchError", "ODD_CODE", "m"])
+    renamed = wire.error_from_fields(["elsewhere.NoSuchError", "ODD_CODE", "m", {}])
     assert type(renamed) is HalfmoonError and renamed.code == "ODD_CODE"
+    guarded = wire.error_from_fields(
+        ["halfmoon.errors.HalfmoonError", "X", "m", {"message": "no", "__class__": "no", "ok": 1}]
+    )
+    assert guarded.message == "m" and type(guarded) is HalfmoonError and guarded.ok == 1
 
 
 def test_the_version_token_names_version_and_type_table() -> None:

@@ -64,8 +64,7 @@ class ServerProcess:
     def admin(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}"
 
-    def start(self, timeout: float = READY_TIMEOUT) -> ServerProcess:
-        self._ready.clear()
+    def command(self) -> list[str]:
         cmd = [
             sys.executable, "-m", "halfmoon", "serve",
             "--data-dir", str(self.data_dir),
@@ -74,6 +73,11 @@ class ServerProcess:
         ]  # fmt: skip
         for setting in self.settings:
             cmd += ["--set", setting]
+        return cmd
+
+    def start(self, timeout: float = READY_TIMEOUT) -> ServerProcess:
+        self._ready.clear()
+        cmd = self.command()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             cmd,

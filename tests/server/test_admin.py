@@ -224,6 +224,16 @@ def test_bad_group_requests_are_400(admin, body, fragment):
     assert fragment in error_of(answer)[1]
 
 
+def test_group_name_too_long_for_its_dead_letter_topic_is_refused(admin):
+    status, answer = admin.call("POST", "/v1/groups", {"name": "g" * 121})
+    assert status == 400, answer
+    code, text = error_of(answer)
+    assert code == "ILLEGAL_CONSUMER_GROUP"
+    assert "at most 120" in text and "%DLQ%" in text
+    assert admin.call("GET", "/v1/groups")[1]["groups"] == []
+    assert admin.call("POST", "/v1/groups", {"name": "g" * 120})[0] == 201
+
+
 def test_duplicate_group_is_a_conflict(admin):
     assert admin.call("POST", "/v1/groups", {"name": "g"})[0] == 201
     status, answer = admin.call("POST", "/v1/groups", {"name": "g"})

@@ -3,7 +3,8 @@
 Each scenario is what a user copies from ``rocketmq-clients/python/example``
 (normal, async, FIFO, delay, transaction with check-back, recall; simple and
 push consumers) with only the endpoint and names changed, run against a real
-``halfmoon serve`` through the official Python client. The assertions are what
+``halfmoon serve`` through the official Python client, and again through a
+``halfmoon proxy`` in front of a ``halfmoon broker`` process. The assertions are what
 Apache RocketMQ 5 delivers to the same program. As in the examples, consumer
 groups are not created beforehand (the broker creates them on first use) and
 consumers start after their producer has sent: nothing sent may be skipped.
@@ -35,6 +36,7 @@ from rocketmq import (
     TransactionResolution,
 )
 
+from tests.cluster.proxied_server import ProxiedServer
 from tests.server.conftest import ServerProcess, wait_until
 
 pytestmark = pytest.mark.slow
@@ -52,9 +54,11 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    proc = ServerProcess(tmp_path_factory.mktemp("conformance"), settings=SETTINGS).start()
+@pytest.fixture(scope="module", params=["local", "proxy"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """``halfmoon serve``, or a proxy and a broker process: the same programs through both."""
+    kind = ServerProcess if request.param == "local" else ProxiedServer
+    proc = kind(tmp_path_factory.mktemp(f"conformance-{request.param}"), settings=SETTINGS).start()
     try:
         yield proc
     finally:

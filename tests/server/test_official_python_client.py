@@ -1,7 +1,8 @@
 """The official RocketMQ 5 Python client (rocketmq-python-client), unchanged, against halfmoon.
 
-One ``halfmoon serve`` process serves the whole module; each test uses its
-own topic and group names.
+The module runs twice: against one ``halfmoon serve`` process (local mode),
+and through a ``halfmoon proxy`` in front of a ``halfmoon broker`` process
+(the internal protocol). Each test uses its own topic and group names.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,6 +31,7 @@ from rocketmq import (
 )
 from rocketmq.v5.exception import BadRequestException, NotFoundException
 
+from tests.cluster.proxied_server import ProxiedServer
 from tests.server.conftest import ServerProcess, wait_until
 
 pytestmark = pytest.mark.slow
@@ -69,6 +72,20 @@ def receive_all(
             if ack:
                 consumer.ack(msg)
     return got
+
+
+@pytest.fixture(scope="module", params=["local", "proxy"])
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """``halfmoon serve``, or a proxy and a broker process: the same scenarios through both."""
+    kind = ServerProcess if request.param == "local" else ProxiedServer
+    proc = kind(tmp_path_factory.mktemp(f"halfmoon-{request.param}")).start()
+    try:
+        yield proc
+    finally:
+        if proc.alive():
+            proc.stop()
 
 
 @pytest.fixture(scope="module")

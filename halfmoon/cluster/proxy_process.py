@@ -1,0 +1,53 @@
+"""``halfmoon proxy``: the RocketMQ 5 gRPC endpoint and the admin API in front of a broker process.
+
+The same front end as ``halfmoon serve`` (sessions, telemetry streams, long
+polls, routes, the admin API), driving a :class:`RemoteBroker` instead of an
+in-process broker: sends from all clients are coalesced into few internal
+requests, long polls wake on the broker's arrival stream, transaction checks
+come from the broker over the event stream and go out on the producers'
+telemetry streams. The proxy holds no data; the broker process ticks itself.
+
+One broker for now (``--broker HOST:PORT``); routing over the brokers of a
+cluster registered in etcd comes with queue placement (docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from halfmoon.cluster.remote_broker import RemoteBroker
+from halfmoon.config import Config
+from halfmoon.server.app import configure_logging, serve_front_end
+
+log = logging.getLogger("halfmoon.cluster")
+
+
+async def serve_proxy(
+    config: Config, broker_address: str, *, stop: asyncio.Event | None = None
+) -> None:
+    """Serve until ``stop`` is set or SIGTERM/SIGINT arrives; then shut down cleanly."""
+    loop = asyncio.get_running_loop()
+    started = time.monotonic()
+    # Connecting makes the version handshake, which waits for the broker within its deadline.
+    broker = await loop.run_in_executor(None, RemoteBroker, broker_address)
+    try:
+        await serve_front_end(
+            config,
+            broker,
+            stop=stop,
+            tick=False,
+            started=started,
+            source=f"broker={broker_address}",
+        )
+    finally:
+        await loop.run_in_executor(None, broker.close)
+        log.info("event=stopped")
+
+
+def run_proxy(config: Config, broker_address: str) -> int:
+    """Serve until signalled; the process exit status."""
+    configure_logging()
+    asyncio.run(serve_proxy(config, broker_address))
+    return 0
