@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -150,6 +151,19 @@ def test_a_malformed_request_gets_an_error_and_the_broker_stays_up(
     assert remote.status().name == "broker-a"
 
 
+def test_an_ill_typed_batch_fails_alone_and_nothing_of_it_is_stored(remote: RemoteBroker) -> None:
+    remote.create_topic("orders", queue_count=1)
+    ill_typed = [
+        [OutgoingMessage("orders", "text, not bytes")],  # type: ignore[arg-type]
+        [OutgoingMessage("orders", b"x", properties={"k": 1})],  # type: ignore[dict-item]
+        [OutgoingMessage("orders", b"x", queue_id=True)],
+    ]
+    answers = remote.connection.send([[OutgoingMessage("orders", b"good")], *ill_typed])
+    assert [m.topic for m in answers[0]] == ["orders"]  # type: ignore[union-attr]
+    assert all(isinstance(a, wire.MalformedRequest) for a in answers[1:])
+    assert stored_bodies(remote, "orders") == [b"good"]
+
+
 def test_concurrent_single_sends_are_coalesced_and_each_caller_gets_its_own_answer(
     remote: RemoteBroker,
 ) -> None:
@@ -275,3 +289,20 @@ def test_a_broker_registers_in_etcd_with_its_internal_address_and_leaves_on_stop
     finally:
         assert broker.stop() == 0
     assert read_members(parse_coordinator(etcd.url), cluster_name)["brokers"] == []
+
+
+def test_the_event_stream_is_reopened_after_a_broker_restart(
+    process: BrokerProcess, remote: RemoteBroker
+) -> None:
+    remote.create_topic("orders", queue_count=2)
+    arrived = threading.Event()
+    remote.add_arrival_listener(lambda topic, queue_id: arrived.set())
+    process.kill()
+    process.start()  # same port and data: the listener's stream must find it again
+    deadline = time.monotonic() + WAIT_S
+    while not arrived.is_set() and time.monotonic() < deadline:
+        # Sent until heard: arrivals between the restart and the stream's reopening are
+        # wake-ups nobody was subscribed to (long polls also wake on their own timeout).
+        remote.send([OutgoingMessage("orders", b"after restart", queue_id=0)])
+        arrived.wait(0.2)
+    assert arrived.is_set()
