@@ -232,7 +232,7 @@ class TransactionalConsume:
 
     def _open_group(self, transaction_group: str) -> None:
         check_group_id(transaction_group)
-        decided = self._transactions.group_state(transaction_group)
+        decided = self._transactions.group_decision(transaction_group)
         if decided is not None:
             raise TransactionGroupEnded(
                 f"transaction group {transaction_group!r} is already "
@@ -294,7 +294,7 @@ class TransactionalConsume:
                             transaction_group, "commit", source, body=encode_actions(actions)
                         )
                     except BaseException:
-                        if self._transactions.group_state(transaction_group) is None:
+                        if self._transactions.group_decision(transaction_group) is None:
                             self.ledger.put_back(transaction_group, actions)  # nothing written
                         raise
                     self._apply(actions, live=True)

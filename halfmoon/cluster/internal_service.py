@@ -30,7 +30,7 @@ import inspect
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -112,8 +112,17 @@ class _Subscriber:
 class InternalService:
     """Serves ``broker`` to peers; ``handler()`` is what a ``grpc.server`` is given."""
 
-    def __init__(self, broker: Broker, name: str, clock: FakeClock | None = None) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        name: str,
+        clock: FakeClock | None = None,
+        operations: Mapping[str, Callable[..., Any]] | None = None,
+    ) -> None:
         self._broker = broker
+        # Operations served by another part of the process, before the facade's (cluster mode's
+        # transaction groups decide across brokers: txn_groups.py).
+        self._operations = dict(operations or {})
         self._name = name
         self._clock = clock  # a test clock peers may move (``AdvanceClock``); None in production
         self._token = wire.version_token()
@@ -177,9 +186,13 @@ class InternalService:
     ) -> object:
         if operation == "config":
             return self._broker.config
-        if operation not in OPERATIONS:
+        method: Callable[..., Any]
+        if operation in self._operations:
+            method = self._operations[operation]
+        elif operation in OPERATIONS:
+            method = getattr(self._broker, operation)
+        else:
             raise wire.MalformedRequest(f"the broker has no operation {operation!r}")
-        method: Callable[..., Any] = getattr(self._broker, operation)
         try:
             inspect.signature(method).bind(*args, **kwargs)
         except TypeError as exc:

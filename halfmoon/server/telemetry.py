@@ -28,6 +28,7 @@ from typing import Any
 from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
 from halfmoon.server.check_pacing import OutstandingChecks
+from halfmoon.server.client_commands import PendingReplies
 from halfmoon.server.convert import wire_message
 
 log = logging.getLogger("halfmoon.server.telemetry")
@@ -88,6 +89,8 @@ class ClientSession:
 class ClientRegistry:
     def __init__(self) -> None:
         self._sessions: dict[str, ClientSession] = {}
+        # Commands sent to clients that wait for their reply (consumeMessageDirectly).
+        self.replies = PendingReplies()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._round_robin = itertools.count()
         self._closed = False

@@ -368,15 +368,16 @@ class TransactionService(TransactionLedger):
         del self.groups.unfinished[group]
         return len(members), end_offset
 
+    def group_decision(self, group: str) -> TxnState | None:
+        """The decision recorded here on ``group``; None while it has none."""
+        check_group_id(group)
+        with self._lock:
+            return self._group_state(group)
+
     def group_pending(self, group: str) -> bool:
         """True when ``group`` has pending members and no decision: another member's send needs
         no key-index lookup (the server then runs it on its event loop)."""
         return group in self.groups.members and group not in self.groups.unfinished
-
-    def group_state(self, group: str) -> TxnState | None:
-        """The group's decision; None while it is undecided (or unknown)."""
-        with self._lock:
-            return self._group_state(group)
 
     def append_member(self, group: str, record: Message) -> str:
         """Store ``record`` (routed to its real topic and queue) as a half message of ``group``;
