@@ -10,6 +10,9 @@ from functools import cache
 from typing import Any
 
 from halfmoon.broker.message import MessageType
+from halfmoon.server.admin_openapi_auth import SCHEMAS as AUTH_SCHEMAS
+from halfmoon.server.admin_openapi_auth import SECURITY_SCHEMES
+from halfmoon.server.admin_openapi_auth import paths as auth_paths
 from halfmoon.server.admin_openapi_common import _json, _op, _path_param, _ref
 from halfmoon.server.admin_openapi_lite import SCHEMAS as LITE_SCHEMAS
 from halfmoon.server.admin_openapi_lite import paths as lite_paths
@@ -430,6 +433,7 @@ def openapi_document() -> dict[str, Any]:
             },
             **operator_paths(),
             **lite_paths(),
+            **auth_paths(),
             "/metrics": {
                 "get": {
                     "summary": "Prometheus metrics",
@@ -448,9 +452,15 @@ def openapi_document() -> dict[str, Any]:
                 "get": {
                     "summary": "Liveness",
                     "operationId": "getHealth",
+                    "security": [],
                     "responses": {"200": _json({"type": "object"}, "ok")},
                 }
             },
         },
-        "components": {"schemas": {**SCHEMAS, **OPERATOR_SCHEMAS, **LITE_SCHEMAS}},
+        "components": {
+            "schemas": {**SCHEMAS, **OPERATOR_SCHEMAS, **LITE_SCHEMAS, **AUTH_SCHEMAS},
+            "securitySchemes": SECURITY_SCHEMES,
+        },
+        # With auth.enabled (docs/security.md); /healthz is open (overridden there).
+        "security": [{"basic": []}, {"bearer": []}],
     }

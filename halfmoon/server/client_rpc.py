@@ -18,6 +18,7 @@ from halfmoon.server import namespace as ns
 from halfmoon.server.client_commands import reply_nonce
 from halfmoon.server.errors import Code, RequestError, ok, status, status_for
 from halfmoon.server.rpc_common import ServicerBase, metadata, peer_host, resource_name, unary
+from halfmoon.server.rpc_guard import PUBLISH_FILTER
 from halfmoon.server.telemetry import ClientSession
 
 log = logging.getLogger("halfmoon.server.grpc")
@@ -67,6 +68,7 @@ class ClientRpcs(ServicerBase):
             )
             return
         session, outbox = self.registry.open_stream(client_id, peer_host(context))
+        session.may_publish = PUBLISH_FILTER.get()  # set by the edge check (rpc_guard)
         header = metadata(context, ns.HEADER)
         reader = asyncio.create_task(
             self._read_telemetry(request_iterator, session, outbox, header)

@@ -60,6 +60,9 @@ class ClientSession:
     version: str = ""
     last_seen: float = field(default_factory=time.monotonic)
     outbox: asyncio.Queue[service_pb2.TelemetryCommand | None] | None = None
+    # Topics the stream's authenticated user may Pub on (None: any, authentication off);
+    # transaction checks of other topics never reach this producer.
+    may_publish: Callable[[str], bool] | None = field(default=None, repr=False)
 
     @property
     def is_producer(self) -> bool:
@@ -210,6 +213,9 @@ class ClientRegistry:
             if not session.is_producer or session.outbox is None:
                 continue
             if topic is not None and topic not in session.topics:
+                continue
+            allowed = session.may_publish
+            if topic is not None and allowed is not None and not allowed(topic):
                 continue
             if group is not None and session.group != group:
                 continue
