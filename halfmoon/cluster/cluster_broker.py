@@ -14,9 +14,10 @@ record every proxy routes by), then created on the brokers.
 - **Receives**: every broker holding the topic, starting at a rotating one,
   until the batch is full; the front end's long poll wakes on arrivals from
   any of them (the pool's translated listeners).
-- **Transaction groups** spanning brokers are not atomic here:
-  :meth:`ClusterBroker.end_transaction_group_nowait` is the seam where the
-  coordinator-broker commit goes; today it ends the group on each broker.
+- **Transaction groups** go to any one broker, which forwards them to the
+  group's coordinator broker (:mod:`halfmoon.cluster.txn_groups`); a
+  transactional ack, reject or offset commit goes to the broker holding the
+  message or queue (which must be the group's coordinator).
 """
 
 from __future__ import annotations
@@ -404,19 +405,65 @@ class ClusterBroker(ClusterReads):
     def transaction_ends_cheaply(self, transaction_id: str) -> bool:
         return False
 
-    def end_transaction_group(self, group_id: str, resolution: str, source: str = "client") -> int:
-        return self.end_transaction_group_nowait(group_id, resolution, source).result
+    def end_transaction_group(
+        self,
+        group_id: str,
+        resolution: str,
+        source: str = "client",
+        consume_actions: int | None = None,
+    ) -> int:
+        return self.end_transaction_group_nowait(
+            group_id, resolution, source, consume_actions
+        ).result
 
     def end_transaction_group_nowait(
-        self, group_id: str, resolution: str, source: str = "client"
+        self,
+        group_id: str,
+        resolution: str,
+        source: str = "client",
+        consume_actions: int | None = None,
     ) -> Written[int]:
-        # The seam for groups spanning brokers: one coordinator broker must decide first.
-        answers = self.fan_out(
-            list(self.connected()),
-            lambda b: b.end_transaction_group(group_id, resolution, source),
-            skip_missing=True,
+        # The seam with transaction groups spanning brokers: any broker takes the call and
+        # forwards it to the group's coordinator broker (halfmoon/cluster/txn_groups.py),
+        # which decides first and then has the participants apply the decision.
+        decided = self.any_broker().end_transaction_group(
+            group_id, resolution, source, consume_actions
         )
-        return Written(sum(count for _, count in answers), _done())
+        return Written(decided, _done())
+
+    def transactional_ack(
+        self, transaction_group: str, group: str, topic: str, receipt_handle: str
+    ) -> None:
+        broker, own = unqualify(receipt_handle, "receipt handle")
+        self.broker(broker).transactional_ack(transaction_group, group, topic, own)
+
+    def transactional_reject(
+        self,
+        transaction_group: str,
+        group: str,
+        topic: str,
+        receipt_handle: str,
+        delay_ms: int | None = None,
+        dead_letter: bool = False,
+    ) -> None:
+        broker, own = unqualify(receipt_handle, "receipt handle")
+        self.broker(broker).transactional_reject(
+            transaction_group, group, topic, own, delay_ms, dead_letter
+        )
+
+    def transactional_offset(
+        self,
+        transaction_group: str,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        expected: int,
+    ) -> None:
+        _, where = self._queue(topic, queue_id)
+        self.broker(where.broker).transactional_offset(
+            transaction_group, group, topic, where.broker_queue, offset, expected
+        )
 
     def list_transactions(
         self, topic: str | None = None, limit: int = 1000

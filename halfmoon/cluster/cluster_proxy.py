@@ -101,7 +101,7 @@ async def serve_cluster_proxy(
             await member.start()
         await serve_front_end(
             config,
-            broker,  # type: ignore[arg-type]
+            broker,
             stop=stop,
             tick=False,
             started=started,
