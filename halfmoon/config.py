@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from halfmoon.auth.config import AuthConfig, TlsConfig
 from halfmoon.broker.config import BrokerConfig
 from halfmoon.broker.transactions.config import TransactionConfig
 from halfmoon.errors import EXIT_USAGE, InvalidArgument
@@ -141,6 +142,8 @@ class Config:
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     transaction: TransactionConfig = field(default_factory=TransactionConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
 
 
 # -- value forms -------------------------------------------------------------

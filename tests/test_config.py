@@ -309,7 +309,14 @@ def test_real_config_has_every_section_and_defaults():
     cfg = load_config(env={})
     assert isinstance(cfg, Config)
     keys = {info.key for info in iter_keys()}
-    assert {k.split(".")[0] for k in keys} == {"store", "broker", "server", "transaction"}
+    assert {k.split(".")[0] for k in keys} == {
+        "store",
+        "broker",
+        "server",
+        "transaction",
+        "auth",
+        "tls",
+    }
     assert "broker.default_queue_count" in keys
     assert "server.admin_listen" in keys
 

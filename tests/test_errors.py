@@ -81,7 +81,7 @@ def test_every_error_maps_to_a_real_protocol_code(cls: type[HalfmoonError]) -> N
 
 @pytest.mark.parametrize("cls", ERRORS, ids=_name)
 def test_every_error_has_an_http_status_and_an_exit_code(cls: type[HalfmoonError]) -> None:
-    assert cls.http_status in (400, 403, 404, 409, 500), _name(cls)
+    assert cls.http_status in (400, 401, 403, 404, 409, 500), _name(cls)
     assert cls.exit_code in (EXIT_FAILED, EXIT_USAGE), _name(cls)
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -49,7 +51,14 @@ def quote(name: str) -> str:
 
 
 class AdminClient:
-    def __init__(self, base_url: str, timeout: float = 10.0, namespace: str = "") -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float = 10.0,
+        namespace: str = "",
+        credentials: tuple[str, str] | None = None,
+        ca_file: str | None = None,
+    ) -> None:
         parsed = urllib.parse.urlsplit(base_url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise CliError(
@@ -59,6 +68,11 @@ class AdminClient:
         self.timeout = timeout
         # Sent with every request: the API takes the names it is given in this namespace.
         self.namespace = namespace
+        self._authorization = None
+        if credentials is not None:  # HTTP Basic; the secret is never printed
+            token = base64.b64encode(":".join(credentials).encode()).decode()
+            self._authorization = f"Basic {token}"
+        self._ssl = ssl.create_default_context(cafile=ca_file) if ca_file else None
 
     def get(self, path: str, **query: Any) -> Any:
         params = {k: v for k, v in query.items() if v is not None}
@@ -83,10 +97,12 @@ class AdminClient:
             path += separator + urllib.parse.urlencode({"namespace": self.namespace})
         req = urllib.request.Request(self.base_url + path, data=data, method=method)
         req.add_header("Accept", "application/json")
+        if self._authorization is not None:
+            req.add_header("Authorization", self._authorization)
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self._ssl) as resp:
                 payload = resp.read()
         except urllib.error.HTTPError as exc:
             raise self._api_error(exc) from None

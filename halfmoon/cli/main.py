@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 
 from halfmoon.cli import (
+    auth_commands,
     broker_command,
     cluster_commands,
     consumer_commands,
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     stats_commands.register(commands)
     monitor_command.register(commands)
     probe_commands.register(commands)
+    auth_commands.register(commands)
     return parser
 
 

@@ -62,6 +62,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     get = add_command(sub, "get", get_message, "show a message by id (every topic unless --topic)")
     get.add_argument("message_id", metavar="ID")
     get.add_argument("--topic", default=None, help="look only in this topic")
+    get.add_argument(
+        "--group",
+        default=None,
+        help="with --client: have that consumer of GROUP consume the message again now "
+        "(mqadmin's queryMsgByUniqueKey -g -d; nothing is acked or moved)",
+    )
+    get.add_argument("--client", default=None, metavar="CLIENT_ID", help="see --group")
 
     query = add_command(sub, "query", query_messages, "find messages by key within a time range")
     subject(query, "topic", "TOPIC", "the topic to search", deprecated_flag="--topic")
@@ -196,9 +203,28 @@ def one_line(message: dict[str, Any]) -> str:
 
 
 def get_message(args: argparse.Namespace) -> None:
+    if (args.group is None) != (args.client is None):
+        raise UsageError("--group and --client go together: the consumer that consumes it again")
+    if args.group is not None:
+        consume_directly(args)
+        return
     answer = client(args).get(f"/v1/messages/{quote(args.message_id)}", topic=args.topic)
     messages = answer["messages"]
     emit(args, answer, lambda: "\n\n".join(render_message(m) for m in messages))
+
+
+def consume_directly(args: argparse.Namespace) -> None:
+    body = {"group": args.group, "client_id": args.client}
+    if args.topic is not None:
+        body["topic"] = args.topic
+    answer = client(args).post(f"/v1/messages/{quote(args.message_id)}/consume", body)
+
+    def human() -> str:
+        verdict = "consumed it" if answer["consumed"] else f"did not consume it ({answer['code']})"
+        detail = f": {answer['message']}" if answer.get("message") else ""
+        return f"client {answer['client_id']} of group '{answer['group']}' {verdict}{detail}"
+
+    emit(args, answer, human)
 
 
 def query_messages(args: argparse.Namespace) -> None:

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
+from halfmoon.cli import credentials
 from halfmoon.cli.admin_client import AdminClient, CliError, default_admin_url, default_namespace
 from halfmoon.errors import EXIT_USAGE
 
@@ -138,6 +140,25 @@ def admin_options() -> argparse.ArgumentParser:
         "does); lists show only NS's (default: $HALFMOON_NAMESPACE, else none)",
     )
     common.add_argument("--json", action="store_true", help="print JSON for scripts")
+    common.add_argument(
+        "--access-key",
+        metavar="AK",
+        default=None,
+        help="admin API user (default: $HALFMOON_ACCESS_KEY, else the credentials file)",
+    )
+    common.add_argument(
+        "--secret-key",
+        metavar="SK",
+        default=None,
+        help="its secret key (visible in ps: prefer $HALFMOON_SECRET_KEY or the credentials "
+        "file, see docs/security.md)",
+    )
+    common.add_argument(
+        "--admin-ca",
+        metavar="FILE",
+        default=None,
+        help="CA bundle of an HTTPS admin API (default: $HALFMOON_ADMIN_CA)",
+    )
     return common
 
 
@@ -162,7 +183,14 @@ def client(args: argparse.Namespace) -> AdminClient:
     namespace = getattr(args, "namespace", None)
     if namespace is None:
         namespace = default_namespace()
-    return AdminClient(args.admin or default_admin_url(), namespace=namespace)
+    return AdminClient(
+        args.admin or default_admin_url(),
+        namespace=namespace,
+        credentials=credentials.resolve(
+            getattr(args, "access_key", None), getattr(args, "secret_key", None)
+        ),
+        ca_file=getattr(args, "admin_ca", None) or os.environ.get(credentials.CA_ENV),
+    )
 
 
 def emit(args: argparse.Namespace, data: Any, human: Callable[[], str]) -> None:

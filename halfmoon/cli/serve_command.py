@@ -22,6 +22,10 @@ FLAG_KEYS: dict[str, str] = {
     "listen": "server.listen",
     "admin_listen": "server.admin_listen",
     "flush": "store.flush",
+    "tls_cert": "tls.cert",
+    "tls_key": "tls.key",
+    "tls_client_ca": "tls.client_ca",
+    "tls_mode": "tls.mode",
 }
 
 
@@ -45,6 +49,22 @@ def register(commands: argparse._SubParsersAction) -> None:
         choices=("sync", "async"),
         help="sync: acknowledge after fsync; async: after the write",
     )
+    serve.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback listener with authentication off (anyone who reaches it "
+        "may do anything; see docs/security.md)",
+    )
+    serve.add_argument("--tls-cert", metavar="PEM", help="certificate chain: serve TLS")
+    serve.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    serve.add_argument(
+        "--tls-client-ca", metavar="PEM", help="require client certificates it signed (mTLS)"
+    )
+    serve.add_argument(
+        "--tls-mode",
+        choices=("disabled", "permissive", "enforcing"),
+        help="default: enforcing when --tls-cert is given",
+    )
     serve.add_argument("--config", metavar="FILE", help="a TOML configuration file")
     serve.add_argument(
         "--set",
@@ -65,7 +85,11 @@ def build_config(args: argparse.Namespace):  # -> halfmoon.config.Config
     # Imported here so admin commands never pay for the broker's modules (~0.4 s).
     from halfmoon.config import ConfigError, load_config
 
-    flags = {key: getattr(args, dest) for dest, key in FLAG_KEYS.items()}
+    flags = {key: getattr(args, dest, None) for dest, key in FLAG_KEYS.items()}
+    if getattr(args, "insecure", False):
+        flags["auth.insecure"] = "true"
+    if getattr(args, "tls_cert", None) and not getattr(args, "tls_mode", None):
+        flags["tls.mode"] = "enforcing"
     try:
         return load_config(file=args.config, env=os.environ, flags=flags, overrides=args.overrides)
     except ConfigError as exc:

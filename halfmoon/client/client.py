@@ -155,11 +155,32 @@ class BaseClient:
 
     async def _on_command(self, endpoint: str, command: svc.TelemetryCommand) -> None:
         """A server command on the telemetry stream (subclasses handle theirs)."""
+        if command.WhichOneof("command") == "verify_message_command":
+            # Re-consumption is a push consumer's (it has a listener); others say so, as
+            # RocketMQ's clients do, rather than leave the server waiting.
+            self._answer_verify(
+                endpoint,
+                command.verify_message_command.nonce,
+                pb.Code.NOT_IMPLEMENTED,
+                f"a {type(self).__name__} has no listener to consume the message with",
+            )
+            return
         log.info(
             "event=telemetry_command_ignored endpoint=%s kind=%s",
             endpoint,
             command.WhichOneof("command"),
         )
+
+    def _answer_verify(self, endpoint: str, nonce: str, code: int, message: str) -> None:
+        """Reply to a VerifyMessageCommand (consumeMessageDirectly) on ``endpoint``'s stream."""
+        session = self._telemetry.get(endpoint)
+        if session is not None:
+            session.send(
+                svc.TelemetryCommand(
+                    status=pb.Status(code=code, message=message),
+                    verify_message_result=svc.VerifyMessageResult(nonce=nonce),
+                )
+            )
 
     def _open_telemetry(self, endpoint: str) -> TelemetrySession:
         session = self._telemetry.get(endpoint)

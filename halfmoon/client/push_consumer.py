@@ -33,12 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
 
 from halfmoon.client.client import as_config
 from halfmoon.client.connection import ClientConfig
 from halfmoon.client.consumer import ConsumerBase, cancel_and_wait
 from halfmoon.client.errors import ClientClosed, ClientError
-from halfmoon.client.message import MessageView
+from halfmoon.client.message import MessageView, view_of
 from halfmoon.client.route import QueueInfo
 from halfmoon.client.selector import MessageSelector
 
@@ -183,6 +184,28 @@ class PushConsumer(ConsumerBase):
             )
             return ConsumeResult.LATER
         return ConsumeResult.LATER if result is ConsumeResult.LATER else ConsumeResult.SUCCESS
+
+    async def _on_command(self, endpoint: str, command: svc.TelemetryCommand) -> None:
+        if command.WhichOneof("command") != "verify_message_command":
+            await super()._on_command(endpoint, command)
+            return
+        # consumeMessageDirectly (mqadmin queryMsgByUniqueKey -g -d): run the listener on the
+        # message now, off the telemetry reader, and say how it went. Nothing is acked: the
+        # message came from the operator, not from a receive.
+        verify = command.verify_message_command
+        self._spawn(self._verify(endpoint, verify.nonce, view_of(verify.message, endpoint)))
+
+    async def _verify(self, endpoint: str, nonce: str, message: MessageView) -> None:
+        result = await self._invoke(message)
+        if result is ConsumeResult.SUCCESS:
+            self._answer_verify(endpoint, nonce, pb.Code.OK, "consumed by the listener")
+        else:
+            self._answer_verify(
+                endpoint,
+                nonce,
+                pb.Code.FAILED_TO_CONSUME_MESSAGE,
+                "the listener answered LATER (or raised)",
+            )
 
     # -- clustering ------------------------------------------------------------------------
 

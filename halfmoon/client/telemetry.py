@@ -165,15 +165,6 @@ class TelemetrySession:
                 )
             )
             return
-        if kind == "verify_message_command":
-            self.send(
-                svc.TelemetryCommand(
-                    verify_message_result=svc.VerifyMessageResult(
-                        nonce=command.verify_message_command.nonce
-                    )
-                )
-            )
-            return
         if kind == "reconnect_endpoints_command":
             self._outbox.put_nowait(None)  # ends our half; _run reopens
             return

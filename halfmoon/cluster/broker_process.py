@@ -44,9 +44,11 @@ import grpc
 from halfmoon.broker.broker import Broker as InProcessBroker
 from halfmoon.broker.clock import Clock, FakeClock, SystemClock
 from halfmoon.cluster.connection import MAX_MESSAGE_BYTES
+from halfmoon.cluster.etcd_json import parse_coordinator
 from halfmoon.cluster.internal_service import InternalService
 from halfmoon.cluster.keys import DEFAULT_TTL_S
 from halfmoon.cluster.registration import register_member
+from halfmoon.cluster.txn_groups import GroupCoordination
 from halfmoon.config import Config, parse_host_port
 from halfmoon.server.app import METADATA_DIR_NAME, TickThread, configure_logging
 from halfmoon.store.store import MessageStore
@@ -146,8 +148,17 @@ def run_broker(
     except BaseException:
         store.close()
         raise
+    # In a cluster, transaction groups are decided across brokers (txn_groups.py).
+    groups = (
+        GroupCoordination(broker, config.broker.name, cluster, parse_coordinator(coordinator))
+        if cluster is not None and coordinator is not None
+        else None
+    )
     service = InternalService(
-        broker, config.broker.name, clock if isinstance(clock, FakeClock) else None
+        broker,
+        config.broker.name,
+        clock if isinstance(clock, FakeClock) else None,
+        groups.operations() if groups is not None else None,
     )
     executor = ThreadPoolExecutor(
         config.server.worker_threads, thread_name_prefix="halfmoon-internal"
@@ -184,6 +195,8 @@ def run_broker(
             config.store.data_dir,
             (time.monotonic() - started) * 1000,
         )
+        if groups is not None:  # after the ready line: its recovery may find work at once
+            groups.start()
         while not stop.wait(1.0):
             pass
         log.info("event=shutdown_begin grace_s=%s", config.server.shutdown_grace)
@@ -192,6 +205,8 @@ def run_broker(
             if deregister is not None:
                 with contextlib.suppress(Exception):
                     deregister()
+            if groups is not None:
+                groups.close()
             service.close()
             grace = 0 if force.is_set() else config.server.shutdown_grace
             stopped = server.stop(grace)

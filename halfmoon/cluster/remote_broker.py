@@ -270,6 +270,16 @@ class RemoteBroker:
     def end_transaction_group(self, group_id: str, resolution: str, source: str = "client") -> int:
         return self._call("end_transaction_group", [group_id, resolution, source])
 
+    # Broker to broker (a cluster's transaction groups, halfmoon/cluster/txn_groups.py).
+    def apply_transaction_group(self, group_id: str, resolution: str, source: str) -> int:
+        """A coordinator's decision applied to this broker's members of the group."""
+        return int(self._call("apply_transaction_group", [group_id, resolution, source]))
+
+    def transaction_group_decision(self, group_id: str) -> str | None:
+        """``commit``, ``rollback`` or None: the decision this broker recorded on the group."""
+        answer = self._call("transaction_group_decision", [group_id])
+        return None if answer is None else str(answer)
+
     def list_transactions(
         self, topic: str | None = None, limit: int = 1000
     ) -> list[TransactionInfo]:

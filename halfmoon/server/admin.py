@@ -48,6 +48,7 @@ from typing import Any
 
 from aiohttp import web
 
+from halfmoon.auth import Guard
 from halfmoon.broker.facade import Broker
 from halfmoon.broker.groups import RetryPolicy
 from halfmoon.broker.message import MessageType
@@ -60,7 +61,9 @@ from halfmoon.server import (
     admin_lite,
     admin_messages,
     admin_operations,
+    admin_users,
 )
+from halfmoon.server.admin_auth import GUARD_KEY, admin_auth
 from halfmoon.server.admin_http import (
     BROKER_KEY,
     CONFIG_KEY,
@@ -417,13 +420,17 @@ def create_admin_app(
     config: Config,
     registry: MetricsRegistry | None = None,
     clients: ClientRegistry | None = None,
+    guard: Guard | None = None,
 ) -> web.Application:
     """The admin API over ``broker``; run it with aiohttp's ``AppRunner`` on
     ``config.server.admin_listen``. ``registry`` defaults to the process-wide one;
     ``clients`` is the gRPC server's ClientRegistry (connected consumers), if any."""
     app = web.Application(
-        middlewares=[errors_and_metrics, namespaced_names], client_max_size=1024 * 1024
+        middlewares=[errors_and_metrics, admin_auth, namespaced_names],
+        client_max_size=1024 * 1024,
     )
+    if guard is not None:  # users and ACLs (halfmoon.auth); checked by admin_auth when enabled
+        app[GUARD_KEY] = guard
     app[BROKER_KEY] = broker
     app[CONFIG_KEY] = config
     registry = registry or default_registry()
@@ -462,6 +469,7 @@ def create_admin_app(
     app.router.add_get("/openapi.json", get_openapi)
     app.router.add_get("/healthz", healthz)
     admin_lite.add_routes(app)
+    admin_users.add_routes(app)
     admin_messages.add_routes(app)
     admin_operations.add_routes(app, clients)
     admin_dead_letters.add_routes(app)

@@ -10,6 +10,9 @@ from functools import cache
 from typing import Any
 
 from halfmoon.broker.message import MessageType
+from halfmoon.server.admin_openapi_auth import SCHEMAS as AUTH_SCHEMAS
+from halfmoon.server.admin_openapi_auth import SECURITY_SCHEMES
+from halfmoon.server.admin_openapi_auth import paths as auth_paths
 from halfmoon.server.admin_openapi_common import _json, _op, _path_param, _ref
 from halfmoon.server.admin_openapi_dashboard import PAGING_FIELDS, PAGING_PARAMS
 from halfmoon.server.admin_openapi_dashboard import SCHEMAS as DASHBOARD_SCHEMAS
@@ -443,6 +446,7 @@ def openapi_document() -> dict[str, Any]:
             },
             **operator_paths(),
             **lite_paths(),
+            **auth_paths(),
             **dashboard_paths(),
             "/metrics": {
                 "get": {
@@ -462,11 +466,21 @@ def openapi_document() -> dict[str, Any]:
                 "get": {
                     "summary": "Liveness",
                     "operationId": "getHealth",
+                    "security": [],
                     "responses": {"200": _json({"type": "object"}, "ok")},
                 }
             },
         },
         "components": {
-            "schemas": {**SCHEMAS, **OPERATOR_SCHEMAS, **LITE_SCHEMAS, **DASHBOARD_SCHEMAS}
+            "schemas": {
+                **SCHEMAS,
+                **OPERATOR_SCHEMAS,
+                **LITE_SCHEMAS,
+                **AUTH_SCHEMAS,
+                **DASHBOARD_SCHEMAS,
+            },
+            "securitySchemes": SECURITY_SCHEMES,
         },
+        # With auth.enabled (docs/security.md); /healthz is open (overridden there).
+        "security": [{"basic": []}, {"bearer": []}],
     }

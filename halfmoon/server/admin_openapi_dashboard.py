@@ -40,6 +40,20 @@ PAGING_FIELDS = {
 }
 
 SCHEMAS: dict[str, Any] = {
+    "WhoAmI": {
+        "type": "object",
+        "properties": {
+            "auth_enabled": {"type": "boolean"},
+            "authenticated": {"type": "boolean", "description": "the credentials verified"},
+            "access_key": {"type": "string", "nullable": True},
+            "reason": {"type": "string", "description": "why not authenticated"},
+            "super": {"type": "boolean"},
+            "can_write": {
+                "type": "boolean",
+                "description": "may Update the Cluster: the dashboard shows mutating controls",
+            },
+        },
+    },
     "DeadLetterResend": {
         "type": "object",
         "additionalProperties": False,
@@ -96,11 +110,22 @@ def paths() -> dict[str, Any]:
     )
     resend["requestBody"]["required"] = False  # no body: back to the dead letter's own topic
     return {
+        "/v1/whoami": {
+            "get": {
+                **_op(
+                    "Who the credentials are, and whether they may change things",
+                    "whoAmI",
+                    (200, _ref("WhoAmI"), "the caller (authenticated or not)"),
+                ),
+                "security": [],
+            },
+        },
         "/v1/topics/{topic}/queues/{queue_id}/offsets/{offset}/resend": {
             "post": resend,
         },
         "/dashboard": {
             "get": {
+                "security": [],
                 "summary": "Redirect to /dashboard/",
                 "operationId": "redirectDashboard",
                 "responses": {"302": {"description": "to /dashboard/"}},
@@ -108,6 +133,7 @@ def paths() -> dict[str, Any]:
         },
         "/dashboard/": {
             "get": {
+                "security": [],
                 "summary": "The web dashboard (docs/dashboard.md)",
                 "operationId": "getDashboard",
                 "responses": {"200": html},
@@ -115,6 +141,7 @@ def paths() -> dict[str, Any]:
         },
         "/dashboard/{file}": {
             "get": {
+                "security": [],
                 "summary": "The dashboard's script and style sheet",
                 "operationId": "getDashboardFile",
                 "parameters": [

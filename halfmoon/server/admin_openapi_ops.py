@@ -271,6 +271,29 @@ SCHEMAS: dict[str, Any] = {
             },
         },
     },
+    "ConsumeDirectly": {
+        "type": "object",
+        "required": ["group", "client_id"],
+        "additionalProperties": False,
+        "properties": {
+            "group": _STR,
+            "client_id": {**_STR, "description": "a connected consumer of the group"},
+            "topic": {**_STR, "description": "the message's topic (default: any)"},
+            "timeout_ms": {**_INT, "minimum": 1, "description": "wait this long (default 5000)"},
+        },
+    },
+    "ConsumeDirectlyResult": {
+        "type": "object",
+        "properties": {
+            "message_id": _STR,
+            "topic": _STR,
+            "group": _STR,
+            "client_id": _STR,
+            "consumed": _BOOL,
+            "code": {**_STR, "description": "the client's status: OK, NOT_IMPLEMENTED, ..."},
+            "message": _STR,
+        },
+    },
     "OffsetReset": {
         "type": "object",
         "required": ["topic", "timestamp_ms"],
@@ -441,6 +464,17 @@ def paths() -> dict[str, Any]:
                 404,
                 body="OffsetClone",
                 params=[group],
+            ),
+        },
+        "/v1/messages/{message_id}/consume": {
+            "post": _op(
+                "Have a connected consumer consume a message now",
+                "consumeMessageDirectly",
+                (200, _ref("ConsumeDirectlyResult"), "the client's answer"),
+                400,
+                404,
+                body="ConsumeDirectly",
+                params=[_path_param("message_id", "Message id")],
             ),
         },
         "/v1/groups/{group}/reset-offset": {

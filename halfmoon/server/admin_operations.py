@@ -1,7 +1,8 @@
 """Admin endpoints for operators: cluster and broker status, runtime configuration,
-statistics, routes, connected clients and offset resets (RocketMQ's clusterList,
+statistics, routes, connected clients, offset moves and re-consumption (RocketMQ's clusterList,
 brokerStatus, getBrokerConfig / updateBrokerConfig, statsAll, topicRoute,
-consumerStatus / consumerConnection, producerConnection, resetOffsetByTime).
+consumerStatus / consumerConnection, producerConnection, resetOffsetByTime,
+cloneGroupOffset, and queryMsgByUniqueKey -g -d: consumeMessageDirectly).
 
     GET   /v1/cluster                       the brokers (one: this process) and their addresses
     GET   /v1/broker/status                 TPS, disk, store, pending transactions, clients
@@ -13,6 +14,8 @@ consumerStatus / consumerConnection, producerConnection, resetOffsetByTime).
     GET   /v1/topics/{topic}/producers      connected producers that published to the topic
     POST  /v1/groups/{group}/reset-offset   {"topic", "timestamp_ms"}: new offset per queue
     POST  /v1/groups/{group}/clone-offset   {"to", "topic"?}: the group's offsets onto another
+    POST  /v1/messages/{id}/consume         {"group", "client_id"}: a connected consumer
+                                            consumes the message again, now (its answer)
 
 Runtime changes last until the process stops (put them in the configuration
 file to keep them); all keys of one request are checked before any applies.
@@ -47,6 +50,8 @@ from halfmoon.server.admin_http import (
     reply,
     take,
 )
+from halfmoon.server.client_commands import ClientNotConnected
+from halfmoon.server.convert import wire_message
 from halfmoon.server.telemetry import ClientRegistry, ClientSession
 
 # Keys the broker reads each time it uses them, so a change takes effect at once.
@@ -328,6 +333,48 @@ async def clone_offset(request: web.Request) -> web.Response:
     return reply({"group": source, "to": target, "topic": topic, "queues": queues})
 
 
+DEFAULT_CONSUME_TIMEOUT_MS = 5_000
+
+
+async def consume_directly(request: web.Request) -> web.Response:
+    """Ask one connected consumer of a group to consume a stored message now, in its listener,
+    and report its answer (RocketMQ's consumeMessageDirectly; it moves no offset and acks
+    nothing: a test of the consumer's code on a real message, e.g. a dead letter)."""
+    body = await read_body(request)
+    reject_unknown(body, {"group", "client_id", "topic", "timeout_ms"})
+    group = take(body, "group", str, required=True)
+    client_id = take(body, "client_id", str, required=True)
+    topic = take(body, "topic", str)
+    timeout_ms = take(body, "timeout_ms", int, minimum=1) or DEFAULT_CONSUME_TIMEOUT_MS
+    message_id = request.match_info["message_id"]
+    broker = broker_of(request)
+    await call(existing_group, broker, group)
+    found = await call(broker.messages_by_id, message_id, topic)
+    # A dead-letter copy keeps the id: prefer the message in its own topic.
+    view = next((m for m in found if "%DLQ%" not in m.topic), found[0])
+    clients = request.app.get(CLIENTS_KEY)
+    session = clients.get(client_id) if clients is not None else None
+    if clients is None or session is None or session.group != group:
+        raise ClientNotConnected(
+            f"no consumer {client_id!r} of group {group!r} is connected here: list them with "
+            f"'halfmoon consumer status {group}'"
+        )
+    answer = await clients.replies.verify_message(
+        clients.send_command, client_id, wire_message(view), timeout_ms / 1000
+    )
+    return reply(
+        {
+            "message_id": message_id,
+            "topic": view.topic,
+            "group": group,
+            "client_id": client_id,
+            "consumed": answer.consumed,
+            "code": answer.code,
+            "message": answer.message,
+        }
+    )
+
+
 def add_routes(app: web.Application, clients: ClientRegistry | None = None) -> None:
     if clients is not None:
         app[CLIENTS_KEY] = clients
@@ -341,3 +388,4 @@ def add_routes(app: web.Application, clients: ClientRegistry | None = None) -> N
     app.router.add_get("/v1/topics/{topic}/producers", get_topic_producers)
     app.router.add_post("/v1/groups/{group}/reset-offset", reset_offset)
     app.router.add_post("/v1/groups/{group}/clone-offset", clone_offset)
+    app.router.add_post("/v1/messages/{message_id}/consume", consume_directly)

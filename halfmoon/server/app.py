@@ -36,15 +36,18 @@ from pathlib import Path
 import grpc
 from aiohttp import web
 
+from halfmoon.auth import Guard, local_guard
 from halfmoon.broker.broker import Broker as InProcessBroker
 from halfmoon.broker.facade import Broker
 from halfmoon.config import Config, ServerConfig, parse_host_port
 from halfmoon.metrics import MetricFamily, default_registry
 from halfmoon.server import lite_subscriptions
 from halfmoon.server.admin import create_admin_app
+from halfmoon.server.edge_security import Certificates, check_exposure
 from halfmoon.server.grpc_service import MessagingServicer
 from halfmoon.server.handlers import messaging_handler
 from halfmoon.server.longpoll import ArrivalNotifier
+from halfmoon.server.rpc_guard import RpcGuard
 from halfmoon.server.telemetry import ClientRegistry, TelemetryCheckSender
 from halfmoon.store.store import MessageStore
 
@@ -93,15 +96,20 @@ def _format_address(host: str, port: int) -> str:
 
 
 async def _start_admin(
-    broker: Broker, config: Config, clients: ClientRegistry | None = None
+    broker: Broker,
+    config: Config,
+    clients: ClientRegistry | None = None,
+    guard: Guard | None = None,
+    certificates: Certificates | None = None,
 ) -> tuple[web.AppRunner, str]:
-    """Serve the admin API (an aiohttp application) on ``config.server.admin_listen``;
-    the runner (for shutdown) and the bound address."""
+    """Serve the admin API (an aiohttp application) on ``config.server.admin_listen``
+    (HTTPS with ``certificates``); the runner (for shutdown) and the bound address."""
     host, port = parse_host_port(config.server.admin_listen, what="admin listen address")
-    app = create_admin_app(broker, config, clients=clients)
+    app = create_admin_app(broker, config, clients=clients, guard=guard)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    ssl_context = certificates.ssl_context() if certificates is not None else None
+    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
     try:
         await site.start()
     except BaseException:
@@ -137,6 +145,8 @@ async def serve(config: Config, *, stop: asyncio.Event | None = None) -> None:
     """Run until ``stop`` is set or SIGTERM/SIGINT arrives; then shut down cleanly."""
     loop = asyncio.get_running_loop()
     started = time.monotonic()
+    check_exposure(config)
+    guard = local_guard(config.auth, Path(config.store.data_dir))
     store, broker = await loop.run_in_executor(None, _open_store_and_broker, config)
     try:
         await serve_front_end(
@@ -146,6 +156,7 @@ async def serve(config: Config, *, stop: asyncio.Event | None = None) -> None:
             tick=True,
             started=started,
             source=f"data={config.store.data_dir}",
+            guard=guard,
         )
     finally:
         # Each step runs even if an earlier one failed: the store must get closed.
@@ -164,10 +175,12 @@ async def serve_front_end(
     tick: bool = True,
     started: float | None = None,
     source: str = "",
+    guard: Guard | None = None,
 ) -> None:
     """The gRPC endpoint and the admin API in front of ``broker`` until stopped; the caller
     opened the broker and closes it. ``tick``: run the broker's tick thread here (False when
-    the broker is another process, which ticks itself). ``source`` ends the ready line."""
+    the broker is another process, which ticks itself). ``source`` ends the ready line.
+    ``guard`` authenticates and authorizes every request at both edges (when enabled)."""
     server_config: ServerConfig = config.server
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
@@ -191,7 +204,13 @@ async def serve_front_end(
     ticker = TickThread(broker, server_config.tick_interval)
     admin = None
     try:
-        bound = server.add_insecure_port(_format_address(host, port))
+        certificates = Certificates(config.tls) if config.tls.mode != "disabled" else None
+        if certificates is not None:
+            bound = server.add_secure_port(
+                _format_address(host, port), certificates.grpc_credentials()
+            )
+        else:
+            bound = server.add_insecure_port(_format_address(host, port))
         if bound == 0:
             raise OSError(
                 f"cannot listen on {server_config.listen} (address in use or not available)"
@@ -207,22 +226,25 @@ async def serve_front_end(
             advertised=(advertised_host, bound),
             executor=executor,
         )
-        server.add_generic_rpc_handlers((messaging_handler(servicer),))
+        rpc_guard = RpcGuard(guard) if guard is not None and guard.enabled else None
+        server.add_generic_rpc_handlers((messaging_handler(servicer, rpc_guard),))
         await server.start()
         # Transaction checks reach producers over their telemetry streams.
         broker.set_check_sender(TelemetryCheckSender(registry))
         lite_subscriptions.install_notifier(broker, registry)  # NotifyUnsubscribeLiteCommand
         collector = _grpc_collector(registry, notifier)
         default_registry().add_collector(collector)
-        admin, admin_address = await _start_admin(broker, config, registry)
+        admin, admin_address = await _start_admin(broker, config, registry, guard, certificates)
         if tick:
             ticker.start()
-        _install_signal_handlers(loop, stop, force)
+        _install_signal_handlers(loop, stop, force, certificates)
         log.info(
-            "halfmoon ready grpc=%s admin=%s %s startup_ms=%d",
+            "halfmoon ready grpc=%s admin=%s %s auth=%s tls=%s startup_ms=%d",
             _format_address(host, bound),
             admin_address,
             source,
+            "on" if guard is not None and guard.enabled else "off",
+            config.tls.mode,
             (time.monotonic() - started) * 1000,
         )
         janitor = asyncio.create_task(_expire_idle_clients(registry, stop))
@@ -311,7 +333,10 @@ async def _expire_idle_clients(registry: ClientRegistry, stop: asyncio.Event) ->
 
 
 def _install_signal_handlers(
-    loop: asyncio.AbstractEventLoop, stop: asyncio.Event, force: asyncio.Event
+    loop: asyncio.AbstractEventLoop,
+    stop: asyncio.Event,
+    force: asyncio.Event,
+    certificates: Certificates | None = None,
 ) -> None:
     def on_signal(signum: int) -> None:
         if stop.is_set():
@@ -324,10 +349,13 @@ def _install_signal_handlers(
     for signum in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signum, on_signal, signum)
+    if certificates is not None:  # SIGHUP: new handshakes get the re-read certificate
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGHUP, certificates.reload)
 
 
 def _remove_signal_handlers(loop: asyncio.AbstractEventLoop) -> None:
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.remove_signal_handler(signum)
 

@@ -15,8 +15,10 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from halfmoon.errors import HalfmoonError
 from halfmoon.server import client_settings, lite_subscriptions
 from halfmoon.server import namespace as ns
+from halfmoon.server.client_commands import reply_nonce
 from halfmoon.server.errors import Code, RequestError, ok, status, status_for
 from halfmoon.server.rpc_common import ServicerBase, metadata, peer_host, resource_name, unary
+from halfmoon.server.rpc_guard import PUBLISH_FILTER
 from halfmoon.server.telemetry import ClientSession
 
 log = logging.getLogger("halfmoon.server.grpc")
@@ -66,6 +68,7 @@ class ClientRpcs(ServicerBase):
             )
             return
         session, outbox = self.registry.open_stream(client_id, peer_host(context))
+        session.may_publish = PUBLISH_FILTER.get()  # set by the edge check (rpc_guard)
         header = metadata(context, ns.HEADER)
         reader = asyncio.create_task(
             self._read_telemetry(request_iterator, session, outbox, header)
@@ -101,8 +104,19 @@ class ClientRpcs(ServicerBase):
                     outbox.put_nowait(
                         await self._settings_answer(session, command.settings, namespace)
                     )
-                elif kind in ("thread_stack_trace", "verify_message_result"):
-                    log.info("event=telemetry_reply client_id=%s kind=%s", session.client_id, kind)
+                elif kind in (
+                    "thread_stack_trace",
+                    "verify_message_result",
+                    "verify_message_command",
+                ):
+                    nonce = reply_nonce(command)
+                    waited = nonce is not None and self.registry.replies.resolve(nonce, command)
+                    log.info(
+                        "event=telemetry_reply client_id=%s kind=%s awaited=%s",
+                        session.client_id,
+                        kind,
+                        waited,
+                    )
                 session.last_seen = time.monotonic()
         except asyncio.CancelledError:
             raise

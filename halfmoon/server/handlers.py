@@ -19,6 +19,7 @@ from rocketmq.grpc_protocol import service_pb2
 
 from halfmoon.metrics import default_registry
 from halfmoon.server.errors import Code, status
+from halfmoon.server.rpc_guard import RpcGuard
 
 SERVICE = service_pb2.DESCRIPTOR.services_by_name["MessagingService"]
 RPCS = default_registry().counter(
@@ -53,7 +54,10 @@ def _decode(request_type: type[Message], raw: bytes) -> Message | str:
 
 
 def _unary(
-    handler: Callable, request_type: type[Message], response_type: type[Message]
+    handler: Callable,
+    request_type: type[Message],
+    response_type: type[Message],
+    guard: RpcGuard | None,
 ) -> Callable:
     method = handler.__name__
 
@@ -61,6 +65,8 @@ def _unary(
         request = _decode(request_type, raw)
         if isinstance(request, str):
             response = response_type(status=status(Code.BAD_REQUEST, request))
+        elif guard is not None and (denied := guard.check(method, request, context)):
+            response = response_type(status=denied)
         else:
             response = await handler(request, context)
         _count(method, response)
@@ -70,14 +76,22 @@ def _unary(
 
 
 def _server_stream(
-    handler: Callable, request_type: type[Message], response_type: type[Message]
+    handler: Callable,
+    request_type: type[Message],
+    response_type: type[Message],
+    guard: RpcGuard | None,
 ) -> Callable:
     method = handler.__name__
 
     async def run(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
         request = _decode(request_type, raw)
+        denied = None
         if isinstance(request, str):
-            response = response_type(status=status(Code.BAD_REQUEST, request))
+            denied = status(Code.BAD_REQUEST, request)
+        elif guard is not None:
+            denied = guard.check(method, request, context)
+        if denied is not None:
+            response = response_type(status=denied)
             _count(method, response)
             yield response
             return
@@ -92,11 +106,21 @@ def _server_stream(
 
 
 def _bidi_stream(
-    handler: Callable, request_type: type[Message], response_type: type[Message]
+    handler: Callable,
+    request_type: type[Message],
+    response_type: type[Message],
+    guard: RpcGuard | None,
 ) -> Callable:
+    method = handler.__name__
+
     async def run(
         raw_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Message]:
+        # A stream is authenticated once, at its start (its metadata); nothing to authorize.
+        if guard is not None and (denied := guard.check(method, None, context)):
+            yield response_type(status=denied)
+            return
+
         async def decoded() -> AsyncIterator[Message | str]:
             # An undecodable frame comes through as the sentence saying why: the
             # handler answers it on the stream and carries on.
@@ -109,8 +133,9 @@ def _bidi_stream(
     return run
 
 
-def messaging_handler(servicer: Any) -> grpc.GenericRpcHandler:
-    """A generic handler serving every MessagingService method of ``servicer``."""
+def messaging_handler(servicer: Any, guard: RpcGuard | None = None) -> grpc.GenericRpcHandler:
+    """A generic handler serving every MessagingService method of ``servicer``; ``guard``
+    (authentication on) checks every request before its handler runs."""
     handlers = {}
     for method in SERVICE.methods:
         request_type, response_type = _types(method)
@@ -118,14 +143,16 @@ def messaging_handler(servicer: Any) -> grpc.GenericRpcHandler:
         serialize = response_type.SerializeToString
         if not method.client_streaming and not method.server_streaming:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                _unary(handler, request_type, response_type), response_serializer=serialize
+                _unary(handler, request_type, response_type, guard), response_serializer=serialize
             )
         elif not method.client_streaming:
             handlers[method.name] = grpc.unary_stream_rpc_method_handler(
-                _server_stream(handler, request_type, response_type), response_serializer=serialize
+                _server_stream(handler, request_type, response_type, guard),
+                response_serializer=serialize,
             )
         else:
             handlers[method.name] = grpc.stream_stream_rpc_method_handler(
-                _bidi_stream(handler, request_type, response_type), response_serializer=serialize
+                _bidi_stream(handler, request_type, response_type, guard),
+                response_serializer=serialize,
             )
     return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)

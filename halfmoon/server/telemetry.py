@@ -28,6 +28,7 @@ from typing import Any
 from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
 from halfmoon.server.check_pacing import OutstandingChecks
+from halfmoon.server.client_commands import PendingReplies
 from halfmoon.server.convert import wire_message
 
 log = logging.getLogger("halfmoon.server.telemetry")
@@ -59,6 +60,9 @@ class ClientSession:
     version: str = ""
     last_seen: float = field(default_factory=time.monotonic)
     outbox: asyncio.Queue[service_pb2.TelemetryCommand | None] | None = None
+    # Topics the stream's authenticated user may Pub on (None: any, authentication off);
+    # transaction checks of other topics never reach this producer.
+    may_publish: Callable[[str], bool] | None = field(default=None, repr=False)
 
     @property
     def is_producer(self) -> bool:
@@ -88,6 +92,8 @@ class ClientSession:
 class ClientRegistry:
     def __init__(self) -> None:
         self._sessions: dict[str, ClientSession] = {}
+        # Commands sent to clients that wait for their reply (consumeMessageDirectly).
+        self.replies = PendingReplies()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._round_robin = itertools.count()
         self._closed = False
@@ -207,6 +213,9 @@ class ClientRegistry:
             if not session.is_producer or session.outbox is None:
                 continue
             if topic is not None and topic not in session.topics:
+                continue
+            allowed = session.may_publish
+            if topic is not None and allowed is not None and not allowed(topic):
                 continue
             if group is not None and session.group != group:
                 continue

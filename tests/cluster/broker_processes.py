@@ -26,11 +26,13 @@ class BrokerProcess:
         name: str = "broker-a",
         fake_clock_ms: int | None = None,
         extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.name = name
         self.fake_clock_ms = fake_clock_ms
         self.extra = extra
+        self.env = dict(env or {})  # added to this process's environment (changeable per start)
         self.address = "127.0.0.1:0"
         self.output: list[str] = []
         self.process: subprocess.Popen[str] | None = None
@@ -58,7 +60,7 @@ class BrokerProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
         )
         ready = threading.Event()
         found: list[str] = []

@@ -7,6 +7,8 @@
 //   topic            every message goes to this topic
 //   namespace        optional, default ""
 //   startupTimeoutMs optional, default 15000
+//   accessKey, accessSecret  optional: sign every request (sessionCredentials)
+//   sslEnabled       optional: TLS (trusts GRPC_DEFAULT_SSL_ROOTS_FILE_PATH's roots)
 //   messages         [{ body | bodyBase64, tag?, keys?, properties?, messageGroup?, delayMs?,
 //                       priority?, liteTopic?,
 //                       topic? (overrides the spec's topic for this message) }]
@@ -48,6 +50,9 @@ async function main() {
     namespace: spec.namespace ?? '',
     topics: [ spec.topic ],
     logger: stderrLogger(),
+    sslEnabled: spec.sslEnabled === true,
+    sessionCredentials: spec.accessKey === undefined ? undefined
+      : { accessKey: spec.accessKey, accessSecret: spec.accessSecret },
   });
   await withTimeout(producer.startup(), spec.startupTimeoutMs ?? 15000, 'Producer.startup()');
   emit({ event: 'started' });

@@ -47,8 +47,13 @@ class ServerProcess:
         grpc_port: int | None = None,
         admin_port: int | None = None,
         settings: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        credentials: tuple[str, str] | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.env = env or {}
+        # (access key, secret key) for admin_call and cli, when authentication is on.
+        self.credentials = credentials
         self.grpc_port = grpc_port or free_port()
         self.admin_port = admin_port or free_port()
         self.settings = DEFAULT_SETTINGS + tuple(settings)
@@ -78,7 +83,7 @@ class ServerProcess:
     def start(self, timeout: float = READY_TIMEOUT) -> ServerProcess:
         self._ready.clear()
         cmd = self.command()
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.proc = subprocess.Popen(
             cmd,
             cwd=ROOT,
@@ -137,11 +142,11 @@ class ServerProcess:
 
     def admin_call(self, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
         data = json.dumps(body).encode() if body is not None else None
+        headers = {"content-type": "application/json"}
+        if self.credentials is not None:
+            headers["authorization"] = "Bearer " + ":".join(self.credentials)
         request = urllib.request.Request(
-            self.admin + path,
-            data=data,
-            method=method,
-            headers={"content-type": "application/json"},
+            self.admin + path, data=data, method=method, headers=headers
         )
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
@@ -154,9 +159,12 @@ class ServerProcess:
             return exc.code, raw.decode(errors="replace")
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ)
+        if self.credentials is not None:
+            env["HALFMOON_ACCESS_KEY"], env["HALFMOON_SECRET_KEY"] = self.credentials
         return subprocess.run(
             [sys.executable, "-m", "halfmoon", *args, "--admin", self.admin],
-            cwd=ROOT, capture_output=True, text=True, timeout=30,
+            cwd=ROOT, capture_output=True, text=True, timeout=30, env=env,
         )  # fmt: skip
 
     def create_topic(self, name: str, message_type: str = "normal", queues: int = 4) -> None:

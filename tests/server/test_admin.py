@@ -281,7 +281,7 @@ def test_config_endpoint_shows_the_running_configuration(admin):
     status, answer = admin.call("GET", "/v1/config")
     assert status == 200
     assert answer["broker"]["default_queue_count"] == 3
-    assert set(answer) == {"store", "broker", "server", "transaction"}
+    assert set(answer) == {"store", "broker", "server", "transaction", "auth", "tls"}
 
 
 def test_unknown_endpoint_and_method_answer_json_errors(admin):

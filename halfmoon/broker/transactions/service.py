@@ -365,6 +365,12 @@ class TransactionService(TransactionLedger):
         del self.groups.unfinished[group]
         return len(members), end_offset
 
+    def group_decision(self, group: str) -> TxnState | None:
+        """The decision recorded here on ``group``; None while it has none."""
+        check_group_id(group)
+        with self._lock:
+            return self._group_state(group)
+
     def _group_state(self, group: str) -> TxnState | None:
         if group in self.groups.members and group not in self.groups.unfinished:
             return None  # has pending members and no decision yet

@@ -528,5 +528,56 @@ async function route() {
   if (live) session.timers.push(setInterval(draw, REFRESH_MS));
 }
 
-window.addEventListener("hashchange", route);
-window.addEventListener("DOMContentLoaded", route);
+// -- login --------------------------------------------------------------------------------
+
+function showUser(who) {
+  const slot = document.getElementById("user");
+  if (!who.auth_enabled) { slot.replaceChildren(); return; }
+  slot.replaceChildren(`${who.access_key}${who.can_write ? "" : " (read-only)"} `,
+    el("a", { href: "#/overview", id: "logout", onclick: () => {
+      sessionStorage.removeItem("halfmoon.credentials");
+      location.reload();
+    } }, "log out"));
+}
+
+function loginPage(reason) {
+  const root = document.getElementById("page");
+  root.dataset.loaded = "login";
+  root.replaceChildren(el("h2", {}, "Log in"),
+    el("p", { class: "muted", id: "login-reason" }, reason),
+    el("form", { class: "inline", id: "login", onsubmit: (e) => {
+      e.preventDefault();
+      const pair = `${formValue(e.target, "access_key")}:${e.target.elements.secret_key.value}`;
+      sessionStorage.setItem("halfmoon.credentials",
+        "Basic " + btoa(String.fromCharCode(...new TextEncoder().encode(pair))));
+      start();
+    } },
+    el("input", { name: "access_key", placeholder: "access key", required: true, autocomplete: "username" }),
+    el("input", { name: "secret_key", type: "password", placeholder: "secret key", required: true, autocomplete: "current-password" }),
+    el("button", { type: "submit" }, "log in")));
+}
+
+// Asks the API who we are first: with authentication on and no valid credentials the
+// page is a login form; a read-only user's pages have no mutating controls.
+async function start() {
+  let who;
+  try {
+    who = await get("/v1/whoami");
+  } catch (err) {
+    showError(err);
+    return;
+  }
+  if (who.auth_enabled && !who.authenticated) {
+    sessionStorage.removeItem("halfmoon.credentials");
+    for (const timer of session.timers) clearInterval(timer);
+    loginPage(who.reason);
+    return;
+  }
+  session.canWrite = who.can_write;
+  showUser(who);
+  clearError();
+  await route();
+}
+
+window.addEventListener("hashchange", () => { if (document.getElementById("page").dataset.loaded !== "login") route(); });
+window.addEventListener("DOMContentLoaded", start);

@@ -1,0 +1,296 @@
+"""Transaction groups spanning brokers: one coordinator broker per group decides, then the others.
+
+A group's members may sit on several brokers (one group for every topic and
+queue a Spark batch or a multi-topic commit wrote to). Each broker keeps its
+own members and its own op log; this module makes the brokers of a cluster
+decide a group as one (``docs/cluster.md``, "Transactions in cluster mode"):
+
+1. ``end_transaction_group`` reaches any broker (through any proxy). That
+   broker reads the group's coordinator from etcd
+   (``/halfmoon/<cluster>/txn-groups/<group>``) or, at the group's first
+   decision, creates that key with the broker the group id hashes to among the
+   live brokers (compare-and-swap: every broker agrees on the first writer's
+   choice). It forwards the call to the coordinator when that is another broker.
+2. The coordinator records the decision in its own op log (the group's
+   ``group_commit`` / ``group_rollback`` record, durable): **the commit point**.
+   Its own members are completed with it.
+3. It asks every other live broker to apply the decision to its members
+   (``apply_transaction_group``); each appends its own group record, then its
+   members. A broker that does not answer is left to step 5.
+4. The answer to the caller counts the members completed.
+5. Recovery is pulled by the participants: a broker with members of a group
+   pending for longer than ``resolve_after_ms`` whose group has a coordinator
+   in etcd asks that coordinator for its decision
+   (``transaction_group_decision``) and applies it. A restarted participant
+   does so at once, a live one whose coordinator crashed between participants
+   within ``resolve_interval_s``. Until the decision is durable on the
+   coordinator there is none: the members stay pending, and the caller, who
+   got an error, decides again.
+
+Broker-to-broker calls go over the internal protocol (``RemoteBroker``).
+``HALFMOON_TEST_TXN_CRASH_AT`` (tests only) SIGKILLs the process at a named
+step, so the crash matrix kills real processes at exact points.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+from halfmoon.broker.broker import Broker as InProcessBroker
+from halfmoon.broker.transaction_state import TxnState
+from halfmoon.broker.transactions.groups import check_group_id
+from halfmoon.cluster.errors import NoLiveBrokers
+from halfmoon.cluster.etcd import Compare, get_op, put_op
+from halfmoon.cluster.etcd_json import b64, call_sync, key_value, range_prefix_sync
+from halfmoon.cluster.keys import ClusterKeys
+from halfmoon.cluster.remote_broker import RemoteBroker
+from halfmoon.cluster.wire import BrokerUnavailable
+from halfmoon.errors import HalfmoonError
+
+log = logging.getLogger("halfmoon.cluster")
+
+CRASH_ENV = "HALFMOON_TEST_TXN_CRASH_AT"
+# The steps a test may crash at (each is named by the matrix in tests/cluster/).
+CRASH_POINTS = frozenset(
+    {
+        "coordinator-before-decision",  # the etcd record is written, the decision is not
+        "coordinator-after-decision",  # decision durable, no participant told yet
+        "coordinator-between-participants",  # after the first participant applied it
+        "participant-before-apply",  # a participant's recovery got the decision, applies nothing
+    }
+)
+# A participant that does not answer within this is left to ask for the decision itself, so a
+# dead one (still registered until its lease expires) holds a decision up this long at most.
+PARTICIPANT_TIMEOUT_S = 3.0
+# A decision forwarded to the coordinator waits for it to reach the participants.
+FORWARD_TIMEOUT_S = 30.0
+RESOLVE_INTERVAL_S = 1.0
+RESOLVE_AFTER_MS = 2_000
+# The transaction groups' directory beside the kinds the cluster view watches (it ignores it).
+GROUPS_DIR = "txn-groups/"
+
+
+def crash_point(name: str) -> None:
+    """SIGKILL this process when a test asked for a crash at ``name``; nothing otherwise."""
+    if os.environ.get(CRASH_ENV) == name:
+        log.warning("event=test_crash point=%s", name)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def coordinator_for(group: str, brokers: Sequence[str]) -> str:
+    """The broker ``group`` hashes to among ``brokers`` (CRC-32 of the id, names in order)."""
+    if not brokers:
+        raise NoLiveBrokers(f"no live broker to coordinate transaction group {group!r}")
+    ordered = sorted(brokers)
+    return ordered[zlib.crc32(group.encode()) % len(ordered)]
+
+
+class GroupCoordination:
+    """The cross-broker side of transaction groups for the broker process named ``name``."""
+
+    def __init__(
+        self,
+        broker: InProcessBroker,
+        name: str,
+        cluster: str,
+        etcd_endpoints: Sequence[str],
+        *,
+        resolve_interval_s: float = RESOLVE_INTERVAL_S,
+        resolve_after_ms: int = RESOLVE_AFTER_MS,
+    ) -> None:
+        self._broker = broker
+        self._name = name
+        self._keys = ClusterKeys(cluster)
+        self._etcd = list(etcd_endpoints)
+        self._resolve_interval_s = resolve_interval_s
+        self._resolve_after_ms = resolve_after_ms
+        self._peers: dict[str, tuple[str, RemoteBroker]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._resolve_loop, name="halfmoon-txn-groups", daemon=True
+        )
+
+    def operations(self) -> dict[str, Callable[..., Any]]:
+        """What the internal service serves for this module, by operation name."""
+        return {
+            "end_transaction_group": self.decide,
+            "end_transaction_group_nowait": self.decide,
+            "apply_transaction_group": self.apply,
+            "transaction_group_decision": self.decision,
+        }
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        with self._lock:
+            peers, self._peers = list(self._peers.values()), {}
+        for _, peer in peers:
+            peer.close()
+
+    # -- etcd ------------------------------------------------------------------------------------
+
+    def _group_key(self, group: str) -> str:
+        # Group ids may hold '/' and other characters a key segment must not: quoted.
+        return f"{self._keys.prefix}{GROUPS_DIR}{quote(group, safe='')}"
+
+    def live_brokers(self) -> dict[str, str]:
+        """Registered brokers by name, with the endpoint each is reached at."""
+        found, _ = range_prefix_sync(self._etcd, self._keys.kind_prefix("brokers"))
+        brokers = {}
+        for kv in found:
+            name = kv.key.rsplit("/", 1)[-1]
+            brokers[name] = str(kv.json().get("endpoint", ""))
+        return brokers
+
+    def recorded_coordinator(self, group: str) -> str | None:
+        """The coordinator etcd names for ``group``; None before its first decision."""
+        answer = call_sync(self._etcd, "/kv/range", {"key": b64(self._group_key(group))})
+        kvs = answer.get("kvs", [])
+        return str(key_value(kvs[0]).json()["coordinator"]) if kvs else None
+
+    def _coordinator(self, group: str, brokers: Mapping[str, str]) -> str:
+        """The group's coordinator: etcd's record, or a new one (compare-and-swap on creation)."""
+        key = self._group_key(group)
+        chosen = coordinator_for(group, list(brokers))
+        value = json.dumps({"coordinator": chosen, "created_ms": int(time.time() * 1000)})
+        answer = call_sync(
+            self._etcd,
+            "/kv/txn",
+            {
+                "compare": [Compare(key, "CREATE", 0).json()],
+                "success": [put_op(key, value.encode())],
+                "failure": [get_op(key)],
+            },
+        )
+        if answer.get("succeeded"):
+            return chosen
+        for response in answer.get("responses", []):
+            for kv in response.get("response_range", {}).get("kvs", []):
+                return str(key_value(kv).json()["coordinator"])
+        raise BrokerUnavailable(f"etcd answered no coordinator for transaction group {group!r}")
+
+    def _peer(self, name: str, brokers: Mapping[str, str]) -> RemoteBroker:
+        endpoint = brokers.get(name)
+        if not endpoint:
+            raise BrokerUnavailable(
+                f"broker {name!r}, the coordinator of this transaction group, is not live: "
+                "decide the group again once it is back"
+            )
+        with self._lock:
+            known = self._peers.get(name)
+            if known is not None and known[0] == endpoint:
+                return known[1]
+        peer = RemoteBroker(endpoint, timeout_s=PARTICIPANT_TIMEOUT_S)
+        with self._lock:
+            stale = self._peers.get(name)
+            self._peers[name] = (endpoint, peer)
+        if stale is not None:
+            stale[1].close()
+        return peer
+
+    # -- operations ------------------------------------------------------------------------------
+
+    def decide(self, group_id: str, resolution: str, source: str = "client") -> int:
+        """Decide ``group_id`` on every broker: at its coordinator first, then the participants."""
+        check_group_id(group_id)
+        if str(resolution).lower() == "unknown":
+            return 0
+        brokers = self.live_brokers()
+        coordinator = self._coordinator(group_id, brokers)
+        if coordinator != self._name:
+            forwarded = self._peer(coordinator, brokers).connection.call(
+                "end_transaction_group", [group_id, resolution, source], timeout_s=FORWARD_TIMEOUT_S
+            )
+            return int(forwarded)
+        crash_point("coordinator-before-decision")
+        count = self._broker.end_transaction_group(group_id, resolution, source)
+        crash_point("coordinator-after-decision")
+        for name in sorted(brokers):
+            if name == self._name:
+                continue
+            try:
+                count += int(
+                    self._peer(name, brokers).apply_transaction_group(group_id, resolution, source)
+                )
+            except HalfmoonError as exc:  # it asks for the decision when it is back
+                log.warning(
+                    "event=txn_group_participant_unreached group=%s broker=%s error=%s",
+                    group_id,
+                    name,
+                    exc.code,
+                )
+                continue
+            crash_point("coordinator-between-participants")
+        return count
+
+    def apply(self, group_id: str, resolution: str, source: str = "client") -> int:
+        """A participant's part: complete this broker's members as the coordinator decided."""
+        return self._broker.end_transaction_group(group_id, resolution, source)
+
+    def decision(self, group_id: str) -> str | None:
+        """The decision recorded here on ``group_id``: ``commit``, ``rollback``, or None."""
+        state = self._broker.transactions.group_decision(check_group_id(group_id))
+        if state is TxnState.COMMITTED:
+            return "commit"
+        if state is TxnState.ROLLED_BACK:
+            return "rollback"
+        return None
+
+    # -- participant recovery --------------------------------------------------------------------
+
+    def resolve_once(self, min_age_ms: int) -> int:
+        """Ask the coordinators of this broker's undecided groups; the members completed."""
+        groups = {
+            info.transaction_group
+            for info in self._broker.list_transactions(limit=100_000)
+            if info.transaction_group is not None and info.age_ms >= min_age_ms
+        }
+        if not groups:
+            return 0
+        brokers = self.live_brokers()
+        completed = 0
+        for group in sorted(groups):
+            coordinator = self.recorded_coordinator(group)
+            if coordinator is None or coordinator == self._name:
+                continue  # never decided, or decided here (local recovery finishes it)
+            if coordinator not in brokers:
+                continue  # asked again when it is back
+            decision = self._peer(coordinator, brokers).transaction_group_decision(group)
+            if decision is None:
+                continue  # its decision is not durable: none was made
+            crash_point("participant-before-apply")
+            completed += self._broker.end_transaction_group(group, decision, "operator")
+            log.info(
+                "event=txn_group_resolved group=%s coordinator=%s decision=%s",
+                group,
+                coordinator,
+                decision,
+            )
+        return completed
+
+    def _resolve_loop(self) -> None:
+        first = True
+        while not self._stop.is_set():
+            try:
+                # After a restart every undecided member is asked about at once.
+                self.resolve_once(0 if first else self._resolve_after_ms)
+                first = False
+            except HalfmoonError as exc:
+                log.warning("event=txn_group_resolve_failed error=%s %s", exc.code, exc.message)
+            except Exception:  # noqa: BLE001 - the loop must outlive a bug in one round
+                log.exception("event=txn_group_resolve_failed")
+            self._stop.wait(self._resolve_interval_s)

@@ -1,0 +1,85 @@
+"""The admin API's edge check: every route but ``/healthz`` needs a user and a permission.
+
+Credentials are HTTP Basic (access key, secret key) or ``Authorization:
+Bearer ACCESS_KEY:SECRET_KEY``, for the same users the gRPC clients sign
+with. What a route needs (:func:`route_needs`), in ACL 2.0's terms:
+
+- reads (GET): Get on the named topic or group, or Get on Cluster;
+  listings and status: List or Get on Cluster;
+- writes: the action (Create for POST to a collection, Update for POST/PATCH
+  to a resource, Delete for DELETE) on the named topic or group, or the same
+  action on Cluster;
+- ``/v1/users`` and ``/v1/acls``: super users only.
+
+So a *read-only* dashboard user is a normal user with ``Cluster: Get, List``
+and an *admin* a super user (or ``Cluster: All``). Authorization runs before
+the handler, so a user without the permission learns nothing about whether
+the resource exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from halfmoon.auth import CLUSTER, Guard, Need, Resource, group, topic
+
+GUARD_KEY: web.AppKey[Guard] = web.AppKey("guard", Guard)
+# The dashboard's page, script and style sheet hold no data, and /v1/whoami only says
+# whether the request's credentials verify: the login form must load before there are
+# credentials. Every figure on the page comes from a protected route.
+OPEN_ROUTES = frozenset(
+    {
+        ("GET", "/healthz"),
+        ("GET", "/v1/whoami"),
+        ("GET", "/dashboard"),
+        ("GET", "/dashboard/"),
+        ("GET", "/dashboard/{file}"),
+    }
+)
+SUPER_ONLY = ("/v1/users", "/v1/acls")
+_WRITE_ACTIONS = {"PATCH": "Update", "PUT": "Update", "DELETE": "Delete", "POST": "Update"}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def route_needs(method: str, template: str, names: dict[str, str]) -> list[Need] | None:
+    """What ``method`` on route ``template`` with path ``names`` needs; None: super users only."""
+    if template.startswith(SUPER_ONLY):
+        return None
+    resource: Resource | None = None
+    if "group" in names and template.startswith("/v1/groups"):
+        resource = group(names["group"])
+    elif "topic" in names:
+        resource = topic(names["topic"])
+    if method in ("GET", "HEAD"):
+        if resource is None:
+            return [Need.of(CLUSTER, "List", "Get")]
+        return [Need(((resource, "Get"), (CLUSTER, "Get")))]
+    action = _WRITE_ACTIONS.get(method, "Update")
+    if resource is None:
+        if method == "POST" and template in ("/v1/topics", "/v1/groups"):
+            action = "Create"
+        return [Need.of(CLUSTER, action)]
+    return [Need(((resource, action), (CLUSTER, action)))]
+
+
+@web.middleware
+async def admin_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    guard = request.app.get(GUARD_KEY)
+    if guard is None or not guard.enabled:
+        return await handler(request)
+    route = request.match_info.route.resource
+    template = route.canonical if route is not None else request.path
+    if (request.method, template) in OPEN_ROUTES:
+        return await handler(request)
+    peer = request.remote or ""
+    operation = f"{request.method} {template}"
+    user = guard.authenticate_http(request.headers.get("Authorization", ""), peer, operation)
+    needs = route_needs(request.method, template, dict(request.match_info))
+    if needs is None:
+        guard.require_super(user, peer, operation)
+    else:
+        guard.authorize(user, needs, peer, operation)
+    return await handler(request)

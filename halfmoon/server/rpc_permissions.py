@@ -1,0 +1,95 @@
+"""What each MessagingService RPC needs, in ACL 2.0's terms (RocketMQ's proxy maps them so).
+
+- send, recall, end a transaction: Pub on the topic;
+- route lookup: Pub or Sub on the topic;
+- assignment, receive, ack, change invisibility, dead-letter, pull, offsets,
+  lite subscriptions: Sub on the topic and Sub on the group;
+- heartbeat, termination, telemetry: a known user, nothing more (a producer
+  learns of transaction checks only for topics it may Pub on: see
+  ``TelemetryCheckSender``);
+- ending a transaction *group* (``hm-group:<id>``, no topic): Pub on Cluster.
+
+Names are the stored ones (namespace applied), so ``Namespace:<ns>`` policies
+see them. A method missing here needs Update on Cluster: a new RPC is closed
+to normal users until it is mapped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from halfmoon.auth import CLUSTER, Need, group, topic
+from halfmoon.server import namespace as ns
+
+Needs = list[Need]
+
+
+def _topic(resource: pb.Resource, header: str) -> str:
+    return ns.resolve(resource, header, "topic")
+
+
+def _group(resource: pb.Resource, header: str) -> str:
+    return ns.resolve(resource, header, "group")
+
+
+def _sub(topic_resource: pb.Resource, group_resource: pb.Resource | None, header: str) -> Needs:
+    # A request without a name touches nothing: its handler answers BAD_REQUEST.
+    out = []
+    if topic_resource.name:
+        out.append(Need.of(topic(_topic(topic_resource, header)), "Sub"))
+    if group_resource is not None and group_resource.name:
+        out.append(Need.of(group(_group(group_resource, header)), "Sub"))
+    return out
+
+
+def _pub(topic_resource: pb.Resource, header: str, *actions: str) -> Needs:
+    if not topic_resource.name:
+        return []
+    return [Need.of(topic(_topic(topic_resource, header)), *actions)]
+
+
+def _send(request: Any, header: str) -> Needs:
+    names = {_topic(m.topic, header) for m in request.messages if m.topic.name}
+    return [Need.of(topic(name), "Pub") for name in sorted(names)]
+
+
+def _end_transaction(request: Any, header: str) -> Needs:
+    if not request.topic.name:
+        return [Need.of(CLUSTER, "Pub")]
+    return _pub(request.topic, header, "Pub")
+
+
+def _nothing(request: Any, header: str) -> Needs:
+    return []
+
+
+NEEDS: dict[str, Callable[[Any, str], Needs]] = {
+    "QueryRoute": lambda r, h: _pub(r.topic, h, "Pub", "Sub"),
+    "Heartbeat": _nothing,
+    "NotifyClientTermination": _nothing,
+    "Telemetry": _nothing,
+    "SendMessage": _send,
+    "RecallMessage": lambda r, h: _pub(r.topic, h, "Pub"),
+    "EndTransaction": _end_transaction,
+    "QueryAssignment": lambda r, h: _sub(r.topic, r.group, h),
+    "ReceiveMessage": lambda r, h: _sub(r.message_queue.topic, r.group, h),
+    "AckMessage": lambda r, h: _sub(r.topic, r.group, h),
+    "ChangeInvisibleDuration": lambda r, h: _sub(r.topic, r.group, h),
+    "ForwardMessageToDeadLetterQueue": lambda r, h: _sub(r.topic, r.group, h),
+    "PullMessage": lambda r, h: _sub(r.message_queue.topic, r.group, h),
+    "UpdateOffset": lambda r, h: _sub(r.message_queue.topic, r.group, h),
+    "GetOffset": lambda r, h: _sub(r.message_queue.topic, r.group, h),
+    "QueryOffset": lambda r, h: _sub(r.message_queue.topic, None, h),
+    "SyncLiteSubscription": lambda r, h: _sub(r.topic, r.group, h),
+}
+
+
+def needs(method: str, request: Any, header: str) -> Needs:
+    """The permissions ``request`` to ``method`` needs; raises on a malformed name."""
+    rule = NEEDS.get(method)
+    if rule is None:
+        return [Need.of(CLUSTER, "Update")]
+    return rule(request, header)

@@ -1,0 +1,166 @@
+"""Every admin API route, from the OpenAPI document, without credentials, read-only and admin.
+
+Table-driven from ``openapi_document()``: a route added to the API (and so to
+the document, which test_admin checks) is covered here without a new test,
+and cannot be left unprotected.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from halfmoon.server.admin_openapi import openapi_document
+from tests.server.conftest import ROOT, ServerProcess
+
+pytestmark = pytest.mark.slow
+
+SUPER = ("root", "root-secret-key")
+READER = ("reader", "reader-secret-key")
+OPEN = {
+    ("get", "/healthz"),
+    ("get", "/v1/whoami"),
+    ("get", "/dashboard"),
+    ("get", "/dashboard/"),
+    ("get", "/dashboard/{file}"),
+}
+SUPER_ONLY = ("/v1/users", "/v1/acls")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    proc = ServerProcess(
+        tmp_path_factory.mktemp("halfmoon-auth-admin"),
+        settings=("auth.enabled=true", "auth.bootstrap_access_key=root"),
+        env={"HALFMOON_BOOTSTRAP_SECRET_KEY": SUPER[1]},
+        credentials=SUPER,
+    ).start()
+    assert (
+        proc.admin_call("POST", "/v1/users", {"access_key": READER[0], "secret_key": READER[1]})[0]
+        == 201
+    )
+    policies = [{"resource": "Cluster", "actions": ["Get", "List"]}]
+    assert (
+        proc.admin_call("POST", "/v1/acls", {"subject": "User:reader", "policies": policies})[0]
+        == 201
+    )
+    try:
+        yield proc
+    finally:
+        if proc.alive():
+            proc.stop()
+
+
+def operations() -> list[tuple[str, str]]:
+    document = openapi_document()
+    return [
+        (method, path)
+        for path, item in document["paths"].items()
+        for method in item
+        if method in ("get", "post", "patch", "put", "delete")
+    ]
+
+
+def concrete(path: str) -> str:
+    fixed = {"resolution": "commit", "file": "dashboard.js"}
+    return re.sub(r"\{(\w+)\}", lambda m: fixed.get(m.group(1), "x-1"), path)
+
+
+def call(server: ServerProcess, method: str, path: str, credentials) -> int:
+    """The HTTP status of ``method path`` (an empty JSON body for writes)."""
+    headers = {"content-type": "application/json"}
+    if credentials is not None:
+        headers["authorization"] = "Bearer " + ":".join(credentials)
+    data = b"{}" if method in ("post", "patch", "put") else None
+    request = urllib.request.Request(
+        server.admin + concrete(path), data=data, method=method.upper(), headers=headers
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+@pytest.mark.parametrize("method, path", operations())
+def test_route_protection(server: ServerProcess, method: str, path: str) -> None:
+    anonymous = call(server, method, path, None)
+    if (method, path) in OPEN:
+        assert anonymous == 200
+        return
+    assert anonymous == 401, f"{method.upper()} {path} answered {anonymous} without credentials"
+    assert call(server, method, path, ("root", "wrong-secret-key")) == 401
+    reader = call(server, method, path, READER)
+    if method == "get" and not path.startswith(SUPER_ONLY):
+        assert reader not in (401, 403), f"read-only user refused GET {path}: {reader}"
+    else:
+        assert reader == 403, f"read-only user got {reader} for {method.upper()} {path}"
+    admin = call(server, method, path, SUPER)
+    assert admin not in (401, 403), f"super user refused {method.upper()} {path}: {admin}"
+
+
+def test_bearer_and_basic_both_work(server: ServerProcess) -> None:
+    for header in (
+        "Basic " + base64.b64encode(b"reader:reader-secret-key").decode(),
+        "Bearer reader:reader-secret-key",
+    ):
+        request = urllib.request.Request(
+            server.admin + "/v1/status", headers={"authorization": header}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+
+
+def _cli(server: ServerProcess, *args: str, env: dict[str, str] | None = None):
+    return subprocess.run(
+        [sys.executable, "-m", "halfmoon", *args, "--admin", server.admin],
+        cwd=ROOT, capture_output=True, text=True, timeout=30, env=env,
+    )  # fmt: skip
+
+
+def test_cli_user_and_acl_commands_and_no_secret_in_output(server: ServerProcess) -> None:
+    done = server.cli("user", "create", "dave", "--user-secret", "dave-secret-key", "--json")
+    assert done.returncode == 0, done.stderr
+    assert "dave-secret-key" not in done.stdout
+    listed = server.cli("user", "list", "--json")
+    assert "dave" in listed.stdout and "secret" not in listed.stdout
+    granted = server.cli(
+        "acl", "create", "User:dave", "--resource", "Topic:d-*", "--actions", "Pub,Sub"
+    )
+    assert granted.returncode == 0, granted.stderr
+    shown = server.cli("acl", "get", "User:dave", "--json")
+    assert '"Topic:d-*"' in shown.stdout
+    assert server.cli("acl", "delete", "User:dave").returncode == 0
+    assert server.cli("user", "delete", "dave").returncode == 0
+
+
+def test_cli_without_credentials_is_refused_with_a_code(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HALFMOON_")}
+    env["HALFMOON_CREDENTIALS_FILE"] = str(tmp_path / "absent")
+    done = _cli(server, "topic", "list", env=env)
+    assert done.returncode != 0
+    assert "credentials file" in done.stderr  # named but missing
+
+
+def test_credentials_file_must_be_private(server: ServerProcess, tmp_path: Path) -> None:
+    path = tmp_path / "credentials"
+    path.write_text('access_key = "reader"\nsecret_key = "reader-secret-key"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HALFMOON_")}
+    env["HALFMOON_CREDENTIALS_FILE"] = str(path)
+    path.chmod(0o644)
+    loose = _cli(server, "topic", "list", env=env)
+    assert loose.returncode != 0 and "chmod 600" in loose.stderr
+    path.chmod(0o600)
+    private = _cli(server, "topic", "list", env=env)
+    assert private.returncode == 0, private.stderr
