@@ -7,6 +7,7 @@ See :mod:`halfmoon.client.sync` for the synchronous facade.
 """
 
 from halfmoon.client.connection import Backoff, ClientConfig
+from halfmoon.client.consume_transaction import ConsumeTransaction
 from halfmoon.client.consumer import RetryPolicy
 from halfmoon.client.errors import (
     BadRequest,
@@ -29,6 +30,8 @@ from halfmoon.client.errors import (
     ServerError,
     TooManyRequests,
     TopicNotFound,
+    TransactionFenced,
+    TransactionIncomplete,
     Unauthorized,
     Unsupported,
 )
@@ -47,6 +50,7 @@ from halfmoon.client.route import QueueInfo, TopicRoute
 from halfmoon.client.selector import MessageSelector
 from halfmoon.client.simple_consumer import SimpleConsumer
 from halfmoon.client.sync import (
+    SyncConsumeTransaction,
     SyncProducer,
     SyncPullConsumer,
     SyncPushConsumer,
@@ -71,6 +75,7 @@ __all__ = [
     "ClientError",
     "ConnectionFailed",
     "ConsumeResult",
+    "ConsumeTransaction",
     "ConsumerGroupNotFound",
     "Forbidden",
     "IllegalFilterExpression",
@@ -99,6 +104,7 @@ __all__ = [
     "SendReceipt",
     "ServerError",
     "SimpleConsumer",
+    "SyncConsumeTransaction",
     "SyncProducer",
     "SyncPullConsumer",
     "SyncPushConsumer",
@@ -108,6 +114,8 @@ __all__ = [
     "TopicNotFound",
     "TopicRoute",
     "Transaction",
+    "TransactionFenced",
+    "TransactionIncomplete",
     "TransactionListener",
     "TransactionProducer",
     "TransactionResolution",
