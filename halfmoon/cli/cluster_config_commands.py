@@ -46,19 +46,21 @@ def register(cluster_sub: argparse._SubParsersAction) -> None:
     )
     kv_sub = kv.add_subparsers(dest="kv_command", metavar="ACTION", required=True)
     listing = _command(kv_sub, "list", kv_list, "list the KV config, or one namespace's")
-    listing.add_argument("namespace", metavar="NAMESPACE", nargs="?", default=None)
+    _kv_namespace(listing, required=False)
     get = _command(kv_sub, "get", kv_get, "show one KV config value")
+    get.add_argument("key", metavar="KEY")
     set_ = _command(
         kv_sub,
         "set",
         kv_set,
-        f"store a KV config value (updateOrderConf: namespace {ORDER_TOPIC_CONFIG}, key TOPIC)",
+        f"store KV config values: KEY=VALUE ... (updateOrderConf: --kv-namespace "
+        f"{ORDER_TOPIC_CONFIG}, KEY the topic)",
     )
+    set_.add_argument("assignments", metavar="KEY=VALUE", nargs="+")
     delete = _command(kv_sub, "delete", kv_delete, "remove a KV config value")
+    delete.add_argument("key", metavar="KEY")
     for parser in (get, set_, delete):
-        parser.add_argument("namespace", metavar="NAMESPACE")
-        parser.add_argument("key", metavar="KEY")
-    set_.add_argument("value", metavar="VALUE")
+        _kv_namespace(parser, required=True)
 
     settings = cluster_sub.add_parser(
         "settings", help="the cluster's settings, kept in etcd (mqadmin's getNamesrvConfig)"
@@ -75,6 +77,17 @@ def register(cluster_sub: argparse._SubParsersAction) -> None:
     sset.add_argument("assignments", metavar="KEY=VALUE", nargs="+")
     sdelete = _command(settings_sub, "delete", settings_delete, "remove a setting")
     sdelete.add_argument("key", metavar="KEY")
+
+
+def _kv_namespace(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    parser.add_argument(
+        "-s",
+        "--kv-namespace",
+        metavar="NS",
+        required=required,
+        default=None,
+        help="the KV namespace (mqadmin's -s), e.g. " + ORDER_TOPIC_CONFIG,
+    )
 
 
 def _command(
@@ -98,11 +111,12 @@ def config_of(args: argparse.Namespace) -> ClusterConfig:
 
 
 def kv_list(args: argparse.Namespace) -> None:
-    entries = config_of(args).kv_list(args.namespace)
+    namespace = args.kv_namespace
+    entries = config_of(args).kv_list(namespace)
 
     def human() -> str:
         if not entries:
-            return "no KV config" + (f" in namespace {args.namespace}" if args.namespace else "")
+            return "no KV config" + (f" in namespace {namespace}" if namespace else "")
         columns = [("namespace", "NAMESPACE"), ("key", "KEY"), ("value", "VALUE")]
         return render_table(entries, columns)
 
@@ -110,21 +124,40 @@ def kv_list(args: argparse.Namespace) -> None:
 
 
 def kv_get(args: argparse.Namespace) -> None:
-    value = config_of(args).kv_get(args.namespace, args.key)
-    emit(args, {"namespace": args.namespace, "key": args.key, "value": value}, lambda: value)
+    value = config_of(args).kv_get(args.kv_namespace, args.key)
+    answer = {"namespace": args.kv_namespace, "key": args.key, "value": value}
+    emit(args, answer, lambda: value)
 
 
 def kv_set(args: argparse.Namespace) -> None:
-    config_of(args).kv_set(args.namespace, args.key, args.value)
-    answer = {"namespace": args.namespace, "key": args.key, "value": args.value}
-    emit(args, answer, lambda: f"set {args.namespace}/{args.key} = {args.value}")
+    changes = {key: value for key, value in assignments(args.assignments)}
+    config = config_of(args)
+    for key, value in changes.items():
+        config.kv_set(args.kv_namespace, key, value)
+    emit(
+        args,
+        {"namespace": args.kv_namespace, "changed": changes},
+        lambda: "\n".join(f"set {args.kv_namespace}/{k} = {v}" for k, v in changes.items()),
+    )
 
 
 def kv_delete(args: argparse.Namespace) -> None:
-    if not config_of(args).kv_delete(args.namespace, args.key):
-        raise ClusterKeyNotFound(f"no KV config {args.namespace}/{args.key} to delete")
-    answer = {"namespace": args.namespace, "key": args.key, "deleted": True}
-    emit(args, answer, lambda: f"deleted {args.namespace}/{args.key}")
+    namespace = args.kv_namespace
+    if not config_of(args).kv_delete(namespace, args.key):
+        raise ClusterKeyNotFound(f"no KV config {namespace}/{args.key} to delete")
+    answer = {"namespace": namespace, "key": args.key, "deleted": True}
+    emit(args, answer, lambda: f"deleted {namespace}/{args.key}")
+
+
+def assignments(texts: list[str]) -> list[tuple[str, str]]:
+    """``KEY=VALUE`` arguments split at the first ``=`` (a value may hold more)."""
+    pairs = []
+    for text in texts:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"bad assignment {text!r}: expected KEY=VALUE", "USAGE")
+        pairs.append((key.strip(), value.strip()))
+    return pairs
 
 
 def settings_get(args: argparse.Namespace) -> None:
@@ -155,12 +188,7 @@ def parse_value(text: str) -> Any:
 
 
 def settings_set(args: argparse.Namespace) -> None:
-    changes: dict[str, Any] = {}
-    for text in args.assignments:
-        key, sep, value = text.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"bad assignment {text!r}: expected KEY=VALUE", "USAGE")
-        changes[key.strip()] = parse_value(value.strip())
+    changes = {key: parse_value(value) for key, value in assignments(args.assignments)}
     config = config_of(args)
     for key, value in changes.items():
         config.set_setting(key, value)

@@ -24,38 +24,57 @@ def test_kv_config_is_stored_listed_and_deleted_per_namespace(
     # mqadmin updateOrderConf -t orders -v broker-a:4;broker-b:4 -m put
     ok(
         run(
-            etcd, cluster_name, "kv", "set", "ORDER_TOPIC_CONFIG", "orders", "broker-a:4;broker-b:4"
+            etcd,
+            cluster_name,
+            "kv",
+            "set",
+            "orders=broker-a:4;broker-b:4",
+            "-s",
+            "ORDER_TOPIC_CONFIG",
         )
     )
-    ok(run(etcd, cluster_name, "kv", "set", "ORDER_TOPIC_CONFIG", "ns%payments", "b1:2"))
-    ok(run(etcd, cluster_name, "kv", "set", "custom", "retention", "7d"))
-    ok(run(etcd, cluster_name, "kv", "set", "custom", "retention", "14d"))  # overwrites
+    ok(
+        run(
+            etcd,
+            cluster_name,
+            "kv",
+            "set",
+            "ns%payments=b1:2",
+            "--kv-namespace",
+            "ORDER_TOPIC_CONFIG",
+        )
+    )
+    ok(run(etcd, cluster_name, "kv", "set", "retention=7d", "expr=a=b", "-s", "custom"))
+    ok(run(etcd, cluster_name, "kv", "set", "retention=14d", "-s", "custom"))  # overwrites
     got = json.loads(
-        ok(run(etcd, cluster_name, "kv", "get", "ORDER_TOPIC_CONFIG", "orders", "--json"))
+        ok(run(etcd, cluster_name, "kv", "get", "orders", "-s", "ORDER_TOPIC_CONFIG", "--json"))
     )
     assert got == {
         "namespace": "ORDER_TOPIC_CONFIG",
         "key": "orders",
         "value": "broker-a:4;broker-b:4",
     }
-    assert ok(run(etcd, cluster_name, "kv", "get", "custom", "retention")) == "14d\n"
+    assert ok(run(etcd, cluster_name, "kv", "get", "retention", "-s", "custom")) == "14d\n"
     listed = json.loads(ok(run(etcd, cluster_name, "kv", "list", "--json")))["kv"]
     assert [(e["namespace"], e["key"], e["value"]) for e in listed] == [
         ("ORDER_TOPIC_CONFIG", "ns%payments", "b1:2"),
         ("ORDER_TOPIC_CONFIG", "orders", "broker-a:4;broker-b:4"),
+        ("custom", "expr", "a=b"),
         ("custom", "retention", "14d"),
     ]
-    rows = table(ok(run(etcd, cluster_name, "kv", "list", "custom")))
+    ok(run(etcd, cluster_name, "kv", "delete", "expr", "-s", "custom"))
+    rows = table(ok(run(etcd, cluster_name, "kv", "list", "-s", "custom")))
     assert rows == [["NAMESPACE", "KEY", "VALUE"], ["custom", "retention", "14d"]]
-    assert ok(run(etcd, cluster_name, "kv", "delete", "custom", "retention")) == (
+    assert ok(run(etcd, cluster_name, "kv", "delete", "retention", "-s", "custom")) == (
         "deleted custom/retention\n"
     )
-    line = failed(run(etcd, cluster_name, "kv", "get", "custom", "retention"))
+    line = failed(run(etcd, cluster_name, "kv", "get", "retention", "-s", "custom"))
     assert "(CLUSTER_KEY_NOT_FOUND)" in line
-    line = failed(run(etcd, cluster_name, "kv", "delete", "custom", "retention"))
+    line = failed(run(etcd, cluster_name, "kv", "delete", "retention", "-s", "custom"))
     assert "(CLUSTER_KEY_NOT_FOUND)" in line
     assert (
-        ok(run(etcd, cluster_name, "kv", "list", "custom")) == "no KV config in namespace custom\n"
+        ok(run(etcd, cluster_name, "kv", "list", "-s", "custom"))
+        == "no KV config in namespace custom\n"
     )
     # Another cluster in the same etcd sees none of it.
     assert json.loads(ok(run(etcd, cluster_name + "x", "kv", "list", "--json"))) == {"kv": []}
@@ -106,14 +125,15 @@ def test_settings_written_by_a_server_are_read_by_the_cli(
 
 
 def test_kv_and_settings_refuse_bad_input(etcd: EtcdServer, cluster_name: str) -> None:
-    line = failed(run(etcd, cluster_name, "kv", "set", "a/b", "k", "v"))
+    line = failed(run(etcd, cluster_name, "kv", "set", "k=v", "-s", "a/b"))
     assert "(BAD_CLUSTER_NAME)" in line
-    line = failed(run(etcd, cluster_name, "kv", "set", "ns", "../k", "v"))
+    line = failed(run(etcd, cluster_name, "kv", "set", "../k=v", "-s", "ns"))
     assert "(BAD_CLUSTER_NAME)" in line
     line = failed(run(etcd, cluster_name, "settings", "set", "a/b=1"))
     assert "(BAD_CLUSTER_NAME)" in line
     assert "KEY=VALUE" in failed(run(etcd, cluster_name, "settings", "set", "novalue"), status=2)
     assert "--coordinator" in failed(halfmoon("cluster", "kv", "list"), status=2)
+    assert "--kv-namespace" in failed(run(etcd, cluster_name, "kv", "get", "k"), status=2)
     dead = f"etcd://127.0.0.1:{free_port()}"
     line = failed(halfmoon("cluster", "settings", "get", "--coordinator", dead, "--cluster", "c"))
     assert "(COORDINATOR_UNAVAILABLE)" in line
