@@ -67,6 +67,7 @@ CRASH_POINTS = frozenset(
         "coordinator-after-decision",  # decision durable, no participant told yet
         "coordinator-between-participants",  # after the first participant applied it
         "participant-before-apply",  # a participant's recovery got the decision, applies nothing
+        "participant-after-apply",  # a participant applied the decision; its answer is lost
     }
 )
 # A participant that does not answer within this is left to ask for the decision itself, so a
@@ -298,7 +299,9 @@ class GroupCoordination:
 
     def apply(self, group_id: str, resolution: str, source: str = "client") -> int:
         """A participant's part: complete this broker's members as the coordinator decided."""
-        return self._broker.end_transaction_group(group_id, resolution, source)
+        count = self._broker.end_transaction_group(group_id, resolution, source)
+        crash_point("participant-after-apply")
+        return count
 
     def decision(self, group_id: str) -> str | None:
         """The decision recorded here on ``group_id``: ``commit``, ``rollback``, or None."""

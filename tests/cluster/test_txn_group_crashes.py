@@ -291,3 +291,19 @@ def test_consume_actions_live_on_the_coordinator_and_commit_with_the_group(make_
     # The ack was applied with the commit: a's input is consumed; b's is still in flight.
     assert [p.inflight for p in a.group_progress("workers", "inputs")] == [0]
     assert [p.inflight for p in b.group_progress("workers", "inputs")] == [1]
+
+
+def test_participant_killed_after_applying_before_answering(make_cluster) -> None:
+    cluster = make_cluster(*BROKERS)
+    cluster.start("broker-a")
+    cluster.start("broker-b", crash_at="participant-after-apply")
+    group = group_coordinated_by("broker-a", BROKERS)
+    cluster.send_members(group)
+    # The coordinator counts what it heard of: its own members; b's answer died with b.
+    assert cluster.remotes["broker-a"].end_transaction_group(group, "commit") == MEMBERS_PER_BROKER
+    cluster.processes["broker-b"].wait_stopped()
+    cluster.start("broker-b")
+    wait_for_state(cluster, group, all_visible(cluster, group))
+    # Deciding again is a no-op everywhere: nothing doubled.
+    assert cluster.remotes["broker-b"].end_transaction_group(group, "commit") == 0
+    assert cluster.state(group) == all_visible(cluster, group)
