@@ -70,10 +70,17 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from halfmoon.client.credentials import Credentials
 from halfmoon.client.errors import ClientError
 from halfmoon.client.message import Message
 from halfmoon.errors import HalfmoonError
-from halfmoon.spark.options import SparkOptionError, endpoint_of, option_value, selector_wire
+from halfmoon.spark.options import (
+    SparkOptionError,
+    credentials_of,
+    endpoint_of,
+    option_value,
+    selector_wire,
+)
 from halfmoon.spark.wire import Queue, Wire, group_decided, pb
 
 log = logging.getLogger("halfmoon.spark.sink")
@@ -107,6 +114,7 @@ class SinkOptions:
     sink_id: str | None
     marker_topic: str
     admin: str | None = None  # admin API URL: when set, the driver rolls back dead runs' groups
+    credentials: Credentials | None = None  # repr leaves the secret out
 
 
 @dataclass
@@ -135,6 +143,7 @@ def sink_options(options: Mapping[str, str]) -> SinkOptions:
         sink_id=sink_id,
         marker_topic=(option_value(options, "markerTopic") or MARKER_TOPIC).strip(),
         admin=_admin_url(option_value(options, "admin")),
+        credentials=credentials_of(options),
     )
 
 
@@ -206,7 +215,7 @@ def write_group(
             "may have sent rows into the same transaction group, so the batch is aborted instead; "
             "the query resumes from its checkpoint when restarted"
         )
-    wire = Wire(options.endpoint)
+    wire = Wire(options.endpoint, options.credentials)
     count = 0
     pending: list[Message] = []
     size = 0
@@ -231,7 +240,7 @@ class CommitProtocol:
 
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
-        self.wire = Wire(options.endpoint)
+        self.wire = Wire(options.endpoint, options.credentials)
         self.orphans_rolled_back: list[str] = []  # by the last commit's sweep
 
     def marker_queue(self) -> Queue:
@@ -523,12 +532,12 @@ class HalfmoonBatchWriter(DataSourceArrowWriter):
         return write_group(self.options, self.sink, 0, self.group, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        wire = Wire(self.options.endpoint)
+        wire = Wire(self.options.endpoint, self.options.credentials)
         for group in {m.group for m in messages if isinstance(m, SinkCommit)}:
             wire.end_group(group, self.topic, commit=True)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        wire = Wire(self.options.endpoint)
+        wire = Wire(self.options.endpoint, self.options.credentials)
         for group in {m.group for m in messages if isinstance(m, SinkCommit)} | {self.group}:
             wire.end_group(group, self.topic, commit=False)
 
