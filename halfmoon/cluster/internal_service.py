@@ -30,6 +30,7 @@ import inspect
 import itertools
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -63,6 +64,8 @@ OPERATIONS: frozenset[str] = frozenset(
     for name, value in vars(Broker).items()
     if not name.startswith("_") and callable(value) and name not in NOT_CALLS
 )
+# Half messages remembered with the peer they came through (their checks go there first).
+HALF_SENDERS_REMEMBERED = 65536
 CHECK_ANSWER_TIMEOUT_S = 3.0  # a check batch no peer answered in time counts as unsent
 EVENT_POLL_S = 1.0  # how often an idle event stream looks whether its peer is still there
 
@@ -130,6 +133,8 @@ class InternalService:
         self._lock = threading.Lock()
         self._batch_ids = itertools.count(1)
         self._rotation = itertools.count()
+        # message id of a half message -> the peer (proxy) it was sent through, newest last
+        self._half_senders: OrderedDict[str, str] = OrderedDict()
         broker.add_arrival_listener(self._on_arrival)
         broker.set_check_sender(self)
         broker.set_lite_unsubscribe_notifier(self._on_lite_unsubscribe)
@@ -215,7 +220,30 @@ class InternalService:
             _wait_durable(durable, context)
         except HalfmoonError as error:
             answers = [a if isinstance(a, HalfmoonError) else error for a in answers]
+        else:
+            self._remember_half_senders(batches, answers, context)
         return wire.encode(answers)
+
+    def _remember_half_senders(
+        self,
+        batches: list[list[OutgoingMessage]],
+        answers: list[object],
+        context: grpc.ServicerContext,
+    ) -> None:
+        """Which peer each stored half message came through: the producer that sent it is
+        connected there, so its checks are offered to that peer first."""
+        peer = dict(context.invocation_metadata()).get("hm-peer")
+        if not peer:
+            return
+        with self._lock:
+            for messages, answer in zip(batches, answers, strict=True):
+                if not isinstance(answer, list):
+                    continue
+                for message, result in zip(messages, answer, strict=False):
+                    if message.message_type is MessageType.TRANSACTION:
+                        self._half_senders[result.message_id] = str(peer)
+            while len(self._half_senders) > HALF_SENDERS_REMEMBERED:
+                self._half_senders.popitem(last=False)
 
     def _store_batches(
         self, batches: list[list[OutgoingMessage]]
@@ -319,30 +347,48 @@ class InternalService:
             subscriber.push(["lite", [client_id, group, topic, lite]])
 
     def send_checks(self, checks: Sequence[CheckRequest]) -> list[bool]:
-        """The broker's check sender: each peer holding producer streams in turn is offered
-        the checks no earlier peer's producers took; False for a check nobody took."""
+        """The broker's check sender. A check goes first to the peer its half message came
+        through (where its producer is connected), if that peer is still here; then each peer
+        holding producer streams in turn is offered the checks no earlier peer's producers took
+        (a producer of the same group on another proxy). False for a check nobody took."""
         took = [False] * len(checks)
         peers = self._listening("checks")
         if not peers:
             return took
+        by_peer = {subscriber.peer: subscriber for subscriber in peers}
+        with self._lock:
+            senders = [self._half_senders.get(c.message.message_id) for c in checks]
+        for peer in dict.fromkeys(p for p in senders if p in by_peer):
+            own = [i for i, sender in enumerate(senders) if sender == peer]
+            self._offer(by_peer[str(peer)], checks, own, took)
         start = next(self._rotation) % len(peers)
         for subscriber in peers[start:] + peers[:start]:
             waiting = [i for i, done in enumerate(took) if not done]
             if not waiting:
                 break
-            batch_id = next(self._batch_ids)
-            answer: Future[list[bool]] = Future()
-            subscriber.answers[batch_id] = answer
-            subscriber.push(["checks", batch_id, [checks[i] for i in waiting]])
-            try:
-                answered = answer.result(timeout=CHECK_ANSWER_TIMEOUT_S)
-            except FutureTimeout:
-                subscriber.answers.pop(batch_id, None)
-                log.warning("event=check_answer_timeout peer=%s", subscriber.peer)
-                continue
-            for index, ok in zip(waiting, answered, strict=False):
-                took[index] = ok
+            self._offer(subscriber, checks, waiting, took)
         return took
+
+    def _offer(
+        self,
+        subscriber: _Subscriber,
+        checks: Sequence[CheckRequest],
+        indices: list[int],
+        took: list[bool],
+    ) -> None:
+        """Push ``checks[indices]`` to one peer and mark in ``took`` those its producers took."""
+        batch_id = next(self._batch_ids)
+        answer: Future[list[bool]] = Future()
+        subscriber.answers[batch_id] = answer
+        subscriber.push(["checks", batch_id, [checks[i] for i in indices]])
+        try:
+            answered = answer.result(timeout=CHECK_ANSWER_TIMEOUT_S)
+        except FutureTimeout:
+            subscriber.answers.pop(batch_id, None)
+            log.warning("event=check_answer_timeout peer=%s", subscriber.peer)
+            return
+        for index, ok in zip(indices, answered, strict=False):
+            took[index] = ok
 
 
 def _check_deadline(context: grpc.ServicerContext) -> None:

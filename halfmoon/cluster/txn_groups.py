@@ -75,6 +75,8 @@ PARTICIPANT_TIMEOUT_S = 3.0
 FORWARD_TIMEOUT_S = 30.0
 RESOLVE_INTERVAL_S = 1.0
 RESOLVE_AFTER_MS = 2_000
+# A group not decided yet (a Spark batch still writing) is asked about less and less often.
+UNDECIDED_BACKOFF_MAX_S = 30.0
 # The transaction groups' directory beside the kinds the cluster view watches (it ignores it).
 GROUPS_DIR = "txn-groups/"
 
@@ -114,6 +116,9 @@ class GroupCoordination:
         self._resolve_interval_s = resolve_interval_s
         self._resolve_after_ms = resolve_after_ms
         self._peers: dict[str, tuple[str, RemoteBroker]] = {}
+        # group -> (monotonic time to ask again, current delay) for groups found undecided
+        self._backoff: dict[str, tuple[float, float]] = {}
+        self._members_seen: dict[str, tuple[str, str]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -149,11 +154,16 @@ class GroupCoordination:
 
     def live_brokers(self) -> dict[str, str]:
         """Registered brokers by name, with the endpoint each is reached at."""
+        return {name: endpoint for name, (endpoint, _) in self._registered().items()}
+
+    def _registered(self) -> dict[str, tuple[str, str]]:
+        """Registered brokers: name -> (endpoint, instance: which process registered)."""
         found, _ = range_prefix_sync(self._etcd, self._keys.kind_prefix("brokers"))
         brokers = {}
         for kv in found:
+            value = kv.json()
             name = kv.key.rsplit("/", 1)[-1]
-            brokers[name] = str(kv.json().get("endpoint", ""))
+            brokers[name] = (str(value.get("endpoint", "")), str(value.get("instance", "")))
         return brokers
 
     def recorded_coordinator(self, group: str) -> str | None:
@@ -254,19 +264,24 @@ class GroupCoordination:
 
     def resolve_once(self, min_age_ms: int) -> int:
         """Ask the coordinators of this broker's undecided groups; the members completed."""
-        groups = {
-            info.transaction_group
-            for info in self._broker.list_transactions(limit=100_000)
-            if info.transaction_group is not None and info.age_ms >= min_age_ms
-        }
+        groups = self._broker.transactions.undecided_groups(min_age_ms)
         if not groups:
             return 0
-        brokers = self.live_brokers()
+        registered = self._registered()
+        if registered != self._members_seen:  # a broker (re)started: a decision may be waiting
+            self._members_seen = registered
+            self._backoff.clear()
+        now = time.monotonic()
+        self._backoff = {g: self._backoff[g] for g in groups if g in self._backoff}
+        due = [g for g in groups if self._backoff.get(g, (0.0, 0.0))[0] <= now]
+        brokers = {name: endpoint for name, (endpoint, _) in registered.items()}
         completed = 0
-        for group in sorted(groups):
+        for group in due:
             coordinator = self.recorded_coordinator(group)
             if coordinator is None or coordinator == self._name:
-                continue  # never decided, or decided here (local recovery finishes it)
+                # Never decided, or decided here (local recovery finishes it): ask later.
+                self._back_off(group, now)
+                continue
             if coordinator not in brokers:
                 continue  # asked again when it is back
             decision = self._peer(coordinator, brokers).transaction_group_decision(group)
@@ -281,6 +296,11 @@ class GroupCoordination:
                 decision,
             )
         return completed
+
+    def _back_off(self, group: str, now: float) -> None:
+        _, delay = self._backoff.get(group, (0.0, self._resolve_interval_s))
+        delay = min(delay * 2, UNDECIDED_BACKOFF_MAX_S)
+        self._backoff[group] = (now + delay, delay)
 
     def _resolve_loop(self) -> None:
         first = True

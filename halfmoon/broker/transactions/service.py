@@ -365,6 +365,17 @@ class TransactionService(TransactionLedger):
         del self.groups.unfinished[group]
         return len(members), end_offset
 
+    def undecided_groups(self, min_age_ms: int) -> list[str]:
+        """Groups with a pending member stored at least ``min_age_ms`` ago, by name."""
+        now = self.clock.now_ms()
+        with self._lock:
+            return sorted(
+                group
+                for group, members in self.groups.members.items()
+                if group not in self.groups.unfinished
+                and any(now - self.pending[h].stored_ms >= min_age_ms for h in members)
+            )
+
     def group_decision(self, group: str) -> TxnState | None:
         """The decision recorded here on ``group``; None while it has none."""
         check_group_id(group)
