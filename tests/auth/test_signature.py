@@ -66,7 +66,13 @@ def test_missing_date_time_is_unauthenticated():
 
 def test_stamp_parsing_matches_strptime_and_refuses_junk():
     assert signature.stamp_seconds(STAMP) == NOW
-    for junk in ("20261324T000000Z", "2026112XT194608Z", "20261124 194608Z", "", "٢٠٢٦1124T194608Z"):
+    for junk in (
+        "20261324T000000Z",
+        "2026112XT194608Z",
+        "20261124 194608Z",
+        "",
+        "٢٠٢٦1124T194608Z",
+    ):
         assert signature.stamp_seconds(junk) is None
 
 
