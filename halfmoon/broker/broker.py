@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ import halfmoon.broker.reports as reports
 from halfmoon.broker.access import check_consumable, routes
 from halfmoon.broker.clock import Clock, SystemClock
 from halfmoon.broker.config import BrokerConfig, apply_changes
-from halfmoon.broker.dead_letters import write_dead_letter
+from halfmoon.broker.dead_letters import dead_letter_copy, write_dead_letter
 from halfmoon.broker.errors import (
     IllegalTopic,
     TopicExists,
@@ -50,7 +50,7 @@ from halfmoon.broker.produce import SendResult
 from halfmoon.broker.pull import PullService
 from halfmoon.broker.queue_select import QueueSelector
 from halfmoon.broker.recall import check_handle
-from halfmoon.broker.send_path import ALREADY_DURABLE, SendPath
+from halfmoon.broker.send_path import SendPath
 from halfmoon.broker.statistics import TrafficRow, TrafficStatistics
 from halfmoon.broker.stats import BrokerStatus, RateCounter
 from halfmoon.broker.timer import DelayTimer
@@ -60,15 +60,12 @@ from halfmoon.broker.topics import (
     is_internal_topic,
     is_reserved,
 )
-from halfmoon.broker.transaction_state import TxnState
+from halfmoon.broker.transaction_operations import TransactionOperations
+from halfmoon.broker.transactional_consume import TransactionalConsume
 from halfmoon.broker.transactions import (
-    CheckSender,
     CheckService,
-    EndResult,
     TransactionConfig,
-    TransactionInfo,
     TransactionService,
-    TransactionStats,
 )
 from halfmoon.store.api import AppendResult, Store, StoreStats
 from halfmoon.store.message import StoredMessage
@@ -80,7 +77,7 @@ _DRAINED_CHECK_INTERVAL_MS = 60_000
 __all__ = ["Broker", "PullResult", "QueueProgress", "QueueRoute", "QueueStatus"]
 
 
-class Broker:
+class Broker(TransactionOperations):
     def __init__(
         self,
         store: Store,
@@ -167,6 +164,21 @@ class Broker:
             delivered=self._delivered,
             reset_pop=self._pop.reset,
         )
+        # Acks, rejects and offset commits decided with a transaction group.
+        self.consuming = TransactionalConsume(
+            store,
+            self._pop,
+            self.offsets,
+            self.transactions,
+            metadata_dir,
+            dead_letter_copy=partial(dead_letter_copy, self.topics),
+            retry_delay_ms=lambda g, attempt: self.get_group(g).retry_policy.delay_for_attempt(
+                attempt
+            ),
+            check_queue=self._pull.check_offset,
+            check_consumable=self._check_consumable,
+        )
+        self.consuming.recover()
         store.add_listener(self._on_append)
 
     # -- lifecycle ---------------------------------------------------------------
@@ -174,8 +186,7 @@ class Broker:
         """Persist metadata, offsets, timer progress and consumption state."""
         with self._tick_lock:
             self.timer.persist()
-            self.offsets.persist()
-            self._pop.close()
+            self.consuming.persist(self._write_consumption_state)
             self.lite.close()
             self.transactions.close()
             self.topics.close()
@@ -189,10 +200,10 @@ class Broker:
             self._checks.tick(now)
             self.lite.tick(now)
             self.transactions.maybe_snapshot(now)
-            self.offsets.maybe_persist(now)
             if now - self._last_snapshot_ms >= self.config.offset_persist_interval_ms:
-                self._last_snapshot_ms = now
-                self._pop.snapshot()
+                self._last_snapshot_ms = now  # offsets and pop state, then the commit marker
+                self.consuming.persist(self._write_consumption_state)
+                self.consuming.sweep()  # roll back groups whose consumer lost a message
             if now - self._last_drained_check_ms >= _DRAINED_CHECK_INTERVAL_MS:
                 self._last_drained_check_ms = now
                 self.topics.drop_all_drained_queues(self._queue_has_messages)
@@ -323,70 +334,6 @@ class Broker:
         handle = check_handle(recall_handle, topic, self.config.name, self.store)
         self.timer.cancel(handle.timer_key, handle.message_id)
         return handle.message_id
-
-    # -- transactions (halfmoon/broker/transactions) -------------------------------
-    def end_transaction(
-        self,
-        topic: str,
-        message_id: str,
-        transaction_id: str,
-        resolution: str,
-        source: str,
-        producer_group: str | None = None,
-    ) -> TxnState:
-        written = self.end_transaction_nowait(
-            topic, message_id, transaction_id, resolution, source, producer_group
-        )
-        written.durable.result()
-        return written.result.state
-
-    def end_transaction_nowait(
-        self,
-        topic: str,
-        message_id: str,
-        transaction_id: str,
-        resolution: str,
-        source: str,
-        producer_group: str | None = None,
-    ) -> Written[EndResult]:
-        result = self.transactions.end(
-            transaction_id, resolution, source, message_id=message_id, topic=topic
-        )
-        return Written(result, self._durable(result.end_offset))
-
-    def transaction_ends_cheaply(self, transaction_id: str) -> bool:
-        return self.transactions.ends_cheaply(transaction_id)
-
-    def end_transaction_group(self, group_id: str, resolution: str, source: str = "client") -> int:
-        written = self.end_transaction_group_nowait(group_id, resolution, source)
-        written.durable.result()
-        return written.result
-
-    def end_transaction_group_nowait(
-        self, group_id: str, resolution: str, source: str = "client"
-    ) -> Written[int]:
-        count, end_offset = self.transactions.end_group(group_id, resolution, source)
-        return Written(count, self._durable(end_offset))
-
-    def _durable(self, end_offset: int) -> Future[None]:
-        return self.store.durable(end_offset) if end_offset else ALREADY_DURABLE
-
-    def list_transactions(
-        self, topic: str | None = None, limit: int = 1000
-    ) -> list[TransactionInfo]:
-        return self.transactions.list(topic=topic, limit=limit)
-
-    def parked_transactions(self, limit: int = 1000) -> list[TransactionInfo]:
-        return self.transactions.list(state=TxnState.PARKED, limit=limit)
-
-    def resume_transaction(self, transaction_id: str) -> TransactionInfo:
-        return self.transactions.resume(transaction_id)
-
-    def set_check_sender(self, sender: CheckSender | None) -> None:
-        self._checks.set_sender(sender)
-
-    def transaction_stats(self) -> TransactionStats:
-        return self.transactions.stats()
 
     # -- pop (halfmoon/broker/pop_router.py) -------------------------------------
     def receive(
@@ -592,12 +539,19 @@ class Broker:
     def _dead_letter(self, group: str, stored: StoredMessage, attempts: int) -> None:
         write_dead_letter(self.store, self.topics, group, stored, attempts)
 
+    def _write_consumption_state(self) -> None:
+        self.offsets.persist()
+        self._pop.snapshot()
+
     def _on_append(self, result: AppendResult) -> None:
         if is_internal_topic(result.topic):
             return  # timer, half, op and parked records: no consumer waits on them
-        topic = parent_topic_of(result.topic) or result.topic  # lite consumers wait on the parent
+        # lite consumers wait on the parent
+        self._wake(parent_topic_of(result.topic) or result.topic, result.queue_id)
+
+    def _wake(self, topic: str, queue_id: int) -> None:
         for callback in list(self._listeners):
             try:
-                callback(topic, result.queue_id)
+                callback(topic, queue_id)
             except Exception:
                 log.exception("arrival listener failed")

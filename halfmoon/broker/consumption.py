@@ -58,13 +58,16 @@ class InFlight:
 class QueueConsumption:
     """One group's position in one queue. Not thread-safe; see module doc."""
 
-    __slots__ = ("committed", "cursor", "inflight", "ordered", "_order", "_heap")
+    __slots__ = ("committed", "cursor", "inflight", "ordered", "done_ahead", "_order", "_heap")
 
     def __init__(self, start: int) -> None:
         self.committed = start
         self.cursor = start
         self.inflight: dict[int, InFlight] = {}
         self.ordered: set[int] = set()  # in-flight offsets that hold FIFO order
+        # Offsets at or past the cursor already consumed: a transaction's acks replayed after a
+        # crash whose state file predates the delivery. Skipped when the cursor reaches them.
+        self.done_ahead: set[int] = set()
         self._order: deque[int] = deque()
         self._heap: list[tuple[int, int, int]] = []
 
@@ -84,7 +87,23 @@ class QueueConsumption:
         """Everything below ``offset`` not in flight is done (delivered or skipped)."""
         if offset > self.cursor:
             self.cursor = offset
+            if self.done_ahead:
+                self.done_ahead = {o for o in self.done_ahead if o >= offset}
             self._advance_committed()
+
+    def mark_done(self, offset: int) -> None:
+        """``offset`` is consumed, wherever it stands (idempotent; see :attr:`done_ahead`)."""
+        if offset in self.inflight:
+            self.complete(offset)
+        elif offset >= self.cursor:
+            self.done_ahead.add(offset)
+
+    def skip_done(self, offset: int) -> bool:
+        """True (and forgotten) when a new delivery of ``offset`` must be skipped."""
+        if offset in self.done_ahead:
+            self.done_ahead.discard(offset)
+            return True
+        return False
 
     def redeliver(self, offset: int, visible_at: int, epoch: int) -> InFlight:
         entry = self.inflight[offset]
@@ -113,6 +132,7 @@ class QueueConsumption:
         self.committed = self.cursor = offset
         self.inflight.clear()
         self.ordered.clear()
+        self.done_ahead.clear()
         self._order.clear()
         self._heap.clear()
 
@@ -181,7 +201,7 @@ class QueueConsumption:
     # -- persistence ---------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "committed": self.committed,
             "cursor": self.cursor,
             "inflight": [
@@ -189,6 +209,9 @@ class QueueConsumption:
                 for offset, e in sorted(self.inflight.items())
             ],
         }
+        if self.done_ahead:
+            data["done_ahead"] = sorted(self.done_ahead)
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> QueueConsumption:
@@ -197,6 +220,7 @@ class QueueConsumption:
         for offset, attempt, epoch, commit_log_offset, ordered in sorted(data["inflight"]):
             queue.deliver(int(offset), int(commit_log_offset), 0, int(epoch), bool(ordered))
             queue.inflight[int(offset)].attempt = int(attempt)
+        queue.done_ahead = {int(o) for o in data.get("done_ahead", ())}
         queue._advance_committed()
         return queue
 

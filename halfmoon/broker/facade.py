@@ -305,15 +305,66 @@ class Broker(Protocol):
         pending (not a group member) or recently decided."""
         ...
 
-    def end_transaction_group(self, group_id: str, resolution: str, source: str = "client") -> int:
+    def end_transaction_group(
+        self,
+        group_id: str,
+        resolution: str,
+        source: str = "client",
+        consume_actions: int | None = None,
+    ) -> int:
         """Commit or roll back every member of a transaction group atomically; returns once
-        durable, with the number of members decided by this call (0 when repeated)."""
+        durable, with the number of members decided by this call (0 when repeated).
+
+        A commit also applies the group's consume actions (``transactional_*`` below)
+        or, when one of them no longer holds, rolls everything back and raises
+        ``TransactionFenced``. ``consume_actions``: how many the client registered;
+        another number (the broker restarted meanwhile) rolls back and raises
+        ``TransactionIncomplete``; None: no check.
+        """
         ...
 
     def end_transaction_group_nowait(
-        self, group_id: str, resolution: str, source: str = "client"
+        self,
+        group_id: str,
+        resolution: str,
+        source: str = "client",
+        consume_actions: int | None = None,
     ) -> Written[int]:
         """As :meth:`end_transaction_group`, returning once written."""
+        ...
+
+    def transactional_ack(
+        self, transaction_group: str, group: str, topic: str, receipt_handle: str
+    ) -> None:
+        """Ack the delivery when ``transaction_group`` commits. The handle is checked now
+        (``InvalidReceiptHandle``); nothing changes until the commit."""
+        ...
+
+    def transactional_reject(
+        self,
+        transaction_group: str,
+        group: str,
+        topic: str,
+        receipt_handle: str,
+        delay_ms: int | None = None,
+        dead_letter: bool = False,
+    ) -> None:
+        """On commit, redeliver after ``delay_ms`` (None: the group's retry backoff for the
+        attempt) or, with ``dead_letter``, move the message to the group's dead-letter topic
+        (its copy is stored now, invisible, as a member of the group)."""
+        ...
+
+    def transactional_offset(
+        self,
+        transaction_group: str,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        expected: int,
+    ) -> None:
+        """On commit, set the pull offset of ``group`` in the queue to ``offset`` if it is still
+        ``expected`` then (-1: none committed), else the commit is fenced."""
         ...
 
     def list_transactions(

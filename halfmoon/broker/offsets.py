@@ -10,6 +10,8 @@ interval behind what it committed: it sees those messages again
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from halfmoon.broker.config import read_json, write_json_atomic
@@ -40,6 +42,17 @@ class OffsetTable:
         with self._lock:
             self._offsets[(group, topic, queue_id)] = offset
             self._dirty = True
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold the table still: a transactional commit checks and sets offsets under it."""
+        with self._lock:
+            yield
+
+    def set_held(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """:meth:`set` for a caller inside :meth:`held`."""
+        self._offsets[(group, topic, queue_id)] = offset
+        self._dirty = True
 
     def of_group(self, group: str, topic: str | None = None) -> dict[tuple[str, int], int]:
         with self._lock:

@@ -44,7 +44,8 @@ message for 10 s .. 12 h, a change of invisible duration 0 .. 12 h.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
 from halfmoon.broker.clock import Clock
@@ -299,6 +300,8 @@ class PopService(PopStates):
                 if len(out) >= batch_size:
                     next_cursor = stored.queue_offset
                     break
+                if queue.done_ahead and queue.skip_done(stored.queue_offset):
+                    continue  # consumed by a transaction replayed after a crash
                 view = MessageView.of(stored)
                 if matcher is not None and not matcher.matches_message(view.tag, view.properties):
                     continue
@@ -425,6 +428,71 @@ class PopService(PopStates):
                 self._dead_letter(group, stored, entry.attempt)
             queue.complete(receipt.queue_offset)
             state.dirty = True
+
+    # -- transactional consumption (broker/transactional_consume.py) -----------
+
+    def delivery(self, group: str, topic: str, handle: str) -> tuple[ReceiptHandle, int]:
+        """The live delivery ``handle`` names and its attempt (InvalidReceiptHandle if over)."""
+        receipt = self._decode(topic, handle)
+        state = self._state_for_handle(group, topic)
+        with state.lock:
+            _, entry = self._in_flight(state, receipt)
+            return receipt, entry.attempt
+
+    @contextmanager
+    def locked(self, keys: Iterable[tuple[str, str]]) -> Iterator[None]:
+        """Hold the consumption state of every (group, topic) in ``keys`` (taken in sorted order,
+        so two holders never deadlock)."""
+        with ExitStack() as stack:
+            for group, topic in sorted(set(keys)):
+                stack.enter_context(self._state(group, topic).lock)
+            yield
+
+    def holds(self, group: str, topic: str, queue_id: int, offset: int, epoch: int) -> bool:
+        """Whether that delivery is still in flight under ``epoch``; inside :meth:`locked`."""
+        state = self._states.get((group, topic))
+        queue = state.queues.get(queue_id) if state is not None else None
+        entry = queue.inflight.get(offset) if queue is not None else None
+        return entry is not None and entry.epoch == epoch
+
+    def complete_delivery(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Consume a delivery :meth:`holds` vouched for; inside :meth:`locked`."""
+        state = self._states[(group, topic)]
+        state.queues[queue_id].complete(offset)
+        state.dirty = True
+
+    def hide_delivery(
+        self, group: str, topic: str, queue_id: int, offset: int, delay_ms: int, *, locked: bool
+    ) -> None:
+        """Make a delivery visible again ``delay_ms`` from now (a reject); a delivery no longer in
+        flight is left alone. ``locked``: the caller is inside :meth:`locked`."""
+        state = self._state(group, topic)
+        with nullcontext() if locked else state.lock:
+            queue = state.queues.get(queue_id)
+            entry = queue.inflight.get(offset) if queue is not None else None
+            if queue is None or entry is None:
+                return
+            queue.hide(offset, self._clock.now_ms() + delay_ms, next(self._epochs))
+            if entry.attempt >= self._group_settings(group).max_delivery_attempts:
+                self._watch(state, queue_id, offset, entry)
+            state.dirty = True
+
+    def replay_done(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Recovery: ``offset`` was consumed by a commit the state file may predate. Idempotent:
+        done already is a no-op, in flight completes it, past the cursor it is marked done ahead
+        (never delivered)."""
+        state = self._state(group, topic)
+        with state.lock:
+            self._ensure_queues(state, self._topic_queues(topic), self._group_settings(group))
+            queue = state.queues.get(queue_id)
+            if queue is None:
+                queue = state.queues[queue_id] = QueueConsumption(offset)
+            queue.mark_done(offset)
+            state.dirty = True
+
+    def read(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
+        """The stored message at ``offset`` (None when retention removed it)."""
+        return self._read(topic, queue_id, offset)
 
     def handle_topic(self, handle: str) -> str:
         """The topic a receipt handle of this service names (InvalidReceiptHandle if garbled)."""

@@ -91,6 +91,11 @@ class PullService:
         return offset
 
     def update_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self.check_offset(group, topic, queue_id, offset)
+        self._offsets.set(group, topic, queue_id, offset)
+
+    def check_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Raise unless ``offset`` is a committable offset of the queue for ``group``."""
         self._get_group(group)
         check_queue(self._get_topic(topic), queue_id)
         high = self._store.max_offset(topic, queue_id)
@@ -98,7 +103,6 @@ class PullService:
             raise IllegalOffset(
                 f"offset {offset} is outside queue {queue_id} of {topic!r} (0 to {high})"
             )
-        self._offsets.set(group, topic, queue_id, offset)
 
     def query_offset(
         self, topic: str, queue_id: int, policy: str, timestamp: int | None = None

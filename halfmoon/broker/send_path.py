@@ -62,9 +62,14 @@ class SendPath:
 
     def sends_cheaply(self, messages: Sequence[OutgoingMessage]) -> bool:
         find = self._topics.find
+        pending = self._transactions.group_pending
         return all(
             find(m.topic) is not None
-            and (m.message_type is not MessageType.TRANSACTION or m.transaction_group is None)
+            and (
+                m.message_type is not MessageType.TRANSACTION
+                or m.transaction_group is None
+                or pending(m.transaction_group)  # a known open group: no index lookup
+            )
             for m in messages
         )
 

@@ -7,6 +7,7 @@ See :mod:`halfmoon.client.sync` for the synchronous facade.
 """
 
 from halfmoon.client.connection import Backoff, ClientConfig
+from halfmoon.client.consume_transaction import ConsumeTransaction
 from halfmoon.client.consumer import RetryPolicy
 from halfmoon.client.credentials import Credentials
 from halfmoon.client.errors import (
@@ -30,6 +31,8 @@ from halfmoon.client.errors import (
     ServerError,
     TooManyRequests,
     TopicNotFound,
+    TransactionFenced,
+    TransactionIncomplete,
     Unauthorized,
     Unsupported,
 )
@@ -48,6 +51,7 @@ from halfmoon.client.route import QueueInfo, TopicRoute
 from halfmoon.client.selector import MessageSelector
 from halfmoon.client.simple_consumer import SimpleConsumer
 from halfmoon.client.sync import (
+    SyncConsumeTransaction,
     SyncProducer,
     SyncPullConsumer,
     SyncPushConsumer,
@@ -73,6 +77,7 @@ __all__ = [
     "ClientError",
     "ConnectionFailed",
     "ConsumeResult",
+    "ConsumeTransaction",
     "ConsumerGroupNotFound",
     "Forbidden",
     "IllegalFilterExpression",
@@ -101,6 +106,7 @@ __all__ = [
     "SendReceipt",
     "ServerError",
     "SimpleConsumer",
+    "SyncConsumeTransaction",
     "SyncProducer",
     "SyncPullConsumer",
     "SyncPushConsumer",
@@ -110,6 +116,8 @@ __all__ = [
     "TopicNotFound",
     "TopicRoute",
     "Transaction",
+    "TransactionFenced",
+    "TransactionIncomplete",
     "TransactionListener",
     "TransactionProducer",
     "TransactionResolution",

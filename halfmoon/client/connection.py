@@ -185,13 +185,15 @@ class Connection:
         self._authorization = ""
         self.closed = False
 
-    def metadata(self) -> tuple[tuple[str, str], ...]:
-        """Headers for one call (fresh request id and date; signed when credentials are set)."""
+    def metadata(self, extra: tuple[tuple[str, str], ...] = ()) -> tuple[tuple[str, str], ...]:
+        """Headers for one call (fresh request id and date), then ``extra`` (halfmoon's own);
+        signed when credentials are set."""
         date = self._date.now()
         headers = (
             *self._static,
             ("x-mq-request-id", f"{self._request_prefix}-{next(self._request_seq)}"),
             ("x-mq-date-time", date),
+            *extra,
         )
         if self._credentials is None:
             return headers
@@ -209,11 +211,13 @@ class Connection:
         *,
         timeout: float | None = None,
         retry_unavailable: bool = False,
+        headers: tuple[tuple[str, str], ...] = (),
     ) -> Any:
         """Invoke the unary ``rpc`` (e.g. ``"SendMessage"``); transport errors become typed errors.
 
         With ``retry_unavailable`` (idempotent RPCs only), an unreachable server is
-        retried with backoff until ``timeout`` has passed in total.
+        retried with backoff until ``timeout`` has passed in total. ``headers`` are
+        added to the call's metadata (halfmoon's extensions, which other servers ignore).
         """
         if self.closed:
             raise ClientClosed(f"the connection to {self.target} is closed", rpc=rpc)
@@ -221,7 +225,7 @@ class Connection:
         timeout = self.config.request_timeout if timeout is None else timeout
         if not retry_unavailable:
             try:
-                return await method(request, timeout=timeout, metadata=self.metadata())
+                return await method(request, timeout=timeout, metadata=self.metadata(headers))
             except grpc.aio.AioRpcError as exc:
                 raise error_for_rpc_error(exc, rpc, self.target) from None
         loop = asyncio.get_running_loop()
@@ -231,7 +235,9 @@ class Connection:
             attempt += 1
             remaining = deadline - loop.time()
             try:
-                return await method(request, timeout=max(remaining, 0.05), metadata=self.metadata())
+                return await method(
+                    request, timeout=max(remaining, 0.05), metadata=self.metadata(headers)
+                )
             except grpc.aio.AioRpcError as exc:
                 error = error_for_rpc_error(exc, rpc, self.target)
                 pause = self.config.reconnect_backoff.delay(attempt)

@@ -23,10 +23,12 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 
 from halfmoon.client.client import BaseClient
 from halfmoon.client.connection import ClientConfig
+from halfmoon.client.consume_transaction import ConsumeTransaction
 from halfmoon.client.errors import InvalidReceiptHandle, error_for_status, raise_for_status
 from halfmoon.client.message import MessageView, view_of
 from halfmoon.client.route import QueueInfo
 from halfmoon.client.selector import ALL, MessageSelector
+from halfmoon.client.transaction import TransactionProducer
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,7 @@ class ConsumerBase(BaseClient):
                 views.append(view_of(response.message, endpoint))
         return views
 
-    async def _ack(self, message: MessageView) -> None:
+    async def _ack(self, message: MessageView, headers: tuple[tuple[str, str], ...] = ()) -> None:
         request = svc.AckMessageRequest(
             group=self._group_pb,
             topic=self._topic(message.topic),
@@ -198,14 +200,16 @@ class ConsumerBase(BaseClient):
             ],
         )
         response = await self._pool.get(message.endpoint or self._pool.access_point.target).call(
-            "AckMessage", request
+            "AckMessage", request, headers=headers
         )
         if response.status.code != pb.Code.OK:
             for entry in response.entries:
                 raise_for_status(entry.status, "AckMessage")
             raise_for_status(response.status, "AckMessage")
 
-    async def _change_invisible(self, message: MessageView, seconds: float) -> str:
+    async def _change_invisible(
+        self, message: MessageView, seconds: float, headers: tuple[tuple[str, str], ...] = ()
+    ) -> str:
         request = svc.ChangeInvisibleDurationRequest(
             group=self._group_pb,
             topic=self._topic(message.topic),
@@ -214,13 +218,15 @@ class ConsumerBase(BaseClient):
             message_id=message.message_id,
         )
         response = await self._pool.get(message.endpoint or self._pool.access_point.target).call(
-            "ChangeInvisibleDuration", request
+            "ChangeInvisibleDuration", request, headers=headers
         )
         raise_for_status(response.status, "ChangeInvisibleDuration")
         message.receipt_handle = response.receipt_handle
         return response.receipt_handle
 
-    async def _forward_to_dead_letter(self, message: MessageView, max_attempts: int) -> None:
+    async def _forward_to_dead_letter(
+        self, message: MessageView, max_attempts: int, headers: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         request = svc.ForwardMessageToDeadLetterQueueRequest(
             group=self._group_pb,
             topic=self._topic(message.topic),
@@ -230,9 +236,21 @@ class ConsumerBase(BaseClient):
             max_delivery_attempts=max_attempts,
         )
         response = await self._pool.get(message.endpoint or self._pool.access_point.target).call(
-            "ForwardMessageToDeadLetterQueue", request
+            "ForwardMessageToDeadLetterQueue", request, headers=headers
         )
         raise_for_status(response.status, "ForwardMessageToDeadLetterQueue")
+
+    def transaction(
+        self, producer: TransactionProducer | None = None, *, group: str | None = None
+    ) -> ConsumeTransaction:
+        """A transaction holding this consumer's acks, rejects (and, for a pull consumer, offset
+        commits) and ``producer``'s sends, committed atomically (docs/transactions.md).
+
+        ``async with consumer.transaction(producer) as tx: await tx.send(m); await tx.ack(r)``.
+        An ack outside a transaction stays a plain ack.
+        """
+        self._check_open()
+        return ConsumeTransaction(self, producer, group=group)
 
     # -- offset consumption -------------------------------------------------------------
 
@@ -294,12 +312,14 @@ class ConsumerBase(BaseClient):
         raise_for_status(response.status, "GetOffset")
         return response.offset
 
-    async def _update_offset(self, queue: QueueInfo, offset: int) -> None:
+    async def _update_offset(
+        self, queue: QueueInfo, offset: int, headers: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         request = svc.UpdateOffsetRequest(
             group=self._group_pb, message_queue=queue.to_wire(self.config.namespace), offset=offset
         )
         response = await self._pool.get(queue.endpoint).call(
-            "UpdateOffset", request, retry_unavailable=True
+            "UpdateOffset", request, retry_unavailable=True, headers=headers
         )
         raise_for_status(response.status, "UpdateOffset")
 

@@ -108,6 +108,21 @@ class PreconditionFailed(ClientError):
     code = "PRECONDITION_FAILED"
 
 
+class TransactionFenced(PreconditionFailed):
+    """A transaction's ack or offset commit no longer holds (the message went to another
+    consumer, the queue was committed by another member): the broker rolled it all back."""
+
+    code = "TRANSACTION_FENCED"
+    protocol_code = "PRECONDITION_FAILED"
+
+
+class TransactionIncomplete(PreconditionFailed):
+    """The broker restarted during the transaction and lost some of its acks: rolled back."""
+
+    code = "TRANSACTION_INCOMPLETE"
+    protocol_code = "PRECONDITION_FAILED"
+
+
 class TooManyRequests(ClientError):
     """The server is throttling; back off and retry."""
 
@@ -206,11 +221,20 @@ _BY_CODE: dict[int, type[ClientError]] = {
     Code.VERIFY_FIFO_MESSAGE_UNSUPPORTED: Unsupported,
 }
 
+_BY_OWN_CODE: dict[str, type[ClientError]] = {
+    TransactionFenced.code: TransactionFenced,
+    TransactionIncomplete.code: TransactionIncomplete,
+}
+
 
 def error_for_status(status: definition_pb2.Status, rpc: str = "") -> ClientError:
     """The exception for a non-OK protocol status (``code`` is the protocol's Code name)."""
     cls = _BY_CODE.get(status.code, ClientError)
     name = Code.Name(status.code) if status.code in Code.values() else str(status.code)
+    # halfmoon's own codes that share a protocol Code open the message ("CODE: ...").
+    own = _BY_OWN_CODE.get(status.message.split(":", 1)[0]) if status.message else None
+    if own is not None:
+        cls, name = own, own.code
     text = status.message or name
     where = f"{rpc}: " if rpc else ""
     return cls(f"{where}{text}", code=name, rpc=rpc)

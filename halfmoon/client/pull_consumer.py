@@ -31,6 +31,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from halfmoon.client.allocation import AllocationStrategy, strategy_named
 from halfmoon.client.client import as_config
 from halfmoon.client.connection import ClientConfig, new_client_id
+from halfmoon.client.consume_transaction import ConsumeTransaction
 from halfmoon.client.consumer import ConsumerBase, cancel_and_wait
 from halfmoon.client.errors import ClientError, OffsetNotFound
 from halfmoon.client.membership import MEMBERS_TOPIC, TopicMembership
@@ -38,6 +39,7 @@ from halfmoon.client.message import MessageView
 from halfmoon.client.producer import Producer
 from halfmoon.client.route import QueueInfo
 from halfmoon.client.selector import ALL, MessageSelector
+from halfmoon.client.transaction import TransactionProducer
 
 log = logging.getLogger("halfmoon.client.pull")
 
@@ -284,6 +286,48 @@ class PullConsumer(ConsumerBase):
                 self._committed[queue_key(queue)] = offset
             return
         await self._commit_keys(list(self._assigned))
+
+    # -- transactional commits (consume_transaction.py) -----------------------------------------
+
+    def transaction(
+        self, producer: TransactionProducer | None = None, *, group: str | None = None
+    ) -> ConsumeTransaction:
+        if self.auto_commit:
+            raise ValueError(
+                "a transaction commits this consumer's offsets: create it with auto_commit=False"
+            )
+        return super().transaction(producer, group=group)
+
+    def _offsets_to_commit(self, offsets: Mapping[QueueInfo, int] | None) -> dict[QueueInfo, int]:
+        if offsets is not None:
+            return dict(offsets)
+        return {
+            queue: self._positions[key]
+            for key, queue in self._assigned.items()
+            if key in self._positions and self._committed.get(key) != self._positions[key]
+        }
+
+    def _expected_offset(self, queue: QueueInfo) -> int:
+        """The group's committed offset this member read from (-1: none was committed)."""
+        return self._committed.get(queue_key(queue), -1)
+
+    def _offset_committed(self, queue: QueueInfo, offset: int) -> None:
+        self._committed[queue_key(queue)] = offset
+
+    async def _reload_committed(self, queues: list[QueueInfo]) -> None:
+        """After a fenced or rolled-back transaction: read again from the committed offsets."""
+        for queue in queues:
+            key = queue_key(queue)
+            if key not in self._assigned:
+                continue
+            try:
+                offset = await self._get_offset(queue)
+            except OffsetNotFound:
+                self._committed.pop(key, None)
+                offset = await self._query_offset(queue, self.consume_from)
+            else:
+                self._committed[key] = offset
+            self._positions[key] = offset
 
     async def _commit_keys(self, keys: list[str]) -> None:
         for key in keys:

@@ -20,6 +20,7 @@ from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from halfmoon.client.connection import ClientConfig
+from halfmoon.client.consume_transaction import ConsumeTransaction
 from halfmoon.client.message import Message, MessageView, SendReceipt
 from halfmoon.client.producer import Producer
 from halfmoon.client.pull_consumer import PullConsumer
@@ -159,6 +160,51 @@ class SyncTransactionProducer(SyncProducer):
         run_sync(self._client.end_transaction(topic, message_id, transaction_id, resolution))
 
 
+class SyncConsumeTransaction:
+    """Blocking :class:`~halfmoon.client.consume_transaction.ConsumeTransaction`.
+
+    ``with consumer.transaction(producer) as tx: tx.send(m); tx.ack(received)``:
+    commits when the block ends, rolls back on an exception.
+    """
+
+    def __init__(self, transaction: ConsumeTransaction) -> None:
+        self.transaction = transaction
+
+    @property
+    def group(self) -> str:
+        return self.transaction.group
+
+    def send(self, message: Message) -> SendReceipt:
+        return run_sync(self.transaction.send(message))
+
+    def ack(self, message: MessageView) -> None:
+        run_sync(self.transaction.ack(message))
+
+    def reject(
+        self, message: MessageView, *, delay: float | None = None, dead_letter: bool = False
+    ) -> None:
+        run_sync(self.transaction.reject(message, delay=delay, dead_letter=dead_letter))
+
+    def commit_offsets(self, offsets: Mapping[QueueInfo, int] | None = None) -> None:
+        run_sync(self.transaction.commit_offsets(offsets))
+
+    def commit(self) -> None:
+        run_sync(self.transaction.commit())
+
+    def rollback(self) -> None:
+        run_sync(self.transaction.rollback())
+
+    def __enter__(self) -> SyncConsumeTransaction:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        run_sync(self.transaction.__aexit__(exc_type, None, None))
+
+
+def _producer_of(producer: SyncTransactionProducer | None) -> TransactionProducer | None:
+    return producer.client if producer is not None else None
+
+
 class SyncSimpleConsumer(_SyncClient):
     """Blocking :class:`~halfmoon.client.SimpleConsumer`."""
 
@@ -186,6 +232,12 @@ class SyncSimpleConsumer(_SyncClient):
         self, message: MessageView, invisible_duration: float
     ) -> MessageView:
         return run_sync(self._client.change_invisible_duration(message, invisible_duration))
+
+    def transaction(
+        self, producer: SyncTransactionProducer | None = None, *, group: str | None = None
+    ) -> SyncConsumeTransaction:
+        """Acks and rejects of this consumer and ``producer``'s sends, committed together."""
+        return SyncConsumeTransaction(self._client.transaction(_producer_of(producer), group=group))
 
 
 class SyncPullConsumer(_SyncClient):
@@ -224,6 +276,12 @@ class SyncPullConsumer(_SyncClient):
 
     def committed(self, queue: QueueInfo) -> int | None:
         return run_sync(self._client.committed(queue))
+
+    def transaction(
+        self, producer: SyncTransactionProducer | None = None, *, group: str | None = None
+    ) -> SyncConsumeTransaction:
+        """Offset commits of this consumer and ``producer``'s sends, committed together."""
+        return SyncConsumeTransaction(self._client.transaction(_producer_of(producer), group=group))
 
 
 class SyncPushConsumer(_SyncClient):

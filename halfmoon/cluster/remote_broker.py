@@ -142,9 +142,15 @@ class RemoteBroker:
         return Written(result, _done())
 
     def end_transaction_group_nowait(
-        self, group_id: str, resolution: str, source: str = "client"
+        self,
+        group_id: str,
+        resolution: str,
+        source: str = "client",
+        consume_actions: int | None = None,
     ) -> Written[int]:
-        result = self._call("end_transaction_group_nowait", [group_id, resolution, source])
+        result = self._call(
+            "end_transaction_group_nowait", [group_id, resolution, source, consume_actions]
+        )
         return Written(result, _done())
 
     # -- every other operation: one Call each --------------------------------------------------
@@ -267,8 +273,46 @@ class RemoteBroker:
             [topic, message_id, transaction_id, resolution, source, producer_group],
         )
 
-    def end_transaction_group(self, group_id: str, resolution: str, source: str = "client") -> int:
-        return self._call("end_transaction_group", [group_id, resolution, source])
+    def end_transaction_group(
+        self,
+        group_id: str,
+        resolution: str,
+        source: str = "client",
+        consume_actions: int | None = None,
+    ) -> int:
+        return self._call("end_transaction_group", [group_id, resolution, source, consume_actions])
+
+    def transactional_ack(
+        self, transaction_group: str, group: str, topic: str, receipt_handle: str
+    ) -> None:
+        self._call("transactional_ack", [transaction_group, group, topic, receipt_handle])
+
+    def transactional_reject(
+        self,
+        transaction_group: str,
+        group: str,
+        topic: str,
+        receipt_handle: str,
+        delay_ms: int | None = None,
+        dead_letter: bool = False,
+    ) -> None:
+        self._call(
+            "transactional_reject",
+            [transaction_group, group, topic, receipt_handle, delay_ms, dead_letter],
+        )
+
+    def transactional_offset(
+        self,
+        transaction_group: str,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        expected: int,
+    ) -> None:
+        self._call(
+            "transactional_offset", [transaction_group, group, topic, queue_id, offset, expected]
+        )
 
     # Broker to broker (a cluster's transaction groups, halfmoon/cluster/txn_groups.py).
     def apply_transaction_group(self, group_id: str, resolution: str, source: str) -> int:

@@ -214,8 +214,18 @@ class GroupCoordination:
 
     # -- operations ------------------------------------------------------------------------------
 
-    def decide(self, group_id: str, resolution: str, source: str = "client") -> int:
-        """Decide ``group_id`` on every broker: at its coordinator first, then the participants."""
+    def decide(
+        self,
+        group_id: str,
+        resolution: str,
+        source: str = "client",
+        consume_actions: int | None = None,
+    ) -> int:
+        """Decide ``group_id`` on every broker: at its coordinator first, then the participants.
+
+        ``consume_actions`` (transactional consumption, docs/transactions.md) is checked
+        by the coordinator: the group's acks and offset commits must be registered there;
+        elsewhere the count does not match and the coordinator rolls the group back."""
         check_group_id(group_id)
         if str(resolution).lower() == "unknown":
             return 0
@@ -223,11 +233,13 @@ class GroupCoordination:
         coordinator = self._coordinator(group_id, brokers)
         if coordinator != self._name:
             forwarded = self._peer(coordinator, brokers).connection.call(
-                "end_transaction_group", [group_id, resolution, source], timeout_s=FORWARD_TIMEOUT_S
+                "end_transaction_group",
+                [group_id, resolution, source, consume_actions],
+                timeout_s=FORWARD_TIMEOUT_S,
             )
             return int(forwarded)
         crash_point("coordinator-before-decision")
-        count = self._broker.end_transaction_group(group_id, resolution, source)
+        count = self._broker.end_transaction_group(group_id, resolution, source, consume_actions)
         crash_point("coordinator-after-decision")
         for name in sorted(brokers):
             if name == self._name:

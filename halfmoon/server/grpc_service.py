@@ -18,7 +18,7 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 
 from halfmoon.broker.message import OutgoingMessage
 from halfmoon.broker.produce import SendResult
-from halfmoon.server import convert, lite_subscriptions
+from halfmoon.server import convert, lite_subscriptions, txn_headers
 from halfmoon.server import namespace as ns
 from halfmoon.server.client_rpc import ClientRpcs
 from halfmoon.server.errors import Code, RequestError, ok, status
@@ -214,7 +214,11 @@ class MessagingServicer(ClientRpcs, PopRpcs, PullRpcs):
         if request.transaction_id.startswith(TRANSACTION_GROUP_PREFIX):
             group = request.transaction_id[len(TRANSACTION_GROUP_PREFIX) :]
             written = await self._call(
-                self.broker.end_transaction_group_nowait, group, resolution, source
+                self.broker.end_transaction_group_nowait,
+                group,
+                resolution,
+                source,
+                txn_headers.consume_actions(context),
             )
             await until_durable(written.durable)
             return svc.EndTransactionResponse(status=ok())

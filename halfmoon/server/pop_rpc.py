@@ -14,7 +14,7 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageView
 from halfmoon.errors import HalfmoonError
-from halfmoon.server import convert
+from halfmoon.server import convert, txn_headers
 from halfmoon.server.errors import Code, RequestError, ok, status, status_for
 from halfmoon.server.rpc_common import OK_STATUS, ServicerBase, metadata, resource_name, unary
 
@@ -151,6 +151,7 @@ class PopRpcs(ServicerBase):
         ]
 
         lite_topics = [e.lite_topic if e.HasField("lite_topic") else None for e in request.entries]
+        txn = txn_headers.transaction_group(context)  # halfmoon's client: ack on commit
 
         def ack_all() -> tuple[list[pb.Status], bool]:
             statuses = []
@@ -158,7 +159,10 @@ class PopRpcs(ServicerBase):
                 try:
                     if not handle:
                         raise RequestError("ack entry has no receipt_handle")
-                    self.broker.ack(group, topic, handle, lite_topic=lite_topic)
+                    if txn is not None:
+                        self.broker.transactional_ack(txn, group, topic, handle)
+                    else:
+                        self.broker.ack(group, topic, handle, lite_topic=lite_topic)
                     statuses.append(OK_STATUS)
                 except Exception as exc:  # noqa: BLE001 - one bad handle does not fail the others
                     statuses.append(status_for(exc, "AckMessage"))
@@ -201,6 +205,20 @@ class PopRpcs(ServicerBase):
         current = await self.renewer.current(
             metadata(context, "x-mq-client-id"), group, request.receipt_handle
         )
+        txn = txn_headers.transaction_group(context)
+        if txn is not None:  # halfmoon's client: a reject applied on commit
+            delay = convert.duration_ms(request.invisible_duration)
+            await self._call(
+                self.broker.transactional_reject,
+                txn,
+                group,
+                topic,
+                current,
+                None if txn_headers.wants_retry_backoff(context) else delay,
+            )
+            return svc.ChangeInvisibleDurationResponse(
+                status=ok(), receipt_handle=request.receipt_handle
+            )
         handle = await self._call(
             self.broker.change_invisible_duration,
             group,
@@ -224,6 +242,12 @@ class PopRpcs(ServicerBase):
         current = await self.renewer.current(
             metadata(context, "x-mq-client-id"), group, request.receipt_handle
         )
+        txn = txn_headers.transaction_group(context)
+        if txn is not None:  # halfmoon's client: dead-lettered on commit
+            await self._call(
+                self.broker.transactional_reject, txn, group, topic, current, None, True
+            )
+            return svc.ForwardMessageToDeadLetterQueueResponse(status=ok())
         await self._call(
             self.broker.forward_to_dead_letter,
             group,

@@ -12,7 +12,7 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 
 from halfmoon.broker.facade import PullResult
 from halfmoon.broker.filter_spec import FilterSpec
-from halfmoon.server import convert
+from halfmoon.server import convert, txn_headers
 from halfmoon.server.errors import Code, RequestError, ok, status, status_for
 from halfmoon.server.rpc_common import OK_STATUS, ServicerBase, resource_name, unary
 
@@ -87,6 +87,18 @@ class PullRpcs(ServicerBase):
     ) -> svc.UpdateOffsetResponse:
         group = resource_name(request.group, "group", context)
         topic = resource_name(request.message_queue.topic, "message_queue.topic", context)
+        txn = txn_headers.transaction_group(context)
+        if txn is not None:  # halfmoon's client: the offset moves on commit
+            await self._call(
+                self.broker.transactional_offset,
+                txn,
+                group,
+                topic,
+                request.message_queue.id,
+                request.offset,
+                txn_headers.expected_offset(context),
+            )
+            return svc.UpdateOffsetResponse(status=ok())
         await self._call(
             self.broker.update_offset, group, topic, request.message_queue.id, request.offset
         )

@@ -74,6 +74,7 @@ from halfmoon.client.credentials import Credentials
 from halfmoon.client.errors import ClientError
 from halfmoon.client.message import Message
 from halfmoon.errors import HalfmoonError
+from halfmoon.spark.group_offsets import commit_plainly, register_in_group
 from halfmoon.spark.options import (
     SparkOptionError,
     credentials_of,
@@ -114,6 +115,9 @@ class SinkOptions:
     sink_id: str | None
     marker_topic: str
     admin: str | None = None  # admin API URL: when set, the driver rolls back dead runs' groups
+    # Consumer group whose offsets each batch's transaction commits (group_offsets.py).
+    source_group: str | None = None
+    checkpoint: str | None = None
     credentials: Credentials | None = None  # repr leaves the secret out
 
 
@@ -137,8 +141,17 @@ def sink_options(options: Mapping[str, str]) -> SinkOptions:
         raise SparkOptionError(
             f"option sinkId must be 1 to 64 letters, digits, '_', '.' or '-', got {sink_id!r}"
         )
+    source_group = (option_value(options, "sourceGroup") or "").strip() or None
+    checkpoint = option_value(options, "checkpointLocation")
+    if source_group is not None and not checkpoint:
+        raise SparkOptionError(
+            "option sourceGroup needs the query's checkpointLocation: the batch's source "
+            "offsets are read from its offset log"
+        )
     return SinkOptions(
         endpoint=endpoint_of(options),
+        source_group=source_group,
+        checkpoint=checkpoint,
         topic=(option_value(options, "topic") or "").strip() or None,
         sink_id=sink_id,
         marker_topic=(option_value(options, "markerTopic") or MARKER_TOPIC).strip(),
@@ -484,8 +497,16 @@ class HalfmoonStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         commits = [m for m in messages if isinstance(m, SinkCommit)]
-        if not commits:
-            return  # no task ran: nothing was written
+        source_group, checkpoint = self.options.source_group, self.options.checkpoint
+        if not commits:  # no task ran: nothing was written
+            if source_group is not None and checkpoint is not None:
+                commit_plainly(
+                    Wire(self.options.endpoint, self.options.credentials),
+                    source_group,
+                    checkpoint,
+                    batchId,
+                )
+            return
         groups = {m.group for m in commits}
         if len(groups) != 1:
             raise SinkError(
@@ -494,8 +515,11 @@ class HalfmoonStreamWriter(DataSourceStreamArrowWriter):
             )
         group = groups.pop()
         log_to_driver()
-        failpoint("before-marker")
         protocol = CommitProtocol(self.options)
+        if source_group is not None and checkpoint is not None:
+            # The source's offsets join the batch's data group: committed with its rows.
+            register_in_group(protocol.wire, group, source_group, checkpoint, batchId)
+        failpoint("before-marker")
         winner = protocol.commit(commits[0].sink, batchId, group, self.topic)
         rows = sum(m.count for m in commits)
         # One line per batch with what an operator asks after a restart: was this a

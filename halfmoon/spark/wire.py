@@ -28,6 +28,7 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from halfmoon.auth.signature import authorization_header, utc_stamp
+from halfmoon.client.consume_transaction import EXPECTED_OFFSET_HEADER, GROUP_HEADER
 from halfmoon.client.credentials import Credentials
 from halfmoon.client.errors import (
     ClientError,
@@ -60,12 +61,15 @@ def _stub(endpoint: str) -> service_pb2_grpc.MessagingServiceStub:
     return service_pb2_grpc.MessagingServiceStub(channel)
 
 
-def _metadata(credentials: Credentials | None = None) -> tuple[tuple[str, str], ...]:
+def _metadata(
+    credentials: Credentials | None = None, extra: tuple[tuple[str, str], ...] = ()
+) -> tuple[tuple[str, str], ...]:
     headers = (
         ("x-mq-client-id", _client_id),
         ("x-mq-language", "PYTHON"),
         ("x-mq-protocol", "GRPC_V2"),
         ("x-mq-request-id", f"{_client_id}-{next(_request_seq)}"),
+        *extra,
     )
     if credentials is None:
         return headers
@@ -115,12 +119,19 @@ class Wire:
         self.timeout = timeout
 
     def _call(
-        self, rpc: str, request: Any, endpoint: str | None = None, timeout: float | None = None
+        self,
+        rpc: str,
+        request: Any,
+        endpoint: str | None = None,
+        timeout: float | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
     ) -> Any:
         target = endpoint or self.endpoint
         try:
             response = getattr(_stub(target), rpc)(
-                request, timeout=timeout or self.timeout, metadata=_metadata(self.credentials)
+                request,
+                timeout=timeout or self.timeout,
+                metadata=_metadata(self.credentials, headers),
             )
         except grpc.RpcError as exc:
             raise error_for_rpc_error(exc, rpc, target) from None
@@ -180,6 +191,19 @@ class Wire:
             group=pb.Resource(name=group), message_queue=queue.to_wire(), offset=offset
         )
         response = self._call("UpdateOffset", request, queue.endpoint)
+        raise_for_status(response.status, "UpdateOffset")
+
+    def commit_offset_in_group(
+        self, transaction_group: str, group: str, queue: Queue, offset: int, expected: int
+    ) -> None:
+        """Store ``offset`` as the group's position in ``queue`` when ``transaction_group``
+        commits (halfmoon's transactional UpdateOffset; ``expected``: the committed offset now,
+        -1 for none)."""
+        request = svc.UpdateOffsetRequest(
+            group=pb.Resource(name=group), message_queue=queue.to_wire(), offset=offset
+        )
+        headers = ((GROUP_HEADER, transaction_group), (EXPECTED_OFFSET_HEADER, str(expected)))
+        response = self._call("UpdateOffset", request, queue.endpoint, headers=headers)
         raise_for_status(response.status, "UpdateOffset")
 
     # -- reading -------------------------------------------------------------------------------

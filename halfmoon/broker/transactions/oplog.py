@@ -12,6 +12,8 @@ a few properties::
     __HM_CHECKS     the check count after a ``checked`` / at a ``parked``
     __HM_SRC        who decided: client | check | operator
     KEYS            ``g<group>`` on group ops
+    body            empty, but for a ``group_commit`` holding consume actions (acks,
+                    rejects, offset commits: JSON, see :mod:`consume`)
 
 A commit has no op record: the real message, appended to its real topic with
 the half offset in ``prepared_transaction_offset``, is the commit record (one
@@ -64,7 +66,9 @@ def group_key(group: str) -> str:
     return f"g{group}"
 
 
-def op_message(op: Op) -> Message:
+def op_message(op: Op, body: bytes = b"") -> Message:
+    """The record of ``op``; a ``group_commit``'s ``body`` holds the group's consume actions
+    (:mod:`consume`)."""
     props = {PROPERTY_OP: op.kind.value}
     if op.half_offset >= 0:
         props[PROPERTY_HALF_OFFSET] = str(op.half_offset)
@@ -76,7 +80,7 @@ def op_message(op: Op) -> Message:
         props[PROPERTY_SOURCE] = op.source
     if op.kind in (OpKind.GROUP_COMMIT, OpKind.GROUP_ROLLBACK):
         props[PROPERTY_KEYS] = group_key(op.group or "")
-    return Message(topic=OP_TOPIC, body=b"", queue_id=QUEUE_ID, properties=props)
+    return Message(topic=OP_TOPIC, body=body, queue_id=QUEUE_ID, properties=props)
 
 
 def parse_op(stored: StoredMessage) -> Op | None:

@@ -79,7 +79,7 @@ from halfmoon.broker.transactions.recovery import (
 )
 from halfmoon.errors import InvalidArgument, NotFound
 from halfmoon.store.api import AppendResult, Store
-from halfmoon.store.message import Message
+from halfmoon.store.message import PROPERTY_UNIQUE_ID, Message
 
 log = logging.getLogger(__name__)
 
@@ -319,12 +319,15 @@ class TransactionService(TransactionLedger):
         return state, 0
 
     # -- transaction groups ----------------------------------------------------------
-    def end_group(self, group: str, resolution: str, source: str = "client") -> tuple[int, int]:
+    def end_group(
+        self, group: str, resolution: str, source: str = "client", *, body: bytes = b""
+    ) -> tuple[int, int]:
         """Decide every member of ``group`` at once; returns (members decided now, end offset).
 
-        The group's op record is the commit point; the members' real messages
-        follow in batches of ``group_batch_size``. Repeating the decision is a
-        no-op (0 members), the opposite one is TransactionAlreadyEnded.
+        The group's op record is the commit point (``body``: the group's consume
+        actions, :mod:`consume`); the members' real messages follow in batches of
+        ``group_batch_size``. Repeating the decision is a no-op (0 members), the
+        opposite one is TransactionAlreadyEnded.
         """
         check_group_id(group)
         event = _event(resolution)
@@ -343,7 +346,7 @@ class TransactionService(TransactionLedger):
                 return 0, end_offset
             state = next_state(TxnState.PREPARED, event, transaction_id=label)
             kind = OpKind.GROUP_COMMIT if state is TxnState.COMMITTED else OpKind.GROUP_ROLLBACK
-            (result,) = self._append([op_message(Op(kind, group=group, source=source))])
+            (result,) = self._append([op_message(Op(kind, group=group, source=source), body)])
             self.groups.remember(group, state, result.end_offset)
             self.groups.unfinished[group] = state
             count, end_offset = self.finish_group(group)
@@ -381,6 +384,44 @@ class TransactionService(TransactionLedger):
         check_group_id(group)
         with self._lock:
             return self._group_state(group)
+
+    def group_pending(self, group: str) -> bool:
+        """True when ``group`` has pending members and no decision: another member's send needs
+        no key-index lookup (the server then runs it on its event loop)."""
+        return group in self.groups.members and group not in self.groups.unfinished
+
+    def append_member(self, group: str, record: Message) -> str:
+        """Store ``record`` (routed to its real topic and queue) as a half message of ``group``;
+        its transaction id. For copies the broker makes itself (a transactional reject's
+        dead-letter copy): the producer's checks do not apply to group members."""
+        check_group_id(group)
+        topic, queue_id = record.topic, record.queue_id
+        message_id = record.properties.get(PROPERTY_UNIQUE_ID, "")
+        record.properties[PROPERTY_TRANSACTION_GROUP] = group
+        half = make_half(record, topic, queue_id, None)
+        with self._lock:
+            decided = self._group_state(group)
+            if decided is not None:
+                raise TransactionGroupEnded(
+                    f"transaction group {group!r} is already {decided.value.replace('_', ' ')}"
+                )
+            (result,) = self._append([half])
+            now = self.clock.now_ms()
+            entry = PendingTxn(
+                half_offset=result.commit_log_offset,
+                half_end=result.end_offset,
+                topic=topic,
+                queue_id=queue_id,
+                message_id=message_id,
+                keys=(),
+                producer_group=None,
+                group=group,
+                stored_ms=now,
+                due_ms=now + self.config.timeout_ms,
+            )
+            self._add_pending(entry)
+            self.half_next = max(self.half_next, result.queue_offset + 1)
+            return entry.transaction_id
 
     def _group_state(self, group: str) -> TxnState | None:
         if group in self.groups.members and group not in self.groups.unfinished:

@@ -1,0 +1,145 @@
+"""The transaction operations of the ``Broker`` facade (a base class of
+:class:`halfmoon.broker.broker.Broker`): decisions on half messages and
+transaction groups, transactional consumption (acks, rejects and offset
+commits decided with a group), listing and stats. The work is done by the
+transaction service (:mod:`halfmoon.broker.transactions`) and
+:mod:`halfmoon.broker.transactional_consume`; this class maps the facade's
+calls onto them and hands back :class:`Written` answers.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+from halfmoon.broker.facade import Written
+from halfmoon.broker.send_path import ALREADY_DURABLE
+from halfmoon.broker.topics import TopicRegistry
+from halfmoon.broker.transaction_state import TxnState
+from halfmoon.broker.transactional_consume import TransactionalConsume
+from halfmoon.broker.transactions import (
+    CheckSender,
+    CheckService,
+    EndResult,
+    TransactionInfo,
+    TransactionService,
+    TransactionStats,
+)
+from halfmoon.store.api import Store
+
+
+class TransactionOperations:
+    store: Store
+    topics: TopicRegistry
+    transactions: TransactionService
+    consuming: TransactionalConsume
+    _checks: CheckService
+
+    def _wake(self, topic: str, queue_id: int) -> None:
+        """Tell the arrival listeners that ``topic``'s queue may have something to deliver."""
+        raise NotImplementedError
+
+    def end_transaction(
+        self,
+        topic: str,
+        message_id: str,
+        transaction_id: str,
+        resolution: str,
+        source: str,
+        producer_group: str | None = None,
+    ) -> TxnState:
+        written = self.end_transaction_nowait(
+            topic, message_id, transaction_id, resolution, source, producer_group
+        )
+        written.durable.result()
+        return written.result.state
+
+    def end_transaction_nowait(
+        self,
+        topic: str,
+        message_id: str,
+        transaction_id: str,
+        resolution: str,
+        source: str,
+        producer_group: str | None = None,
+    ) -> Written[EndResult]:
+        result = self.transactions.end(
+            transaction_id, resolution, source, message_id=message_id, topic=topic
+        )
+        return Written(result, self._durable(result.end_offset))
+
+    def transaction_ends_cheaply(self, transaction_id: str) -> bool:
+        return self.transactions.ends_cheaply(transaction_id)
+
+    def end_transaction_group(
+        self,
+        group_id: str,
+        resolution: str,
+        source: str = "client",
+        consume_actions: int | None = None,
+    ) -> int:
+        written = self.end_transaction_group_nowait(group_id, resolution, source, consume_actions)
+        written.durable.result()
+        return written.result
+
+    def end_transaction_group_nowait(
+        self,
+        group_id: str,
+        resolution: str,
+        source: str = "client",
+        consume_actions: int | None = None,
+    ) -> Written[int]:
+        ended = self.consuming.end(group_id, resolution, source, consume_actions)
+        for topic in ended.topics:  # acks free FIFO queues, rejects move wake-up times
+            for queue_id in self.topics.readable_queue_ids(topic):
+                self._wake(topic, queue_id)
+        return Written(ended.members, self._durable(ended.end_offset))
+
+    # -- transactional consumption (halfmoon/broker/transactional_consume.py) -------------
+    def transactional_ack(
+        self, transaction_group: str, group: str, topic: str, receipt_handle: str
+    ) -> None:
+        self.consuming.ack(transaction_group, group, topic, receipt_handle)
+
+    def transactional_reject(
+        self,
+        transaction_group: str,
+        group: str,
+        topic: str,
+        receipt_handle: str,
+        delay_ms: int | None = None,
+        dead_letter: bool = False,
+    ) -> None:
+        self.consuming.reject(
+            transaction_group, group, topic, receipt_handle, delay_ms, dead_letter
+        )
+
+    def transactional_offset(
+        self,
+        transaction_group: str,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        expected: int,
+    ) -> None:
+        self.consuming.commit_offset(transaction_group, group, topic, queue_id, offset, expected)
+
+    def _durable(self, end_offset: int) -> Future[None]:
+        return self.store.durable(end_offset) if end_offset else ALREADY_DURABLE
+
+    def list_transactions(
+        self, topic: str | None = None, limit: int = 1000
+    ) -> list[TransactionInfo]:
+        return self.transactions.list(topic=topic, limit=limit)
+
+    def parked_transactions(self, limit: int = 1000) -> list[TransactionInfo]:
+        return self.transactions.list(state=TxnState.PARKED, limit=limit)
+
+    def resume_transaction(self, transaction_id: str) -> TransactionInfo:
+        return self.transactions.resume(transaction_id)
+
+    def set_check_sender(self, sender: CheckSender | None) -> None:
+        self._checks.set_sender(sender)
+
+    def transaction_stats(self) -> TransactionStats:
+        return self.transactions.stats()
