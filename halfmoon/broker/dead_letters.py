@@ -6,7 +6,9 @@ from __future__ import annotations
 from halfmoon.broker.message import (
     PROPERTY_DELIVERY_ATTEMPT,
     PROPERTY_DLQ_ORIGIN_GROUP,
+    PROPERTY_DLQ_ORIGIN_TOPIC,
     PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REAL_TOPIC,
 )
 from halfmoon.broker.topics import TopicRegistry
 from halfmoon.store.api import Store
@@ -27,6 +29,7 @@ def dead_letter_copy(
     topic = topics.ensure_dead_letter_topic(group)
     props = dict(stored.properties)
     props[PROPERTY_DLQ_ORIGIN_GROUP] = group
+    props[PROPERTY_DLQ_ORIGIN_TOPIC] = props.get(PROPERTY_REAL_TOPIC, stored.topic)
     props[PROPERTY_DELIVERY_ATTEMPT] = str(attempts)
     if stored.unique_id:
         props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, stored.unique_id)

@@ -38,6 +38,7 @@ PROPERTY_TRANSACTION_ID = "__transactionId__"
 PROPERTY_CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 PROPERTY_TRANSACTION_GROUP = "__HM_TXN_GROUP"
 PROPERTY_DLQ_ORIGIN_GROUP = "__HM_DLQ_GROUP"
+PROPERTY_DLQ_ORIGIN_TOPIC = "__HM_DLQ_TOPIC"  # where a dead letter is resent to
 PROPERTY_DELIVERY_ATTEMPT = "__HM_ATTEMPT"
 # RIP-80 and RIP-83: RocketMQ's own property names (MessageConst), kept.
 PROPERTY_PRIORITY = "_SYS_MSG_PRIORITY_"
@@ -60,6 +61,7 @@ SYSTEM_PROPERTIES = frozenset(
         PROPERTY_CHECK_IMMUNITY,
         PROPERTY_TRANSACTION_GROUP,
         PROPERTY_DLQ_ORIGIN_GROUP,
+        PROPERTY_DLQ_ORIGIN_TOPIC,
         PROPERTY_DELIVERY_ATTEMPT,
         PROPERTY_PRIORITY,
         PROPERTY_LITE_TOPIC,
@@ -173,6 +175,7 @@ class MessageView:
     dead_letter_group: str | None = None
     dead_letter_attempts: int | None = None
     origin_message_id: str | None = None
+    dead_letter_topic: str | None = None  # the topic the dead letter was consumed from
     priority: int | None = None
     lite_topic: str | None = None
 
@@ -212,6 +215,7 @@ class MessageView:
             dead_letter_group=props.get(PROPERTY_DLQ_ORIGIN_GROUP),
             dead_letter_attempts=int(attempts) if attempts and attempts.isdigit() else None,
             origin_message_id=props.get(PROPERTY_ORIGIN_MESSAGE_ID),
+            dead_letter_topic=props.get(PROPERTY_DLQ_ORIGIN_TOPIC),
         )
 
 

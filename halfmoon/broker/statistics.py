@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from array import array
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MINUTE_MS = 60_000
 WINDOW_MINUTES = 24 * 60
@@ -66,6 +66,9 @@ class TrafficRow:
     last_minute: int  # messages in the last 60 seconds
     total_24h: int
     total_1h: int
+    # The last 60 minutes' counts, oldest first (the current minute last): the
+    # dashboard's charts. Defaulted so rows from an older broker still decode.
+    last_hour: list[int] = field(default_factory=list)
 
 
 class TrafficStatistics:
@@ -130,6 +133,7 @@ class TrafficStatistics:
                         last_minute=round(recent),
                         total_24h=ring.total(minute),
                         total_1h=ring.total(minute, 60),
+                        last_hour=[ring.at(m) for m in range(minute - 59, minute + 1)],
                     )
                 )
         rows.sort(key=lambda r: (r.group is not None, r.topic, r.group or ""))

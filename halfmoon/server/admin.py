@@ -17,13 +17,13 @@ Endpoints (``/openapi.json`` describes each, with its request and answer):
 
     GET    /v1/status                       broker status
     GET    /v1/config                       the running configuration
-    GET    /v1/topics                       list topics
+    GET    /v1/topics                       list topics (?search=, ?offset=, ?limit=)
     POST   /v1/topics                       create a topic
     GET    /v1/topics/{topic}               one topic
     PATCH  /v1/topics/{topic}               change queues / perm / type
     DELETE /v1/topics/{topic}               delete a topic
     GET    /v1/topics/{topic}/status        min/max offsets per queue
-    GET    /v1/groups                       list consumer groups
+    GET    /v1/groups                       list consumer groups (?search=, ?offset=, ?limit=)
     POST   /v1/groups                       create a group
     GET    /v1/groups/{group}               one group
     PATCH  /v1/groups/{group}               change a group
@@ -55,7 +55,14 @@ from halfmoon.broker.message import MessageType
 from halfmoon.config import Config, config_to_dict
 from halfmoon.errors import HalfmoonError
 from halfmoon.metrics import CONTENT_TYPE, MetricFamily, MetricsRegistry, default_registry
-from halfmoon.server import admin_lite, admin_messages, admin_operations, admin_users
+from halfmoon.server import (
+    admin_dashboard,
+    admin_dead_letters,
+    admin_lite,
+    admin_messages,
+    admin_operations,
+    admin_users,
+)
 from halfmoon.server.admin_auth import GUARD_KEY, admin_auth
 from halfmoon.server.admin_http import (
     BROKER_KEY,
@@ -76,6 +83,7 @@ from halfmoon.server.admin_http import (
 )
 from halfmoon.server.admin_namespace import namespaced_names
 from halfmoon.server.admin_openapi import openapi_document
+from halfmoon.server.admin_paging import page_of
 from halfmoon.server.telemetry import ClientRegistry
 
 log = logging.getLogger(__name__)
@@ -114,7 +122,8 @@ async def get_config(request: web.Request) -> web.Response:
 
 
 async def list_topics(request: web.Request) -> web.Response:
-    return reply({"topics": await call(broker_of(request).list_topics)})
+    topics = await call(broker_of(request).list_topics)
+    return reply(page_of(request, "topics", topics))
 
 
 async def create_topic(request: web.Request) -> web.Response:
@@ -198,7 +207,8 @@ def group_settings(body: dict[str, Any]) -> dict[str, Any]:
 
 
 async def list_groups(request: web.Request) -> web.Response:
-    return reply({"groups": await call(broker_of(request).list_groups)})
+    groups = await call(broker_of(request).list_groups)
+    return reply(page_of(request, "groups", groups))
 
 
 async def create_group(request: web.Request) -> web.Response:
@@ -462,4 +472,6 @@ def create_admin_app(
     admin_users.add_routes(app)
     admin_messages.add_routes(app)
     admin_operations.add_routes(app, clients)
+    admin_dead_letters.add_routes(app)
+    admin_dashboard.add_routes(app)
     return app

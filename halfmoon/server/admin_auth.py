@@ -27,7 +27,18 @@ from halfmoon.auth import CLUSTER, Guard, Need, Resource, Unauthenticated, group
 from halfmoon.server.admin_http import error_reply
 
 GUARD_KEY: web.AppKey[Guard] = web.AppKey("guard", Guard)
-OPEN_ROUTES = frozenset({("GET", "/healthz")})
+# The dashboard's page, script and style sheet hold no data, and /v1/whoami only says
+# whether the request's credentials verify: the login form must load before there are
+# credentials. Every figure on the page comes from a protected route.
+OPEN_ROUTES = frozenset(
+    {
+        ("GET", "/healthz"),
+        ("GET", "/v1/whoami"),
+        ("GET", "/dashboard"),
+        ("GET", "/dashboard/"),
+        ("GET", "/dashboard/{file}"),
+    }
+)
 SUPER_ONLY = ("/v1/users", "/v1/acls")
 _WRITE_ACTIONS = {"PATCH": "Update", "PUT": "Update", "DELETE": "Delete", "POST": "Update"}
 

@@ -81,6 +81,7 @@ def message_json(view: MessageView, *, body: bool = True) -> dict[str, Any]:
         "origin_message_id": view.origin_message_id,
         "dead_letter_group": view.dead_letter_group,
         "dead_letter_attempts": view.dead_letter_attempts,
+        "dead_letter_topic": view.dead_letter_topic,
     }
     if body:
         try:

@@ -14,6 +14,9 @@ from halfmoon.server.admin_openapi_auth import SCHEMAS as AUTH_SCHEMAS
 from halfmoon.server.admin_openapi_auth import SECURITY_SCHEMES
 from halfmoon.server.admin_openapi_auth import paths as auth_paths
 from halfmoon.server.admin_openapi_common import _json, _op, _path_param, _ref
+from halfmoon.server.admin_openapi_dashboard import PAGING_FIELDS, PAGING_PARAMS
+from halfmoon.server.admin_openapi_dashboard import SCHEMAS as DASHBOARD_SCHEMAS
+from halfmoon.server.admin_openapi_dashboard import paths as dashboard_paths
 from halfmoon.server.admin_openapi_lite import SCHEMAS as LITE_SCHEMAS
 from halfmoon.server.admin_openapi_lite import paths as lite_paths
 from halfmoon.server.admin_openapi_ops import SCHEMAS as OPERATOR_SCHEMAS
@@ -90,7 +93,7 @@ SCHEMAS: dict[str, Any] = {
     },
     "TopicList": {
         "type": "object",
-        "properties": {"topics": {"type": "array", "items": _ref("Topic")}},
+        "properties": {"topics": {"type": "array", "items": _ref("Topic")}, **PAGING_FIELDS},
     },
     "QueueStatus": {
         "type": "object",
@@ -163,7 +166,7 @@ SCHEMAS: dict[str, Any] = {
     },
     "GroupList": {
         "type": "object",
-        "properties": {"groups": {"type": "array", "items": _ref("Group")}},
+        "properties": {"groups": {"type": "array", "items": _ref("Group")}, **PAGING_FIELDS},
     },
     "QueueProgress": {
         "type": "object",
@@ -300,7 +303,13 @@ def openapi_document() -> dict[str, Any]:
                 )
             },
             "/v1/topics": {
-                "get": _op("List topics", "listTopics", (200, _ref("TopicList"), "all topics")),
+                "get": _op(
+                    "List topics",
+                    "listTopics",
+                    (200, _ref("TopicList"), "all topics, or one page of the matches"),
+                    400,
+                    params=PAGING_PARAMS,
+                ),
                 "post": _op(
                     "Create a topic",
                     "createTopic",
@@ -342,7 +351,11 @@ def openapi_document() -> dict[str, Any]:
             },
             "/v1/groups": {
                 "get": _op(
-                    "List consumer groups", "listGroups", (200, _ref("GroupList"), "all groups")
+                    "List consumer groups",
+                    "listGroups",
+                    (200, _ref("GroupList"), "all groups, or one page of the matches"),
+                    400,
+                    params=PAGING_PARAMS,
                 ),
                 "post": _op(
                     "Create a consumer group",
@@ -434,6 +447,7 @@ def openapi_document() -> dict[str, Any]:
             **operator_paths(),
             **lite_paths(),
             **auth_paths(),
+            **dashboard_paths(),
             "/metrics": {
                 "get": {
                     "summary": "Prometheus metrics",
@@ -458,7 +472,13 @@ def openapi_document() -> dict[str, Any]:
             },
         },
         "components": {
-            "schemas": {**SCHEMAS, **OPERATOR_SCHEMAS, **LITE_SCHEMAS, **AUTH_SCHEMAS},
+            "schemas": {
+                **SCHEMAS,
+                **OPERATOR_SCHEMAS,
+                **LITE_SCHEMAS,
+                **AUTH_SCHEMAS,
+                **DASHBOARD_SCHEMAS,
+            },
             "securitySchemes": SECURITY_SCHEMES,
         },
         # With auth.enabled (docs/security.md); /healthz is open (overridden there).

@@ -26,7 +26,13 @@ pytestmark = pytest.mark.slow
 
 SUPER = ("root", "root-secret-key")
 READER = ("reader", "reader-secret-key")
-OPEN = {("get", "/healthz")}
+OPEN = {
+    ("get", "/healthz"),
+    ("get", "/v1/whoami"),
+    ("get", "/dashboard"),
+    ("get", "/dashboard/"),
+    ("get", "/dashboard/{file}"),
+}
 SUPER_ONLY = ("/v1/users", "/v1/acls")
 
 
@@ -65,7 +71,8 @@ def operations() -> list[tuple[str, str]]:
 
 
 def concrete(path: str) -> str:
-    return re.sub(r"\{(\w+)\}", lambda m: "commit" if m.group(1) == "resolution" else "x-1", path)
+    fixed = {"resolution": "commit", "file": "dashboard.js"}
+    return re.sub(r"\{(\w+)\}", lambda m: fixed.get(m.group(1), "x-1"), path)
 
 
 def call(server: ServerProcess, method: str, path: str, credentials) -> int:

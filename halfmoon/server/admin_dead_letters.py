@@ -1,0 +1,85 @@
+"""Resending a dead letter to the topic it was consumed from (rocketmq-dashboard's
+"resend" on a ``%DLQ%`` message).
+
+    POST /v1/topics/{topic}/queues/{queue_id}/offsets/{offset}/resend   {"topic"?}
+
+The record at that position of a dead-letter topic is read and sent again, as a new
+message with the same body, tag, keys and user properties, to the topic named in the
+dead letter (``dead_letter_topic``) or to ``topic`` when the body gives one. The dead
+letter stays where it is: the dead-letter topic is an audit trail, and a resend that
+fails again lands there a second time, as it would in RocketMQ.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from halfmoon.broker.errors import TopicNotFound
+from halfmoon.broker.message import MessageView, OutgoingMessage
+from halfmoon.broker.produce import SendResult
+from halfmoon.server.admin_http import ApiError, broker_of, call, read_body, reject_unknown, reply
+from halfmoon.server.admin_http import take as take_field
+
+
+def _position(request: web.Request, name: str) -> int:
+    raw = request.match_info[name]
+    if not raw.isdigit():
+        raise ApiError(f"{name.replace('_', ' ')} must be a non-negative integer, not {raw!r}")
+    return int(raw)
+
+
+async def resend_dead_letter(request: web.Request) -> web.Response:
+    body = await read_body(request) if request.can_read_body else {}
+    reject_unknown(body, {"topic"})
+    target = take_field(body, "topic", str)
+    broker = broker_of(request)
+    topic = request.match_info["topic"]
+    queue_id = _position(request, "queue_id")
+    offset = _position(request, "offset")
+
+    def resend() -> tuple[MessageView, SendResult]:
+        letter: MessageView = broker.message_at(topic, queue_id, offset)
+        destination = target or letter.dead_letter_topic
+        if letter.dead_letter_group is None or destination is None:
+            raise ApiError(
+                f"the message at {topic}/{queue_id}/{offset} is not a dead letter; "
+                "give 'topic' to send a copy elsewhere"
+                if target is None
+                else f"the message at {topic}/{queue_id}/{offset} is not a dead letter"
+            )
+        if broker.find_topic(destination) is None:
+            raise TopicNotFound(destination)
+        copy = OutgoingMessage(
+            topic=destination,
+            body=letter.body,
+            tag=letter.tag,
+            keys=list(letter.keys),
+            properties=dict(letter.properties),
+            born_host="admin",
+        )
+        copy.born_timestamp = int(time.time() * 1000)
+        return letter, broker.send([copy])[0]
+
+    letter, result = await call(resend)
+    answer: dict[str, Any] = {
+        "resent_from": {
+            "topic": topic,
+            "queue_id": queue_id,
+            "queue_offset": offset,
+            "message_id": letter.message_id,
+        },
+        "message_id": result.message_id,
+        "topic": result.topic,
+        "queue_id": result.queue_id,
+        "queue_offset": result.queue_offset,
+    }
+    return reply(answer, status=201)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post(
+        "/v1/topics/{topic}/queues/{queue_id}/offsets/{offset}/resend", resend_dead_letter
+    )

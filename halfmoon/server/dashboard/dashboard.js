@@ -1,0 +1,583 @@
+// halfmoon's dashboard: one page per hash route, every figure and every action one
+// admin API call. No framework and no build step: DOM nodes are built with el(),
+// never from HTML strings, so a topic or message body can never inject markup.
+"use strict";
+
+const REFRESH_MS = 5000;
+const PAGE_SIZE = 50;
+const session = { canWrite: true, timers: [], lagHistory: new Map(), selected: new Set() };
+
+// -- the admin API -------------------------------------------------------------------
+
+class ApiFailure extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+async function api(method, path, body) {
+  const options = { method, headers: {} };
+  const credentials = sessionStorage.getItem("halfmoon.credentials");
+  if (credentials) options.headers.Authorization = credentials;
+  if (body !== undefined) {
+    options.headers["Content-Type"] = "application/json";
+    options.body = JSON.stringify(body);
+  }
+  let response;
+  try {
+    response = await fetch(path, options);
+  } catch (err) {
+    setConnection(false);
+    throw new ApiFailure(0, "UNREACHABLE",
+      `the broker is unreachable (${method} ${path} failed: ${err.message})`);
+  }
+  setConnection(true);
+  const text = await response.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch (_) { data = null; }
+  if (!response.ok) {
+    const error = (data && data.error) || {};
+    throw new ApiFailure(response.status, error.code || `HTTP_${response.status}`,
+      error.message || `${method} ${path} answered ${response.status}`);
+  }
+  return data;
+}
+
+const get = (path) => api("GET", path);
+const q = encodeURIComponent;
+
+function setConnection(up) {
+  const badge = document.getElementById("connection");
+  badge.textContent = up ? "broker reachable" : "broker unreachable";
+  badge.className = "connection " + (up ? "ok" : "down");
+}
+
+function showError(err) {
+  const banner = document.getElementById("banner");
+  banner.hidden = false;
+  banner.textContent = err.code ? `${err.code}: ${err.message}` : String(err.message || err);
+}
+
+function clearError() {
+  document.getElementById("banner").hidden = true;
+}
+
+// Runs an action from a button: errors go to the banner; success re-renders the page,
+// or goes to the page ``next`` names.
+async function act(fn, question, next) {
+  if (question && !window.confirm(question)) return;
+  try {
+    await fn();
+    clearError();
+    if (next && location.hash !== next) location.hash = next;
+    else await route();
+  } catch (err) {
+    showError(err);
+  }
+}
+
+// -- DOM helpers -----------------------------------------------------------------------
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (key === "text") node.textContent = value;
+    else node.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+// Mutating controls exist only for users who may change things.
+const writable = (...nodes) => (session.canWrite ? nodes : []);
+
+function table(headers, rows) {
+  return el("table", {},
+    el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
+    el("tbody", {}, rows.map((cells) => el("tr", {}, cells.map((c) => el("td", {}, c))))));
+}
+
+function card(label, value, id) {
+  return el("div", { class: "card", id }, el("div", { class: "value" }, value),
+    el("div", { class: "label" }, label));
+}
+
+const fmtTime = (ms) => (ms ? new Date(ms).toISOString().replace("T", " ").slice(0, 19) : "");
+const fmtAge = (ms) => (ms < 60000 ? `${Math.round(ms / 1000)} s` :
+  ms < 3600000 ? `${Math.round(ms / 60000)} min` : `${(ms / 3600000).toFixed(1)} h`);
+const fmtBytes = (n) => (n > 1 << 30 ? `${(n / (1 << 30)).toFixed(1)} GiB` :
+  n > 1 << 20 ? `${(n / (1 << 20)).toFixed(1)} MiB` : `${Math.round(n / 1024)} KiB`);
+
+function formValue(form, name) {
+  return form.elements[name].value.trim();
+}
+
+// A per-minute chart of the last hour: two series, drawn as SVG polylines.
+function chart(inSeries, outSeries) {
+  const width = 600, height = 100;
+  const peak = Math.max(1, ...inSeries, ...outSeries);
+  const line = (series) => series.map((v, i) =>
+    `${(i * width) / Math.max(series.length - 1, 1)},${height - (v / peak) * height}`).join(" ");
+  const svgNs = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(svgNs, "svg");
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.setAttribute("class", "chart");
+  svg.setAttribute("preserveAspectRatio", "none");
+  for (const [series, cls] of [[inSeries, "in"], [outSeries, "out"]]) {
+    const poly = document.createElementNS(svgNs, "polyline");
+    poly.setAttribute("points", line(series));
+    poly.setAttribute("class", cls);
+    svg.append(poly);
+  }
+  return el("div", {}, svg, el("div", { class: "muted" },
+    `messages per minute, last 60 minutes (peak ${peak}); blue: in, green: out`));
+}
+
+function sumSeries(rows) {
+  const total = new Array(60).fill(0);
+  for (const row of rows) (row.last_hour || []).forEach((v, i) => { total[i] += v; });
+  return total;
+}
+
+// -- pages -----------------------------------------------------------------------------
+
+async function dlqDepth() {
+  const found = await get(`/v1/topics?search=${q("%DLQ%")}&limit=1000`);
+  let depth = 0;
+  const perGroup = new Map();
+  for (const topic of found.topics.filter((t) => t.name.startsWith("%DLQ%"))) {
+    const status = await get(`/v1/topics/${q(topic.name)}/status`);
+    const n = status.queues.reduce((s, x) => s + x.max_offset - x.min_offset, 0);
+    perGroup.set(topic.name.slice(5), n);
+    depth += n;
+  }
+  return { depth, perGroup };
+}
+
+async function overviewPage(root) {
+  const [status, cluster, stats, pending, config, dlq] = await Promise.all([
+    get("/v1/broker/status"), get("/v1/cluster"), get("/v1/statistics"),
+    get("/v1/transactions?limit=1000"), get("/v1/config"), dlqDepth()]);
+  const txn = config.transaction;
+  const window = txn.timeout_ms + txn.check_interval_ms;
+  const warnings = [];
+  const stale = pending.transactions.filter((t) => t.age_ms > window);
+  if (stale.length) {
+    warnings.push(`${stale.length} half message(s) older than the check window ` +
+      `(${fmtAge(window)}): their producers do not answer checks`);
+  }
+  const lagByGroup = new Map();
+  for (const row of stats.rows.filter((r) => r.group)) {
+    lagByGroup.set(row.group, (lagByGroup.get(row.group) || 0) + (row.lag || 0));
+  }
+  for (const [group, lag] of lagByGroup) {
+    const history = session.lagHistory.get(group) || [];
+    history.push(lag);
+    if (history.length > 4) history.shift();
+    session.lagHistory.set(group, history);
+    const growing = history.length >= 3 && history.every((v, i) => i === 0 || v > history[i - 1]);
+    if (growing) warnings.push(`group ${group}: lag growing (${history.join(" → ")})`);
+  }
+  for (const broker of cluster.brokers) {
+    if (broker.state && broker.state !== "up") warnings.push(`broker ${broker.broker} is ${broker.state}`);
+  }
+  if (status.parked_transactions) warnings.push(`${status.parked_transactions} parked transaction(s) need an operator`);
+  const inRows = stats.rows.filter((r) => !r.group);
+  const outRows = stats.rows.filter((r) => r.group);
+  root.replaceChildren(
+    el("h2", {}, "Overview"),
+    el("div", { class: "cards" },
+      card("messages in / s", status.tps_in.toFixed(2), "tps-in"),
+      card("messages out / s", status.tps_out.toFixed(2), "tps-out"),
+      card("topics", status.topics), card("groups", status.groups),
+      card("disk used by the store", fmtBytes(status.disk_bytes)),
+      card("disk used (volume)", `${Math.round((status.disk_used_ratio || 0) * 100)} %`),
+      card("pending transactions", status.pending_transactions, "pending"),
+      card("parked transactions", status.parked_transactions, "parked"),
+      card("dead letters", dlq.depth, "dead-letters"),
+      card("connected clients", status.clients)),
+    el("section", { id: "warnings" }, el("h2", {}, "Warnings"),
+      warnings.length ? el("ul", {}, warnings.map((w) => el("li", { class: "warning" }, w)))
+        : el("p", { class: "muted" }, "none")),
+    el("section", {}, el("h2", {}, "Traffic"), chart(sumSeries(inRows), sumSeries(outRows))),
+    el("section", {}, el("h2", {}, "Brokers"),
+      table(["broker", "role", "state", "gRPC", "admin", "version", "uptime", "in/s", "out/s"],
+        cluster.brokers.map((b) => [b.broker, b.role,
+          el("span", { class: b.state && b.state !== "up" ? "state-down" : "state-ok" }, b.state || "up"),
+          b.grpc, b.admin, b.version, fmtAge(b.uptime_ms || 0),
+          (b.tps_in || 0).toFixed(2), (b.tps_out || 0).toFixed(2)]))));
+}
+
+function pager(total, offset, go) {
+  return el("div", { class: "pager" },
+    el("button", { onclick: () => go(Math.max(0, offset - PAGE_SIZE)), disabled: offset === 0 }, "previous"),
+    el("span", { class: "muted" },
+      total ? `${offset + 1}–${Math.min(total, offset + PAGE_SIZE)} of ${total}` : "none"),
+    el("button", { onclick: () => go(offset + PAGE_SIZE), disabled: offset + PAGE_SIZE >= total }, "next"));
+}
+
+async function topicsPage(root, params) {
+  const search = params.get("search") || "";
+  const offset = Number(params.get("offset") || 0);
+  const found = await get(`/v1/topics?search=${q(search)}&offset=${offset}&limit=${PAGE_SIZE}`);
+  const go = (o, s = search) => { location.hash = `#/topics?search=${q(s)}&offset=${o}`; };
+  const searchForm = el("form", { class: "inline", onsubmit: (e) => { e.preventDefault(); go(0, formValue(e.target, "search")); } },
+    el("input", { name: "search", placeholder: "search topics", value: search }),
+    el("button", { type: "submit" }, "search"));
+  const createForm = el("form", { class: "inline", id: "create-topic", onsubmit: (e) => {
+    e.preventDefault();
+    const f = e.target;
+    const name = formValue(f, "name");
+    act(() => api("POST", "/v1/topics", { name, message_type: formValue(f, "message_type"),
+      queue_count: Number(formValue(f, "queue_count")) }), null, `#/topics?search=${q(name)}&offset=0`);
+  } },
+  el("input", { name: "name", placeholder: "new topic name", required: true }),
+  el("select", { name: "message_type" }, ["normal", "fifo", "delay", "transaction", "priority", "lite"].map((t) => el("option", {}, t))),
+  el("input", { name: "queue_count", type: "number", min: 1, value: 8, style: "width:5em" }),
+  el("button", { type: "submit" }, "create topic"));
+  root.replaceChildren(el("h2", {}, "Topics"), searchForm, ...writable(createForm),
+    pager(found.total, offset, go),
+    table(["name", "type", "queues", "perm", "created", ""], found.topics.map((t) => [
+      el("a", { href: `#/topic?name=${q(t.name)}` }, t.name), t.message_type, t.queue_count,
+      t.perm, fmtTime(t.created_ms),
+      writable(el("button", { class: "danger", onclick: () => act(
+        () => api("DELETE", `/v1/topics/${q(t.name)}`), `Delete topic ${t.name} and its messages?`) }, "delete"))])));
+}
+
+async function topicPage(root, params) {
+  const name = params.get("name");
+  const [topic, status, route] = await Promise.all([get(`/v1/topics/${q(name)}`),
+    get(`/v1/topics/${q(name)}/status`), get(`/v1/topics/${q(name)}/route`)]);
+  const updateForm = el("form", { class: "inline", onsubmit: (e) => {
+    e.preventDefault();
+    act(() => api("PATCH", `/v1/topics/${q(name)}`, { queue_count: Number(formValue(e.target, "queue_count")),
+      perm: formValue(e.target, "perm") }), `Change topic ${name}?`);
+  } }, "queues", el("input", { name: "queue_count", type: "number", min: 1, value: topic.queue_count, style: "width:5em" }),
+  "perm", el("select", { name: "perm" }, ["rw", "r", "w"].map((p) => el("option", { selected: p === topic.perm }, p))),
+  el("button", { type: "submit" }, "update"));
+  const result = el("div", { id: "send-result", class: "muted" });
+  const sendForm = el("form", { class: "inline", id: "send-test", onsubmit: async (e) => {
+    e.preventDefault();
+    const f = e.target;
+    const body = { body: f.elements.body.value };
+    if (formValue(f, "tag")) body.tag = formValue(f, "tag");
+    if (formValue(f, "key")) body.keys = [formValue(f, "key")];
+    try {
+      const sent = await api("POST", `/v1/topics/${q(name)}/messages`, body);
+      result.textContent = `sent ${sent.message_id} to queue ${sent.queue_id} at offset ${sent.queue_offset}`;
+      clearError();
+    } catch (err) { showError(err); }
+  } }, el("input", { name: "body", placeholder: "body", required: true }),
+  el("input", { name: "tag", placeholder: "tag" }), el("input", { name: "key", placeholder: "key" }),
+  el("button", { type: "submit" }, "send test message"));
+  root.replaceChildren(el("h2", {}, `Topic ${name}`),
+    el("p", {}, `type ${topic.message_type}, ${topic.queue_count} queues, perm ${topic.perm}`),
+    ...writable(el("section", {}, el("h2", {}, "Change"), updateForm),
+      el("section", {}, el("h2", {}, "Send a test message"), sendForm, result)),
+    el("section", {}, el("h2", {}, "Queues"),
+      table(["queue", "min offset", "max offset", "messages"],
+        status.queues.map((x) => [x.queue_id, x.min_offset, x.max_offset, x.max_offset - x.min_offset]))),
+    el("section", {}, el("h2", {}, "Route"), el("pre", {}, JSON.stringify(route, null, 2))));
+}
+
+async function groupsPage(root, params) {
+  const search = params.get("search") || "";
+  const offset = Number(params.get("offset") || 0);
+  const [found, stats] = await Promise.all([
+    get(`/v1/groups?search=${q(search)}&offset=${offset}&limit=${PAGE_SIZE}`), get("/v1/statistics")]);
+  const lag = new Map();
+  for (const row of stats.rows.filter((r) => r.group)) lag.set(row.group, (lag.get(row.group) || 0) + row.lag);
+  const go = (o, s = search) => { location.hash = `#/groups?search=${q(s)}&offset=${o}`; };
+  root.replaceChildren(el("h2", {}, "Consumer groups"),
+    el("form", { class: "inline", onsubmit: (e) => { e.preventDefault(); go(0, formValue(e.target, "search")); } },
+      el("input", { name: "search", placeholder: "search groups", value: search }),
+      el("button", { type: "submit" }, "search")),
+    pager(found.total, offset, go),
+    table(["name", "fifo", "max attempts", "lag (consumed in 24 h)", "consume from"], found.groups.map((g) => [
+      el("a", { href: `#/group?name=${q(g.name)}` }, g.name), g.fifo ? "yes" : "no",
+      g.max_delivery_attempts, lag.has(g.name) ? lag.get(g.name) : "", g.consume_from])));
+}
+
+async function groupPage(root, params) {
+  const name = params.get("name");
+  const [group, progress, clients] = await Promise.all([get(`/v1/groups/${q(name)}`),
+    get(`/v1/groups/${q(name)}/progress`), get(`/v1/groups/${q(name)}/clients`)]);
+  const dlqTopic = `%DLQ%${name}`;
+  // The dead-letter topic exists once the group gave up on a message: look before reading.
+  const dlqFound = await get(`/v1/topics?search=${q(dlqTopic)}&limit=1000`);
+  const letters = dlqFound.topics.some((t) => t.name === dlqTopic)
+    ? (await get(`/v1/topics/${q(dlqTopic)}/scan?limit=50`)).messages : [];
+  const topics = [...new Set(progress.queues.map((x) => x.topic))];
+  const resetForm = el("form", { class: "inline", id: "reset-offset", onsubmit: (e) => {
+    e.preventDefault();
+    const f = e.target;
+    const when = Date.parse(formValue(f, "time"));
+    if (Number.isNaN(when)) { showError(new Error("give a time such as 2026-01-31T12:00:00Z")); return; }
+    act(() => api("POST", `/v1/groups/${q(name)}/reset-offset`, { topic: formValue(f, "topic"), timestamp_ms: when }),
+      `Move group ${name}'s offsets on ${formValue(f, "topic")} to ${formValue(f, "time")}?`);
+  } }, "topic", el("select", { name: "topic" }, topics.map((t) => el("option", {}, t))),
+  "time", el("input", { name: "time", value: new Date().toISOString().slice(0, 19) + "Z" }),
+  el("button", { type: "submit" }, "reset offset"));
+  const retries = progress.queues.reduce((s, x) => s + x.inflight, 0);
+  root.replaceChildren(el("h2", {}, `Consumer group ${name}`),
+    el("p", {}, `fifo ${group.fifo ? "yes" : "no"}, at most ${group.max_delivery_attempts} deliveries, ` +
+      `${retries} in flight (delivered, awaiting ack or retry), ${letters.length} dead letter(s) shown`),
+    el("section", {}, el("h2", {}, "Lag per queue"),
+      table(["topic", "queue", "committed", "max", "lag", "in flight"], progress.queues.map((x) =>
+        [x.topic, x.queue_id, x.committed_offset, x.max_offset, x.lag, x.inflight]))),
+    ...writable(el("section", {}, el("h2", {}, "Reset offset to a time"), resetForm)),
+    el("section", { id: "clients" }, el("h2", {}, "Connected gRPC clients"),
+      clients.clients.length ? table(["client", "address", "subscriptions"], clients.clients.map((c) =>
+        [c.client_id, c.address || c.peer || "", c.subscriptions.map((s) => `${s.topic} (${s.filter_type} ${s.filter})`).join(", ")]))
+        : el("p", { class: "muted" }, "no client of this group is connected")),
+    el("section", { id: "dead-letters" }, el("h2", {}, `Dead letters (${dlqTopic})`),
+      letters.length ? table(["message", "from topic", "attempts", "stored", "body", ""], letters.map((m) => [
+        el("a", { href: `#/message?id=${q(m.message_id)}` }, m.message_id), m.dead_letter_topic || "",
+        m.dead_letter_attempts, fmtTime(m.store_timestamp), (m.body || "").slice(0, 60),
+        writable(el("button", { onclick: () => act(() => api("POST",
+          `/v1/topics/${q(dlqTopic)}/queues/${m.queue_id}/offsets/${m.queue_offset}/resend`),
+        `Resend ${m.message_id} to ${m.dead_letter_topic}?`) }, "resend"))]))
+        : el("p", { class: "muted" }, "no dead letters")));
+}
+
+function messageRows(messages) {
+  return table(["message id", "topic", "queue", "offset", "tag", "keys", "stored"], messages.map((m) => [
+    el("a", { href: `#/message?id=${q(m.message_id)}&topic=${q(m.topic)}` }, m.message_id),
+    m.topic, m.queue_id, m.queue_offset, m.tag || "", (m.keys || []).join(", "), fmtTime(m.store_timestamp)]));
+}
+
+async function messagesPage(root, params) {
+  const results = el("div", { id: "results" });
+  const search = (path) => async (e) => {
+    e.preventDefault();
+    try {
+      const found = await get(path(e.target));
+      results.replaceChildren(found.messages.length ? messageRows(found.messages)
+        : el("p", { class: "muted" }, "no message found"));
+      clearError();
+    } catch (err) { showError(err); }
+  };
+  const time = (f, n) => (formValue(f, n) ? Date.parse(formValue(f, n)) : "");
+  root.replaceChildren(el("h2", {}, "Messages"),
+    el("form", { class: "inline", id: "by-id", onsubmit: search((f) => `/v1/messages/${q(formValue(f, "id"))}`) },
+      el("input", { name: "id", placeholder: "message id", required: true, size: 40 }),
+      el("button", { type: "submit" }, "find by id")),
+    el("form", { class: "inline", id: "by-key", onsubmit: search((f) =>
+      `/v1/topics/${q(formValue(f, "topic"))}/messages?key=${q(formValue(f, "key"))}`) },
+    el("input", { name: "topic", placeholder: "topic", required: true }),
+    el("input", { name: "key", placeholder: "key", required: true }),
+    el("button", { type: "submit" }, "find by key")),
+    el("form", { class: "inline", id: "by-time", onsubmit: search((f) => {
+      let path = `/v1/topics/${q(formValue(f, "topic"))}/scan?limit=100&begin_ms=${time(f, "begin")}&end_ms=${time(f, "end")}`;
+      if (formValue(f, "filter")) path += `&filter_type=${formValue(f, "filter_type")}&filter=${q(formValue(f, "filter"))}`;
+      return path;
+    }) },
+    el("input", { name: "topic", placeholder: "topic", required: true }),
+    el("input", { name: "begin", placeholder: "from (ISO time)" }),
+    el("input", { name: "end", placeholder: "to (ISO time)" }),
+    el("select", { name: "filter_type" }, el("option", {}, "tag"), el("option", {}, "sql92")),
+    el("input", { name: "filter", placeholder: "filter expression" }),
+    el("button", { type: "submit" }, "find in time range")),
+    results);
+}
+
+function hex(text, encoding) {
+  const bytes = encoding === "base64" ? Uint8Array.from(atob(text), (c) => c.charCodeAt(0))
+    : new TextEncoder().encode(text);
+  const lines = [];
+  for (let i = 0; i < bytes.length; i += 16) {
+    const chunk = [...bytes.slice(i, i + 16)];
+    lines.push(i.toString(16).padStart(8, "0") + "  " + chunk.map((b) => b.toString(16).padStart(2, "0")).join(" "));
+  }
+  return lines.join("\n");
+}
+
+function bodyView(m) {
+  const views = { text: m.body_encoding === "utf-8" ? m.body : "(binary: see hex)", hex: hex(m.body, m.body_encoding) };
+  try { views.json = JSON.stringify(JSON.parse(m.body), null, 2); } catch (_) { /* not JSON */ }
+  const shown = el("pre", { id: "body" }, views.json || views.text);
+  return el("div", {}, el("div", { class: "inline" }, Object.keys(views).map((k) =>
+    el("button", { onclick: () => { shown.textContent = views[k]; }, id: `view-${k}` }, k))), shown);
+}
+
+// What the broker can tell about a message today: where it is stored, which groups'
+// committed offsets passed it, and its dead-letter copies (see docs/dashboard.md).
+async function traceOf(message, copies) {
+  const events = [[message.store_timestamp, `stored in ${message.topic} queue ${message.queue_id} at offset ${message.queue_offset}`]];
+  const stats = await get(`/v1/statistics?topic=${q(message.topic)}`);
+  const groups = [...new Set(stats.rows.filter((r) => r.group).map((r) => r.group))];
+  for (const group of groups) {
+    const progress = await get(`/v1/groups/${q(group)}/progress?topic=${q(message.topic)}`);
+    const queue = progress.queues.find((x) => x.queue_id === message.queue_id);
+    if (!queue) continue;
+    events.push([null, queue.committed_offset > message.queue_offset
+      ? `consumed by group ${group} (its committed offset ${queue.committed_offset} is past it)`
+      : `not yet consumed by group ${group} (committed offset ${queue.committed_offset})`]);
+  }
+  for (const copy of copies) {
+    events.push([copy.store_timestamp, `dead-lettered by group ${copy.dead_letter_group} after ${copy.dead_letter_attempts} deliveries (copy in ${copy.topic})`]);
+  }
+  if (message.transaction_id) events.push([null, `committed transaction ${message.transaction_id}`]);
+  return events;
+}
+
+async function messagePage(root, params) {
+  const found = (await get(`/v1/messages/${q(params.get("id"))}`)).messages;
+  if (!found.length) { root.replaceChildren(el("p", {}, "no such message")); return; }
+  const original = found.find((m) => !m.dead_letter_group) || found[0];
+  const message = found.find((m) => m.topic === params.get("topic")) || original;
+  const copies = found.filter((m) => m.dead_letter_group);
+  const trace = await traceOf(original, copies);
+  root.replaceChildren(el("h2", {}, `Message ${message.message_id}`),
+    el("section", {}, el("h2", {}, "Properties"), table(["field", "value"], Object.entries(message)
+      .filter(([k]) => !["body", "properties"].includes(k))
+      .map(([k, v]) => [k, v === null ? "" : typeof v === "object" ? JSON.stringify(v) : String(v)])
+      .concat(Object.entries(message.properties).map(([k, v]) => [`property ${k}`, v])))),
+    el("section", {}, el("h2", {}, "Body"), bodyView(message)),
+    el("section", { id: "trace" }, el("h2", {}, "Trace"),
+      el("ol", {}, trace.map(([when, what]) => el("li", {}, when ? `${fmtTime(when)} — ${what}` : what))),
+      el("p", { class: "muted" }, "Per-delivery attempts and transaction checks are not recorded by the broker yet (see docs/dashboard.md).")));
+}
+
+async function transactionsPage(root) {
+  const [pending, parked, config] = await Promise.all([get("/v1/transactions?limit=1000"),
+    get("/v1/transactions/parked?limit=1000"), get("/v1/config")]);
+  const txn = config.transaction;
+  // The selection survives the live refresh (and is pruned to what still exists).
+  const selected = session.selected;
+  const known = new Set([...pending.transactions, ...parked.transactions].map((t) => t.transaction_id));
+  for (const id of [...selected]) if (!known.has(id)) selected.delete(id);
+  const rows = (list, isParked) => list.map((t) => [
+    writable(el("input", { type: "checkbox", "data-id": t.transaction_id, checked: selected.has(t.transaction_id),
+      onchange: (e) => (e.target.checked ? selected.add(t.transaction_id) : selected.delete(t.transaction_id)) })),
+    t.transaction_id, t.topic, t.producer_group || "", fmtAge(t.age_ms), t.checks_sent,
+    isParked ? "parked: operator decides" : t.checks_sent === 0
+      ? `first check ${fmtAge(Math.max(0, txn.timeout_ms - t.age_ms))} from now`
+      : `every ${fmtAge(txn.check_interval_ms)} until ${txn.check_max} checks`,
+    (t.keys || []).join(", ")]);
+  const decide = (verb) => () => {
+    const ids = [...selected];
+    if (!ids.length) { showError(new Error("select one or more transactions first")); return; }
+    act(async () => {
+      for (const id of ids) await api("POST", `/v1/transactions/${q(id)}/${verb}`);
+    }, `${verb} ${ids.length} transaction(s)?`);
+  };
+  root.replaceChildren(el("h2", {}, "Transactions"),
+    ...writable(el("div", { class: "inline" },
+      el("button", { id: "commit", onclick: decide("commit") }, "commit selected"),
+      el("button", { id: "rollback", class: "danger", onclick: decide("rollback") }, "roll back selected"),
+      el("button", { id: "resume", onclick: decide("resume") }, "resume selected (parked)"))),
+    el("section", { id: "pending" }, el("h2", {}, `Pending (${pending.transactions.length})`),
+      table(["", "transaction", "topic", "producer group", "age", "checks", "next check", "keys"], rows(pending.transactions, false))),
+    el("section", { id: "parked" }, el("h2", {}, `Parked after ${txn.check_max} checks (${parked.transactions.length})`),
+      table(["", "transaction", "topic", "producer group", "age", "checks", "next check", "keys"], rows(parked.transactions, true))));
+}
+
+async function clusterPage(root) {
+  const cluster = await get("/v1/cluster");
+  root.replaceChildren(el("h2", {}, `Cluster ${cluster.cluster}`),
+    table(["broker", "role", "state", "gRPC", "admin", "version", "uptime"], cluster.brokers.map((b) =>
+      [b.broker, b.role, b.state || "up", b.grpc, b.admin, b.version, fmtAge(b.uptime_ms || 0)])),
+    el("p", { class: "notice" }, "Masters with their replicas, epochs and replication lag arrive with " +
+      "broker replication, a later issue; this page shows what the cluster reports today."));
+}
+
+// -- routing and live refresh -------------------------------------------------------------
+
+const PAGES = {
+  overview: [overviewPage, true], topics: [topicsPage, false], topic: [topicPage, false],
+  groups: [groupsPage, false], group: [groupPage, false], messages: [messagesPage, false],
+  message: [messagePage, false], transactions: [transactionsPage, true], cluster: [clusterPage, true],
+};
+
+let renderSerial = 0;
+
+async function route() {
+  const [name, query] = (location.hash.slice(2) || "overview").split("?");
+  const [render, live] = PAGES[name] || PAGES.overview;
+  const params = new URLSearchParams(query || "");
+  for (const timer of session.timers) clearInterval(timer);
+  session.timers = [];
+  for (const link of document.querySelectorAll("#nav a")) {
+    link.classList.toggle("active", link.getAttribute("href").slice(2).split("?")[0] === name.replace(/^(topic|group|message)$/, "$1s"));
+  }
+  const root = document.getElementById("page");
+  const serial = ++renderSerial;
+  const draw = async () => {
+    const next = el("div", {});
+    try {
+      await render(next, params);
+      if (serial !== renderSerial) return;  // the user moved on meanwhile
+      root.replaceChildren(...next.childNodes);
+      root.dataset.loaded = name;
+      clearError();
+    } catch (err) {
+      if (serial === renderSerial) showError(err);
+    }
+  };
+  await draw();
+  // Live pages redraw every few seconds; pages with forms redraw only after an action,
+  // so a refresh never wipes what the user is typing.
+  if (live) session.timers.push(setInterval(draw, REFRESH_MS));
+}
+
+// -- login --------------------------------------------------------------------------------
+
+function showUser(who) {
+  const slot = document.getElementById("user");
+  if (!who.auth_enabled) { slot.replaceChildren(); return; }
+  slot.replaceChildren(`${who.access_key}${who.can_write ? "" : " (read-only)"} `,
+    el("a", { href: "#/overview", id: "logout", onclick: () => {
+      sessionStorage.removeItem("halfmoon.credentials");
+      location.reload();
+    } }, "log out"));
+}
+
+function loginPage(reason) {
+  const root = document.getElementById("page");
+  root.dataset.loaded = "login";
+  root.replaceChildren(el("h2", {}, "Log in"),
+    el("p", { class: "muted", id: "login-reason" }, reason),
+    el("form", { class: "inline", id: "login", onsubmit: (e) => {
+      e.preventDefault();
+      const pair = `${formValue(e.target, "access_key")}:${e.target.elements.secret_key.value}`;
+      sessionStorage.setItem("halfmoon.credentials",
+        "Basic " + btoa(String.fromCharCode(...new TextEncoder().encode(pair))));
+      start();
+    } },
+    el("input", { name: "access_key", placeholder: "access key", required: true, autocomplete: "username" }),
+    el("input", { name: "secret_key", type: "password", placeholder: "secret key", required: true, autocomplete: "current-password" }),
+    el("button", { type: "submit" }, "log in")));
+}
+
+// Asks the API who we are first: with authentication on and no valid credentials the
+// page is a login form; a read-only user's pages have no mutating controls.
+async function start() {
+  let who;
+  try {
+    who = await get("/v1/whoami");
+  } catch (err) {
+    showError(err);
+    return;
+  }
+  if (who.auth_enabled && !who.authenticated) {
+    sessionStorage.removeItem("halfmoon.credentials");
+    for (const timer of session.timers) clearInterval(timer);
+    loginPage(who.reason);
+    return;
+  }
+  session.canWrite = who.can_write;
+  showUser(who);
+  clearError();
+  await route();
+}
+
+window.addEventListener("hashchange", () => { if (document.getElementById("page").dataset.loaded !== "login") route(); });
+window.addEventListener("DOMContentLoaded", start);

@@ -1,0 +1,103 @@
+"""A real ``halfmoon serve`` with data in it, and Debian's chromium driven by playwright.
+
+playwright's own browser download does not work everywhere this suite runs, so the
+browser is the system's ``/usr/bin/chromium`` (``./run test`` installs Debian's
+package when it is missing). Without it the tests skip, and under ``CI=true`` they
+fail instead. Every page a test opens fails the test on a JavaScript console error
+or an uncaught exception; screenshots go to the test's tmp dir.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.server.conftest import ServerProcess
+
+CHROMIUM = Path(os.environ.get("HALFMOON_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+ACTION_TIMEOUT_MS = 15_000
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    proc = ServerProcess(tmp_path_factory.mktemp("halfmoon-data")).start()
+    try:
+        yield proc
+    finally:
+        if proc.alive():
+            proc.stop()
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        message = f"{CHROMIUM} is missing: ./run test installs Debian's chromium"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    # playwright is a test dependency only: `halfmoon serve` never imports it.
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as driver:
+        launched = driver.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+class DashboardPage:
+    """One browser page on the dashboard; records console errors and screenshots."""
+
+    def __init__(self, page: Any, base: str, shots: Path) -> None:
+        self.page = page
+        self.base = base
+        self.shots = shots
+        self.errors: list[str] = []
+        page.set_default_timeout(ACTION_TIMEOUT_MS)
+        page.on(
+            "console",
+            lambda msg: self.errors.append(f"console: {msg.text}") if msg.type == "error" else None,
+        )
+        page.on("pageerror", lambda exc: self.errors.append(f"uncaught: {exc}"))
+        page.on("dialog", lambda dialog: dialog.accept())  # confirmations: yes
+
+    def open(self, route: str, loaded: str) -> Any:
+        """Go to ``#/route`` and wait until the page named ``loaded`` has drawn."""
+        self.page.goto(f"{self.base}/dashboard/#/{route}")
+        self.wait_loaded(loaded)
+        return self.page
+
+    def wait_loaded(self, name: str) -> None:
+        self.page.wait_for_selector(f"main[data-loaded='{name}']")
+
+    def screenshot(self, name: str) -> Path:
+        path = self.shots / f"{name}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        return path
+
+
+@pytest.fixture
+def dashboard(browser: Any, server: ServerProcess, tmp_path: Path) -> Iterator[DashboardPage]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = DashboardPage(context.new_page(), server.admin, tmp_path)
+    try:
+        yield page
+    finally:
+        context.close()
+    assert not page.errors, page.errors

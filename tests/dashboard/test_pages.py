@@ -1,0 +1,235 @@
+"""Each dashboard page in chromium against a real ``halfmoon serve`` with data in it:
+the page loads, its main action is performed through the page, and both what the page
+shows afterwards and what the broker did (through the admin API) are asserted."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+
+from halfmoon.client.message import Message
+from halfmoon.client.selector import MessageSelector
+from halfmoon.client.sync import SyncSimpleConsumer, SyncTransactionProducer
+from tests.server.conftest import ServerProcess, wait_until
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def api(server: ServerProcess, method: str, path: str, body: dict | None = None) -> dict:
+    status, answer = server.admin_call(method, path, body)
+    assert 200 <= status < 300, (method, path, status, answer)
+    assert isinstance(answer, dict)
+    return answer
+
+
+def send(server: ServerProcess, topic: str, body: str, key: str | None = None) -> dict:
+    message: dict = {"body": body}
+    if key:
+        message["keys"] = [key]
+    return api(server, "POST", f"/v1/topics/{topic}/messages", message)
+
+
+def messages_in(server: ServerProcess, topic: str) -> int:
+    queues = api(server, "GET", f"/v1/topics/{topic}/status")["queues"]
+    return sum(q["max_offset"] - q["min_offset"] for q in queues)
+
+
+def consume(server: ServerProcess, group: str, topic: str, count: int, ack: bool = True) -> None:
+    with SyncSimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer:
+        got: list = []
+        deadline = time.monotonic() + 20
+        while len(got) < count and time.monotonic() < deadline:
+            got += consumer.receive(count - len(got), 10 if not ack else 60, wait=2)
+        assert len(got) == count
+        if ack:
+            for message in got:
+                consumer.ack(message)
+
+
+def test_overview_shows_the_broker_and_refreshes_live(dashboard, server):
+    topic = unique("overview")
+    server.create_topic(topic)
+    send(server, topic, "first")
+    page = dashboard.open("overview", "overview")
+    assert page.locator("#nav a.active").inner_text() == "Overview"
+    assert page.locator("svg.chart polyline.in").count() == 1
+    assert "127.0.0.1" in page.locator("main table").first.inner_text()
+    shown = page.locator("#pending .value").inner_text()
+    assert shown == str(api(server, "GET", "/v1/broker/status")["pending_transactions"])
+    before = page.locator("#tps-in .value").inner_text()
+    for i in range(30):
+        send(server, topic, f"more {i}")
+    # The page redraws itself every few seconds: the in-rate changes without a reload.
+    page.wait_for_function(
+        "before => document.querySelector('#tps-in .value').textContent !== before",
+        arg=before,
+        timeout=15_000,
+    )
+    dashboard.screenshot("overview")
+
+
+def test_topics_search_pages_and_create_delete(dashboard, server):
+    prefix = unique("bulk")
+    for i in range(60):
+        server.create_topic(f"{prefix}-{i:03d}", queues=1)
+    page = dashboard.open(f"topics?search={prefix}", "topics")
+    assert "1–50 of 60" in page.locator(".pager").inner_text()
+    assert page.locator("main tbody tr").count() == 50
+    page.get_by_role("button", name="next").click()
+    page.wait_for_function("() => document.querySelector('.pager').textContent.includes('51–60')")
+    assert page.locator("main tbody tr").count() == 10
+
+    created = unique("made-in-browser")
+    form = page.locator("#create-topic")
+    form.locator("input[name=name]").fill(created)
+    form.locator("select[name=message_type]").select_option("fifo")
+    form.locator("input[name=queue_count]").fill("3")
+    form.get_by_role("button", name="create topic").click()
+    # The page shows the new topic by searching for it.
+    page.wait_for_selector(f"main tbody a:text-is('{created}')")
+    assert api(server, "GET", f"/v1/topics/{created}")["queue_count"] == 3
+    assert api(server, "GET", f"/v1/topics/{created}")["message_type"] == "fifo"
+    dashboard.screenshot("topics")
+
+    page.locator("main tbody tr", has_text=created).get_by_role("button", name="delete").click()
+    page.wait_for_selector(f"main tbody a:text-is('{created}')", state="detached")
+    status, _ = server.admin_call("GET", f"/v1/topics/{created}")
+    assert status == 404
+
+
+def test_topic_page_sends_a_test_message_and_shows_queues(dashboard, server):
+    topic = unique("detail")
+    server.create_topic(topic, queues=2)
+    page = dashboard.open(f"topic?name={topic}", "topic")
+    assert page.locator("main section", has_text="Queues").locator("tbody tr").count() == 2
+    form = page.locator("#send-test")
+    form.locator("input[name=body]").fill('{"hello": "world"}')
+    form.locator("input[name=key]").fill("test-key")
+    form.get_by_role("button", name="send test message").click()
+    page.wait_for_function(
+        "() => document.querySelector('#send-result').textContent.startsWith('sent ')"
+    )
+    sent_id = page.locator("#send-result").inner_text().split()[1]
+    found = api(server, "GET", f"/v1/topics/{topic}/messages?key=test-key")["messages"]
+    assert [m["message_id"] for m in found] == [sent_id]
+    assert messages_in(server, topic) == 1
+
+
+def test_group_page_resets_an_offset_to_a_time(dashboard, server):
+    topic, group = unique("replay"), unique("replayers")
+    server.create_topic(topic, queues=1)
+    server.create_group(group)
+    before = int(time.time() * 1000) - 2000
+    for i in range(3):
+        send(server, topic, f"m{i}")
+    consume(server, group, topic, 3)
+    progress = api(server, "GET", f"/v1/groups/{group}/progress")["queues"]
+    assert [(q["committed_offset"], q["lag"]) for q in progress] == [(3, 0)]
+
+    page = dashboard.open(f"group?name={group}", "group")
+    lag_table = page.locator("main section", has_text="Lag per queue")
+    assert lag_table.locator("tbody tr td").nth(4).inner_text() == "0"
+    form = page.locator("#reset-offset")
+    form.locator("select[name=topic]").select_option(topic)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(before / 1000)) + "Z"
+    form.locator("input[name=time]").fill(stamp)
+    form.get_by_role("button", name="reset offset").click()
+    page.wait_for_function(
+        "() => document.querySelectorAll('main section')[0]"
+        ".querySelectorAll('tbody tr td')[4]?.textContent === '3'"
+    )
+    progress = api(server, "GET", f"/v1/groups/{group}/progress")["queues"]
+    assert [(q["committed_offset"], q["lag"]) for q in progress] == [(0, 3)]
+    dashboard.screenshot("group")
+
+
+def test_group_page_resends_a_dead_letter(dashboard, server):
+    topic, group = unique("fragile"), unique("gives-up")
+    server.create_topic(topic, queues=1)
+    server.create_group(group, max_delivery_attempts=1)
+    sent = send(server, topic, "poison", key="poison-key")
+    consume(server, group, topic, 1, ack=False)  # never acked: one attempt, then the DLQ
+    dlq = f"%25DLQ%25{group}"
+    wait_until(
+        lambda: (
+            server.admin_call("GET", f"/v1/topics/{dlq}/status")[0] == 200
+            and messages_in(server, dlq) == 1
+        ),
+        30,
+        "the message in the dead-letter topic",
+    )
+    page = dashboard.open(f"group?name={group}", "group")
+    row = page.locator("#dead-letters tbody tr")
+    assert row.count() == 1 and topic in row.inner_text()
+    row.get_by_role("button", name="resend").click()
+    wait_until(lambda: messages_in(server, topic) == 2, 10, "the resent copy in its topic")
+    copies = api(server, "GET", f"/v1/topics/{topic}/messages?key=poison-key")["messages"]
+    assert len(copies) == 2 and {m["body"] for m in copies} == {"poison"}
+    assert sent["message_id"] in {m["message_id"] for m in copies}
+    assert messages_in(server, dlq) == 1  # the dead letter stays, as an audit trail
+
+
+def test_transactions_page_commits_a_pending_transaction(dashboard, server):
+    topic = unique("txn")
+    server.create_topic(topic, message_type="transaction", queues=1)
+    # The producer leaves without deciding: the half message stays pending.
+    with SyncTransactionProducer(server.grpc, unique("pg")) as producer:
+        transaction = producer.begin()
+        producer.send_in(transaction, Message(topic, b"undecided", keys=["txn-key"]))
+    pending = api(server, "GET", f"/v1/transactions?topic={topic}")["transactions"]
+    assert len(pending) == 1
+    transaction_id = pending[0]["transaction_id"]
+    assert messages_in(server, topic) == 0
+
+    page = dashboard.open("transactions", "transactions")
+    row = page.locator("#pending tbody tr", has_text=transaction_id)
+    assert "undecided" not in row.inner_text() and pending[0]["producer_group"] in row.inner_text()
+    row.locator("input[type=checkbox]").check()
+    page.click("#commit")
+    page.wait_for_selector(f"#pending tbody tr:has-text('{transaction_id}')", state="detached")
+    assert api(server, "GET", f"/v1/transactions?topic={topic}")["transactions"] == []
+    assert messages_in(server, topic) == 1
+    dashboard.screenshot("transactions")
+
+
+def test_messages_page_finds_by_key_and_opens_the_trace(dashboard, server):
+    topic, group = unique("traced"), unique("readers")
+    server.create_topic(topic, queues=1)
+    server.create_group(group)
+    sent = send(server, topic, json.dumps({"order": 7, "items": [1, 2]}), key="order-7")
+    consume(server, group, topic, 1)
+    page = dashboard.open("messages", "messages")
+    form = page.locator("#by-key")
+    form.locator("input[name=topic]").fill(topic)
+    form.locator("input[name=key]").fill("order-7")
+    form.get_by_role("button", name="find by key").click()
+    page.locator(f"#results a:text-is('{sent['message_id']}')").click()
+    dashboard.wait_loaded("message")
+    body = page.locator("#body").inner_text()
+    assert json.loads(body) == {"order": 7, "items": [1, 2]} and "\n" in body  # pretty JSON
+    page.click("#view-hex")
+    assert page.locator("#body").inner_text().startswith("00000000  7b 22")
+    trace = page.locator("#trace").inner_text()
+    assert f"stored in {topic} queue 0 at offset 0" in trace
+    assert re.search(rf"consumed by group {group}", trace)
+    dashboard.screenshot("message")
+
+
+def test_cluster_page_says_what_is_not_there_yet(dashboard, server):
+    page = dashboard.open("cluster", "cluster")
+    assert server.grpc in page.locator("main table").inner_text()
+    assert "replicas" in page.locator(".notice").inner_text()
+
+
+def test_an_unreachable_broker_is_said_plainly(dashboard, server):
+    page = dashboard.open("overview", "overview")
+    page.route("**/v1/**", lambda route: route.abort())
+    page.wait_for_selector("#banner:not([hidden])", timeout=15_000)
+    assert "unreachable" in page.locator("#banner").inner_text()
+    assert page.locator("#connection").inner_text() == "broker unreachable"
+    # The refused requests themselves are logged by the browser: expected here.
+    dashboard.errors[:] = [e for e in dashboard.errors if "net::ERR_FAILED" not in e]

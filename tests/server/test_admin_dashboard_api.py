@@ -1,0 +1,110 @@
+"""The admin API the dashboard added: searched and paged lists, per-minute traffic,
+and resending a dead letter (against a real Broker on a real port)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from halfmoon.broker.dead_letters import write_dead_letter
+from halfmoon.broker.message import MessageType, OutgoingMessage
+from halfmoon.config import load_config
+from tests.cli.admin_harness import AdminServer
+
+
+@pytest.fixture
+def admin(tmp_path) -> Iterator[AdminServer]:
+    config = load_config(env={}, overrides=["broker.default_queue_count=1"])
+    with AdminServer(tmp_path / "metadata", config) as server:
+        yield server
+
+
+def test_topics_are_searched_and_paged_on_the_server(admin):
+    for i in range(25):
+        admin.broker.create_topic(f"orders-{i:02d}", MessageType.NORMAL, 1)
+    admin.broker.create_topic("payments", MessageType.NORMAL, 1)
+    status, page = admin.call("GET", "/v1/topics?search=ORDERS&offset=10&limit=10")
+    assert status == 200
+    assert (page["total"], page["offset"], page["limit"]) == (25, 10, 10)
+    assert [t["name"] for t in page["topics"]] == [f"orders-{i:02d}" for i in range(10, 20)]
+    status, last = admin.call("GET", "/v1/topics?search=orders&offset=20&limit=10")
+    assert [t["name"] for t in last["topics"]] == [f"orders-{i:02d}" for i in range(20, 25)]
+    # Without paging parameters the answer is the whole list, as before.
+    status, everything = admin.call("GET", "/v1/topics")
+    assert set(everything) == {"topics"} and len(everything["topics"]) == 26
+
+
+def test_groups_are_searched_and_paged_and_bad_paging_is_refused(admin):
+    for name in ("billing", "shipping", "audit"):
+        admin.broker.create_group(name)
+    status, page = admin.call("GET", "/v1/groups?search=ing&limit=1")
+    assert status == 200 and page["total"] == 2
+    assert [g["name"] for g in page["groups"]] == ["billing"]
+    for query in ("limit=0", "limit=1001", "offset=-1", "limit=many"):
+        status, answer = admin.call("GET", f"/v1/groups?{query}")
+        assert status == 400, query
+        assert answer["error"]["code"] == "BAD_REQUEST"
+
+
+def test_statistics_rows_carry_the_last_hour_per_minute(admin):
+    admin.broker.create_topic("metered", MessageType.NORMAL, 1)
+    admin.broker.send([OutgoingMessage(topic="metered", body=b"x") for _ in range(4)])
+    status, stats = admin.call("GET", "/v1/statistics?topic=metered")
+    assert status == 200
+    (row,) = stats["rows"]
+    assert len(row["last_hour"]) == 60 and row["last_hour"][-1] == 4 and sum(row["last_hour"]) == 4
+
+
+def dead_letter(admin: AdminServer, group: str, topic: str) -> None:
+    """What the broker does when ``group`` gives up on the first message of ``topic``."""
+    admin.broker.create_topic(topic, MessageType.NORMAL, 1)
+    admin.broker.create_group(group)
+    admin.broker.send(
+        [OutgoingMessage(topic=topic, body=b"poison", tag="t1", keys=["k1"], properties={"a": "b"})]
+    )
+    stored = admin.broker.store.get(topic, 0, 0, 1).messages[0]
+    write_dead_letter(admin.broker.store, admin.broker.topics, group, stored, 16)
+
+
+def test_a_dead_letter_is_resent_to_its_topic_and_stays(admin):
+    dead_letter(admin, "g1", "fragile")
+    status, letter = admin.call("GET", "/v1/topics/%25DLQ%25g1/queues/0/offsets/0")
+    assert status == 200 and letter["dead_letter_topic"] == "fragile"
+    status, resent = admin.call("POST", "/v1/topics/%25DLQ%25g1/queues/0/offsets/0/resend")
+    assert status == 201, resent
+    assert resent["topic"] == "fragile" and resent["queue_offset"] == 1
+    assert resent["resent_from"]["message_id"] == letter["message_id"]
+    status, copy = admin.call("GET", "/v1/topics/fragile/queues/0/offsets/1")
+    assert (copy["body"], copy["tag"], copy["keys"], copy["properties"]) == (
+        "poison",
+        "t1",
+        ["k1"],
+        {"a": "b"},
+    )
+    assert copy["dead_letter_group"] is None
+    assert [q.max_offset for q in admin.broker.topic_status("%DLQ%g1")] == [1]
+
+
+def test_resend_refuses_what_is_not_a_dead_letter_or_has_nowhere_to_go(admin):
+    dead_letter(admin, "g2", "source")
+    status, answer = admin.call("POST", "/v1/topics/source/queues/0/offsets/0/resend")
+    assert status == 400 and "not a dead letter" in answer["error"]["message"]
+    status, answer = admin.call(
+        "POST", "/v1/topics/%25DLQ%25g2/queues/0/offsets/0/resend", {"topic": "missing"}
+    )
+    assert status == 404 and answer["error"]["code"] == "TOPIC_NOT_FOUND"
+    status, answer = admin.call(
+        "POST", "/v1/topics/%25DLQ%25g2/queues/0/offsets/0/resend", {"other": 1}
+    )
+    assert status == 400
+    status, answer = admin.call("POST", "/v1/topics/%25DLQ%25g2/queues/0/offsets/9/resend")
+    assert status == 404
+    assert [q.max_offset for q in admin.broker.topic_status("source")] == [1]  # nothing sent
+
+
+def test_the_dashboard_page_is_served_and_unknown_files_are_not(admin):
+    status, _ = admin.call("GET", "/dashboard/dashboard.js")
+    assert status == 200
+    status, answer = admin.call("GET", "/dashboard/../admin.py")
+    assert status == 404
