@@ -47,3 +47,11 @@ class MemberNameTaken(Conflict):
 
     code = "MEMBER_NAME_TAKEN"
     protocol_code = "PRECONDITION_FAILED"
+
+
+class ConsumeActionNotOnCoordinator(Conflict):
+    """A transactional ack, reject or offset commit sent to a broker that does not coordinate
+    its transaction group: in cluster mode a group's consume actions live on its coordinator."""
+
+    code = "TRANSACTION_NOT_ON_COORDINATOR"
+    protocol_code = "PRECONDITION_FAILED"

@@ -34,6 +34,7 @@ step, so the crash matrix kills real processes at exact points.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -48,7 +49,7 @@ from urllib.parse import quote
 from halfmoon.broker.broker import Broker as InProcessBroker
 from halfmoon.broker.transaction_state import TxnState
 from halfmoon.broker.transactions.groups import check_group_id
-from halfmoon.cluster.errors import NoLiveBrokers
+from halfmoon.cluster.errors import ConsumeActionNotOnCoordinator, NoLiveBrokers
 from halfmoon.cluster.etcd import Compare, get_op, put_op
 from halfmoon.cluster.etcd_json import b64, call_sync, key_value, range_prefix_sync
 from halfmoon.cluster.keys import ClusterKeys
@@ -66,6 +67,7 @@ CRASH_POINTS = frozenset(
         "coordinator-after-decision",  # decision durable, no participant told yet
         "coordinator-between-participants",  # after the first participant applied it
         "participant-before-apply",  # a participant's recovery got the decision, applies nothing
+        "participant-after-apply",  # a participant applied the decision; its answer is lost
     }
 )
 # A participant that does not answer within this is left to ask for the decision itself, so a
@@ -77,6 +79,9 @@ RESOLVE_INTERVAL_S = 1.0
 RESOLVE_AFTER_MS = 2_000
 # A group not decided yet (a Spark batch still writing) is asked about less and less often.
 UNDECIDED_BACKOFF_MAX_S = 30.0
+# Transactional consumption's registrations: accepted only on the group's coordinator.
+CONSUME_OPERATIONS = ("transactional_ack", "transactional_reject", "transactional_offset")
+COORDINATORS_CACHED = 65536
 # The transaction groups' directory beside the kinds the cluster view watches (it ignores it).
 GROUPS_DIR = "txn-groups/"
 
@@ -119,6 +124,7 @@ class GroupCoordination:
         # group -> (monotonic time to ask again, current delay) for groups found undecided
         self._backoff: dict[str, tuple[float, float]] = {}
         self._members_seen: dict[str, tuple[str, str]] = {}
+        self._coordinators: dict[str, str] = {}  # group -> its coordinator (never changes)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -127,12 +133,44 @@ class GroupCoordination:
 
     def operations(self) -> dict[str, Callable[..., Any]]:
         """What the internal service serves for this module, by operation name."""
-        return {
+        served: dict[str, Callable[..., Any]] = {
             "end_transaction_group": self.decide,
             "end_transaction_group_nowait": self.decide,
             "apply_transaction_group": self.apply,
             "transaction_group_decision": self.decision,
         }
+        for name in CONSUME_OPERATIONS:
+            served[name] = self._on_coordinator_only(getattr(self._broker, name))
+        return served
+
+    def _on_coordinator_only(self, operation: Callable[..., Any]) -> Callable[..., Any]:
+        """``operation`` (its first argument a transaction group), refused on any broker but
+        the group's coordinator: a participant never holds consume actions, so nothing a
+        participant does after the decision (fencing, its sweep) can undo part of a group."""
+
+        @functools.wraps(operation)  # the internal service checks arguments against it
+        def on_coordinator(transaction_group: str, *args: Any, **kwargs: Any) -> Any:
+            coordinator = self.coordinator_of(check_group_id(transaction_group))
+            if coordinator != self._name:
+                raise ConsumeActionNotOnCoordinator(
+                    f"transaction group {transaction_group!r} is coordinated by broker "
+                    f"{coordinator!r}, and its acks, rejects and offset commits must be "
+                    f"registered there, not on {self._name!r}: consume from queues of "
+                    f"{coordinator!r} in this transaction, or use one transaction per broker"
+                )
+            return operation(transaction_group, *args, **kwargs)
+
+        return on_coordinator
+
+    def coordinator_of(self, group: str) -> str:
+        """The group's coordinator, recorded in etcd now if it has none yet."""
+        known = self._coordinators.get(group)
+        if known is None:
+            known = self._coordinator(group, self.live_brokers())
+            if len(self._coordinators) >= COORDINATORS_CACHED:
+                self._coordinators.clear()
+            self._coordinators[group] = known
+        return known
 
     def start(self) -> None:
         self._thread.start()
@@ -239,8 +277,24 @@ class GroupCoordination:
             )
             return int(forwarded)
         crash_point("coordinator-before-decision")
-        count = self._broker.end_transaction_group(group_id, resolution, source, consume_actions)
+        try:
+            count = self._broker.end_transaction_group(
+                group_id, resolution, source, consume_actions
+            )
+        except HalfmoonError:
+            # A commit turned into a rollback here (a fenced ack, a wrong consume_actions
+            # count): the participants drop their members now rather than at their next ask.
+            if self.decision(group_id) == "rollback":
+                self._tell_participants(group_id, "rollback", source, brokers)
+            raise
         crash_point("coordinator-after-decision")
+        return count + self._tell_participants(group_id, resolution, source, brokers)
+
+    def _tell_participants(
+        self, group_id: str, resolution: str, source: str, brokers: Mapping[str, str]
+    ) -> int:
+        """Step 4: every other broker applies the decision; the members they completed."""
+        count = 0
         for name in sorted(brokers):
             if name == self._name:
                 continue
@@ -261,7 +315,9 @@ class GroupCoordination:
 
     def apply(self, group_id: str, resolution: str, source: str = "client") -> int:
         """A participant's part: complete this broker's members as the coordinator decided."""
-        return self._broker.end_transaction_group(group_id, resolution, source)
+        count = self._broker.end_transaction_group(group_id, resolution, source)
+        crash_point("participant-after-apply")
+        return count
 
     def decision(self, group_id: str) -> str | None:
         """The decision recorded here on ``group_id``: ``commit``, ``rollback``, or None."""
