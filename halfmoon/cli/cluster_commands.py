@@ -1,5 +1,6 @@
 """``halfmoon cluster list|status|config|write-perm``: brokers, the numbers operators watch,
-runtime settings, draining.
+runtime settings, draining (``cluster kv|settings``, kept in etcd, are in
+:mod:`halfmoon.cli.cluster_config_commands`).
 
 RocketMQ's clusterList, brokerStatus, getBrokerConfig / updateBrokerConfig and
 wipeWritePerm / addWritePerm (``write-perm --wipe|--add``: the runtime key
@@ -16,6 +17,7 @@ import argparse
 import os
 from typing import Any
 
+from halfmoon.cli import cluster_config_commands
 from halfmoon.cli.admin_client import CliError
 from halfmoon.cli.parser import UsageError, add_command, client, emit
 from halfmoon.cli.table import cell, format_duration_ms, format_size, render_record, render_table
@@ -47,8 +49,8 @@ MEMBER_COLUMNS = [
     ("pid", "PID"),
     ("uptime_ms", "UPTIME"),
 ]
-COORDINATOR_ENV = "HALFMOON_COORDINATOR"
-CLUSTER_ENV = "HALFMOON_CLUSTER"
+COORDINATOR_ENV = cluster_config_commands.COORDINATOR_ENV
+CLUSTER_ENV = cluster_config_commands.CLUSTER_ENV
 # What an operator looks at first, in this order; any other field follows.
 STATUS_FIRST = [
     ("name", "broker"),
@@ -91,6 +93,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=None,
         help=f"the cluster to list, with --coordinator (default: ${CLUSTER_ENV})",
     )
+    cluster_config_commands.register(sub)
     add_command(sub, "status", broker_status, "TPS in/out, disk, pending transactions and more")
 
     config = sub.add_parser("config", help="show or change runtime-changeable settings")

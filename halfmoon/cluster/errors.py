@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from halfmoon.errors import Conflict, HalfmoonError, InvalidArgument
+from halfmoon.errors import Conflict, HalfmoonError, InvalidArgument, NotFound
 
 
 class CoordinatorUnavailable(HalfmoonError):
@@ -55,3 +55,10 @@ class ConsumeActionNotOnCoordinator(Conflict):
 
     code = "TRANSACTION_NOT_ON_COORDINATOR"
     protocol_code = "PRECONDITION_FAILED"
+
+
+class ClusterKeyNotFound(NotFound):
+    """A KV config key or cluster setting that is not stored in etcd."""
+
+    code = "CLUSTER_KEY_NOT_FOUND"
+    protocol_code = "NOT_FOUND"

@@ -7,6 +7,8 @@
     /halfmoon/<cluster>/topics/<name>      a topic: its queues' placement, type, perm
     /halfmoon/<cluster>/groups/<name>      a consumer group's settings
     /halfmoon/<cluster>/settings/<key>     a runtime setting of the whole cluster
+    /halfmoon/<cluster>/kv/<namespace>/<key>  the name server's KV config (mqadmin's
+                                           updateKvConfig), a string per key
 
 Values are JSON objects (a setting's value is any JSON value). Names are
 checked before they become key segments, so no name can reach outside its
@@ -29,6 +31,10 @@ KINDS = ("brokers", "proxies", "topics", "groups", "settings")
 MAX_NAME_LENGTH = 64
 # Cluster, broker, proxy and setting names: what a host name or a config key looks like.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# KV config keys are often topic names (ORDER_TOPIC_CONFIG's are), so they may hold '%'
+# (a namespaced topic) and ':' as well; never '/', which would reach another namespace.
+_KV_KEY = re.compile(r"^[A-Za-z0-9%][A-Za-z0-9%_.:-]*$")
+MAX_KV_KEY_LENGTH = 255
 
 
 def check_name(what: str, name: str) -> str:
@@ -43,6 +49,20 @@ def check_name(what: str, name: str) -> str:
             "'.' or '-', starting with a letter or digit"
         )
     return name
+
+
+def check_kv_key(key: str) -> str:
+    if (
+        not isinstance(key, str)
+        or not key
+        or len(key) > MAX_KV_KEY_LENGTH
+        or not _KV_KEY.match(key)
+    ):
+        raise BadClusterName(
+            f"illegal KV config key {key!r}: use 1 to {MAX_KV_KEY_LENGTH} letters, digits, "
+            "'%', '_', '.', ':' or '-', starting with a letter, digit or '%'"
+        )
+    return key
 
 
 @dataclass(frozen=True)
@@ -77,6 +97,22 @@ class ClusterKeys:
 
     def setting(self, key: str) -> str:
         return self.kind_prefix("settings") + check_name("setting", key)
+
+    def kv_prefix(self, namespace: str | None = None) -> str:
+        """Where the KV config lives: all of it, or one namespace's keys."""
+        base = f"{self.prefix}kv/"
+        return base if namespace is None else f"{base}{check_name('KV namespace', namespace)}/"
+
+    def kv(self, namespace: str, key: str) -> str:
+        return self.kv_prefix(namespace) + check_kv_key(key)
+
+    def split_kv(self, key: str) -> tuple[str, str] | None:
+        """``(namespace, key)`` of a KV config key of this cluster, None for anything else."""
+        rest = key.removeprefix(self.kv_prefix())
+        namespace, sep, name = rest.partition("/")
+        if rest == key or not sep or not namespace or not name or "/" in name:
+            return None
+        return namespace, name
 
     def split(self, key: str) -> tuple[str, str] | None:
         """``(kind, name)`` of a key of this cluster, None for anything else."""

@@ -67,6 +67,7 @@ CRASH_POINTS = frozenset(
         "coordinator-after-decision",  # decision durable, no participant told yet
         "coordinator-between-participants",  # after the first participant applied it
         "participant-before-apply",  # a participant's recovery got the decision, applies nothing
+        "participant-after-apply",  # a participant applied the decision; its answer is lost
     }
 )
 # A participant that does not answer within this is left to ask for the decision itself, so a
@@ -276,8 +277,24 @@ class GroupCoordination:
             )
             return int(forwarded)
         crash_point("coordinator-before-decision")
-        count = self._broker.end_transaction_group(group_id, resolution, source, consume_actions)
+        try:
+            count = self._broker.end_transaction_group(
+                group_id, resolution, source, consume_actions
+            )
+        except HalfmoonError:
+            # A commit turned into a rollback here (a fenced ack, a wrong consume_actions
+            # count): the participants drop their members now rather than at their next ask.
+            if self.decision(group_id) == "rollback":
+                self._tell_participants(group_id, "rollback", source, brokers)
+            raise
         crash_point("coordinator-after-decision")
+        return count + self._tell_participants(group_id, resolution, source, brokers)
+
+    def _tell_participants(
+        self, group_id: str, resolution: str, source: str, brokers: Mapping[str, str]
+    ) -> int:
+        """Step 4: every other broker applies the decision; the members they completed."""
+        count = 0
         for name in sorted(brokers):
             if name == self._name:
                 continue
@@ -298,7 +315,9 @@ class GroupCoordination:
 
     def apply(self, group_id: str, resolution: str, source: str = "client") -> int:
         """A participant's part: complete this broker's members as the coordinator decided."""
-        return self._broker.end_transaction_group(group_id, resolution, source)
+        count = self._broker.end_transaction_group(group_id, resolution, source)
+        crash_point("participant-after-apply")
+        return count
 
     def decision(self, group_id: str) -> str | None:
         """The decision recorded here on ``group_id``: ``commit``, ``rollback``, or None."""
