@@ -76,6 +76,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     proxy.add_argument(
         "--admin-listen", metavar="HOST:PORT", help="admin HTTP API (default 127.0.0.1:8082)"
     )
+    proxy.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback listener with authentication off (see docs/security.md)",
+    )
+    proxy.add_argument("--tls-cert", metavar="PEM", help="certificate chain: serve TLS")
+    proxy.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
     proxy.add_argument("--config", metavar="FILE", help="a TOML configuration file")
     proxy.add_argument(
         "--set",

@@ -148,23 +148,10 @@ function sumSeries(rows) {
 
 // -- pages -----------------------------------------------------------------------------
 
-async function dlqDepth() {
-  const found = await get(`/v1/topics?search=${q("%DLQ%")}&limit=1000`);
-  let depth = 0;
-  const perGroup = new Map();
-  for (const topic of found.topics.filter((t) => t.name.startsWith("%DLQ%"))) {
-    const status = await get(`/v1/topics/${q(topic.name)}/status`);
-    const n = status.queues.reduce((s, x) => s + x.max_offset - x.min_offset, 0);
-    perGroup.set(topic.name.slice(5), n);
-    depth += n;
-  }
-  return { depth, perGroup };
-}
-
 async function overviewPage(root) {
   const [status, cluster, stats, pending, config, dlq] = await Promise.all([
     get("/v1/broker/status"), get("/v1/cluster"), get("/v1/statistics"),
-    get("/v1/transactions?limit=1000"), get("/v1/config"), dlqDepth()]);
+    get("/v1/transactions?limit=1000"), get("/v1/config"), get("/v1/dead-letters")]);
   const txn = config.transaction;
   const window = txn.timeout_ms + txn.check_interval_ms;
   const warnings = [];
@@ -201,7 +188,7 @@ async function overviewPage(root) {
       card("disk used (volume)", `${Math.round((status.disk_used_ratio || 0) * 100)} %`),
       card("pending transactions", status.pending_transactions, "pending"),
       card("parked transactions", status.parked_transactions, "parked"),
-      card("dead letters", dlq.depth, "dead-letters"),
+      card("dead letters", dlq.total, "dead-letters"),
       card("connected clients", status.clients)),
     el("section", { id: "warnings" }, el("h2", {}, "Warnings"),
       warnings.length ? el("ul", {}, warnings.map((w) => el("li", { class: "warning" }, w)))
@@ -226,7 +213,15 @@ function pager(total, offset, go) {
 async function topicsPage(root, params) {
   const search = params.get("search") || "";
   const offset = Number(params.get("offset") || 0);
-  const found = await get(`/v1/topics?search=${q(search)}&offset=${offset}&limit=${PAGE_SIZE}`);
+  const [found, stats] = await Promise.all([
+    get(`/v1/topics?search=${q(search)}&offset=${offset}&limit=${PAGE_SIZE}`), get("/v1/statistics")]);
+  // Rates and backlog per topic from one statistics answer: messages in per second,
+  // and the lag of the groups that consumed the topic in the last 24 h.
+  const rate = new Map(), backlog = new Map();
+  for (const row of stats.rows) {
+    if (!row.group) rate.set(row.topic, row.per_second);
+    else backlog.set(row.topic, (backlog.get(row.topic) || 0) + (row.lag || 0));
+  }
   const go = (o, s = search) => { location.hash = `#/topics?search=${q(s)}&offset=${o}`; };
   const searchForm = el("form", { class: "inline", onsubmit: (e) => { e.preventDefault(); go(0, formValue(e.target, "search")); } },
     el("input", { name: "search", placeholder: "search topics", value: search }),
@@ -244,9 +239,10 @@ async function topicsPage(root, params) {
   el("button", { type: "submit" }, "create topic"));
   root.replaceChildren(el("h2", {}, "Topics"), searchForm, ...writable(createForm),
     pager(found.total, offset, go),
-    table(["name", "type", "queues", "perm", "created", ""], found.topics.map((t) => [
+    table(["name", "type", "queues", "perm", "in/s", "backlog", "created", ""], found.topics.map((t) => [
       el("a", { href: `#/topic?name=${q(t.name)}` }, t.name), t.message_type, t.queue_count,
-      t.perm, fmtTime(t.created_ms),
+      t.perm, (rate.get(t.name) || 0).toFixed(2), backlog.has(t.name) ? backlog.get(t.name) : "",
+      fmtTime(t.created_ms),
       writable(el("button", { class: "danger", onclick: () => act(
         () => api("DELETE", `/v1/topics/${q(t.name)}`), `Delete topic ${t.name} and its messages?`) }, "delete"))])));
 }
