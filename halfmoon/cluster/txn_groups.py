@@ -277,8 +277,24 @@ class GroupCoordination:
             )
             return int(forwarded)
         crash_point("coordinator-before-decision")
-        count = self._broker.end_transaction_group(group_id, resolution, source, consume_actions)
+        try:
+            count = self._broker.end_transaction_group(
+                group_id, resolution, source, consume_actions
+            )
+        except HalfmoonError:
+            # A commit turned into a rollback here (a fenced ack, a wrong consume_actions
+            # count): the participants drop their members now rather than at their next ask.
+            if self.decision(group_id) == "rollback":
+                self._tell_participants(group_id, "rollback", source, brokers)
+            raise
         crash_point("coordinator-after-decision")
+        return count + self._tell_participants(group_id, resolution, source, brokers)
+
+    def _tell_participants(
+        self, group_id: str, resolution: str, source: str, brokers: Mapping[str, str]
+    ) -> int:
+        """Step 4: every other broker applies the decision; the members they completed."""
+        count = 0
         for name in sorted(brokers):
             if name == self._name:
                 continue

@@ -1,7 +1,12 @@
 """Resending a dead letter to the topic it was consumed from (rocketmq-dashboard's
 "resend" on a ``%DLQ%`` message).
 
+    GET  /v1/dead-letters                                               depth per group
     POST /v1/topics/{topic}/queues/{queue_id}/offsets/{offset}/resend   {"topic"?}
+
+The depth is counted on the server, one answer for every ``%DLQ%`` topic: the
+dashboard's overview asks for it every few seconds, and a broker with a thousand
+groups must not cost a thousand requests per refresh.
 
 The record at that position of a dead-letter topic is read and sent again, as a new
 message with the same body, tag, keys and user properties, to the topic named in the
@@ -20,8 +25,30 @@ from aiohttp import web
 from halfmoon.broker.errors import TopicNotFound
 from halfmoon.broker.message import MessageView, OutgoingMessage
 from halfmoon.broker.produce import SendResult
+from halfmoon.broker.topics import DLQ_PREFIX
 from halfmoon.server.admin_http import ApiError, broker_of, call, read_body, reject_unknown, reply
 from halfmoon.server.admin_http import take as take_field
+
+
+async def dead_letter_depths(request: web.Request) -> web.Response:
+    broker = broker_of(request)
+
+    def count() -> list[dict[str, Any]]:
+        rows = []
+        for topic in broker.list_topics():
+            if topic.name.startswith(DLQ_PREFIX):
+                queues = broker.topic_status(topic.name)
+                rows.append(
+                    {
+                        "group": topic.name[len(DLQ_PREFIX) :],
+                        "topic": topic.name,
+                        "messages": sum(q.max_offset - q.min_offset for q in queues),
+                    }
+                )
+        return sorted(rows, key=lambda row: row["group"])
+
+    rows = await call(count)
+    return reply({"total": sum(row["messages"] for row in rows), "groups": rows})
 
 
 def _position(request: web.Request, name: str) -> int:
@@ -80,6 +107,7 @@ async def resend_dead_letter(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/dead-letters", dead_letter_depths)
     app.router.add_post(
         "/v1/topics/{topic}/queues/{queue_id}/offsets/{offset}/resend", resend_dead_letter
     )

@@ -40,6 +40,19 @@ PAGING_FIELDS = {
 }
 
 SCHEMAS: dict[str, Any] = {
+    "DeadLetterDepths": {
+        "type": "object",
+        "properties": {
+            "total": {**_INT, "description": "messages in every dead-letter topic"},
+            "groups": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"group": _STR, "topic": _STR, "messages": _INT},
+                },
+            },
+        },
+    },
     "WhoAmI": {
         "type": "object",
         "properties": {
@@ -119,6 +132,13 @@ def paths() -> dict[str, Any]:
                 ),
                 "security": [],
             },
+        },
+        "/v1/dead-letters": {
+            "get": _op(
+                "Dead letters per group",
+                "getDeadLetterDepths",
+                (200, _ref("DeadLetterDepths"), "depth of every %DLQ% topic"),
+            ),
         },
         "/v1/topics/{topic}/queues/{queue_id}/offsets/{offset}/resend": {
             "post": resend,

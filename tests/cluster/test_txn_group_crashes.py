@@ -307,3 +307,23 @@ def test_participant_killed_after_applying_before_answering(make_cluster) -> Non
     # Deciding again is a no-op everywhere: nothing doubled.
     assert cluster.remotes["broker-b"].end_transaction_group(group, "commit") == 0
     assert cluster.state(group) == all_visible(cluster, group)
+
+
+def test_a_commit_the_coordinator_turns_into_a_rollback_drops_every_member(make_cluster) -> None:
+    """The client says it registered 2 consume actions, the coordinator holds 1: the group is
+    rolled back there (TRANSACTION_INCOMPLETE) and on the participant in the same call."""
+    cluster = make_cluster(*BROKERS)
+    for name in BROKERS:
+        cluster.start(name)
+    group = group_coordinated_by("broker-a", BROKERS)
+    a = cluster.remotes["broker-a"]
+    a.create_topic("inputs", MessageType.NORMAL, queue_count=1)
+    a.create_group("workers", consume_from="earliest")
+    a.send([OutgoingMessage("inputs", b"in")])
+    (received,) = a.receive("workers", "inputs", FilterSpec(), 1, 60_000)
+    a.transactional_ack(group, "workers", "inputs", received.receipt_handle)
+    cluster.send_members(group)
+    with pytest.raises(HalfmoonError) as failed:
+        cluster.remotes["broker-b"].end_transaction_group(group, "commit", consume_actions=2)
+    assert failed.value.code == "TRANSACTION_INCOMPLETE"
+    assert cluster.state(group) == {name: (0, 0) for name in BROKERS}

@@ -108,3 +108,15 @@ def test_the_dashboard_page_is_served_and_unknown_files_are_not(admin):
     assert status == 200
     status, answer = admin.call("GET", "/dashboard/../admin.py")
     assert status == 404
+
+
+def test_dead_letter_depth_is_counted_per_group_in_one_answer(admin):
+    status, empty = admin.call("GET", "/v1/dead-letters")
+    assert (status, empty) == (200, {"total": 0, "groups": []})
+    dead_letter(admin, "g3", "t3")
+    dead_letter(admin, "g4", "t4")
+    stored = admin.broker.store.get("t4", 0, 0, 1).messages[0]
+    write_dead_letter(admin.broker.store, admin.broker.topics, "g4", stored, 16)
+    status, depths = admin.call("GET", "/v1/dead-letters")
+    assert depths["total"] == 3
+    assert [(g["group"], g["messages"]) for g in depths["groups"]] == [("g3", 1), ("g4", 2)]

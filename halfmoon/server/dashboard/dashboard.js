@@ -148,23 +148,10 @@ function sumSeries(rows) {
 
 // -- pages -----------------------------------------------------------------------------
 
-async function dlqDepth() {
-  const found = await get(`/v1/topics?search=${q("%DLQ%")}&limit=1000`);
-  let depth = 0;
-  const perGroup = new Map();
-  for (const topic of found.topics.filter((t) => t.name.startsWith("%DLQ%"))) {
-    const status = await get(`/v1/topics/${q(topic.name)}/status`);
-    const n = status.queues.reduce((s, x) => s + x.max_offset - x.min_offset, 0);
-    perGroup.set(topic.name.slice(5), n);
-    depth += n;
-  }
-  return { depth, perGroup };
-}
-
 async function overviewPage(root) {
   const [status, cluster, stats, pending, config, dlq] = await Promise.all([
     get("/v1/broker/status"), get("/v1/cluster"), get("/v1/statistics"),
-    get("/v1/transactions?limit=1000"), get("/v1/config"), dlqDepth()]);
+    get("/v1/transactions?limit=1000"), get("/v1/config"), get("/v1/dead-letters")]);
   const txn = config.transaction;
   const window = txn.timeout_ms + txn.check_interval_ms;
   const warnings = [];
@@ -201,7 +188,7 @@ async function overviewPage(root) {
       card("disk used (volume)", `${Math.round((status.disk_used_ratio || 0) * 100)} %`),
       card("pending transactions", status.pending_transactions, "pending"),
       card("parked transactions", status.parked_transactions, "parked"),
-      card("dead letters", dlq.depth, "dead-letters"),
+      card("dead letters", dlq.total, "dead-letters"),
       card("connected clients", status.clients)),
     el("section", { id: "warnings" }, el("h2", {}, "Warnings"),
       warnings.length ? el("ul", {}, warnings.map((w) => el("li", { class: "warning" }, w)))
