@@ -29,6 +29,8 @@ from halfmoon.auth.policy import Resource, User, decide
 from halfmoon.auth.store import AuthStore
 
 audit = logging.getLogger("halfmoon.audit")
+# Verified headers remembered (one per client and second); cleared whole when full.
+_VERIFIED_CACHE = 10_000
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,10 @@ class Guard:
         offsets = {0, signature.server_utc_offset()}
         offsets.update(parse_utc_offset(o) for o in config.client_utc_offsets)
         self._offsets = tuple(sorted(offsets))
+        # (authorization, x-mq-date-time) → (user as verified, stamp): a client reuses one
+        # header for every request of a second, so the HMAC runs once per client-second. A
+        # changed user (new secret, disabled) is a new object and misses.
+        self._verified: dict[tuple[str, str], tuple[User, int]] = {}
 
     # -- authentication ------------------------------------------------------
 
@@ -82,6 +88,24 @@ class Guard:
 
     def authenticate_signed(self, metadata: Mapping[str, str], peer: str, operation: str) -> User:
         """The user whose MQv2-HMAC-SHA1 signature ``metadata`` carries; Unauthenticated else."""
+        key = (metadata.get(signature.AUTHORIZATION, ""), metadata.get(signature.DATE_TIME, ""))
+        hit = self._verified.get(key)
+        if (
+            hit is not None
+            and self.store.user(hit[0].access_key) is hit[0]
+            and hit[0].enabled
+            and signature.stamp_within_window(hit[1], self._clock(), self._window, self._offsets)
+        ):
+            return hit[0]
+        user = self._verify(metadata, peer, operation)
+        verified_stamp = signature.stamp_seconds(key[1])
+        if verified_stamp is not None:
+            if len(self._verified) >= _VERIFIED_CACHE:
+                self._verified.clear()
+            self._verified[key] = (user, verified_stamp)
+        return user
+
+    def _verify(self, metadata: Mapping[str, str], peer: str, operation: str) -> User:
         try:
             request = signature.parse(metadata)
         except Unauthenticated as exc:

@@ -116,11 +116,17 @@ def verifies(request: SignedRequest, secret_key: str) -> bool:
 
 def stamp_seconds(date_time: str) -> int | None:
     """The stamp read as UTC, in epoch seconds; None when it is not a date-time."""
-    try:
-        parsed = time.strptime(date_time, _DATE_FORMAT)
-    except ValueError:
+    # Sliced by hand: time.strptime costs ~10 µs, on every request.
+    if len(date_time) != 16 or date_time[8] != "T" or date_time[15] != "Z":
         return None
-    return calendar.timegm(parsed)
+    digits = date_time[:8] + date_time[9:15]
+    if not digits.isascii() or not digits.isdigit():
+        return None
+    year, month, day = int(digits[:4]), int(digits[4:6]), int(digits[6:8])
+    hour, minute, second = int(digits[8:10]), int(digits[10:12]), int(digits[12:14])
+    if not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60 and second < 61):
+        return None
+    return calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0))
 
 
 def server_utc_offset(now: float | None = None) -> int:
@@ -132,6 +138,8 @@ def server_utc_offset(now: float | None = None) -> int:
 def within_window(date_time: str, now: float, window: float, offsets: Iterable[int]) -> bool:
     """True when ``date_time`` shifted by one of ``offsets`` is within ``window`` of ``now``."""
     stamp = stamp_seconds(date_time)
-    if stamp is None:
-        return False
+    return stamp is not None and stamp_within_window(stamp, now, window, offsets)
+
+
+def stamp_within_window(stamp: int, now: float, window: float, offsets: Iterable[int]) -> bool:
     return any(abs(stamp - offset - now) <= window for offset in offsets)

@@ -67,6 +67,7 @@ from halfmoon.broker.transactions import (
     TransactionConfig,
     TransactionService,
 )
+from halfmoon.errors import InvalidArgument
 from halfmoon.store.api import AppendResult, Store, StoreStats
 from halfmoon.store.message import StoredMessage
 
@@ -219,7 +220,10 @@ class Broker(TransactionOperations):
         message_type: MessageType = MessageType.NORMAL,
         queue_count: int = 8,
         perm: str = "rw",
+        brokers: Sequence[str] = (),
     ) -> TopicConfig:
+        if brokers:
+            raise InvalidArgument("placing queues on named brokers applies to a cluster only")
         return self.topics.create(name, message_type, queue_count, perm)
 
     def update_topic(

@@ -89,6 +89,7 @@ class QueueRoute:
     queue_id: int
     perm: str  # "rw", "r", "w" or "-"
     accepted_types: list[MessageType]
+    broker: str = ""  # in cluster mode, the broker owning the queue ("": this broker)
 
 
 @dataclass
@@ -157,8 +158,12 @@ class Broker(Protocol):
         message_type: MessageType = MessageType.NORMAL,
         queue_count: int = 8,
         perm: str = "rw",
+        brokers: Sequence[str] = (),
     ) -> TopicConfig:
-        """A new topic; TopicExists when the name is taken, IllegalTopic for a bad name."""
+        """A new topic; TopicExists when the name is taken, IllegalTopic for a bad name.
+
+        ``brokers``: in a cluster, the brokers to place its queues on (default: every live
+        one); a single broker refuses a non-empty list (InvalidArgument)."""
         ...
 
     def update_topic(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import urllib.parse
 from typing import Any
 
 from halfmoon.cli import cluster_config_commands
@@ -94,7 +95,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         help=f"the cluster to list, with --coordinator (default: ${CLUSTER_ENV})",
     )
     cluster_config_commands.register(sub)
-    add_command(sub, "status", broker_status, "TPS in/out, disk, pending transactions and more")
+    add_broker_option(
+        add_command(sub, "status", broker_status, "TPS in/out, disk, pending transactions and more")
+    )
 
     config = sub.add_parser("config", help="show or change runtime-changeable settings")
     config_sub = config.add_subparsers(dest="config_command", metavar="ACTION", required=True)
@@ -109,6 +112,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         write_perm,
         "stop or resume accepting new messages (drain the broker), until restart",
     )
+    add_broker_option(perm)
     change = perm.add_mutually_exclusive_group(required=True)
     change.add_argument(
         "--wipe",
@@ -124,12 +128,30 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
 
 
+def add_broker_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--broker",
+        metavar="NAME",
+        default=None,
+        help="cluster mode: the member broker to address through the proxy (mqadmin's -b)",
+    )
+
+
+def for_broker(path: str, args: argparse.Namespace) -> str:
+    """``path`` addressed to the broker ``--broker`` names, if any."""
+    broker = args.broker
+    return f"{path}?broker={urllib.parse.quote(broker)}" if broker else path
+
+
 def list_brokers(args: argparse.Namespace) -> None:
     coordinator = args.coordinator or os.environ.get(COORDINATOR_ENV)
     if coordinator:
         list_members(args, coordinator)
         return
     answer = client(args).get("/v1/cluster")
+    if "proxies" in answer:  # a proxy of a cluster answers with every member
+        emit(args, answer, lambda: render_members(answer, answer["cluster"]))
+        return
     rows = [{"cluster": answer["cluster"], **b} for b in answer["brokers"]]
     emit(args, answer, lambda: render_table(rows, CLUSTER_COLUMNS))
 
@@ -140,17 +162,18 @@ def list_members(args: argparse.Namespace, coordinator: str) -> None:
         raise UsageError(f"--coordinator needs --cluster NAME (or ${CLUSTER_ENV})", "USAGE")
     answer = read_members(parse_coordinator(coordinator), check_name("cluster", cluster))
 
-    def human() -> str:
-        rows = [
-            member_row(role, member)
-            for role, kind in (("broker", "brokers"), ("proxy", "proxies"))
-            for member in answer[kind]
-        ]
-        if not rows:
-            return f"cluster {cluster!r}: no broker or proxy is registered"
-        return render_table(rows, MEMBER_COLUMNS)
+    emit(args, answer, lambda: render_members(answer, cluster))
 
-    emit(args, answer, human)
+
+def render_members(answer: dict[str, Any], cluster: str) -> str:
+    rows = [
+        member_row(role, member)
+        for role, kind in (("broker", "brokers"), ("proxy", "proxies"))
+        for member in answer[kind]
+    ]
+    if not rows:
+        return f"cluster {cluster!r}: no broker or proxy is registered"
+    return render_table(rows, MEMBER_COLUMNS)
 
 
 def member_row(role: str, member: dict[str, Any]) -> dict[str, Any]:
@@ -168,7 +191,7 @@ def member_row(role: str, member: dict[str, Any]) -> dict[str, Any]:
 
 
 def broker_status(args: argparse.Namespace) -> None:
-    status = client(args).get("/v1/broker/status")
+    status = client(args).get(for_broker("/v1/broker/status", args))
 
     def human() -> str:
         shown = dict(status)
@@ -234,14 +257,17 @@ def config_set(args: argparse.Namespace) -> None:
 
 def write_perm(args: argparse.Namespace) -> None:
     value = "true" if args.writable else "false"
-    answer = client(args).patch("/v1/runtime-config", {"changes": {"broker.writable": value}})
+    answer = client(args).patch(
+        for_broker("/v1/runtime-config", args), {"changes": {"broker.writable": value}}
+    )
     emit(
         args,
         answer,
         lambda: (
-            "the broker accepts new messages again"
+            f"{args.broker or 'the broker'} accepts new messages again"
             if args.writable
-            else "the broker accepts no new messages until 'cluster write-perm --add' or a "
-            "restart; consumers, acks and transaction decisions go on"
+            else f"{args.broker or 'the broker'} accepts no new messages until "
+            "'cluster write-perm --add' or a restart; consumers, acks and transaction "
+            "decisions go on"
         ),
     )

@@ -59,6 +59,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="number of queues (default: the broker's default_queue_count)",
     )
     create.add_argument(
+        "--brokers",
+        metavar="A,B",
+        default=None,
+        help="cluster mode: place the queues on these brokers, round-robin in this order "
+        "(default: spread over every live broker; mqadmin updateTopic -b)",
+    )
+    create.add_argument(
         "--perm",
         choices=PERMS,
         default="rw",
@@ -141,6 +148,8 @@ def create_topic(args: argparse.Namespace) -> None:
     body: dict[str, Any] = {"name": args.name, "message_type": args.type, "perm": args.perm}
     if args.queues is not None:
         body["queue_count"] = args.queues
+    if args.brokers:
+        body["brokers"] = [b.strip() for b in args.brokers.split(",") if b.strip()]
     topic = client(args).post("/v1/topics", body)
     emit(args, topic, lambda: f"created topic '{topic['name']}' ({summary(topic)})")
 

@@ -9,6 +9,7 @@ See :mod:`halfmoon.client.sync` for the synchronous facade.
 from halfmoon.client.connection import Backoff, ClientConfig
 from halfmoon.client.consume_transaction import ConsumeTransaction
 from halfmoon.client.consumer import RetryPolicy
+from halfmoon.client.credentials import Credentials
 from halfmoon.client.errors import (
     BadRequest,
     ClientClosed,
@@ -66,6 +67,7 @@ from halfmoon.client.transaction import (
 )
 
 __all__ = [
+    "Credentials",
     "BROADCASTING",
     "CLUSTERING",
     "Backoff",

@@ -31,6 +31,8 @@ import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2_grpc
 
+from halfmoon.auth.signature import authorization_header
+from halfmoon.client.credentials import Credentials
 from halfmoon.client.errors import ClientClosed, ConnectionFailed, error_for_rpc_error
 
 CLIENT_VERSION = "halfmoon-0.1.0"
@@ -71,6 +73,9 @@ class ClientConfig:
     ``endpoints`` is ``host:port`` (or several, ``;``-separated, tried in turn for
     routes). ``request_timeout`` bounds each unary RPC (seconds). ``client_id`` is
     generated when omitted; it identifies this client's session on the server.
+    ``credentials`` sign every request (a broker with ``auth.enabled``); ``tls``
+    connects over TLS, trusting the system roots or the PEM bundle in
+    ``tls_root_certificates``.
     """
 
     endpoints: str
@@ -78,6 +83,8 @@ class ClientConfig:
     request_timeout: float = 3.0
     client_id: str = ""
     tls: bool = False
+    credentials: Credentials | None = None
+    tls_root_certificates: str | None = None
     reconnect_backoff: Backoff = field(default_factory=Backoff)
     heartbeat_interval: float = 10.0
     route_refresh_interval: float = 30.0
@@ -151,8 +158,12 @@ class Connection:
         self.target = target
         self.config = config
         if config.tls:
+            roots = None
+            if config.tls_root_certificates:
+                with open(config.tls_root_certificates, "rb") as bundle:
+                    roots = bundle.read()
             self.channel = grpc.aio.secure_channel(
-                target, grpc.ssl_channel_credentials(), options=_CHANNEL_OPTIONS
+                target, grpc.ssl_channel_credentials(roots), options=_CHANNEL_OPTIONS
             )
         else:
             self.channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
@@ -169,16 +180,29 @@ class Connection:
         self._request_prefix = uuid.uuid4().hex[:12]
         self._request_seq = itertools.count()
         self._date = _DateStamp()
+        self._credentials = config.credentials
+        self._signed_at = ""
+        self._authorization = ""
         self.closed = False
 
     def metadata(self, extra: tuple[tuple[str, str], ...] = ()) -> tuple[tuple[str, str], ...]:
-        """Headers for one call (fresh request id and date), then ``extra`` (halfmoon's own)."""
-        return (
+        """Headers for one call (fresh request id and date), then ``extra`` (halfmoon's own);
+        signed when credentials are set."""
+        date = self._date.now()
+        headers = (
             *self._static,
             ("x-mq-request-id", f"{self._request_prefix}-{next(self._request_seq)}"),
-            ("x-mq-date-time", self._date.now()),
+            ("x-mq-date-time", date),
             *extra,
         )
+        if self._credentials is None:
+            return headers
+        if date != self._signed_at:  # one HMAC per second, as the stamp changes
+            self._authorization = authorization_header(
+                self._credentials.access_key, self._credentials.secret_key, date
+            )
+            self._signed_at = date
+        return (*headers, ("authorization", self._authorization))
 
     async def call(
         self,

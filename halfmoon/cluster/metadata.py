@@ -103,7 +103,7 @@ class ClusterMetadata:
         """Apply ``change`` to the stored topic, if nobody changed it since it was read."""
         kv = await self.client.get(self.keys.topic(name))
         if kv is None:
-            raise TopicNotFound(f"topic {name!r} does not exist in the cluster")
+            raise TopicNotFound(name)
         topic = change(ClusterTopic.from_json(kv.json()))
         if topic.name != name:
             raise InvalidArgument(f"a topic cannot be renamed ({name!r} to {topic.name!r})")
@@ -144,7 +144,7 @@ class ClusterMetadata:
     ) -> GroupConfig:
         kv = await self.client.get(self.keys.group(name))
         if kv is None:
-            raise GroupNotFound(f"consumer group {name!r} does not exist in the cluster")
+            raise GroupNotFound(name)
         group = change(GroupConfig.from_dict(kv.json()))
         if group.name != name:
             raise InvalidArgument(f"a group cannot be renamed ({name!r} to {group.name!r})")

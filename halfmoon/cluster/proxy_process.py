@@ -20,6 +20,8 @@ import time
 from halfmoon.cluster.remote_broker import RemoteBroker
 from halfmoon.config import Config
 from halfmoon.server.app import configure_logging, serve_front_end
+from halfmoon.server.edge_security import check_exposure
+from halfmoon.server.errors import Unsupported
 
 log = logging.getLogger("halfmoon.cluster")
 
@@ -30,6 +32,14 @@ async def serve_proxy(
     """Serve until ``stop`` is set or SIGTERM/SIGINT arrives; then shut down cleanly."""
     loop = asyncio.get_running_loop()
     started = time.monotonic()
+    check_exposure(config)
+    if config.auth.enabled:
+        # Users and ACLs of cluster mode live in etcd, which a proxy does not read yet; a
+        # proxy with users of its own would answer differently from its peers.
+        raise Unsupported(
+            "auth.enabled on a proxy is not available yet (cluster-mode users and ACLs come "
+            "with etcd; docs/security.md): keep proxies on loopback, or use halfmoon serve"
+        )
     # Connecting makes the version handshake, which waits for the broker within its deadline.
     broker = await loop.run_in_executor(None, RemoteBroker, broker_address)
     try:

@@ -176,8 +176,9 @@ class RemoteBroker:
         message_type: MessageType = MessageType.NORMAL,
         queue_count: int = 8,
         perm: str = "rw",
+        brokers: Sequence[str] = (),
     ) -> TopicConfig:
-        return self._call("create_topic", [name, message_type, queue_count, perm])
+        return self._call("create_topic", [name, message_type, queue_count, perm, list(brokers)])
 
     def update_topic(
         self,

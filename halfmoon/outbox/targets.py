@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from halfmoon.client.credentials import Credentials
 from halfmoon.client.message import Message
 from halfmoon.client.producer import Producer
 from halfmoon.client.sync import run_sync
@@ -103,6 +104,8 @@ class HalfmoonTarget(PublishTarget):
             raise InvalidTarget(f"halfmoon target {url!r} must look like halfmoon://HOST:PORT")
         self.endpoint = f"{parts.hostname}:{parts.port}"
         self.timeout = timeout
+        # A broker with authentication on: credentials= here, else HALFMOON_ACCESS_KEY/SECRET_KEY.
+        producer_options.setdefault("credentials", Credentials.from_env())
         self._options = producer_options
         self._producer: Producer | None = None
         self._starting: asyncio.Lock | None = None

@@ -66,9 +66,11 @@ from halfmoon.server import (
 from halfmoon.server.admin_auth import GUARD_KEY, admin_auth
 from halfmoon.server.admin_http import (
     BROKER_KEY,
+    CLUSTER_KEY,
     CONFIG_KEY,
     REGISTRY_KEY,
     ApiError,
+    ClusterMembers,
     broker_of,
     call,
     error_reply,
@@ -128,15 +130,24 @@ async def list_topics(request: web.Request) -> web.Response:
 
 async def create_topic(request: web.Request) -> web.Response:
     body = await read_body(request)
-    reject_unknown(body, {"name", "message_type", "queue_count", "perm"})
+    reject_unknown(body, {"name", "message_type", "queue_count", "perm", "brokers"})
     name = take(body, "name", str, required=True)
     message_type = take(body, "message_type", str, choices=TOPIC_TYPES) or "normal"
     queue_count = take(body, "queue_count", int, minimum=1)
     if queue_count is None:
         queue_count = _default_queue_count(request)
     perm = take(body, "perm", str, choices=PERMS) or "rw"
+    # Cluster mode only: the brokers to place the queues on (mqadmin updateTopic -b).
+    brokers = take(body, "brokers", list) or []
+    if not all(isinstance(b, str) for b in brokers):
+        raise ApiError("field 'brokers' must be an array of broker names")
     topic = await call(
-        broker_of(request).create_topic, name, MessageType(message_type), queue_count, perm
+        broker_of(request).create_topic,
+        name,
+        MessageType(message_type),
+        queue_count,
+        perm,
+        brokers,
     )
     return reply(topic, status=201)
 
@@ -421,6 +432,7 @@ def create_admin_app(
     registry: MetricsRegistry | None = None,
     clients: ClientRegistry | None = None,
     guard: Guard | None = None,
+    cluster: ClusterMembers | None = None,
 ) -> web.Application:
     """The admin API over ``broker``; run it with aiohttp's ``AppRunner`` on
     ``config.server.admin_listen``. ``registry`` defaults to the process-wide one;
@@ -433,6 +445,8 @@ def create_admin_app(
         app[GUARD_KEY] = guard
     app[BROKER_KEY] = broker
     app[CONFIG_KEY] = config
+    if cluster is not None:
+        app[CLUSTER_KEY] = cluster
     registry = registry or default_registry()
     app[REGISTRY_KEY] = registry
     collector = broker_collector(broker)

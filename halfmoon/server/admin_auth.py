@@ -23,7 +23,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from halfmoon.auth import CLUSTER, Guard, Need, Resource, group, topic
+from halfmoon.auth import CLUSTER, Guard, Need, Resource, Unauthenticated, group, topic
+from halfmoon.server.admin_http import error_reply
 
 GUARD_KEY: web.AppKey[Guard] = web.AppKey("guard", Guard)
 # The dashboard's page, script and style sheet hold no data, and /v1/whoami only says
@@ -76,7 +77,13 @@ async def admin_auth(request: web.Request, handler: Handler) -> web.StreamRespon
         return await handler(request)
     peer = request.remote or ""
     operation = f"{request.method} {template}"
-    user = guard.authenticate_http(request.headers.get("Authorization", ""), peer, operation)
+    try:
+        user = guard.authenticate_http(request.headers.get("Authorization", ""), peer, operation)
+    except Unauthenticated as exc:
+        # A browser (the dashboard) asks for credentials on this header.
+        answer = error_reply(exc.http_status, exc.code, exc.message)
+        answer.headers["WWW-Authenticate"] = 'Basic realm="halfmoon", charset="UTF-8"'
+        return answer
     needs = route_needs(request.method, template, dict(request.match_info))
     if needs is None:
         guard.require_super(user, peer, operation)

@@ -14,7 +14,7 @@ import enum
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -22,7 +22,7 @@ from halfmoon.broker.errors import GroupNotFound, TopicNotFound
 from halfmoon.broker.facade import Broker
 from halfmoon.broker.groups import GroupConfig
 from halfmoon.config import Config
-from halfmoon.errors import HalfmoonError, InvalidArgument
+from halfmoon.errors import HalfmoonError, InvalidArgument, NotFound
 from halfmoon.metrics import MetricsRegistry
 from halfmoon.server.telemetry import ClientRegistry
 
@@ -31,6 +31,21 @@ CONFIG_KEY: web.AppKey[Config] = web.AppKey("config", Config)
 REGISTRY_KEY: web.AppKey[MetricsRegistry] = web.AppKey("metrics", MetricsRegistry)
 # The gRPC server's registry of connected clients; absent for an admin app on its own.
 CLIENTS_KEY: web.AppKey[ClientRegistry] = web.AppKey("clients", ClientRegistry)
+
+
+class ClusterMembers(Protocol):
+    """What a cluster proxy's admin API adds: every member of the cluster."""
+
+    def member(self, name: str) -> Broker:
+        """One member broker by name (``?broker=NAME``)."""
+        ...
+
+    def members(self) -> dict[str, Any]:
+        """The cluster's brokers and proxies as etcd lists them (``cluster list``)."""
+        ...
+
+
+CLUSTER_KEY: web.AppKey[ClusterMembers] = web.AppKey("cluster")
 
 
 class ApiError(InvalidArgument):
@@ -154,8 +169,28 @@ async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return await asyncio.to_thread(fn, *args, **kwargs)
 
 
+class UnknownBroker(NotFound):
+    """``?broker=NAME`` names no broker this endpoint can reach."""
+
+    code = "BROKER_NOT_FOUND"
+    protocol_code = "NOT_FOUND"
+
+
 def broker_of(request: web.Request) -> Broker:
-    return request.app[BROKER_KEY]
+    """The broker a request addresses: the endpoint's own, or in cluster mode the member
+    named by ``?broker=NAME`` (mqadmin's ``-b``: ``status --broker B``, ``write-perm``)."""
+    broker = request.app[BROKER_KEY]
+    name = request.query.get("broker")
+    if not name:
+        return broker
+    cluster = request.app.get(CLUSTER_KEY)
+    if cluster is not None:
+        return cluster.member(name)
+    if name != broker.config.name:
+        raise UnknownBroker(
+            f"no broker {name!r} here: this server is broker {broker.config.name!r}"
+        )
+    return broker
 
 
 def existing_group(broker: Broker, name: str) -> GroupConfig:

@@ -38,6 +38,7 @@ from halfmoon.config import iter_keys
 from halfmoon.errors import InvalidArgument
 from halfmoon.server.admin_http import (
     CLIENTS_KEY,
+    CLUSTER_KEY,
     CONFIG_KEY,
     ApiError,
     broker_of,
@@ -90,6 +91,9 @@ def _addresses(request: web.Request) -> tuple[str, str]:
 
 
 async def get_cluster(request: web.Request) -> web.Response:
+    cluster = request.app.get(CLUSTER_KEY)
+    if cluster is not None:  # a proxy of a cluster: every member, from etcd
+        return reply(await call(cluster.members))
     broker = broker_of(request)
     status = jsonable(await call(broker.status))
     grpc, admin = _addresses(request)
@@ -218,10 +222,11 @@ async def get_route(request: web.Request) -> web.Response:
     routes = jsonable(await call(collect))
     grpc, _admin = _addresses(request)
     broker_name = broker.config.name
-    queues = [{**q, "broker": broker_name, "address": grpc} for q in routes]
-    return reply(
-        {"topic": name, "brokers": [{"broker": broker_name, "address": grpc}], "queues": queues}
-    )
+    # In cluster mode each queue names its broker; every broker is reached through a proxy.
+    queues = [{**q, "broker": q["broker"] or broker_name, "address": grpc} for q in routes]
+    names = dict.fromkeys(q["broker"] for q in queues) or {broker_name: None}
+    brokers = [{"broker": b, "address": grpc} for b in names]
+    return reply({"topic": name, "brokers": brokers, "queues": queues})
 
 
 async def get_group_clients(request: web.Request) -> web.Response:

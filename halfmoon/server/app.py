@@ -43,6 +43,7 @@ from halfmoon.config import Config, ServerConfig, parse_host_port
 from halfmoon.metrics import MetricFamily, default_registry
 from halfmoon.server import lite_subscriptions
 from halfmoon.server.admin import create_admin_app
+from halfmoon.server.admin_http import ClusterMembers
 from halfmoon.server.edge_security import Certificates, check_exposure
 from halfmoon.server.grpc_service import MessagingServicer
 from halfmoon.server.handlers import messaging_handler
@@ -101,15 +102,24 @@ async def _start_admin(
     clients: ClientRegistry | None = None,
     guard: Guard | None = None,
     certificates: Certificates | None = None,
+    reuse_port: bool = False,
+    cluster: ClusterMembers | None = None,
 ) -> tuple[web.AppRunner, str]:
     """Serve the admin API (an aiohttp application) on ``config.server.admin_listen``
     (HTTPS with ``certificates``); the runner (for shutdown) and the bound address."""
     host, port = parse_host_port(config.server.admin_listen, what="admin listen address")
-    app = create_admin_app(broker, config, clients=clients, guard=guard)
+    app = create_admin_app(broker, config, clients=clients, guard=guard, cluster=cluster)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     ssl_context = certificates.ssl_context() if certificates is not None else None
-    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
+    site = web.TCPSite(
+        runner,
+        host,
+        port,
+        reuse_address=True,
+        reuse_port=reuse_port or None,
+        ssl_context=ssl_context,
+    )
     try:
         await site.start()
     except BaseException:
@@ -176,10 +186,15 @@ async def serve_front_end(
     started: float | None = None,
     source: str = "",
     guard: Guard | None = None,
+    reuse_port: bool = False,
+    cluster: ClusterMembers | None = None,
 ) -> None:
     """The gRPC endpoint and the admin API in front of ``broker`` until stopped; the caller
     opened the broker and closes it. ``tick``: run the broker's tick thread here (False when
     the broker is another process, which ticks itself). ``source`` ends the ready line.
+    ``reuse_port``: bind both ports with SO_REUSEPORT, so several worker processes share
+    them (the kernel spreads connections over the workers). ``cluster``: in cluster mode,
+    the cluster's members, for the admin API (``?broker=NAME``, ``cluster list``).
     ``guard`` authenticates and authorizes every request at both edges (when enabled)."""
     server_config: ServerConfig = config.server
     loop = asyncio.get_running_loop()
@@ -196,7 +211,7 @@ async def serve_front_end(
         options=[
             ("grpc.max_receive_message_length", server_config.max_request_bytes),
             ("grpc.max_send_message_length", -1),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 5000),
         ]
@@ -234,7 +249,15 @@ async def serve_front_end(
         lite_subscriptions.install_notifier(broker, registry)  # NotifyUnsubscribeLiteCommand
         collector = _grpc_collector(registry, notifier)
         default_registry().add_collector(collector)
-        admin, admin_address = await _start_admin(broker, config, registry, guard, certificates)
+        admin, admin_address = await _start_admin(
+            broker,
+            config,
+            registry,
+            guard,
+            certificates,
+            reuse_port=reuse_port,
+            cluster=cluster,
+        )
         if tick:
             ticker.start()
         _install_signal_handlers(loop, stop, force, certificates)

@@ -54,14 +54,21 @@ class MessagingServicer(ClientRpcs, PopRpcs, PullRpcs):
 
     # -- routes ----------------------------------------------------------------
 
-    def _broker_pb(self, endpoints: pb.Endpoints | None) -> pb.Broker:
+    def _broker_pb(self, endpoints: pb.Endpoints | None, name: str = "") -> pb.Broker:
+        """The broker a queue lives on, at the endpoints the client should call for it.
+
+        ``name`` is set in cluster mode (the queue's broker): the client is sent back to
+        the proxies it dialed, all of them, so it fails over between them; locally, to
+        the one address it dialed, else to the advertised one."""
+        if name and endpoints is not None and endpoints.addresses:
+            return pb.Broker(name=name, id=0, endpoints=endpoints)
         if endpoints is None or not endpoints.addresses or len(endpoints.addresses) > 1:
             host, port = self.advertised
             scheme = pb.AddressScheme.IPv6 if ":" in host else pb.AddressScheme.IPv4
             if not host.replace(".", "").isdigit() and ":" not in host:
                 scheme = pb.AddressScheme.DOMAIN_NAME
             endpoints = pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host, port=port)])
-        return pb.Broker(name=self.broker_name, id=0, endpoints=endpoints)
+        return pb.Broker(name=name or self.broker_name, id=0, endpoints=endpoints)
 
     @unary(svc.QueryRouteResponse)
     async def QueryRoute(
@@ -69,7 +76,7 @@ class MessagingServicer(ClientRpcs, PopRpcs, PullRpcs):
     ) -> svc.QueryRouteResponse:
         topic = resource_name(request.topic, "topic", context)
         routes = await self._call(self.broker.route, topic)
-        broker = self._broker_pb(request.endpoints if request.HasField("endpoints") else None)
+        dialed = request.endpoints if request.HasField("endpoints") else None
         queues = []
         for route in routes:
             queues.append(
@@ -77,7 +84,7 @@ class MessagingServicer(ClientRpcs, PopRpcs, PullRpcs):
                     topic=request.topic,  # as the client named it (RocketMQ's proxy too)
                     id=route.queue_id,
                     permission=_PERMISSION.get(route.perm, pb.Permission.NONE),
-                    broker=broker,
+                    broker=self._broker_pb(dialed, route.broker),
                     accept_message_types=sorted(
                         {convert.wire_type(t) for t in route.accepted_types}
                     ),
@@ -99,7 +106,8 @@ class MessagingServicer(ClientRpcs, PopRpcs, PullRpcs):
                 status=status(Code.FORBIDDEN, f"topic {topic!r} has no readable queue")
             )
         resource = request.topic  # as the client named it (RocketMQ's proxy too)
-        broker = self._broker_pb(request.endpoints if request.HasField("endpoints") else None)
+        dialed = request.endpoints if request.HasField("endpoints") else None
+        broker = self._broker_pb(dialed, readable[0].broker)
         # As RocketMQ's proxy (RouteActivity.queryAssignment): a FIFO group gets every
         # readable queue, so a push consumer runs one receive loop per queue (see
         # ReceiveMessage); any other group one assignment, queue id -1, and the broker
@@ -112,7 +120,7 @@ class MessagingServicer(ClientRpcs, PopRpcs, PullRpcs):
                     topic=resource,
                     id=r.queue_id,
                     permission=_PERMISSION.get(r.perm, pb.Permission.NONE),
-                    broker=broker,
+                    broker=self._broker_pb(dialed, r.broker),
                 )
                 for r in readable
             ]

@@ -21,6 +21,9 @@ Names follow Spark's Kafka source where an equivalent exists
 ``commitOffsets``      streams: ``true`` stores each finished batch's end offsets as ``group``'s
                        committed offsets, so ``halfmoon group progress`` shows the lag.
 ``maxRecordsPerPartition``  split a queue's range into tasks of at most this many offsets.
+``accessKey``          with ``secretKey``: sign every request (a broker with authentication on);
+                       default ``$HALFMOON_ACCESS_KEY`` / ``$HALFMOON_SECRET_KEY``. The secret is
+                       never logged; Spark's ``spark.redaction.regex`` hides it in plans.
 =====================  =====================================================================
 """
 
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
+from halfmoon.client.credentials import Credentials
 from halfmoon.errors import InvalidArgument
 
 EARLIEST = -2
@@ -76,6 +80,7 @@ class SourceOptions:
     commit_offsets: bool
     max_records_per_partition: int
     pull_batch_size: int
+    credentials: Credentials | None = None  # repr leaves the secret out
 
 
 def option_value(options: Mapping[str, str], name: str) -> str | None:
@@ -109,6 +114,16 @@ def _positive(options: Mapping[str, str], name: str, default: int | None) -> int
     if number < 1:
         raise SparkOptionError(f"option {name} must be a positive integer, got {value!r}")
     return number
+
+
+def credentials_of(options: Mapping[str, str]) -> Credentials | None:
+    """``accessKey`` and ``secretKey`` (both or neither), else the environment's."""
+    access_key, secret_key = option_value(options, "accessKey"), option_value(options, "secretKey")
+    if access_key and secret_key:
+        return Credentials(access_key, secret_key)
+    if access_key or secret_key:
+        raise SparkOptionError("options accessKey and secretKey go together; give both or neither")
+    return Credentials.from_env()
 
 
 def endpoint_of(options: Mapping[str, str]) -> str:
@@ -212,4 +227,5 @@ def source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOpti
         commit_offsets=_bool(options, "commitOffsets", False),
         max_records_per_partition=_positive(options, "maxRecordsPerPartition", 200_000) or 200_000,
         pull_batch_size=min(_positive(options, "pullBatchSize", 1024) or 1024, 1024),
+        credentials=credentials_of(options),
     )

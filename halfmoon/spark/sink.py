@@ -70,11 +70,18 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from halfmoon.client.credentials import Credentials
 from halfmoon.client.errors import ClientError
 from halfmoon.client.message import Message
 from halfmoon.errors import HalfmoonError
 from halfmoon.spark.group_offsets import commit_plainly, register_in_group
-from halfmoon.spark.options import SparkOptionError, endpoint_of, option_value, selector_wire
+from halfmoon.spark.options import (
+    SparkOptionError,
+    credentials_of,
+    endpoint_of,
+    option_value,
+    selector_wire,
+)
 from halfmoon.spark.wire import Queue, Wire, group_decided, pb
 
 log = logging.getLogger("halfmoon.spark.sink")
@@ -111,6 +118,7 @@ class SinkOptions:
     # Consumer group whose offsets each batch's transaction commits (group_offsets.py).
     source_group: str | None = None
     checkpoint: str | None = None
+    credentials: Credentials | None = None  # repr leaves the secret out
 
 
 @dataclass
@@ -148,6 +156,7 @@ def sink_options(options: Mapping[str, str]) -> SinkOptions:
         sink_id=sink_id,
         marker_topic=(option_value(options, "markerTopic") or MARKER_TOPIC).strip(),
         admin=_admin_url(option_value(options, "admin")),
+        credentials=credentials_of(options),
     )
 
 
@@ -219,7 +228,7 @@ def write_group(
             "may have sent rows into the same transaction group, so the batch is aborted instead; "
             "the query resumes from its checkpoint when restarted"
         )
-    wire = Wire(options.endpoint)
+    wire = Wire(options.endpoint, options.credentials)
     count = 0
     pending: list[Message] = []
     size = 0
@@ -244,7 +253,7 @@ class CommitProtocol:
 
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
-        self.wire = Wire(options.endpoint)
+        self.wire = Wire(options.endpoint, options.credentials)
         self.orphans_rolled_back: list[str] = []  # by the last commit's sweep
 
     def marker_queue(self) -> Queue:
@@ -491,7 +500,12 @@ class HalfmoonStreamWriter(DataSourceStreamArrowWriter):
         source_group, checkpoint = self.options.source_group, self.options.checkpoint
         if not commits:  # no task ran: nothing was written
             if source_group is not None and checkpoint is not None:
-                commit_plainly(Wire(self.options.endpoint), source_group, checkpoint, batchId)
+                commit_plainly(
+                    Wire(self.options.endpoint, self.options.credentials),
+                    source_group,
+                    checkpoint,
+                    batchId,
+                )
             return
         groups = {m.group for m in commits}
         if len(groups) != 1:
@@ -542,12 +556,12 @@ class HalfmoonBatchWriter(DataSourceArrowWriter):
         return write_group(self.options, self.sink, 0, self.group, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        wire = Wire(self.options.endpoint)
+        wire = Wire(self.options.endpoint, self.options.credentials)
         for group in {m.group for m in messages if isinstance(m, SinkCommit)}:
             wire.end_group(group, self.topic, commit=True)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        wire = Wire(self.options.endpoint)
+        wire = Wire(self.options.endpoint, self.options.credentials)
         for group in {m.group for m in messages if isinstance(m, SinkCommit)} | {self.group}:
             wire.end_group(group, self.topic, commit=False)
 

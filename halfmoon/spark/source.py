@@ -86,7 +86,7 @@ def offsets_for(wire: Wire, queues: Sequence[Queue], spec: OffsetSpec) -> Offset
 
 def read_range(options: SourceOptions, queue_range: QueueRange) -> Iterator[pa.RecordBatch]:
     """The committed messages of ``queue_range`` as Arrow record batches (runs in a task)."""
-    wire = Wire(options.endpoint)
+    wire = Wire(options.endpoint, options.credentials)
     queue = next(
         (q for q in wire.queues(queue_range.topic) if q.queue_id == queue_range.queue_id), None
     )
@@ -146,7 +146,7 @@ class HalfmoonBatchReader(DataSourceReader):
         self.options = options
 
     def partitions(self) -> Sequence[InputPartition]:
-        wire = Wire(self.options.endpoint)
+        wire = Wire(self.options.endpoint, self.options.credentials)
         queues = queues_of(wire, self.options)
         start = offsets_for(wire, queues, self.options.starting)
         end = offsets_for(wire, queues, self.options.ending)
@@ -165,7 +165,7 @@ class HalfmoonStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target: Offsets | None = None  # Trigger.AvailableNow: never read past this
 
     def _wire(self) -> Wire:
-        return Wire(self.options.endpoint)
+        return Wire(self.options.endpoint, self.options.credentials)
 
     def _latest(self) -> Offsets:
         wire = self._wire()

@@ -27,7 +27,9 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
+from halfmoon.auth.signature import authorization_header, utc_stamp
 from halfmoon.client.consume_transaction import EXPECTED_OFFSET_HEADER, GROUP_HEADER
+from halfmoon.client.credentials import Credentials
 from halfmoon.client.errors import (
     ClientError,
     error_for_rpc_error,
@@ -59,14 +61,21 @@ def _stub(endpoint: str) -> service_pb2_grpc.MessagingServiceStub:
     return service_pb2_grpc.MessagingServiceStub(channel)
 
 
-def _metadata(extra: tuple[tuple[str, str], ...] = ()) -> tuple[tuple[str, str], ...]:
-    return (
+def _metadata(
+    credentials: Credentials | None = None, extra: tuple[tuple[str, str], ...] = ()
+) -> tuple[tuple[str, str], ...]:
+    headers = (
         ("x-mq-client-id", _client_id),
         ("x-mq-language", "PYTHON"),
         ("x-mq-protocol", "GRPC_V2"),
         ("x-mq-request-id", f"{_client_id}-{next(_request_seq)}"),
         *extra,
     )
+    if credentials is None:
+        return headers
+    date = utc_stamp()
+    signed = authorization_header(credentials.access_key, credentials.secret_key, date)
+    return (*headers, ("x-mq-date-time", date), ("authorization", signed))
 
 
 @dataclass(frozen=True)
@@ -102,8 +111,11 @@ class PullAnswer:
 class Wire:
     """The RPCs the Spark connector makes, against one access point (``host:port``)."""
 
-    def __init__(self, endpoint: str, timeout: float = 10.0) -> None:
+    def __init__(
+        self, endpoint: str, credentials: Credentials | None = None, timeout: float = 10.0
+    ) -> None:
         self.endpoint = endpoint
+        self.credentials = credentials
         self.timeout = timeout
 
     def _call(
@@ -117,7 +129,9 @@ class Wire:
         target = endpoint or self.endpoint
         try:
             response = getattr(_stub(target), rpc)(
-                request, timeout=timeout or self.timeout, metadata=_metadata(headers)
+                request,
+                timeout=timeout or self.timeout,
+                metadata=_metadata(self.credentials, headers),
             )
         except grpc.RpcError as exc:
             raise error_for_rpc_error(exc, rpc, target) from None
@@ -217,7 +231,7 @@ class Wire:
         next_offset, code, text = offset, Code.OK, ""
         try:
             for response in _stub(queue.endpoint).PullMessage(
-                request, timeout=wait + self.timeout, metadata=_metadata()
+                request, timeout=wait + self.timeout, metadata=_metadata(self.credentials)
             ):
                 kind = response.WhichOneof("content")
                 if kind == "message":

@@ -64,6 +64,18 @@ def test_missing_date_time_is_unauthenticated():
         signature.parse({"authorization": value})
 
 
+def test_stamp_parsing_matches_strptime_and_refuses_junk():
+    assert signature.stamp_seconds(STAMP) == NOW
+    for junk in (
+        "20261324T000000Z",
+        "2026112XT194608Z",
+        "20261124 194608Z",
+        "",
+        "٢٠٢٦1124T194608Z",
+    ):
+        assert signature.stamp_seconds(junk) is None
+
+
 def test_window_accepts_utc_and_listed_offsets_only():
     assert signature.within_window(STAMP, NOW + 299, 300, [0])
     assert not signature.within_window(STAMP, NOW + 301, 300, [0])  # replayed later

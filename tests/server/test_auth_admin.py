@@ -108,6 +108,14 @@ def test_route_protection(server: ServerProcess, method: str, path: str) -> None
     assert admin not in (401, 403), f"super user refused {method.upper()} {path}: {admin}"
 
 
+def test_unauthenticated_answer_asks_for_basic_credentials(server: ServerProcess) -> None:
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(server.admin + "/v1/topics", timeout=10)
+    assert refused.value.code == 401
+    assert refused.value.headers["WWW-Authenticate"].startswith("Basic")
+    assert b"UNAUTHORIZED" in refused.value.read()
+
+
 def test_bearer_and_basic_both_work(server: ServerProcess) -> None:
     for header in (
         "Basic " + base64.b64encode(b"reader:reader-secret-key").decode(),

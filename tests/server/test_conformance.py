@@ -36,6 +36,7 @@ from rocketmq import (
     TransactionResolution,
 )
 
+from tests.cluster.cluster_server import ClusterServer
 from tests.cluster.proxied_server import ProxiedServer
 from tests.server.conftest import ServerProcess, wait_until
 
@@ -54,10 +55,10 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
 
 
-@pytest.fixture(scope="module", params=["local", "proxy"])
+@pytest.fixture(scope="module", params=["local", "proxy", "cluster"])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """``halfmoon serve``, or a proxy and a broker process: the same programs through both."""
-    kind = ServerProcess if request.param == "local" else ProxiedServer
+    kind = {"local": ServerProcess, "proxy": ProxiedServer, "cluster": ClusterServer}[request.param]
     proc = kind(tmp_path_factory.mktemp(f"conformance-{request.param}"), settings=SETTINGS).start()
     try:
         yield proc

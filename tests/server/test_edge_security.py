@@ -54,3 +54,19 @@ def test_tls_modes_need_their_files():
     cfg.tls.mode = "permissive"
     with pytest.raises(ConfigError, match="permissive"):
         check_tls(cfg.tls)
+
+
+def test_proxy_refuses_exposure_and_unavailable_cluster_auth():
+    exposed = subprocess.run(
+        [sys.executable, "-m", "halfmoon", "proxy", "--broker", "127.0.0.1:1",
+         "--listen", "0.0.0.0:0", "--admin-listen", "127.0.0.1:0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert exposed.returncode == 2 and "INSECURE_LISTEN" in exposed.stderr, exposed.stderr
+    with_auth = subprocess.run(
+        [sys.executable, "-m", "halfmoon", "proxy", "--broker", "127.0.0.1:1",
+         "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+         "--set", "auth.enabled=true"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert with_auth.returncode != 0 and "UNSUPPORTED" in with_auth.stderr, with_auth.stderr

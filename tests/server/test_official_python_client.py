@@ -31,6 +31,7 @@ from rocketmq import (
 )
 from rocketmq.v5.exception import BadRequestException, NotFoundException
 
+from tests.cluster.cluster_server import ClusterServer
 from tests.cluster.proxied_server import ProxiedServer
 from tests.server.conftest import ServerProcess, wait_until
 
@@ -74,12 +75,12 @@ def receive_all(
     return got
 
 
-@pytest.fixture(scope="module", params=["local", "proxy"])
+@pytest.fixture(scope="module", params=["local", "proxy", "cluster"])
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     """``halfmoon serve``, or a proxy and a broker process: the same scenarios through both."""
-    kind = ServerProcess if request.param == "local" else ProxiedServer
+    kind = {"local": ServerProcess, "proxy": ProxiedServer, "cluster": ClusterServer}[request.param]
     proc = kind(tmp_path_factory.mktemp(f"halfmoon-{request.param}")).start()
     try:
         yield proc

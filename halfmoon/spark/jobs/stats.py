@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from halfmoon.client.credentials import Credentials
 from halfmoon.spark.wire import Wire
 
 
@@ -32,7 +33,7 @@ class StatsSpec:
 
 def committed_offsets(spec: StatsSpec) -> list[tuple[str, str, int, int]]:
     """``(group, topic, queue_id, committed offset)`` for every group and queue with an offset."""
-    wire = Wire(spec.endpoint)
+    wire = Wire(spec.endpoint, Credentials.from_env())
     out = []
     for topic in spec.topics:
         for queue in wire.queues(topic):

@@ -1,0 +1,279 @@
+"""A proxy's connections to the cluster's brokers, and what it knows of each topic's layout.
+
+One :class:`RemoteBroker` per live broker, opened when the broker appears in
+the :class:`ClusterView` (so arrival wake-ups and transaction checks flow
+from every broker before any client asks) and reopened when it re-registers
+at another endpoint. Listeners a front end adds (arrivals, check sender,
+lite notices) are installed on every connection, present and future, with
+the broker's queue ids translated to the cluster's.
+
+The view lives on the proxy's event loop; the facade's operations run on
+worker threads. Reads of the view from a thread are plain dict reads; writes
+to etcd are submitted to the loop (:meth:`BrokerPool.on_loop`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+from halfmoon.broker.lite import UnsubscribeNotifier
+from halfmoon.broker.topics import is_reserved
+from halfmoon.broker.transactions.check import CheckRequest, CheckSender
+from halfmoon.cluster.metadata import ClusterMetadata
+from halfmoon.cluster.remote_broker import RemoteBroker
+from halfmoon.cluster.routing import Layout, qualify
+from halfmoon.cluster.view import ClusterView
+from halfmoon.cluster.wire import BrokerUnavailable
+from halfmoon.errors import HalfmoonError, NotFound
+
+log = logging.getLogger("halfmoon.cluster.pool")
+
+T = TypeVar("T")
+METADATA_TIMEOUT_S = 10.0
+# A broker listed in etcd whose handshake failed is tried again after this.
+RECONNECT_S = 1.0
+WRITABLE_TTL_S = 1.0
+
+Connect = Callable[[str], RemoteBroker]
+
+
+class QualifyingCheckSender:
+    """Hands a broker's transaction checks to the front end with cluster transaction ids."""
+
+    def __init__(self, broker: str, sender: CheckSender) -> None:
+        self.broker = broker
+        self.sender = sender
+
+    def send_checks(self, checks: Sequence[CheckRequest]) -> list[bool]:
+        qualified = [
+            CheckRequest(
+                c.producer_group,
+                c.topic,
+                c.message,
+                qualify(self.broker, c.transaction_id),
+            )
+            for c in checks
+        ]
+        return self.sender.send_checks(qualified)
+
+
+class BrokerPool:
+    def __init__(
+        self,
+        view: ClusterView,
+        metadata: ClusterMetadata,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        connect: Connect | None = None,
+    ) -> None:
+        self.view = view
+        self.metadata = metadata
+        self.loop = loop
+        self._connect = connect or (lambda target: RemoteBroker(target))
+        self._lock = threading.Lock()
+        self._brokers: dict[str, tuple[str, RemoteBroker]] = {}  # name -> (endpoint, broker)
+        self._arrival_listeners: list[Callable[[str, int], None]] = []
+        self._check_sender: CheckSender | None = None
+        self._lite_notifier: UnsubscribeNotifier | None = None
+        self._writable: dict[str, tuple[float, bool]] = {}  # name -> (asked at, writable)
+
+    # -- connections ---------------------------------------------------------------------------
+
+    def sync_connections(self) -> None:
+        """Open a connection to every broker the view lists; close those of departed ones.
+
+        A broker whose lease expired is forgotten: its queues are unavailable until it
+        registers again. Runs on a worker thread (connecting blocks).
+        """
+        live = {
+            name: str(record.get("endpoint", ""))
+            for name, record in self.view.brokers.items()
+            if record.get("endpoint")
+        }
+        with self._lock:
+            gone = [n for n, (endpoint, _) in self._brokers.items() if live.get(n) != endpoint]
+            stale = [self._brokers.pop(n)[1] for n in gone]
+            missing = {n: e for n, e in live.items() if n not in self._brokers}
+        for broker in stale:
+            broker.close()
+        for name, endpoint in missing.items():
+            try:
+                remote = self._connect(endpoint)
+            except HalfmoonError as error:
+                log.warning(
+                    "event=broker_unreachable broker=%s endpoint=%s %s", name, endpoint, error
+                )
+                continue
+            self._install(name, remote)
+            with self._lock:
+                self._brokers[name] = (endpoint, remote)
+            self._sync_groups(remote)
+            log.info("event=broker_connected broker=%s endpoint=%s", name, endpoint)
+
+    async def follow_view(self) -> None:
+        """Keep the connections in step with the view until cancelled."""
+        while True:
+            await self.loop.run_in_executor(None, self.sync_connections)
+            known = self._connected_endpoints()
+            if _endpoints(self.view) != known:
+                # A broker listed but not reachable: try it again a little later.
+                await asyncio.sleep(RECONNECT_S)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await self.view.wait_for(
+                    lambda view, known=known: _endpoints(view) != known,  # type: ignore[misc]
+                    RECONNECT_S * 10,
+                )
+
+    def _connected_endpoints(self) -> dict[str, str]:
+        with self._lock:
+            return {n: e for n, (e, _) in self._brokers.items()}
+
+    def _install(self, name: str, remote: RemoteBroker) -> None:
+        for listener in list(self._arrival_listeners):
+            remote.add_arrival_listener(self._translating(name, listener))
+        if self._check_sender is not None:
+            remote.set_check_sender(QualifyingCheckSender(name, self._check_sender))
+        if self._lite_notifier is not None:
+            remote.set_lite_unsubscribe_notifier(self._lite_notifier)
+
+    def _sync_groups(self, remote: RemoteBroker) -> None:
+        """A broker that joined (or came back) learns the cluster's groups it lacks."""
+        for group in self.view.groups.values():
+            try:
+                if remote.find_group(group.name) is None:
+                    remote.create_group(
+                        group.name,
+                        fifo=group.fifo,
+                        max_delivery_attempts=group.max_delivery_attempts,
+                        retry_policy=group.retry_policy,
+                        consume_from=group.consume_from,
+                        consume_enabled=group.consume_enabled,
+                        broadcast=group.broadcast,
+                    )
+            except HalfmoonError as error:
+                log.warning("event=group_sync_failed group=%s %s", group.name, error)
+
+    def _translating(
+        self, name: str, listener: Callable[[str, int], None]
+    ) -> Callable[[str, int], None]:
+        def on_arrival(topic: str, broker_queue: int) -> None:
+            listener(topic, self.layout(topic, probe=False).cluster_queue(name, broker_queue))
+
+        return on_arrival
+
+    def broker(self, name: str) -> RemoteBroker:
+        with self._lock:
+            entry = self._brokers.get(name)
+        if entry is None:
+            raise BrokerUnavailable(f"broker {name!r} is not reachable (not registered or down)")
+        return entry[1]
+
+    def is_connected(self, name: str) -> bool:
+        with self._lock:
+            return name in self._brokers
+
+    def is_writable(self, name: str) -> bool:
+        """Whether the broker takes new messages (``cluster write-perm --wipe`` drains it);
+        asked at most once a second per broker, so sends do not pay a round trip each."""
+        now = time.monotonic()
+        cached = self._writable.get(name)
+        if cached is not None and now - cached[0] < WRITABLE_TTL_S:
+            return cached[1]
+        try:
+            writable = self.broker(name).config.writable
+        except HalfmoonError:
+            writable = False
+        self._writable[name] = (now, writable)
+        return writable
+
+    def connected(self) -> dict[str, RemoteBroker]:
+        with self._lock:
+            return {n: b for n, (_, b) in sorted(self._brokers.items())}
+
+    def any_broker(self) -> RemoteBroker:
+        for broker in self.connected().values():
+            return broker
+        raise BrokerUnavailable("no broker of the cluster is reachable")
+
+    def close_connections(self) -> None:
+        with self._lock:
+            brokers = [b for _, b in self._brokers.values()]
+            self._brokers.clear()
+        for broker in brokers:
+            broker.close()
+
+    # -- listeners -----------------------------------------------------------------------------
+
+    def add_arrival_listener(self, callback: Callable[[str, int], None]) -> None:
+        self._arrival_listeners.append(callback)
+        for name, broker in self.connected().items():
+            broker.add_arrival_listener(self._translating(name, callback))
+
+    def set_check_sender(self, sender: CheckSender | None) -> None:
+        self._check_sender = sender
+        for name, broker in self.connected().items():
+            broker.set_check_sender(None if sender is None else QualifyingCheckSender(name, sender))
+
+    def set_lite_unsubscribe_notifier(self, notifier: UnsubscribeNotifier | None) -> None:
+        self._lite_notifier = notifier
+        for broker in self.connected().values():
+            broker.set_lite_unsubscribe_notifier(notifier)
+
+    # -- layouts -------------------------------------------------------------------------------
+
+    def layout(self, topic: str, *, probe: bool = True) -> Layout:
+        """The topic's queues. A topic etcd does not place (a dead-letter topic a broker made)
+        is laid out from the brokers' own topics when ``probe`` (an empty layout otherwise)."""
+        placed = self.view.topic(topic)
+        if placed is not None:
+            return Layout(topic, placed.queues)
+        if not probe:
+            return Layout(topic, ())
+        counts = []
+        for name, broker in self.connected().items():
+            found = broker.find_topic(topic)
+            if found is not None:
+                counts.append((name, found.read_queue_count))
+        return Layout.end_to_end(topic, counts)
+
+    def placed(self, topic: str) -> bool:
+        return self.view.topic(topic) is not None or is_reserved(topic)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def on_loop(self, coroutine: Coroutine[Any, Any, T], timeout: float = METADATA_TIMEOUT_S) -> T:
+        """Run an etcd operation on the proxy's event loop from a worker thread."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def fan_out(
+        self,
+        brokers: Sequence[str],
+        call: Callable[[RemoteBroker], T],
+        *,
+        skip_missing: bool = False,
+    ) -> list[tuple[str, T]]:
+        """``call`` on each named broker in turn; with ``skip_missing``, brokers that are down
+        or do not know the thing asked about (NotFound) are left out instead of failing."""
+        answers = []
+        for name in brokers:
+            try:
+                answers.append((name, call(self.broker(name))))
+            except (BrokerUnavailable, NotFound):
+                if not skip_missing:
+                    raise
+        return answers
+
+
+def _endpoints(view: ClusterView) -> dict[str, str]:
+    return {
+        name: str(record.get("endpoint", ""))
+        for name, record in view.brokers.items()
+        if record.get("endpoint")
+    }

@@ -1,0 +1,181 @@
+"""``halfmoon proxy --coordinator etcd://… --cluster NAME``: a proxy in front of every broker.
+
+One worker process: it follows the cluster in etcd (a :class:`ClusterView`),
+keeps a connection to each live broker, and serves the RocketMQ 5 endpoint
+and the admin API over a :class:`ClusterBroker`. ``--workers N`` runs N such
+processes sharing the listening ports (``SO_REUSEPORT``; the kernel spreads
+connections over them); the parent supervises them and holds the proxy's
+registration in etcd (one member per proxy, whatever its worker count), so a
+SIGKILLed proxy machine disappears from the cluster after its lease.
+
+Every worker is interchangeable: nothing a client does is remembered in a
+worker but its sessions and telemetry streams, which the client re-opens on
+another worker or proxy after a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from halfmoon.broker.facade import Broker
+from halfmoon.cluster.cluster_broker import ClusterBroker
+from halfmoon.cluster.etcd import EtcdClient
+from halfmoon.cluster.etcd_json import parse_coordinator
+from halfmoon.cluster.members import read_members
+from halfmoon.cluster.membership import Membership
+from halfmoon.cluster.metadata import ClusterMetadata
+from halfmoon.cluster.registration import register_member
+from halfmoon.cluster.view import ClusterView
+from halfmoon.config import Config
+from halfmoon.server.app import configure_logging, serve_front_end
+
+log = logging.getLogger("halfmoon.cluster")
+
+# How long a starting worker waits for the brokers listed in etcd to answer before serving.
+FIRST_CONNECT_S = 10.0
+
+
+@dataclass(frozen=True)
+class ProxyIdentity:
+    coordinator: str
+    cluster: str
+    name: str
+    endpoint: str  # what clients dial: the advertised host and the listening port
+    ttl_s: int
+
+
+class ProxyMembers:
+    """The cluster's members for the proxy's admin API."""
+
+    def __init__(self, broker: ClusterBroker, identity: ProxyIdentity) -> None:
+        self.broker = broker
+        self.identity = identity
+
+    def member(self, name: str) -> Broker:
+        return self.broker.broker(name)
+
+    def members(self) -> dict[str, Any]:
+        return read_members(parse_coordinator(self.identity.coordinator), self.identity.cluster)
+
+
+async def serve_cluster_proxy(
+    config: Config,
+    identity: ProxyIdentity,
+    *,
+    register: bool = True,
+    reuse_port: bool = False,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """One worker: serve until ``stop`` is set or SIGTERM/SIGINT arrives."""
+    loop = asyncio.get_running_loop()
+    started = time.monotonic()
+    client = EtcdClient.from_url(identity.coordinator)
+    view = ClusterView(client, identity.cluster)
+    member = None
+    follower = None
+    broker = ClusterBroker(view, ClusterMetadata(client, identity.cluster), loop)
+    try:
+        await view.start()
+        # Connect to the brokers listed now, so the first clients find every queue.
+        await asyncio.wait_for(loop.run_in_executor(None, broker.sync_connections), FIRST_CONNECT_S)
+        follower = asyncio.create_task(broker.follow_view(), name="broker connections")
+        if register:
+            member = Membership(
+                client,
+                identity.cluster,
+                "proxy",
+                identity.name,
+                identity.endpoint,
+                {"workers": 1},
+                ttl_s=identity.ttl_s,
+            )
+            await member.start()
+        await serve_front_end(
+            config,
+            broker,
+            stop=stop,
+            tick=False,
+            started=started,
+            source=f"cluster={identity.cluster} proxy={identity.name}",
+            reuse_port=reuse_port,
+            cluster=ProxyMembers(broker, identity),
+        )
+    finally:
+        if member is not None:
+            await member.stop()
+        if follower is not None:
+            follower.cancel()
+        await loop.run_in_executor(None, broker.close)
+        await view.stop()
+        await client.close()
+        log.info("event=stopped")
+
+
+def run_cluster_proxy(
+    config: Config, identity: ProxyIdentity, workers: int = 1, *, worker: bool = False
+) -> int:
+    """Serve until signalled (one process, or ``workers`` worker processes); the exit status.
+
+    ``worker``: this process is one of a supervised proxy's workers (it shares the ports
+    and does not register: its parent does)."""
+    configure_logging()
+    if workers <= 1:
+        asyncio.run(serve_cluster_proxy(config, identity, register=not worker, reuse_port=worker))
+        return 0
+    return _supervise(identity, workers)
+
+
+def _supervise(identity: ProxyIdentity, workers: int) -> int:
+    """Start the workers (this command again, one worker each, sharing the ports), register
+    the proxy, wait; forward SIGTERM/SIGINT to the workers and stop when they all have."""
+    argv = _worker_argv(sys.argv[1:])
+    children = [subprocess.Popen([sys.executable, "-m", "halfmoon", *argv]) for _ in range(workers)]
+    deregister = register_member(
+        identity.coordinator,
+        identity.cluster,
+        "proxy",
+        identity.name,
+        identity.endpoint,
+        {"workers": workers},
+        ttl_s=identity.ttl_s,
+    )
+
+    def forward(signum: int, _frame: object) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    try:
+        statuses = [child.wait() for child in children]
+    finally:
+        deregister()
+    log.info("event=workers_stopped statuses=%s pid=%d", statuses, os.getpid())
+    return max(statuses, default=0)
+
+
+def _worker_argv(argv: Sequence[str]) -> list[str]:
+    """This command's arguments for one worker: ``--workers 1 --worker`` (no registration)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--workers":
+            skip = True
+            continue
+        if arg.startswith("--workers="):
+            continue
+        out.append(arg)
+    return [*out, "--workers", "1", "--worker"]

@@ -1,0 +1,227 @@
+"""The part of :class:`~halfmoon.cluster.cluster_broker.ClusterBroker` addressing queues by
+(broker, queue): pull, offsets, stored messages, lite topics.
+
+A cluster queue id is translated to its broker and that broker's queue id on
+the way in and back on the way out (:class:`~halfmoon.cluster.routing.Layout`);
+whole-topic operations ask every broker holding the topic and merge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from halfmoon.broker.browse import ScanResult
+from halfmoon.broker.errors import IllegalQueueId, TopicNotFound
+from halfmoon.broker.facade import PullResult
+from halfmoon.broker.filter_spec import FilterSpec
+from halfmoon.broker.lite import OffsetOption
+from halfmoon.broker.message import MessageView
+from halfmoon.cluster.broker_pool import BrokerPool
+from halfmoon.cluster.placement import QueueAssignment
+from halfmoon.cluster.routing import Layout
+from halfmoon.store.store import MessageNotFound
+
+
+class ClusterReads(BrokerPool):
+    def _queue(self, topic: str, queue_id: int) -> tuple[Layout, QueueAssignment]:
+        layout = self.layout(topic)
+        if not layout.queues:
+            raise TopicNotFound(topic)
+        where = layout.locate(queue_id)
+        if where is None:
+            raise IllegalQueueId(
+                f"topic {topic!r} has no queue {queue_id} (queues 0..{len(layout.queues) - 1})"
+            )
+        return layout, where
+
+    def _view(self, broker: str, layout: Layout, view: MessageView) -> MessageView:
+        return replace(view, queue_id=layout.cluster_queue(broker, view.queue_id))
+
+    # -- consume by pull (offsets) -------------------------------------------------------------
+
+    def pull(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        batch_size: int,
+        filter: FilterSpec,
+    ) -> PullResult:
+        layout, where = self._queue(topic, queue_id)
+        result = self.broker(where.broker).pull(
+            group, topic, where.broker_queue, offset, batch_size, filter
+        )
+        result.messages = [self._view(where.broker, layout, m) for m in result.messages]
+        return result
+
+    def get_offset(self, group: str, topic: str, queue_id: int) -> int:
+        _, where = self._queue(topic, queue_id)
+        return self.broker(where.broker).get_offset(group, topic, where.broker_queue)
+
+    def update_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        _, where = self._queue(topic, queue_id)
+        self.broker(where.broker).update_offset(group, topic, where.broker_queue, offset)
+
+    def query_offset(
+        self, topic: str, queue_id: int, policy: str, timestamp: int | None = None
+    ) -> int:
+        _, where = self._queue(topic, queue_id)
+        return self.broker(where.broker).query_offset(topic, where.broker_queue, policy, timestamp)
+
+    def reset_offset(self, group: str, topic: str, timestamp: int) -> dict[int, int]:
+        layout = self.layout(topic)
+        applied: dict[int, int] = {}
+        for broker, answer in self.fan_out(
+            layout.brokers, lambda b: b.reset_offset(group, topic, timestamp)
+        ):
+            for queue, offset in answer.items():
+                applied[layout.cluster_queue(broker, queue)] = offset
+        return applied
+
+    def seek_group(self, group: str, topic: str, offsets: Mapping[int, int]) -> dict[int, int]:
+        layout = self.layout(topic)
+        by_broker: dict[str, dict[int, int]] = {}
+        for queue_id, offset in offsets.items():
+            _, where = self._queue(topic, queue_id)
+            by_broker.setdefault(where.broker, {})[where.broker_queue] = offset
+        # Not atomic across brokers: each broker checks and applies its own queues.
+        applied: dict[int, int] = {}
+        for broker, part in by_broker.items():
+            for queue, offset in self.broker(broker).seek_group(group, topic, part).items():
+                applied[layout.cluster_queue(broker, queue)] = offset
+        return applied
+
+    # -- reading stored messages ---------------------------------------------------------------
+
+    def messages_by_id(self, message_id: str, topic: str | None = None) -> list[MessageView]:
+        brokers = self.layout(topic).brokers if topic is not None else list(self.connected())
+        if topic is not None and not brokers:
+            raise TopicNotFound(topic)
+        found: list[MessageView] = []
+        for broker, answer in self.fan_out(
+            brokers, lambda b: b.messages_by_id(message_id, topic), skip_missing=True
+        ):
+            found.extend(self._view(broker, self.layout(v.topic, probe=False), v) for v in answer)
+        if not found:
+            raise MessageNotFound(f"no message with id {message_id!r}")
+        return found
+
+    def messages_by_key(
+        self, topic: str, key: str, begin_ms: int, end_ms: int, limit: int
+    ) -> list[MessageView]:
+        layout = self.layout(topic)
+        found: list[MessageView] = []
+        for broker, answer in self.fan_out(
+            layout.brokers, lambda b: b.messages_by_key(topic, key, begin_ms, end_ms, limit)
+        ):
+            found.extend(self._view(broker, layout, v) for v in answer)
+        found.sort(key=lambda v: v.store_timestamp)
+        return found[:limit]
+
+    def message_at(self, topic: str, queue_id: int, offset: int) -> MessageView:
+        layout, where = self._queue(topic, queue_id)
+        view = self.broker(where.broker).message_at(topic, where.broker_queue, offset)
+        return self._view(where.broker, layout, view)
+
+    def scan(
+        self,
+        topic: str,
+        queue_id: int | None,
+        offset: int | None,
+        begin_ms: int,
+        end_ms: int,
+        limit: int,
+        filter: FilterSpec,
+        with_messages: bool = True,
+    ) -> ScanResult:
+        if queue_id is not None:
+            layout, where = self._queue(topic, queue_id)
+            parts = [
+                (
+                    where.broker,
+                    self.broker(where.broker).scan(
+                        topic,
+                        where.broker_queue,
+                        offset,
+                        begin_ms,
+                        end_ms,
+                        limit,
+                        filter,
+                        with_messages,
+                    ),
+                )
+            ]
+        else:
+            layout = self.layout(topic)
+            if not layout.queues:
+                raise TopicNotFound(topic)
+            parts = self.fan_out(
+                layout.brokers,
+                lambda b: b.scan(topic, None, None, begin_ms, end_ms, limit, filter, with_messages),
+            )
+        merged = ScanResult([], 0, 0, {})
+        for broker, part in parts:
+            merged.messages.extend(self._view(broker, layout, m) for m in part.messages)
+            merged.matched += part.matched
+            merged.examined += part.examined
+            for tag, count in part.tag_counts.items():
+                merged.tag_counts[tag] = merged.tag_counts.get(tag, 0) + count
+            for queue, next_offset in part.next_offsets.items():
+                merged.next_offsets[layout.cluster_queue(broker, queue)] = next_offset
+            merged.complete = merged.complete and part.complete
+        merged.messages.sort(key=lambda m: m.store_timestamp)
+        del merged.messages[limit:]
+        merged.tag_counts = dict(sorted(merged.tag_counts.items(), key=lambda kv: -kv[1]))
+        return merged
+
+    # -- lite topics (each broker holding the parent topic keeps its own) -------------------------
+
+    def sync_lite_subscription(
+        self,
+        client_id: str,
+        group: str,
+        topic: str,
+        action: str,
+        lite_topics: Sequence[str],
+        offset: OffsetOption | None = None,
+    ) -> list[str]:
+        answers = self.fan_out(
+            self.layout(topic).brokers,
+            lambda b: b.sync_lite_subscription(
+                client_id, group, topic, action, lite_topics, offset
+            ),
+        )
+        if not answers:
+            raise TopicNotFound(topic)
+        return answers[0][1]
+
+    def list_lite_topics(self, topic: str) -> list[dict[str, object]]:
+        rows: list[dict[str, object]] = []
+        for _, answer in self.fan_out(
+            self.layout(topic).brokers, lambda b: b.list_lite_topics(topic)
+        ):
+            rows.extend(answer)
+        return rows
+
+    def client_terminated(self, client_id: str) -> None:
+        self.fan_out(list(self.connected()), lambda b: b.client_terminated(client_id))
+
+    def lite_subscriptions(self, topic: str) -> list[dict[str, object]]:
+        rows: list[dict[str, object]] = []
+        for _, answer in self.fan_out(
+            self.layout(topic).brokers, lambda b: b.lite_subscriptions(topic)
+        ):
+            rows.extend(answer)
+        return rows
+
+    def delete_lite_topic(self, topic: str, lite_topic: str) -> int:
+        return sum(
+            told
+            for _, told in self.fan_out(
+                self.layout(topic).brokers,
+                lambda b: b.delete_lite_topic(topic, lite_topic),
+                skip_missing=True,
+            )
+        )

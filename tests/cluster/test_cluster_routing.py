@@ -1,0 +1,302 @@
+"""A real cluster (etcd, two brokers, two proxies) routing by etcd placement, and its failures.
+
+Each failure is a SIGKILL of a real process: a proxy, a broker, etcd. The
+official RocketMQ Python client is the client throughout, given both proxies'
+endpoints.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rocketmq import (
+    ClientConfiguration,
+    Credentials,
+    FilterExpression,
+    Message,
+    Producer,
+    SimpleConsumer,
+)
+
+from tests.cluster.cluster_server import ClusterServer, wait_until
+from tests.server.conftest import ROOT
+
+_names = itertools.count()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterServer]:
+    """One cluster for the tests that kill nothing."""
+    server = ClusterServer(tmp_path_factory.mktemp("cluster")).start()
+    try:
+        yield server
+    finally:
+        if server.alive():
+            server.stop()
+
+
+@pytest.fixture
+def own_cluster(tmp_path: Path) -> Iterator[ClusterServer]:
+    """A cluster of the test's own, for tests that kill its parts."""
+    server = ClusterServer(tmp_path / "cluster").start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+def config(server: ClusterServer) -> ClientConfiguration:
+    return ClientConfiguration(server.grpc, Credentials(), request_timeout=5)
+
+
+def message(topic: str, body: str) -> Message:
+    msg = Message()
+    msg.topic = topic
+    msg.body = body.encode()
+    return msg
+
+
+def route(server: ClusterServer, proxy: int, topic: str) -> tuple[int, object]:
+    return server.proxies[proxy].admin_call("GET", f"/v1/topics/{topic}/route")
+
+
+def receive_bodies(consumer: SimpleConsumer, count: int, timeout: float) -> list[str]:
+    got: list[str] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        for msg in consumer.receive(32, 15):
+            got.append(msg.body.decode())
+            consumer.ack(msg)
+    return got
+
+
+def cli(server: ClusterServer, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "halfmoon", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+def started(client: Producer | SimpleConsumer) -> Producer | SimpleConsumer:
+    client.startup()
+    return client
+
+
+# -- routing -----------------------------------------------------------------------------------
+
+
+def test_topic_created_through_one_proxy_is_routable_through_the_other_within_a_second(
+    cluster: ClusterServer,
+) -> None:
+    topic = unique("spread")
+    cluster.create_topic(topic, "normal", queues=4)
+    created = time.monotonic()
+    wait_until(lambda: route(cluster, 1, topic)[0] == 200, 1.0, "the route on the other proxy")
+    assert time.monotonic() - created < 1.0
+    _, body = route(cluster, 1, topic)
+    queues = body["queues"]  # type: ignore[index]
+    assert [q["queue_id"] for q in queues] == [0, 1, 2, 3]
+    # Spread over both brokers, two queues each; every queue reached through a proxy.
+    owners = [q["broker"] for q in queues]
+    assert sorted(owners) == ["broker-a", "broker-a", "broker-b", "broker-b"], owners
+
+
+def test_pinned_topic_lives_on_the_named_broker_only(cluster: ClusterServer) -> None:
+    topic = unique("pinned")
+    done = cli(cluster, "topic", "create", topic, "--queues", "3", "--brokers", "broker-b",
+               "--admin", cluster.proxies[1].admin)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    _, body = route(cluster, 0, topic)
+    assert {q["broker"] for q in body["queues"]} == {"broker-b"}  # type: ignore[index]
+    unknown = cli(cluster, "topic", "create", unique("nowhere"), "--brokers", "broker-z",
+                  "--admin", cluster.admin)  # fmt: skip
+    assert unknown.returncode != 0 and "NO_LIVE_BROKERS" in unknown.stderr, unknown.stderr
+
+
+def test_messages_spread_over_both_brokers_and_acks_find_their_broker(
+    cluster: ClusterServer,
+) -> None:
+    topic, group = unique("both"), unique("both-g")
+    cluster.create_topic(topic, "normal", queues=4)
+    cluster.create_group(group)
+    producer = started(Producer(config(cluster)))
+    consumer = started(
+        SimpleConsumer(config(cluster), group, {topic: FilterExpression()}, await_duration=2)
+    )
+    try:
+        sent = {f"m{i}" for i in range(40)}
+        for body in sorted(sent):
+            producer.send(message(topic, body))
+        assert set(receive_bodies(consumer, 40, 30)) == sent
+    finally:
+        producer.shutdown()
+        consumer.shutdown()
+    _, progress = cluster.proxies[1].admin_call("GET", f"/v1/groups/{group}/progress")
+    rows = [q for q in progress["queues"] if q["topic"] == topic]  # type: ignore[index]
+    # Every queue of both brokers got messages, and every one of them was acknowledged.
+    assert sorted(q["queue_id"] for q in rows) == [0, 1, 2, 3], rows
+    assert all(q["max_offset"] > 0 and q["lag"] == 0 for q in rows), rows
+    assert sum(q["max_offset"] for q in rows) == 40
+
+
+# -- admin through any proxy -------------------------------------------------------------------
+
+
+def test_cluster_list_through_a_proxy_shows_every_broker_and_proxy(cluster: ClusterServer) -> None:
+    done = cli(cluster, "cluster", "list", "--json", "--admin", cluster.proxies[1].admin)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert sorted(b["name"] for b in answer["brokers"]) == ["broker-a", "broker-b"]
+    assert sorted(p["endpoint"] for p in answer["proxies"]) == sorted(
+        p.address for p in cluster.proxies
+    )
+    assert all(b["state"] == "live" for b in answer["brokers"]), answer
+
+
+def test_status_addresses_one_member_broker_through_a_proxy(cluster: ClusterServer) -> None:
+    for name in ("broker-a", "broker-b"):
+        done = cli(cluster, "status", "--broker", name, "--json", "--admin", cluster.admin)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["name"] == name
+    missing = cli(cluster, "status", "--broker", "broker-z", "--admin", cluster.admin)
+    assert missing.returncode != 0 and "BROKER_UNAVAILABLE" in missing.stderr, missing.stderr
+
+
+def test_wiping_write_perm_drains_one_broker_while_the_other_takes_the_sends(
+    cluster: ClusterServer,
+) -> None:
+    topic, group = unique("drain"), unique("drain-g")
+    cluster.create_topic(topic, "normal", queues=4)
+    cluster.create_group(group)
+    wipe = cli(cluster, "cluster", "write-perm", "--wipe", "--broker", "broker-a",
+               "--admin", cluster.proxies[1].admin)  # fmt: skip
+    assert wipe.returncode == 0, wipe.stderr
+    try:
+        perms = {q["broker"]: q["perm"] for q in route(cluster, 0, topic)[1]["queues"]}  # type: ignore[index]
+        assert perms == {"broker-a": "r", "broker-b": "rw"}, perms
+        producer = started(Producer(config(cluster)))
+        try:
+            for i in range(12):
+                producer.send(message(topic, f"m{i}"))
+        finally:
+            producer.shutdown()
+    finally:
+        add = cli(cluster, "cluster", "write-perm", "--add", "--broker", "broker-a",
+                  "--admin", cluster.admin)  # fmt: skip
+        assert add.returncode == 0, add.stderr
+    _, body = cluster.admin_call("GET", f"/v1/topics/{topic}/status")
+    owners = {q["queue_id"]: q["broker"] for q in route(cluster, 0, topic)[1]["queues"]}  # type: ignore[index]
+    stored = {owners[q["queue_id"]]: 0 for q in body["queues"]}  # type: ignore[index]
+    for q in body["queues"]:  # type: ignore[index]
+        stored[owners[q["queue_id"]]] += q["max_offset"]
+    assert stored == {"broker-a": 0, "broker-b": 12}, body
+
+
+# -- failures ----------------------------------------------------------------------------------
+
+
+def test_a_killed_proxy_leaves_clients_carrying_on_through_the_other(
+    own_cluster: ClusterServer,
+) -> None:
+    topic, group = unique("proxy-kill"), unique("proxy-kill-g")
+    own_cluster.create_topic(topic, "normal", queues=4)
+    own_cluster.create_group(group)
+    producer = started(Producer(config(own_cluster)))
+    try:
+        for i in range(10):
+            producer.send(message(topic, f"before-{i}"))
+        own_cluster.kill_proxy(0)  # SIGKILL
+        for i in range(10):
+            producer.send(message(topic, f"after-{i}"))
+    finally:
+        producer.shutdown()
+    consumer = started(
+        SimpleConsumer(config(own_cluster), group, {topic: FilterExpression()}, await_duration=2)
+    )
+    try:
+        got = receive_bodies(consumer, 20, 30)
+    finally:
+        consumer.shutdown()
+    assert sorted(got) == sorted(
+        [f"before-{i}" for i in range(10)] + [f"after-{i}" for i in range(10)]
+    )
+
+
+def test_a_killed_broker_stops_only_its_queues_and_loses_nothing_acknowledged(
+    own_cluster: ClusterServer,
+) -> None:
+    topic, group = unique("broker-kill"), unique("broker-kill-g")
+    own_cluster.create_topic(topic, "normal", queues=4)
+    own_cluster.create_group(group)
+    producer = started(Producer(config(own_cluster)))
+    acknowledged: list[str] = []
+    try:
+        for i in range(20):
+            producer.send(message(topic, f"before-{i}"))
+            acknowledged.append(f"before-{i}")
+        own_cluster.brokers[0].kill()  # SIGKILL broker-a
+        # Once its lease is gone the proxies stop routing to it; sends go to broker-b.
+        wait_until(
+            lambda: "broker-a" not in cli(own_cluster, "cluster", "list",
+                                          "--coordinator", own_cluster.own_etcd.url,
+                                          "--cluster", own_cluster.cluster).stdout,
+            15, "broker-a's lease to expire",
+        )  # fmt: skip
+        for i in range(20):
+            producer.send(message(topic, f"during-{i}"))
+            acknowledged.append(f"during-{i}")
+    finally:
+        producer.shutdown()
+    consumer = started(
+        SimpleConsumer(config(own_cluster), group, {topic: FilterExpression()}, await_duration=2)
+    )
+    try:
+        # broker-b keeps serving its queues while broker-a is down.
+        during = receive_bodies(consumer, 20 + 10, 15)
+        assert {b for b in during if b.startswith("during-")} == {f"during-{i}" for i in range(20)}
+        own_cluster.restart_broker(0)
+        rest = receive_bodies(consumer, len(acknowledged) - len(during), 30)
+    finally:
+        consumer.shutdown()
+    assert sorted(during + rest) == sorted(acknowledged)
+
+
+def test_proxies_and_brokers_serve_through_an_etcd_restart_and_resync(
+    own_cluster: ClusterServer,
+) -> None:
+    topic, group = unique("etcd-kill"), unique("etcd-kill-g")
+    own_cluster.create_topic(topic, "normal", queues=4)
+    own_cluster.create_group(group)
+    producer = started(Producer(config(own_cluster)))
+    consumer = started(
+        SimpleConsumer(config(own_cluster), group, {topic: FilterExpression()}, await_duration=2)
+    )
+    try:
+        own_cluster.own_etcd.kill()  # SIGKILL
+        for i in range(20):
+            producer.send(message(topic, f"m{i}"))
+        assert sorted(receive_bodies(consumer, 20, 30)) == sorted(f"m{i}" for i in range(20))
+        own_cluster.own_etcd.restart()
+        # Resynced: a topic created through one proxy is routable through the other.
+        later = unique("after-etcd")
+        wait_until(
+            lambda: own_cluster.admin_call(
+                "POST", "/v1/topics", {"name": later, "queue_count": 2}
+            )[0] in (201, 409),
+            20, "a topic created after etcd came back",
+        )  # fmt: skip
+        wait_until(lambda: route(own_cluster, 1, later)[0] == 200, 5, "its route on proxy 2")
+    finally:
+        producer.shutdown()
+        consumer.shutdown()
