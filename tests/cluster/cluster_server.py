@@ -24,10 +24,13 @@ _clusters = itertools.count()
 class ClusterProxy(ServerProcess):
     """One ``halfmoon proxy --cluster`` process."""
 
-    def __init__(self, data_dir: Path, etcd: EtcdServer, cluster: str, **kwargs: object) -> None:
+    def __init__(
+        self, data_dir: Path, etcd: EtcdServer, cluster: str, workers: int = 1, **kwargs: object
+    ) -> None:
         super().__init__(data_dir, **kwargs)  # type: ignore[arg-type]
         self.etcd = etcd
         self.cluster = cluster
+        self.workers = workers
 
     @property
     def address(self) -> str:
@@ -42,6 +45,7 @@ class ClusterProxy(ServerProcess):
             "--lease-ttl", "2",
             "--listen", self.address,
             "--admin-listen", f"127.0.0.1:{self.admin_port}",
+            "--workers", str(self.workers),
         ]  # fmt: skip
         for setting in self.settings:  # the store and transaction keys are the brokers'
             if setting.startswith("server."):

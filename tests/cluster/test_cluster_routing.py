@@ -25,7 +25,7 @@ from rocketmq import (
     SimpleConsumer,
 )
 
-from tests.cluster.cluster_server import ClusterServer, wait_until
+from tests.cluster.cluster_server import ClusterProxy, ClusterServer, wait_until
 from tests.server.conftest import ROOT
 
 _names = itertools.count()
@@ -148,6 +148,61 @@ def test_messages_spread_over_both_brokers_and_acks_find_their_broker(
     assert sorted(q["queue_id"] for q in rows) == [0, 1, 2, 3], rows
     assert all(q["max_offset"] > 0 and q["lag"] == 0 for q in rows), rows
     assert sum(q["max_offset"] for q in rows) == 40
+
+
+def test_a_proxy_with_two_workers_serves_from_both_on_one_port(
+    cluster: ClusterServer, tmp_path: Path
+) -> None:
+    proxy = ClusterProxy(
+        tmp_path / "workers", cluster.own_etcd, cluster.cluster, workers=2,
+        settings=cluster.settings,
+    ).start()  # fmt: skip
+    try:
+        # Both workers come up on the same port (SO_REUSEPORT); the parent registers once.
+        wait_until(lambda: sum("halfmoon ready" in line for line in proxy.lines) == 2, 30,
+                   "both workers ready")  # fmt: skip
+        assert proxy.proc is not None
+        workers = _children(proxy.proc.pid)
+        assert len(workers) == 2, workers
+        listed = json.loads(
+            cli(cluster, "cluster", "list", "--json", "--admin", proxy.admin).stdout
+        )
+        assert [p["endpoint"] for p in listed["proxies"]].count(proxy.address) == 1
+        topic, group = unique("workers"), unique("workers-g")
+        proxy.create_topic(topic, "normal", queues=4)
+        proxy.create_group(group)
+        endpoints = ClientConfiguration(proxy.address, Credentials(), request_timeout=5)
+        producers = [started(Producer(endpoints)) for _ in range(4)]  # several connections
+        try:
+            for i, producer in enumerate(producers):
+                for j in range(5):
+                    producer.send(message(topic, f"p{i}-{j}"))
+        finally:
+            for producer in producers:
+                producer.shutdown()
+        consumer = started(
+            SimpleConsumer(endpoints, group, {topic: FilterExpression()}, await_duration=2)
+        )
+        try:
+            assert len(set(receive_bodies(consumer, 20, 30))) == 20
+        finally:
+            consumer.shutdown()
+    finally:
+        assert proxy.stop() == 0, proxy.log_tail()
+    assert all(not Path(f"/proc/{pid}").exists() for pid in workers), "a worker outlived its parent"
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
 
 
 # -- admin through any proxy -------------------------------------------------------------------

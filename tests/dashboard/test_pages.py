@@ -101,6 +101,18 @@ def test_topics_search_pages_and_create_delete(dashboard, server):
     assert status == 404
 
 
+def test_topics_list_shows_rate_and_backlog(dashboard, server):
+    topic, group = unique("busy"), unique("slow")
+    server.create_topic(topic, queues=1)
+    server.create_group(group)
+    for i in range(4):
+        send(server, topic, f"m{i}")
+    consume(server, group, topic, 1)  # one consumed, three behind
+    page = dashboard.open(f"topics?search={topic}", "topics")
+    cells = page.locator("main tbody tr").first.locator("td").all_inner_texts()
+    assert cells[0] == topic and float(cells[4]) > 0 and cells[5] == "3"
+
+
 def test_topic_page_sends_a_test_message_and_shows_queues(dashboard, server):
     topic = unique("detail")
     server.create_topic(topic, queues=2)
@@ -171,6 +183,9 @@ def test_group_page_resends_a_dead_letter(dashboard, server):
     assert len(copies) == 2 and {m["body"] for m in copies} == {"poison"}
     assert sent["message_id"] in {m["message_id"] for m in copies}
     assert messages_in(server, dlq) == 1  # the dead letter stays, as an audit trail
+    page = dashboard.open(f"groups?search={group}", "groups")
+    cells = page.locator("main tbody tr").first.locator("td").all_inner_texts()
+    assert cells[0] == group and cells[4] == "1"
 
 
 def test_transactions_page_commits_a_pending_transaction(dashboard, server):

@@ -213,7 +213,15 @@ function pager(total, offset, go) {
 async function topicsPage(root, params) {
   const search = params.get("search") || "";
   const offset = Number(params.get("offset") || 0);
-  const found = await get(`/v1/topics?search=${q(search)}&offset=${offset}&limit=${PAGE_SIZE}`);
+  const [found, stats] = await Promise.all([
+    get(`/v1/topics?search=${q(search)}&offset=${offset}&limit=${PAGE_SIZE}`), get("/v1/statistics")]);
+  // Rates and backlog per topic from one statistics answer: messages in per second,
+  // and the lag of the groups that consumed the topic in the last 24 h.
+  const rate = new Map(), backlog = new Map();
+  for (const row of stats.rows) {
+    if (!row.group) rate.set(row.topic, row.per_second);
+    else backlog.set(row.topic, (backlog.get(row.topic) || 0) + (row.lag || 0));
+  }
   const go = (o, s = search) => { location.hash = `#/topics?search=${q(s)}&offset=${o}`; };
   const searchForm = el("form", { class: "inline", onsubmit: (e) => { e.preventDefault(); go(0, formValue(e.target, "search")); } },
     el("input", { name: "search", placeholder: "search topics", value: search }),
@@ -231,9 +239,10 @@ async function topicsPage(root, params) {
   el("button", { type: "submit" }, "create topic"));
   root.replaceChildren(el("h2", {}, "Topics"), searchForm, ...writable(createForm),
     pager(found.total, offset, go),
-    table(["name", "type", "queues", "perm", "created", ""], found.topics.map((t) => [
+    table(["name", "type", "queues", "perm", "in/s", "backlog", "created", ""], found.topics.map((t) => [
       el("a", { href: `#/topic?name=${q(t.name)}` }, t.name), t.message_type, t.queue_count,
-      t.perm, fmtTime(t.created_ms),
+      t.perm, (rate.get(t.name) || 0).toFixed(2), backlog.has(t.name) ? backlog.get(t.name) : "",
+      fmtTime(t.created_ms),
       writable(el("button", { class: "danger", onclick: () => act(
         () => api("DELETE", `/v1/topics/${q(t.name)}`), `Delete topic ${t.name} and its messages?`) }, "delete"))])));
 }
@@ -277,8 +286,10 @@ async function topicPage(root, params) {
 async function groupsPage(root, params) {
   const search = params.get("search") || "";
   const offset = Number(params.get("offset") || 0);
-  const [found, stats] = await Promise.all([
-    get(`/v1/groups?search=${q(search)}&offset=${offset}&limit=${PAGE_SIZE}`), get("/v1/statistics")]);
+  const [found, stats, dead] = await Promise.all([
+    get(`/v1/groups?search=${q(search)}&offset=${offset}&limit=${PAGE_SIZE}`), get("/v1/statistics"),
+    get("/v1/dead-letters")]);
+  const deadLetters = new Map(dead.groups.map((g) => [g.group, g.messages]));
   const lag = new Map();
   for (const row of stats.rows.filter((r) => r.group)) lag.set(row.group, (lag.get(row.group) || 0) + row.lag);
   const go = (o, s = search) => { location.hash = `#/groups?search=${q(s)}&offset=${o}`; };
@@ -287,9 +298,10 @@ async function groupsPage(root, params) {
       el("input", { name: "search", placeholder: "search groups", value: search }),
       el("button", { type: "submit" }, "search")),
     pager(found.total, offset, go),
-    table(["name", "fifo", "max attempts", "lag (consumed in 24 h)", "consume from"], found.groups.map((g) => [
+    table(["name", "fifo", "max attempts", "lag (consumed in 24 h)", "dead letters", "consume from"], found.groups.map((g) => [
       el("a", { href: `#/group?name=${q(g.name)}` }, g.name), g.fifo ? "yes" : "no",
-      g.max_delivery_attempts, lag.has(g.name) ? lag.get(g.name) : "", g.consume_from])));
+      g.max_delivery_attempts, lag.has(g.name) ? lag.get(g.name) : "", deadLetters.get(g.name) || 0,
+      g.consume_from])));
 }
 
 async function groupPage(root, params) {
