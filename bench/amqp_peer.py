@@ -116,7 +116,9 @@ class AmqpPeer:
 
     # -- scenarios --------------------------------------------------------------
 
-    async def produce(self, producers: int, batch: int, seconds: float) -> Throughput:
+    async def produce(
+        self, producers: int, batch: int, seconds: float, latencies: list[float] | None = None
+    ) -> Throughput:
         queue = await self._fresh_queue("produce")
         channels = [await self._confirm_channel() for _ in range(producers)]
         payload = body(0, BODY_SIZE)
@@ -132,7 +134,7 @@ class AmqpPeer:
                 )
                 return batch
 
-            result = await timed_producers(producers, seconds, send_round)
+            result = await timed_producers(producers, seconds, send_round, latencies)
         finally:
             for channel in channels:
                 await channel.close()

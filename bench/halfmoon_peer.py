@@ -117,14 +117,16 @@ class GrpcPeer:
 
     # -- scenarios ----------------------------------------------------------------
 
-    async def produce(self, producers: int, batch: int, seconds: float) -> Throughput:
+    async def produce(
+        self, producers: int, batch: int, seconds: float, latencies: list[float] | None = None
+    ) -> Throughput:
         topic = self._fresh_topic("produce")
         payloads = [body(0, BODY_SIZE)] * batch
 
         async def send_round(index: int) -> int:
             return await self._send(topic, payloads)
 
-        return await timed_producers(producers, seconds, send_round)
+        return await timed_producers(producers, seconds, send_round, latencies)
 
     async def send_latencies(self, count: int) -> list[float]:
         topic = self._fresh_topic("latency")
@@ -208,9 +210,11 @@ class GrpcPeer:
         await asyncio.gather(*(fill() for _ in range(16)))
 
 
-def official_client_produce(server: HalfmoonServer, producers: int, seconds: float) -> Throughput:
+def official_client_produce(
+    server: HalfmoonServer, producers: int, seconds: float, latencies: list[float] | None = None
+) -> Throughput:
     """``rocketmq.Producer.send`` from ``producers`` threads for ``seconds`` (blocking; run in a
-    thread)."""
+    thread); given ``latencies``, each send's duration (seconds) is appended to it."""
     from rocketmq import ClientConfiguration, Credentials, Message, Producer
 
     topic = f"bench-official-{next(_names)}"
@@ -232,7 +236,10 @@ def official_client_produce(server: HalfmoonServer, producers: int, seconds: flo
                 message = Message()
                 message.topic = topic
                 message.body = payload
+                sent = time.perf_counter()
                 producer.send(message)
+                if latencies is not None:
+                    latencies.append(time.perf_counter() - sent)  # list.append is atomic
                 counts[index] += 1
         except BaseException as exc:  # noqa: BLE001 - reported after the join
             errors.append(exc)

@@ -56,13 +56,17 @@ def percentile(samples: list[float], q: float) -> float:
 
 
 async def timed_producers(
-    producers: int, seconds: float, send_round: Callable[[int], Awaitable[int]]
+    producers: int,
+    seconds: float,
+    send_round: Callable[[int], Awaitable[int]],
+    latencies: list[float] | None = None,
 ) -> Throughput:
     """Run ``producers`` concurrent loops of ``send_round(producer_index)`` for ``seconds``.
 
     ``send_round`` sends one request (or one batch) and returns how many
     messages the system confirmed. The clock stops when the last in-flight
     round is confirmed, so nothing is counted that was not acknowledged.
+    Given ``latencies``, each round's duration (seconds) is appended to it.
     """
     loop = asyncio.get_running_loop()
     stop_at = loop.time() + seconds
@@ -70,7 +74,10 @@ async def timed_producers(
 
     async def producer(index: int) -> None:
         while loop.time() < stop_at:
+            sent = time.perf_counter()
             counts[index] += await send_round(index)
+            if latencies is not None:
+                latencies.append(time.perf_counter() - sent)
 
     started = time.perf_counter()
     await asyncio.gather(*(producer(i) for i in range(producers)))
@@ -131,7 +138,9 @@ class EndpointPeer(Protocol):
 
     name: str
 
-    async def produce(self, producers: int, batch: int, seconds: float) -> Throughput: ...
+    async def produce(
+        self, producers: int, batch: int, seconds: float, latencies: list[float] | None = None
+    ) -> Throughput: ...
 
     async def send_latencies(self, count: int) -> list[float]: ...
 

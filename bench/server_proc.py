@@ -86,8 +86,8 @@ class HalfmoonServer:
 
     # -- lifecycle -------------------------------------------------------------
 
-    def start(self) -> HalfmoonServer:
-        """Start the process and wait (with a deadline) for its ready line."""
+    def command(self) -> list[str]:
+        """The command line of the process (a subclass starts another kind)."""
         cmd = [
             sys.executable, "-m", "halfmoon", "serve",
             "--data-dir", str(self.data_dir),
@@ -97,6 +97,11 @@ class HalfmoonServer:
         ]  # fmt: skip
         for setting in self.settings:
             cmd += ["--set", setting]
+        return cmd
+
+    def start(self) -> HalfmoonServer:
+        """Start the process and wait (with a deadline) for its ready line."""
+        cmd = self.command()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self._ready.clear()
         self.proc = subprocess.Popen(

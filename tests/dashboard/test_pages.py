@@ -183,6 +183,9 @@ def test_group_page_resends_a_dead_letter(dashboard, server):
     assert len(copies) == 2 and {m["body"] for m in copies} == {"poison"}
     assert sent["message_id"] in {m["message_id"] for m in copies}
     assert messages_in(server, dlq) == 1  # the dead letter stays, as an audit trail
+    page = dashboard.open(f"groups?search={group}", "groups")
+    cells = page.locator("main tbody tr").first.locator("td").all_inner_texts()
+    assert cells[0] == group and cells[4] == "1"
 
 
 def test_transactions_page_commits_a_pending_transaction(dashboard, server):

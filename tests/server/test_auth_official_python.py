@@ -206,3 +206,32 @@ def test_route_of_a_missing_topic_does_not_leak_existence(server: ServerProcess)
     assert answers[0].message.replace(exists, "X") == answers[1].message.replace(
         answers[1].message.split("Topic:")[1].split(" ")[0], "X"
     )
+
+
+def test_fuzzed_authorization_headers_are_refused_and_harmless(server: ServerProcess) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    topic = unique("allowed")
+    server.create_topic(topic)
+    printable = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=200)
+    stamp = signature.utc_stamp()
+    real = signature.authorization_header(ALICE[0], ALICE[1], stamp)
+    mutated = st.builds(lambda cut, junk: real[:cut] + junk, st.integers(0, len(real)), printable)
+    with grpc.insecure_channel(server.grpc) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+
+        @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(st.one_of(printable, mutated), printable)
+        def attempt(value: str, date_time: str) -> None:
+            metadata = [("authorization", value), ("x-mq-date-time", date_time)]
+            request = svc.QueryRouteRequest(topic=pb.Resource(name=topic))
+            answer = stub.QueryRoute(request, metadata=metadata, timeout=5)
+            if answer.status.code == pb.Code.OK:  # only the genuine header with its date
+                assert (value, date_time) == (real, stamp)
+            else:
+                assert answer.status.code == pb.Code.UNAUTHORIZED, answer.status
+
+        attempt()
+    assert server.alive()
+    assert not [line for line in server.lines if "Traceback" in line]

@@ -137,3 +137,22 @@ def test_certificate_reload_on_sighup_keeps_open_connections(tmp_path: Path) -> 
         channel.close()
     finally:
         server.stop()
+
+
+def test_halfmoon_client_over_tls_with_its_own_roots(tmp_path: Path) -> None:
+    import asyncio
+
+    from halfmoon.client import Message, Producer
+
+    ca = CertificateAuthority(tmp_path)
+    server = _tls_server(tmp_path, ca, "broker.auto_create_topics=true").start()
+
+    async def send() -> str:
+        options = {"tls": True, "tls_root_certificates": str(ca.bundle)}
+        async with Producer(server.grpc, request_timeout=5, **options) as producer:
+            return (await producer.send(Message("tls-own", b"hello"))).message_id
+
+    try:
+        assert asyncio.run(asyncio.wait_for(send(), 60))
+    finally:
+        server.stop()

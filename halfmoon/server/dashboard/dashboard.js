@@ -286,8 +286,10 @@ async function topicPage(root, params) {
 async function groupsPage(root, params) {
   const search = params.get("search") || "";
   const offset = Number(params.get("offset") || 0);
-  const [found, stats] = await Promise.all([
-    get(`/v1/groups?search=${q(search)}&offset=${offset}&limit=${PAGE_SIZE}`), get("/v1/statistics")]);
+  const [found, stats, dead] = await Promise.all([
+    get(`/v1/groups?search=${q(search)}&offset=${offset}&limit=${PAGE_SIZE}`), get("/v1/statistics"),
+    get("/v1/dead-letters")]);
+  const deadLetters = new Map(dead.groups.map((g) => [g.group, g.messages]));
   const lag = new Map();
   for (const row of stats.rows.filter((r) => r.group)) lag.set(row.group, (lag.get(row.group) || 0) + row.lag);
   const go = (o, s = search) => { location.hash = `#/groups?search=${q(s)}&offset=${o}`; };
@@ -296,9 +298,10 @@ async function groupsPage(root, params) {
       el("input", { name: "search", placeholder: "search groups", value: search }),
       el("button", { type: "submit" }, "search")),
     pager(found.total, offset, go),
-    table(["name", "fifo", "max attempts", "lag (consumed in 24 h)", "consume from"], found.groups.map((g) => [
+    table(["name", "fifo", "max attempts", "lag (consumed in 24 h)", "dead letters", "consume from"], found.groups.map((g) => [
       el("a", { href: `#/group?name=${q(g.name)}` }, g.name), g.fifo ? "yes" : "no",
-      g.max_delivery_attempts, lag.has(g.name) ? lag.get(g.name) : "", g.consume_from])));
+      g.max_delivery_attempts, lag.has(g.name) ? lag.get(g.name) : "", deadLetters.get(g.name) || 0,
+      g.consume_from])));
 }
 
 async function groupPage(root, params) {
