@@ -92,15 +92,20 @@ class DashboardPage:
         return path
 
 
-@pytest.fixture
-def dashboard(browser: Any, server: ServerProcess, tmp_path: Path) -> Iterator[DashboardPage]:
+def browser_page(browser: Any, server: ServerProcess, shots: Path) -> Iterator[DashboardPage]:
+    """A fresh browser context on ``server``'s dashboard; fails on any console error."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = DashboardPage(context.new_page(), server.admin, tmp_path)
+    page = DashboardPage(context.new_page(), server.admin, shots)
     try:
         yield page
     finally:
         context.close()
     assert not page.errors, page.errors
+
+
+@pytest.fixture
+def dashboard(browser: Any, server: ServerProcess, tmp_path: Path) -> Iterator[DashboardPage]:
+    yield from browser_page(browser, server, tmp_path)
 
 
 SUPER = ("root", "root-secret-key")
@@ -140,13 +145,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
 
 @pytest.fixture
 def page(browser: Any, secured: ServerProcess, tmp_path: Path) -> Iterator[DashboardPage]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    dashboard = DashboardPage(context.new_page(), secured.admin, tmp_path)
-    try:
-        yield dashboard
-    finally:
-        context.close()
-    assert not dashboard.errors, dashboard.errors
+    """A dashboard page on the server with authentication on (log in with log_in)."""
+    yield from browser_page(browser, secured, tmp_path)
 
 
 def log_in(dashboard: DashboardPage, credentials: tuple[str, str]) -> Any:
