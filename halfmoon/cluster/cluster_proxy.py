@@ -37,6 +37,8 @@ from halfmoon.cluster.registration import register_member
 from halfmoon.cluster.view import ClusterView
 from halfmoon.config import Config
 from halfmoon.server.app import configure_logging, serve_front_end
+from halfmoon.server.edge_security import check_exposure
+from halfmoon.server.errors import Unsupported
 
 log = logging.getLogger("halfmoon.cluster")
 
@@ -78,6 +80,15 @@ async def serve_cluster_proxy(
     """One worker: serve until ``stop`` is set or SIGTERM/SIGINT arrives."""
     loop = asyncio.get_running_loop()
     started = time.monotonic()
+    check_exposure(config)
+    if config.auth.enabled:
+        # As for a proxy in front of one broker: users and ACLs of cluster mode belong in
+        # etcd, which no proxy reads yet; a proxy with users of its own would answer
+        # differently from its peers.
+        raise Unsupported(
+            "auth.enabled on a proxy is not available yet (cluster-mode users and ACLs come "
+            "with etcd; docs/security.md): keep proxies on loopback, or pass --insecure"
+        )
     client = EtcdClient.from_url(identity.coordinator)
     view = ClusterView(client, identity.cluster)
     member = None

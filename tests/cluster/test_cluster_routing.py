@@ -355,3 +355,19 @@ def test_proxies_and_brokers_serve_through_an_etcd_restart_and_resync(
     finally:
         producer.shutdown()
         consumer.shutdown()
+
+
+def test_a_cluster_proxy_refuses_an_open_listener_without_auth_and_auth_it_cannot_share() -> None:
+    base = ("proxy", "--cluster", "c", "--coordinator", "etcd://127.0.0.1:1",
+            "--admin-listen", "127.0.0.1:0")  # fmt: skip
+    exposed = subprocess.run(
+        [sys.executable, "-m", "halfmoon", *base, "--listen", "0.0.0.0:0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert exposed.returncode != 0 and "INSECURE_LISTEN" in exposed.stderr, exposed.stderr
+    with_auth = subprocess.run(
+        [sys.executable, "-m", "halfmoon", *base, "--listen", "127.0.0.1:0",
+         "--set", "auth.enabled=true"],
+        cwd=ROOT, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert with_auth.returncode != 0 and "UNSUPPORTED" in with_auth.stderr, with_auth.stderr
