@@ -1,5 +1,9 @@
 """Cluster-mode processes for benchmarks: one ``halfmoon broker`` and proxies in front of it.
 
+Either a proxy stands in front of the broker alone (``--broker ADDRESS``) or both
+join a cluster in etcd (``--coordinator``/``--cluster``), which ``--workers N``
+needs.
+
 A :class:`ProxyServer` has :class:`~bench.server_proc.HalfmoonServer`'s interface (gRPC
 and admin addresses, ``create_topic``), so the load generators drive it as they drive
 ``halfmoon serve``.
@@ -27,9 +31,12 @@ STOP_TIMEOUT_S = 20.0
 class BrokerServer:
     """One ``halfmoon broker`` on a free loopback port; ``address`` is its internal endpoint."""
 
-    def __init__(self, *, flush: str = "async", name: str = "b1") -> None:
+    def __init__(
+        self, *, flush: str = "async", name: str = "b1", cluster: tuple[str, ...] = ()
+    ) -> None:
         self.flush = flush
         self.name = name
+        self.cluster = cluster  # --cluster NAME --coordinator URL, to register in etcd
         self.data_dir = Path(tempfile.mkdtemp(prefix="halfmoon-bench-broker-"))
         self.address = ""
         self.lines: list[str] = []
@@ -48,6 +55,7 @@ class BrokerServer:
             "--data-dir", str(self.data_dir),
             "--listen", "127.0.0.1:0",
             "--flush", self.flush,
+            *self.cluster,
         ]  # fmt: skip
         self.proc = subprocess.Popen(
             command, cwd=REPO_ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
@@ -87,17 +95,32 @@ class BrokerServer:
 
 
 class ProxyServer(HalfmoonServer):
-    """``halfmoon proxy --broker ADDRESS`` on free ports (it stores nothing)."""
+    """``halfmoon proxy`` on free ports (it stores nothing): in front of ``broker`` alone, or,
+    given ``cluster`` (``--cluster NAME --coordinator URL``), of the cluster's brokers with
+    ``workers`` worker processes sharing the port."""
 
-    def __init__(self, broker: BrokerServer) -> None:
+    def __init__(
+        self, broker: BrokerServer, *, cluster: tuple[str, ...] = (), workers: int = 1
+    ) -> None:
         super().__init__()
         self.settings = ()  # the store's keys are the broker's
         self.broker = broker
+        self.cluster = cluster
+        self.workers = workers
 
     def command(self) -> list[str]:
+        upstream = (
+            [*self.cluster, "--workers", str(self.workers)]
+            if self.cluster
+            else ["--broker", self.broker.address]
+        )
         return [
-            sys.executable, "-m", "halfmoon", "proxy",
-            "--broker", self.broker.address,
+            sys.executable, "-m", "halfmoon", "proxy", *upstream,
             "--listen", self.grpc,
             "--admin-listen", f"127.0.0.1:{self.admin_port}",
         ]  # fmt: skip
+
+    def worker_pids(self) -> list[int]:
+        """The worker processes (the parent's children; none with one worker in-process)."""
+        children = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
+        return [int(pid) for pid in children]

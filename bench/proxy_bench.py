@@ -18,6 +18,10 @@ Targets (the ``flush async`` setting everywhere):
 - ``cluster 2p``: the same broker and two proxy processes on separate ports,
   the producers split between them (``halfmoon proxy`` has no ``--workers``
   yet; two processes are what N workers would be);
+- ``cluster 1w``, ``cluster 2w``: etcd, the broker registered in a cluster, and
+  one ``halfmoon proxy --cluster --workers N`` (N worker processes sharing one
+  port with ``SO_REUSEPORT``); each worker's CPU and the supervising parent's
+  are measured. Skipped, with a note, when ``etcd`` is not installed;
 - ``rabbitmq``: the RabbitMQ at ``$HALFMOON_AMQP_URL`` (127.0.0.1:5672), its
   ``beam.smp`` measured.
 
@@ -33,7 +37,9 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
@@ -45,6 +51,7 @@ from bench.cluster_procs import BrokerServer, ProxyServer
 from bench.halfmoon_peer import GrpcPeer, official_client_produce
 from bench.load import Throughput, machine_info, percentile
 from bench.server_proc import HalfmoonServer
+from bench.txn_group_bench import start_etcd
 
 PRODUCERS = (1, 16, 64)
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -230,6 +237,32 @@ async def run_rabbitmq(settings: argparse.Namespace, log: Callable[[Row], None])
     return rows
 
 
+async def run_workers(
+    workers: int, settings: argparse.Namespace, log: Callable[[Row], None]
+) -> list[Row]:
+    """One broker and one ``halfmoon proxy --workers N`` joined through a real etcd."""
+    root = Path(tempfile.mkdtemp(prefix="halfmoon-bench-etcd-"))
+    etcd, url = start_etcd(root / "etcd")
+    cluster = ("--cluster", "bench", "--coordinator", url)
+    broker: BrokerServer | None = None
+    proxy: ProxyServer | None = None
+    try:
+        broker = BrokerServer(flush="async", cluster=cluster).start()
+        proxy = ProxyServer(broker, cluster=cluster, workers=workers).start()
+        processes = {"broker": broker.pid, "proxy": proxy.pid}
+        processes.update({f"proxy-w{i + 1}": pid for i, pid in enumerate(proxy.worker_pids())})
+        target = f"cluster {workers}w"
+        return await run_rocketmq_target(target, [proxy], processes, settings, log)
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        if broker is not None:
+            broker.stop()
+        etcd.terminate()
+        etcd.wait(30)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def proxy_us(row: Row) -> float:
     return sum(us for name, us in row.cpu_us_per_msg.items() if name.startswith("proxy"))
 
@@ -247,7 +280,7 @@ def targets(rows: list[Row]) -> list[str]:
     for client in ("raw", "official"):
         for producers in sorted({r.producers for r in rows if r.producers > 1}):
             local = find("local", client, producers)
-            for cluster in ("cluster 1p", "cluster 2p"):
+            for cluster in ("cluster 1p", "cluster 2p", "cluster 1w", "cluster 2w"):
                 row = find(cluster, client, producers)
                 if row is None or local is None:
                     continue
@@ -260,11 +293,13 @@ def targets(rows: list[Row]) -> list[str]:
                     f" proxies {proxy:,.0f} µs/msg vs local {serve:,.0f}"
                     f" ({verdict(proxy <= serve)})"
                 )
-            two = find("cluster 2p", client, producers)
-            if two is not None and local is not None:
+            for cluster in ("cluster 2p", "cluster 2w"):
+                two = find(cluster, client, producers)
+                if two is None or local is None:
+                    continue
                 ratio = two.per_second / local.per_second if local.per_second else 0.0
                 lines.append(
-                    f"cluster 2p {client:<8} {producers:>2} producers: {two.per_second:,.0f} msg/s"
+                    f"{cluster} {client:<8} {producers:>2} producers: {two.per_second:,.0f} msg/s"
                     f" vs local {local.per_second:,.0f} = {ratio:.2f}x"
                     f" (target ≥ 1: {verdict(ratio >= 1)})"
                 )
@@ -279,6 +314,11 @@ async def run_all(settings: argparse.Namespace, log: Callable[[Row], None]) -> l
     rows = await run_local(settings, log)
     for proxies in (1, 2):
         rows += await run_cluster(proxies, settings, log)
+    if shutil.which("etcd") is None:
+        print("etcd is not installed: no --workers rows (./run test installs it)", flush=True)
+    else:
+        for workers in (1, 2):
+            rows += await run_workers(workers, settings, log)
     if not settings.no_rabbitmq:
         rows += await run_rabbitmq(settings, log)
     return rows

@@ -2,13 +2,13 @@
 
     GET /dashboard            redirect to /dashboard/
     GET /dashboard/           the single page (halfmoon/server/dashboard/index.html)
-    GET /dashboard/{file}     its script and style sheet
+    GET /dashboard/{file}     its scripts and style sheet
     GET /v1/whoami            who the request's credentials are, and whether they may change
                               things (the page shows mutating controls only then)
 
-The pages are plain HTML with one hand-written script (no framework, no build step,
+The pages are plain HTML with hand-written scripts (no framework, no build step,
 no third-party front-end code): every figure they show and every button they offer
-is one admin API call the script makes from the browser, so nothing the dashboard
+is one admin API call a script makes from the browser, so nothing the dashboard
 does is impossible with curl. See docs/dashboard.md.
 """
 
@@ -27,6 +27,7 @@ STATIC_DIR = Path(__file__).with_name("dashboard")
 FILES = {
     "index.html": "text/html",
     "dashboard.js": "text/javascript",
+    "users.js": "text/javascript",
     "dashboard.css": "text/css",
 }
 

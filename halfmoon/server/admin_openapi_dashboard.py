@@ -162,14 +162,17 @@ def paths() -> dict[str, Any]:
         "/dashboard/{file}": {
             "get": {
                 "security": [],
-                "summary": "The dashboard's script and style sheet",
+                "summary": "The dashboard's scripts and style sheet",
                 "operationId": "getDashboardFile",
                 "parameters": [
                     {
                         "name": "file",
                         "in": "path",
                         "required": True,
-                        "schema": {"type": "string", "enum": ["dashboard.js", "dashboard.css"]},
+                        "schema": {
+                            "type": "string",
+                            "enum": ["dashboard.js", "users.js", "dashboard.css"],
+                        },
                     }
                 ],
                 "responses": {

@@ -1,8 +1,9 @@
 """The proxy benchmark still runs end to end (tiny sizes; no timing asserts).
 
-Local mode, a broker with one and with two proxy processes, and RabbitMQ, as
-in ``bench/proxy_bench.py``; RabbitMQ as the endpoint benchmark's smoke test
-finds it (a failure under ``CI=true``, else a skip).
+Local mode, a broker with one and with two proxy processes, a cluster proxy
+with one and two workers (etcd, which ``./run test`` installs), and RabbitMQ,
+as in ``bench/proxy_bench.py``; RabbitMQ as the endpoint benchmark's smoke
+test finds it (a failure under ``CI=true``, else a skip).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ PROCESSES = {
     "local": {"serve"},
     "cluster 1p": {"broker", "proxy1"},
     "cluster 2p": {"broker", "proxy1", "proxy2"},
+    "cluster 1w": {"broker", "proxy"},
+    "cluster 2w": {"broker", "proxy", "proxy-w1", "proxy-w2"},
     # RabbitMQ's CPU is measured when its Erlang VM runs on this machine (not in a container).
     "rabbitmq": {"beam.smp"} if beam_pid() is not None else set(),
 }

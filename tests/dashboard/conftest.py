@@ -92,12 +92,66 @@ class DashboardPage:
         return path
 
 
-@pytest.fixture
-def dashboard(browser: Any, server: ServerProcess, tmp_path: Path) -> Iterator[DashboardPage]:
+def browser_page(browser: Any, server: ServerProcess, shots: Path) -> Iterator[DashboardPage]:
+    """A fresh browser context on ``server``'s dashboard; fails on any console error."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = DashboardPage(context.new_page(), server.admin, tmp_path)
+    page = DashboardPage(context.new_page(), server.admin, shots)
     try:
         yield page
     finally:
         context.close()
     assert not page.errors, page.errors
+
+
+@pytest.fixture
+def dashboard(browser: Any, server: ServerProcess, tmp_path: Path) -> Iterator[DashboardPage]:
+    yield from browser_page(browser, server, tmp_path)
+
+
+SUPER = ("root", "root-secret-key")
+READER = ("reader", "reader-secret-key")
+
+
+# One secured server for every test module that logs in (it takes a while to start).
+@pytest.fixture(scope="session")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    proc = ServerProcess(
+        tmp_path_factory.mktemp("halfmoon-dashboard-auth"),
+        settings=("auth.enabled=true", "auth.bootstrap_access_key=root"),
+        env={"HALFMOON_BOOTSTRAP_SECRET_KEY": SUPER[1]},
+        credentials=SUPER,
+    ).start()
+    try:
+        for method, path, body in [
+            ("POST", "/v1/users", {"access_key": READER[0], "secret_key": READER[1]}),
+            (
+                "POST",
+                "/v1/acls",
+                {
+                    "subject": "User:reader",
+                    "policies": [{"resource": "Cluster", "actions": ["Get", "List"]}],
+                },
+            ),
+            ("POST", "/v1/topics", {"name": "visible", "queue_count": 1}),
+            ("POST", "/v1/groups", {"name": "watchers"}),
+        ]:
+            status, answer = proc.admin_call(method, path, body)
+            assert status == 201, (path, answer)
+        yield proc
+    finally:
+        if proc.alive():
+            proc.stop()
+
+
+@pytest.fixture
+def page(browser: Any, secured: ServerProcess, tmp_path: Path) -> Iterator[DashboardPage]:
+    """A dashboard page on the server with authentication on (log in with log_in)."""
+    yield from browser_page(browser, secured, tmp_path)
+
+
+def log_in(dashboard: DashboardPage, credentials: tuple[str, str]) -> Any:
+    page = dashboard.open("overview", "login")
+    page.fill("#login input[name=access_key]", credentials[0])
+    page.fill("#login input[name=secret_key]", credentials[1])
+    page.click("#login button")
+    return page

@@ -4,67 +4,9 @@ gets the controls back. Against ``halfmoon serve`` with authentication on."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from tests.dashboard.conftest import READER, SUPER, log_in
 
-import pytest
-
-from tests.dashboard.conftest import DashboardPage
-from tests.server.conftest import ServerProcess
-
-SUPER = ("root", "root-secret-key")
-READER = ("reader", "reader-secret-key")
 MUTATING = "#create-topic, #send-test, #reset-offset, #commit, #rollback, #resume, button.danger"
-
-
-@pytest.fixture(scope="module")
-def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(
-        tmp_path_factory.mktemp("halfmoon-dashboard-auth"),
-        settings=("auth.enabled=true", "auth.bootstrap_access_key=root"),
-        env={"HALFMOON_BOOTSTRAP_SECRET_KEY": SUPER[1]},
-        credentials=SUPER,
-    ).start()
-    try:
-        for method, path, body in [
-            ("POST", "/v1/users", {"access_key": READER[0], "secret_key": READER[1]}),
-            (
-                "POST",
-                "/v1/acls",
-                {
-                    "subject": "User:reader",
-                    "policies": [{"resource": "Cluster", "actions": ["Get", "List"]}],
-                },
-            ),
-            ("POST", "/v1/topics", {"name": "visible", "queue_count": 1}),
-            ("POST", "/v1/groups", {"name": "watchers"}),
-        ]:
-            status, answer = proc.admin_call(method, path, body)
-            assert status == 201, (path, answer)
-        yield proc
-    finally:
-        if proc.alive():
-            proc.stop()
-
-
-@pytest.fixture
-def page(browser: Any, secured: ServerProcess, tmp_path: Path) -> Iterator[DashboardPage]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    dashboard = DashboardPage(context.new_page(), secured.admin, tmp_path)
-    try:
-        yield dashboard
-    finally:
-        context.close()
-    assert not dashboard.errors, dashboard.errors
-
-
-def log_in(dashboard: DashboardPage, credentials: tuple[str, str]) -> Any:
-    page = dashboard.open("overview", "login")
-    page.fill("#login input[name=access_key]", credentials[0])
-    page.fill("#login input[name=secret_key]", credentials[1])
-    page.click("#login button")
-    return page
 
 
 def test_a_read_only_user_sees_everything_and_no_mutating_control(page, secured):

@@ -5,7 +5,7 @@
 
 const REFRESH_MS = 5000;
 const PAGE_SIZE = 50;
-const session = { canWrite: true, timers: [], lagHistory: new Map(), selected: new Set() };
+const session = { canWrite: true, canManageUsers: true, timers: [], lagHistory: new Map(), selected: new Set() };
 
 // -- the admin API -------------------------------------------------------------------
 
@@ -505,7 +505,7 @@ async function route() {
   for (const timer of session.timers) clearInterval(timer);
   session.timers = [];
   for (const link of document.querySelectorAll("#nav a")) {
-    link.classList.toggle("active", link.getAttribute("href").slice(2).split("?")[0] === name.replace(/^(topic|group|message)$/, "$1s"));
+    link.classList.toggle("active", link.getAttribute("href").slice(2).split("?")[0] === name.replace(/^(topic|group|message|user)$/, "$1s"));
   }
   const root = document.getElementById("page");
   const serial = ++renderSerial;
@@ -573,6 +573,8 @@ async function start() {
     return;
   }
   session.canWrite = who.can_write;
+  // /v1/users and /v1/acls are for super users only (without authentication, anyone).
+  session.canManageUsers = who.auth_enabled ? who.super : who.can_write;
   showUser(who);
   clearError();
   await route();
