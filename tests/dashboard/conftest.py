@@ -92,7 +92,7 @@ class DashboardPage:
         return path
 
 
-def browser_page(browser: Any, server: ServerProcess, shots: Path) -> Iterator[DashboardPage]:
+def dashboard_in(browser: Any, server: ServerProcess, shots: Path) -> Iterator[DashboardPage]:
     """A fresh browser context on ``server``'s dashboard; fails on any console error."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = DashboardPage(context.new_page(), server.admin, shots)
@@ -105,7 +105,7 @@ def browser_page(browser: Any, server: ServerProcess, shots: Path) -> Iterator[D
 
 @pytest.fixture
 def dashboard(browser: Any, server: ServerProcess, tmp_path: Path) -> Iterator[DashboardPage]:
-    yield from browser_page(browser, server, tmp_path)
+    yield from dashboard_in(browser, server, tmp_path)
 
 
 SUPER = ("root", "root-secret-key")
@@ -146,7 +146,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
 @pytest.fixture
 def page(browser: Any, secured: ServerProcess, tmp_path: Path) -> Iterator[DashboardPage]:
     """A dashboard page on the server with authentication on (log in with log_in)."""
-    yield from browser_page(browser, secured, tmp_path)
+    yield from dashboard_in(browser, secured, tmp_path)
 
 
 def log_in(dashboard: DashboardPage, credentials: tuple[str, str]) -> Any:

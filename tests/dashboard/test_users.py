@@ -5,13 +5,16 @@ no mutating control there, only the API's refusal in the banner."""
 from __future__ import annotations
 
 import uuid
+from contextlib import contextmanager
 
-from tests.dashboard.conftest import READER, SUPER, log_in
+from tests.dashboard.conftest import READER, SUPER, dashboard_in, log_in
 
 USER_CONTROLS = "#create-user, #update-user, #create-policy, main button.danger"
 
 
-def test_a_super_user_manages_users_and_policies_and_a_reader_cannot(page, secured):
+def test_a_super_user_manages_users_and_policies_and_a_reader_cannot(
+    page, secured, browser, tmp_path
+):
     browser_page = log_in(page, SUPER)
     page.wait_loaded("overview")
     page.open("users", "users")
@@ -57,12 +60,13 @@ def test_a_super_user_manages_users_and_policies_and_a_reader_cannot(page, secur
     assert browser_page.locator(f"main tbody a:text-is('{name}')").count() == 1
     assert browser_page.locator(USER_CONTROLS).count() > 0
 
-    browser_page.locator("#logout").click()
-    log_in(page, READER)
-    page.wait_loaded("overview")
-    for route in ("users", f"user?name={name}"):
-        browser_page.goto(f"{secured.admin}/dashboard/#/{route}")
-        browser_page.wait_for_selector("#banner:not([hidden]):has-text('FORBIDDEN')")
-        assert browser_page.locator(USER_CONTROLS).count() == 0, route
-        browser_page.evaluate("document.getElementById('banner').hidden = true")
-    page.errors[:] = [e for e in page.errors if "status of 403" not in e]  # the refusals
+    # The reader in a browser of its own: its console must show nothing but the refusals.
+    with contextmanager(dashboard_in)(browser, secured, tmp_path) as reader:
+        reader_page = log_in(reader, READER)
+        reader.wait_loaded("overview")
+        for route in ("users", f"user?name={name}"):
+            reader_page.goto(f"{secured.admin}/dashboard/#/{route}")
+            reader_page.wait_for_selector("#banner:not([hidden]):has-text('FORBIDDEN')")
+            assert reader_page.locator(USER_CONTROLS).count() == 0, route
+            reader_page.evaluate("document.getElementById('banner').hidden = true")
+        reader.errors[:] = [e for e in reader.errors if "status of 403" not in e]
