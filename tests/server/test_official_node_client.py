@@ -2,7 +2,8 @@
 
 The scripts in ``tests/node`` drive the client's Producer and SimpleConsumer and
 print one JSON line per receipt or delivery; these tests run them with ``node``
-against the module's ``halfmoon serve`` process and check what came out: every
+against the module's ``halfmoon serve`` process, then against a cluster (two
+brokers, two proxies), and check what came out: every
 message sent is received exactly once with its body, tag, keys and properties;
 tag and SQL92 filters select the right ones; FIFO keeps each message group's
 order; a delay message is not delivered before its time; a message whose
@@ -34,7 +35,8 @@ from typing import Any
 
 import pytest
 
-from tests.server.conftest import wait_until
+from tests.cluster.cluster_server import ClusterServer
+from tests.server.conftest import ServerProcess, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_DIR = ROOT / "tests" / "node"
@@ -258,6 +260,40 @@ def _server_errors(lines: list[str]) -> list[str]:
     ]
 
 
+class OneProxyCluster(ClusterServer):
+    """A cluster whose ``grpc`` names one proxy: the Node.js client turns ``a;b`` into the
+    gRPC target ``a,b``, which grpc-js cannot resolve (``Name resolution failed``), so a Node
+    client is given one proxy (the Python client takes the list)."""
+
+    @property
+    def grpc(self) -> str:
+        return self.address
+
+    @property
+    def consumer_grpc(self) -> str:
+        """The other proxy: what a producer sent through one proxy is received through another."""
+        return self.proxies[1].address
+
+
+def _consumer_endpoint(server: Any) -> str:
+    return getattr(server, "consumer_grpc", server.grpc)
+
+
+@pytest.fixture(scope="module", params=["local", "cluster"])
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """``halfmoon serve``, or a cluster (etcd, two brokers, two proxies): the same scenarios
+    through both."""
+    kind = {"local": ServerProcess, "cluster": OneProxyCluster}[request.param]
+    proc = kind(tmp_path_factory.mktemp(f"halfmoon-node-{request.param}")).start()
+    try:
+        yield proc
+    finally:
+        if proc.alive():
+            proc.stop()
+
+
 @pytest.fixture
 def shared_server(node: str, server: Any) -> Iterator[Any]:
     """The module's server; the test fails if the server logged an error meanwhile.
@@ -355,7 +391,7 @@ def test_normal_messages_reach_every_group_once_with_their_fields(
         _create_group(shared_server, group)
     messages = _normal_messages(topic)
     base = {
-        "endpoints": shared_server.grpc,
+        "endpoints": _consumer_endpoint(shared_server),
         "topic": topic,
         "deadlineMs": 20000,
         "awaitDurationMs": 1000,
@@ -616,7 +652,7 @@ def test_a_committed_transactional_message_carries_its_transaction_id(
     run = scripts(
         "simple_consume.js",
         {
-            "endpoints": shared_server.grpc,
+            "endpoints": _consumer_endpoint(shared_server),
             "topic": topic,
             "group": group,
             "expect": 1,
@@ -644,7 +680,9 @@ def test_two_fifo_push_consumers_share_the_queues_and_keep_each_groups_order(
         "readyQueues": 4,
         "deadlineMs": 40000,
     }
-    consumers = [scripts("push_consume.js", spec) for _ in range(2)]
+    # In a cluster, one consumer on each proxy.
+    endpoints = (shared_server.grpc, _consumer_endpoint(shared_server))
+    consumers = [scripts("push_consume.js", {**spec, "endpoints": e}) for e in endpoints]
     for consumer in consumers:
         consumer.wait_for(
             lambda records: any(r["event"] == "ready" for r in records),
