@@ -41,7 +41,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
             proc.stop()
 
 
-@pytest.fixture(scope="session")
+# Package scope, not session: playwright's sync API runs an event loop in the main thread while
+# it is open, and the tests after this package call asyncio.run() there.
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     if not CHROMIUM.exists():
         message = f"{CHROMIUM} is missing: ./run test installs Debian's chromium"
@@ -113,7 +115,7 @@ READER = ("reader", "reader-secret-key")
 
 
 # One secured server for every test module that logs in (it takes a while to start).
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     proc = ServerProcess(
         tmp_path_factory.mktemp("halfmoon-dashboard-auth"),
