@@ -33,6 +33,8 @@ from bench.load import (
     Throughput,
     body,
     end_to_end_latencies,
+    find_process,
+    process_cpu_seconds,
     seq_of,
     sequential_latencies,
     timed_producers,
@@ -82,6 +84,11 @@ class AmqpPeer:
             for queue in self._queues.values():
                 await queue.delete(if_unused=False, if_empty=False)
         await self._connection.close()
+
+    def server_cpu(self) -> float | None:
+        """CPU seconds RabbitMQ's Erlang VM has used so far, when it runs on this machine."""
+        pid = find_process("beam.smp")
+        return process_cpu_seconds(pid) if pid is not None else None
 
     async def server_version(self) -> str:
         props = getattr(self._connection.transport.connection, "server_properties", {}) or {}

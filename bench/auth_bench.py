@@ -1,7 +1,9 @@
-"""What authentication and TLS cost: batched sends with them off, auth on, auth + TLS on.
+"""What authentication and TLS cost: batched sends with them off, auth on, auth + TLS on,
+and the two kinds of client of ``tls.mode=permissive`` (TLS and plaintext on one port).
 
-Three ``halfmoon serve`` processes configured three ways run in the same run,
-in alternating order each round (neither always warmer). Each round sends
+Four ``halfmoon serve`` processes run in the same run (off; auth; auth + TLS
+enforcing; auth + TLS permissive, which serves both ``perm-tls`` and
+``perm-plain``), each kind in alternating order each round (none always warmer). Each round sends
 batches of ``--batch`` messages from ``--senders`` concurrent senders of
 halfmoon's client for ``--seconds``; the table shows messages per second,
 the p99 batch latency, the server's CPU per message (from /proc) and the
@@ -62,6 +64,12 @@ class Sample:
         return self.cpu / self.messages * 1e6 if self.messages else 0.0
 
 
+KINDS = ("off", "auth", "auth+tls", "perm-tls", "perm-plain")
+# perm-tls and perm-plain are two kinds of client of the same permissive server.
+SERVER_OF = {"perm-plain": "perm-tls"}
+TLS_CLIENTS = ("auth+tls", "perm-tls")
+
+
 def _settings(kind: str, certs: Path) -> tuple[str, ...]:
     common = ("broker.auto_create_topics=true",)
     if kind == "off":
@@ -71,7 +79,7 @@ def _settings(kind: str, certs: Path) -> tuple[str, ...]:
         return auth
     return (
         *auth,
-        "tls.mode=enforcing",
+        "tls.mode=" + ("permissive" if kind == "perm-tls" else "enforcing"),
         f"tls.cert={certs}/server.pem",
         f"tls.key={certs}/server.key",
     )
@@ -90,7 +98,7 @@ async def _round(server: HalfmoonServer, kind: str, ca: Path, args: argparse.Nam
     options: dict[str, object] = {}
     if kind != "off":
         options["credentials"] = SUPER
-    if kind == "auth+tls":
+    if kind in TLS_CLIENTS:
         options.update(tls=True, tls_root_certificates=str(ca))
     sample = Sample()
     async with Producer(server.grpc, request_timeout=10, **options) as producer:
@@ -114,18 +122,20 @@ async def _round(server: HalfmoonServer, kind: str, ca: Path, args: argparse.Nam
 
 
 async def run(args: argparse.Namespace) -> dict[str, Sample]:
-    kinds = ("off", "auth", "auth+tls")
+    kinds = tuple(k for k in KINDS if k in args.kinds)
     os.environ["HALFMOON_BOOTSTRAP_SECRET_KEY"] = SUPER.secret_key
     with tempfile.TemporaryDirectory(prefix="halfmoon-auth-bench-") as tmp:
         certs = Path(tmp)
         ca = _make_certificates(certs)
-        servers = {k: HalfmoonServer(settings=_settings(k, certs)).start() for k in kinds}
+        started = {SERVER_OF.get(k, k) for k in kinds}
+        servers = {k: HalfmoonServer(settings=_settings(k, certs)).start() for k in started}
         totals = {k: Sample() for k in kinds}
         try:
             for index in range(args.rounds):
                 order = kinds if index % 2 == 0 else tuple(reversed(kinds))
                 for kind in order:
-                    totals[kind].add(await _round(servers[kind], kind, ca, args))
+                    server = servers[SERVER_OF.get(kind, kind)]
+                    totals[kind].add(await _round(server, kind, ca, args))
         finally:
             for server in servers.values():
                 server.stop()
@@ -133,11 +143,19 @@ async def run(args: argparse.Namespace) -> dict[str, Sample]:
 
 
 def report(totals: dict[str, Sample], args: argparse.Namespace) -> str:
-    base = totals["off"]
-    lines = [
+    header = (
         f"batched sends: batch {args.batch}, {args.senders} senders, {args.rounds} rounds "
-        f"x {args.seconds:g} s, 256-byte bodies",
-        f"{'config':<10} {'msg/s':>10} {'ratio':>7} {'p99 ms':>8} "
+        f"x {args.seconds:g} s, 256-byte bodies"
+    )
+    return comparison_table(header, "config", totals)
+
+
+def comparison_table(header: str, label: str, totals: dict[str, Sample]) -> str:
+    """One line per kind: rate, p99 and CPU per message, with ratios to the first kind."""
+    base = next(iter(totals.values()))
+    lines = [
+        header,
+        f"{label:<10} {'msg/s':>10} {'ratio':>7} {'p99 ms':>8} "
         f"{'cpu us/msg':>11} {'cpu ratio':>10}",
     ]
     for kind, sample in totals.items():
@@ -156,6 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--senders", type=int, default=4)
+    parser.add_argument(
+        "--kinds",
+        type=lambda text: tuple(text.split(",")),
+        default=KINDS,
+        help=f"comma-separated subset of {','.join(KINDS)}",
+    )
     args = parser.parse_args(argv)
     totals = asyncio.run(run(args))
     print(report(totals, args))

@@ -32,9 +32,15 @@ class BrokerServer:
     """One ``halfmoon broker`` on a free loopback port; ``address`` is its internal endpoint."""
 
     def __init__(
-        self, *, flush: str = "async", name: str = "b1", cluster: tuple[str, ...] = ()
+        self,
+        *,
+        flush: str = "async",
+        name: str = "b1",
+        cluster: tuple[str, ...] = (),
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.flush = flush
+        self.extra = extra  # more flags, e.g. ("--send-listen", "off")
         self.name = name
         self.cluster = cluster  # --cluster NAME --coordinator URL, to register in etcd
         self.data_dir = Path(tempfile.mkdtemp(prefix="halfmoon-bench-broker-"))
@@ -56,6 +62,7 @@ class BrokerServer:
             "--listen", "127.0.0.1:0",
             "--flush", self.flush,
             *self.cluster,
+            *self.extra,
         ]  # fmt: skip
         self.proc = subprocess.Popen(
             command, cwd=REPO_ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),

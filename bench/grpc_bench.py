@@ -17,8 +17,18 @@ pay the same client-side costs and share the same clock):
 * send latency p50/p99: one producer, one message at a time;
 * end-to-end latency p50/p99: send → seen by a long-polling consumer
   (ReceiveMessage / basic_consume), one message in flight;
+* server CPU per message in the throughput rows: user + system time of the
+  server process (``/proc/<pid>/stat``; RabbitMQ's ``beam.smp`` when it
+  runs on this machine) over the run, divided by the messages; the
+  single-message rows also run against a bare grpc.aio server answering
+  SendMessage with a constant (``bench/grpc_floor.py``): the per-call floor
+  of the library, so the difference is halfmoon's own;
 * consume throughput: receive + ack of pre-sent messages (batches of 32 +
-  one AckMessage per batch / prefetch 32 + an ack per message), 4 consumers.
+  one AckMessage per batch / prefetch 32 + an ack per message), 4 consumers;
+* through blocking clients (``bench/blocking_clients.py``): the official
+  client's ``Producer.send`` → a ``SimpleConsumer`` parked in ``receive``,
+  beside pika (confirms, durable queue, ``basic_consume``) against RabbitMQ:
+  send latency and end-to-end latency p50/p99.
 
 halfmoon runs twice: ``--flush async`` (acknowledged after the write, flushed
 in the background) and ``--flush sync`` (acknowledged after fsync, group
@@ -39,6 +49,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bench.amqp_peer import AmqpPeer, amqp_url
+from bench.blocking_clients import Latencies, official_latencies, pika_latencies
+from bench.grpc_floor import FloorServer
 from bench.halfmoon_peer import GrpcPeer, official_client_produce
 from bench.load import Throughput, machine_info, percentile
 from bench.server_proc import Flush, HalfmoonServer
@@ -52,6 +64,12 @@ CONSUMERS = 4
 SEND_P50_MS = 1.0
 SEND_P99_MS = 5.0
 E2E_P99_MS = 10.0
+# Latency against the peer in the same run: end-to-end p50 within 1.5x and p99 within 2x of
+# RabbitMQ's, single-message send p50 no worse than RabbitMQ's.
+E2E_P50_RATIO = 1.5
+E2E_P99_RATIO = 2.0
+SEND_P50_RATIO = 1.0
+CONSUME_RATIO = 1.2  # receive + ack, 4 consumers, batch 32 vs prefetch 32
 
 
 def system_name(flush: Flush) -> str:
@@ -59,6 +77,9 @@ def system_name(flush: Flush) -> str:
 
 
 OFFICIAL = "halfmoon async, official client"
+PIKA = "RabbitMQ, pika"
+FLOOR = "bare grpc.aio (floor)"
+SEND_CPU_US = 300.0  # server CPU per single-message send, async flush, 16 producers
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +104,13 @@ class Measurement:
     messages: int = 0
     seconds: float = 0.0
     samples: list[float] = field(default_factory=list, repr=False)
+    server_cpu: float | None = None  # seconds of the server process over the run
+
+    @property
+    def cpu_us_per_message(self) -> float | None:
+        if self.server_cpu is None or self.messages <= 0:
+            return None
+        return self.server_cpu / self.messages * 1e6
 
     @property
     def per_second(self) -> float:
@@ -103,6 +131,8 @@ class Measurement:
             )
         else:
             d.update(messages=self.messages, seconds=self.seconds, msgs_per_s=self.per_second)
+            if self.cpu_us_per_message is not None:
+                d["server_cpu_us_per_msg"] = self.cpu_us_per_message
         return d
 
 
@@ -112,14 +142,15 @@ class Row:
     scenario: str
     kind: str  # "throughput" or "latency"
     measurements: list[Measurement] = field(default_factory=list)
+    peer: str = RABBITMQ  # the system the others are compared with
 
     def of(self, system: str) -> Measurement | None:
         return next((m for m in self.measurements if m.system == system), None)
 
     def vs_rabbitmq(self, m: Measurement) -> str:
         """How much better than RabbitMQ (> 1: halfmoon better); p50 and p99 for latency."""
-        peer = self.of(RABBITMQ)
-        if peer is None or m.system == RABBITMQ:
+        peer = self.of(self.peer)
+        if peer is None or m.system == self.peer:
             return ""
         if self.kind == "throughput":
             return f"{m.per_second / peer.per_second:.2f}x" if peer.per_second > 0 else ""
@@ -146,11 +177,11 @@ class Report:
     machine: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
 
-    def row(self, key: str, scenario: str, kind: str) -> Row:
+    def row(self, key: str, scenario: str, kind: str, peer: str = RABBITMQ) -> Row:
         for r in self.rows:
             if r.key == key:
                 return r
-        r = Row(key, scenario, kind)
+        r = Row(key, scenario, kind, peer=peer)
         self.rows.append(r)
         return r
 
@@ -163,6 +194,7 @@ class Report:
                     "key": r.key,
                     "scenario": r.scenario,
                     "kind": r.kind,
+                    "peer": r.peer,
                     "measurements": [m.to_json() for m in r.measurements],
                 }
                 for r in self.rows
@@ -189,11 +221,15 @@ async def run_peer(peer: Any, report: Report, settings: Settings, log: ScenarioL
     """Every scenario on one system, rows filled in place."""
 
     async def throughput(key: str, label: str, run: Callable[[], Awaitable[Throughput]]) -> None:
+        cpu_before = peer.server_cpu()
         result = await run()
-        report.row(key, label, "throughput").measurements.append(
-            Measurement(peer.name, result.messages, result.seconds)
-        )
-        log(f"{peer.name:<34} {label:<40} {result.per_second:>10,.0f} msg/s")
+        cpu_after = peer.server_cpu()
+        m = Measurement(peer.name, result.messages, result.seconds)
+        if cpu_before is not None and cpu_after is not None:
+            m.server_cpu = cpu_after - cpu_before
+        report.row(key, label, "throughput").measurements.append(m)
+        cpu = f"{m.cpu_us_per_message:6.0f} us/msg" if m.cpu_us_per_message is not None else ""
+        log(f"{peer.name:<34} {label:<40} {result.per_second:>10,.0f} msg/s {cpu}")
 
     async def latency(key: str, label: str, run: Callable[[], Awaitable[list[float]]]) -> None:
         m = Measurement(peer.name, samples=await run())
@@ -226,6 +262,20 @@ async def run_peer(peer: Any, report: Report, settings: Settings, log: ScenarioL
     )
 
 
+BLOCKING_ROWS = (
+    ("blocking_send_latency", "send latency, blocking client", "send"),
+    ("blocking_e2e_latency", "end-to-end latency, blocking clients", "end_to_end"),
+)
+
+
+def record_blocking(report: Report, system: str, result: Latencies, log: ScenarioLog) -> None:
+    """The official client's (or pika's) rows: send, and send → seen by a parked receive."""
+    for key, label, attribute in BLOCKING_ROWS:
+        m = Measurement(system, samples=getattr(result, attribute))
+        report.row(key, label, "latency", peer=PIKA).measurements.append(m)
+        log(f"{system:<34} {label:<40} p50 {m.p(0.5):.2f} ms  p99 {m.p(0.99):.2f} ms")
+
+
 async def run_halfmoon(flush: Flush, report: Report, settings: Settings, log: ScenarioLog) -> None:
     server = HalfmoonServer(flush=flush).start()
     try:
@@ -244,6 +294,36 @@ async def run_halfmoon(flush: Flush, report: Report, settings: Settings, log: Sc
                     Measurement(OFFICIAL, result.messages, result.seconds)
                 )
                 log(f"{OFFICIAL:<34} {label:<40} {result.per_second:>10,.0f} msg/s")
+            latencies = await asyncio.to_thread(
+                official_latencies, server, settings.latency_count, settings.e2e_count
+            )
+            record_blocking(report, OFFICIAL, latencies, log)
+    finally:
+        server.stop()
+
+
+async def run_floor(report: Report, settings: Settings, log: ScenarioLog) -> None:
+    """Single-message sends against a bare grpc.aio server: the per-call floor (CPU, rate)."""
+    server = FloorServer().start()
+    try:
+        peer = GrpcPeer(server, FLOOR)  # type: ignore[arg-type]
+        try:
+            await peer.produce(4, 1, min(0.3, settings.seconds))
+            for producers in PRODUCERS:
+                label = produce_label(producers, 1)
+                cpu_before = peer.server_cpu()
+                result = await peer.produce(producers, 1, settings.seconds)
+                cpu_after = peer.server_cpu()
+                m = Measurement(FLOOR, result.messages, result.seconds)
+                if cpu_before is not None and cpu_after is not None:
+                    m.server_cpu = cpu_after - cpu_before
+                report.row(produce_key(producers, 1), label, "throughput").measurements.append(m)
+                log(
+                    f"{FLOOR:<34} {label:<40} {result.per_second:>10,.0f} msg/s "
+                    f"{m.cpu_us_per_message or 0:6.0f} us/msg"
+                )
+        finally:
+            await peer.close()
     finally:
         server.stop()
 
@@ -258,14 +338,52 @@ async def run_all(settings: Settings, log: ScenarioLog, amqp: str | None = None)
         report.machine["rabbitmq"] = await rabbit.server_version()
         for flush in settings.flushes:
             await run_halfmoon(flush, report, settings, log)
+        await run_floor(report, settings, log)
         await run_peer(rabbit, report, settings, log)
+        if settings.official_client:
+            latencies = await asyncio.to_thread(
+                pika_latencies, amqp or amqp_url(), settings.latency_count, settings.e2e_count
+            )
+            record_blocking(report, PIKA, latencies, log)
     finally:
         await rabbit.close()
-    order = [system_name(f) for f in settings.flushes] + [OFFICIAL, RABBITMQ]
+    order = [system_name(f) for f in settings.flushes] + [OFFICIAL, FLOOR, RABBITMQ, PIKA]
     for row in report.rows:
         row.measurements.sort(key=lambda m: order.index(m.system))
     report.targets = targets(report, settings)
     return report
+
+
+def peer_latency_targets(
+    rows: dict[str, Row], send_key: str, e2e_key: str, system: str
+) -> list[Target]:
+    """``system``'s send p50 and end-to-end p50 / p99 against its row's peer (same run)."""
+    found = []
+    send, e2e = rows[send_key], rows[e2e_key]
+    mine_send, peer_send = send.of(system), send.of(send.peer)
+    mine_e2e, peer_e2e = e2e.of(system), e2e.of(e2e.peer)
+    if mine_send is not None and peer_send is not None:
+        found.append(
+            Target(
+                f"{system}: send p50 <= {send.peer}'s",
+                mine_send.p(0.5),
+                SEND_P50_RATIO * peer_send.p(0.5),
+                "ms",
+                at_most=True,
+            )
+        )
+    if mine_e2e is not None and peer_e2e is not None:
+        for q, ratio in ((0.5, E2E_P50_RATIO), (0.99, E2E_P99_RATIO)):
+            found.append(
+                Target(
+                    f"{system}: end-to-end p{round(q * 100)} <= {ratio}x {e2e.peer}'s",
+                    mine_e2e.p(q),
+                    ratio * peer_e2e.p(q),
+                    "ms",
+                    at_most=True,
+                )
+            )
+    return found
 
 
 def targets(report: Report, settings: Settings) -> list[Target]:
@@ -280,6 +398,48 @@ def targets(report: Report, settings: Settings) -> list[Target]:
             Target("send p99, async flush", send.p(0.99), SEND_P99_MS, "ms", at_most=True),
             Target("end-to-end p99, async flush", e2e.p(0.99), E2E_P99_MS, "ms", at_most=True),
         ]
+        found += peer_latency_targets(rows, "send_latency", "e2e_latency", system_name("async"))
+    if "blocking_e2e_latency" in rows:
+        found += peer_latency_targets(
+            rows, "blocking_send_latency", "blocking_e2e_latency", OFFICIAL
+        )
+    if "async" in settings.flushes:
+        sends = rows[produce_key(16, 1)]
+        mine_send, floor = sends.of(system_name("async")), sends.of(FLOOR)
+        if mine_send is not None and mine_send.cpu_us_per_message is not None:
+            found.append(
+                Target(
+                    "server CPU per single-message send, async, 16 producers",
+                    mine_send.cpu_us_per_message,
+                    SEND_CPU_US,
+                    "us",
+                    at_most=True,
+                )
+            )
+            if floor is not None and floor.cpu_us_per_message is not None:
+                found.append(
+                    Target(
+                        "  of which above the bare grpc.aio floor (halfmoon's own)",
+                        mine_send.cpu_us_per_message - floor.cpu_us_per_message,
+                        SEND_CPU_US - floor.cpu_us_per_message,
+                        "us",
+                        at_most=True,
+                    )
+                )
+    consume = rows["consume"]
+    rabbit_consume = consume.of(RABBITMQ)
+    for flush in settings.flushes:
+        mine = consume.of(system_name(flush))
+        if mine is not None and rabbit_consume is not None:
+            found.append(
+                Target(
+                    f"consume, {CONSUMERS} consumers ({flush}) >= {CONSUME_RATIO}x RabbitMQ",
+                    mine.per_second,
+                    CONSUME_RATIO * rabbit_consume.per_second,
+                    "msg/s",
+                    at_most=False,
+                )
+            )
     # Throughput at the same durability: halfmoon sync flush (fsync before the answer)
     # against RabbitMQ's confirms (after its fsync).
     fair = system_name("sync") if "sync" in settings.flushes else system_name(settings.flushes[0])
@@ -295,7 +455,9 @@ def targets(report: Report, settings: Settings) -> list[Target]:
 
 
 def format_rows(rows: list[Row]) -> str:
-    header = f"{'scenario':<42} {'system':<32} {'result':>30} {'vs RabbitMQ':>16}"
+    header = (
+        f"{'scenario':<42} {'system':<32} {'result':>30} {'vs RabbitMQ':>16} {'server CPU':>14}"
+    )
     lines = [header, "-" * len(header)]
     for r in rows:
         for i, m in enumerate(r.measurements):
@@ -303,22 +465,26 @@ def format_rows(rows: list[Row]) -> str:
                 result = f"{m.per_second:,.0f} msg/s {m.per_second * 1024 / 1e6:5.1f} MB/s"
             else:
                 result = f"p50 {m.p(0.5):6.2f}  p99 {m.p(0.99):6.2f} ms"
+            cpu = m.cpu_us_per_message
+            shown = f"{cpu:,.0f} us/msg" if cpu is not None else ""
             lines.append(
                 f"{r.scenario if i == 0 else '':<42} {m.system:<32} {result:>30} "
-                f"{r.vs_rabbitmq(m):>16}"
+                f"{r.vs_rabbitmq(m):>16} {shown:>14}"
             )
     return "\n".join(lines)
 
 
 def format_targets(found: list[Target]) -> str:
-    header = f"{'target':<58} {'measured':>14} {'goal':>16}  result"
+    header = f"{'target':<72} {'measured':>14} {'goal':>16}  result"
     lines = [header, "-" * len(header)]
     for t in found:
         if t.unit == "ms":
             measured, goal = f"{t.measured:.2f} ms", f"<= {t.goal:.2f} ms"
+        elif t.unit == "us":
+            measured, goal = f"{t.measured:,.0f} us", f"<= {t.goal:,.0f} us"
         else:
             measured, goal = f"{t.measured:,.0f}", f">= {t.goal:,.0f}"
-        lines.append(f"{t.name:<58} {measured:>14} {goal:>16}  {'PASS' if t.passed else 'MISS'}")
+        lines.append(f"{t.name:<72} {measured:>14} {goal:>16}  {'PASS' if t.passed else 'MISS'}")
     return "\n".join(lines)
 
 
@@ -328,7 +494,7 @@ def print_report(report: Report, out: TextIO) -> None:
     out.write(format_rows(report.rows) + "\n\n")
     out.write(
         "'vs RabbitMQ' > 1 means halfmoon is better (throughput ratio; for latency p50 / p99 "
-        "ratios).\n\n"
+        "ratios); the blocking-client rows compare with RabbitMQ through pika.\n\n"
     )
     out.write(format_targets(report.targets) + "\n")
     out.flush()

@@ -36,6 +36,7 @@ from bench.load import (
     Throughput,
     body,
     end_to_end_latencies,
+    process_cpu_seconds,
     seq_of,
     sequential_latencies,
     timed_producers,
@@ -54,10 +55,13 @@ _names = itertools.count()
 class GrpcPeer:
     """halfmoon through a raw gRPC channel; topics and groups are made per scenario."""
 
-    def __init__(self, server: HalfmoonServer, name: str) -> None:
+    def __init__(self, server: HalfmoonServer, name: str, *, own_connection: bool = False) -> None:
         self.name = name
         self._server = server
-        self._channel = grpc.aio.insecure_channel(server.grpc)
+        # gRPC shares one connection among a process's channels to the same address unless
+        # told not to: own_connection makes this peer's its own (a worker of its own, maybe).
+        options = [("grpc.use_local_subchannel_pool", 1)] if own_connection else []
+        self._channel = grpc.aio.insecure_channel(server.grpc, options=options)
         self._stub = service_pb2_grpc.MessagingServiceStub(self._channel)
         self._client_id = f"bench@{os.getpid()}@{name}"
         self._metadata = (
@@ -71,6 +75,10 @@ class GrpcPeer:
 
     async def close(self) -> None:
         await self._channel.close()
+
+    def server_cpu(self) -> float | None:
+        """CPU seconds the server process has used so far."""
+        return process_cpu_seconds(self._server.pid)
 
     # -- plumbing ---------------------------------------------------------------
 

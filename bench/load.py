@@ -16,6 +16,7 @@ import struct
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 BODY_SIZE = 1024
@@ -148,7 +149,36 @@ class EndpointPeer(Protocol):
 
     async def consume(self, messages: int, consumers: int) -> Throughput: ...
 
+    def server_cpu(self) -> float | None:
+        """CPU seconds the system's server process has used so far (None: not measurable)."""
+        ...
+
     async def close(self) -> None: ...
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU of process ``pid`` (every thread) so far, from /proc; None if gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def find_process(command: str) -> int | None:
+    """The pid of a local process whose command name is ``command`` (e.g. RabbitMQ's
+    ``beam.smp``), or None: the peer may run elsewhere."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == command:
+                    return int(entry.name)
+            except OSError:
+                continue
+    return None
 
 
 def machine_info() -> dict[str, Any]:

@@ -15,6 +15,8 @@ Targets (the ``flush async`` setting everywhere):
 
 - ``local``: ``halfmoon serve``, proxy and broker in one process;
 - ``cluster 1p``: one ``halfmoon broker`` and one ``halfmoon proxy --broker``;
+  ``cluster 1p grpc`` (``--targets 1p-grpc``, not by default): the same with the
+  broker's send listener off, the proxy's sends on the gRPC ``SendStream``;
 - ``cluster 2p``: the same broker and two proxy processes on separate ports,
   the producers split between them (``halfmoon proxy`` has no ``--workers``
   yet; two processes are what N workers would be);
@@ -25,10 +27,18 @@ Targets (the ``flush async`` setting everywhere):
 - ``rabbitmq``: the RabbitMQ at ``$HALFMOON_AMQP_URL`` (127.0.0.1:5672), its
   ``beam.smp`` measured.
 
+Every client opens ``--connections`` connections per endpoint (8 by default;
+the raw generator's channels and the official producers each their own), the
+producers spread over them, for every target alike: ``SO_REUSEPORT`` spreads
+*connections* over a proxy's workers, so one connection would leave all but
+one worker idle.
+
 Printed per row: messages per second, latency p50/p99 of each send under that
-load, and CPU per message of every server process (user + system from
-/proc/PID/stat, over the measured interval), then the issue's targets beside
-the figures. The machine is shared: run it more than once and report ranges.
+load, messages per internal send request (cluster rows: the broker's own
+count, every proxy and worker together: how much the proxies coalesced), and
+CPU per message of every server process (user + system from /proc/PID/stat,
+over the measured interval), then the issue's targets beside the figures. The
+machine is shared: run it more than once and report ranges.
 """
 
 from __future__ import annotations
@@ -52,6 +62,7 @@ from bench.halfmoon_peer import GrpcPeer, official_client_produce
 from bench.load import Throughput, machine_info, percentile
 from bench.server_proc import HalfmoonServer
 from bench.txn_group_bench import start_etcd
+from halfmoon.cluster.connection import BrokerConnection
 
 PRODUCERS = (1, 16, 64)
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -88,6 +99,7 @@ class Row:
     p50_ms: float
     p99_ms: float
     cpu_us_per_msg: dict[str, float] = field(default_factory=dict)
+    msgs_per_request: float | None = None  # cluster rows: messages per internal send request
 
     @property
     def per_second(self) -> float:
@@ -95,16 +107,28 @@ class Row:
 
     def line(self) -> str:
         cpu = "  ".join(f"{name} {us:,.0f}" for name, us in self.cpu_us_per_msg.items())
+        per_request = "" if self.msgs_per_request is None else f"{self.msgs_per_request:.1f}"
         return (
             f"{self.target:<11} {self.client:<9} {self.producers:>4} {self.per_second:>9,.0f}"
-            f" {self.p50_ms:>8.2f} {self.p99_ms:>8.2f}   {cpu}"
+            f" {self.p50_ms:>8.2f} {self.p99_ms:>8.2f} {per_request:>7}   {cpu}"
         )
 
 
 HEADER = (
     f"{'target':<11} {'client':<9} {'prod':>4} {'msg/s':>9} {'p50 ms':>8} {'p99 ms':>8}"
-    "   server CPU µs/msg per process"
+    f" {'msg/req':>7}   server CPU µs/msg per process"
 )
+
+
+def send_stats(broker_address: str | None) -> dict[str, int] | None:
+    """The broker's count of internal send requests and the messages they carried."""
+    if broker_address is None:
+        return None
+    connection = BrokerConnection(broker_address)
+    try:
+        return dict(connection.call("send_stats"))
+    finally:
+        connection.close()
 
 
 async def measure(
@@ -113,11 +137,19 @@ async def measure(
     producers: int,
     processes: dict[str, int],
     run: Callable[[list[float]], Awaitable[Throughput]],
+    broker_address: str | None = None,
 ) -> Row:
     latencies: list[float] = []
+    sent_before = send_stats(broker_address)
     before = {name: cpu_seconds(pid) for name, pid in processes.items()}
     result = await run(latencies)
     after = {name: cpu_seconds(pid) for name, pid in processes.items()}
+    sent_after = send_stats(broker_address)
+    per_request = None
+    if sent_before is not None and sent_after is not None:
+        requests = sent_after["requests"] - sent_before["requests"]
+        carried = sent_after["messages"] - sent_before["messages"]
+        per_request = carried / requests if requests else 0.0
     messages = max(result.messages, 1)
     return Row(
         target,
@@ -128,6 +160,7 @@ async def measure(
         percentile(latencies, 0.5) * 1000 if latencies else 0.0,
         percentile(latencies, 0.99) * 1000 if latencies else 0.0,
         {name: (after[name] - before[name]) / messages * 1e6 for name in processes},
+        per_request,
     )
 
 
@@ -146,9 +179,16 @@ async def run_rocketmq_target(
     processes: dict[str, int],
     settings: argparse.Namespace,
     log: Callable[[Row], None],
+    broker_address: str | None = None,
 ) -> list[Row]:
     rows = []
-    peers = [GrpcPeer(server, target) for server in servers]
+    connections = settings.connections
+    peers = [
+        GrpcPeer(server, f"{target}-{i}", own_connection=connections > 1)
+        for server in servers
+        for i in range(connections)
+    ]
+    endpoints = [server for server in servers for _ in range(connections)]
     try:
         for peer in peers:  # warm channels and code paths before anything is timed
             await peer.produce(4, 1, min(0.3, settings.seconds))
@@ -166,10 +206,10 @@ async def run_rocketmq_target(
                     )
                 )
 
-            rows.append(await measure(target, "raw", producers, processes, raw))
+            rows.append(await measure(target, "raw", producers, processes, raw, broker_address))
             log(rows[-1])
         for producers in settings.producers:
-            shares = split(producers, len(servers))
+            shares = split(producers, len(endpoints))
 
             async def official(latencies: list[float], shares: list[int] = shares) -> Throughput:
                 return combined(
@@ -178,13 +218,15 @@ async def run_rocketmq_target(
                             asyncio.to_thread(
                                 official_client_produce, server, n, settings.seconds, latencies
                             )
-                            for server, n in zip(servers, shares, strict=True)
+                            for server, n in zip(endpoints, shares, strict=True)
                             if n
                         )
                     )
                 )
 
-            rows.append(await measure(target, "official", producers, processes, official))
+            rows.append(
+                await measure(target, "official", producers, processes, official, broker_address)
+            )
             log(rows[-1])
     finally:
         for peer in peers:
@@ -201,17 +243,20 @@ async def run_local(settings: argparse.Namespace, log: Callable[[Row], None]) ->
 
 
 async def run_cluster(
-    proxies: int, settings: argparse.Namespace, log: Callable[[Row], None]
+    proxies: int, settings: argparse.Namespace, log: Callable[[Row], None], *, grpc: bool = False
 ) -> list[Row]:
-    broker = BrokerServer(flush="async").start()
+    """``grpc``: the broker's send listener off, so the proxies send over the gRPC stream."""
+    broker = BrokerServer(flush="async", extra=("--send-listen", "off") if grpc else ()).start()
     started: list[ProxyServer] = []
     try:
         for _ in range(proxies):
             started.append(ProxyServer(broker).start())
         processes = {"broker": broker.pid}
         processes.update({f"proxy{i + 1}": p.pid for i, p in enumerate(started)})
-        target = f"cluster {proxies}p"
-        return await run_rocketmq_target(target, list(started), processes, settings, log)
+        target = f"cluster {proxies}p" + (" grpc" if grpc else "")
+        return await run_rocketmq_target(
+            target, list(started), processes, settings, log, broker.address
+        )
     finally:
         for proxy in started:
             proxy.stop()
@@ -252,7 +297,7 @@ async def run_workers(
         processes = {"broker": broker.pid, "proxy": proxy.pid}
         processes.update({f"proxy-w{i + 1}": pid for i, pid in enumerate(proxy.worker_pids())})
         target = f"cluster {workers}w"
-        return await run_rocketmq_target(target, [proxy], processes, settings, log)
+        return await run_rocketmq_target(target, [proxy], processes, settings, log, broker.address)
     finally:
         if proxy is not None:
             proxy.stop()
@@ -311,15 +356,20 @@ def verdict(passed: bool) -> str:
 
 
 async def run_all(settings: argparse.Namespace, log: Callable[[Row], None]) -> list[Row]:
-    rows = await run_local(settings, log)
+    chosen = set(settings.targets.split(","))
+    rows = await run_local(settings, log) if "local" in chosen else []
     for proxies in (1, 2):
-        rows += await run_cluster(proxies, settings, log)
+        if f"{proxies}p-grpc" in chosen:
+            rows += await run_cluster(proxies, settings, log, grpc=True)
+        if f"{proxies}p" in chosen:
+            rows += await run_cluster(proxies, settings, log)
     if shutil.which("etcd") is None:
         print("etcd is not installed: no --workers rows (./run test installs it)", flush=True)
     else:
         for workers in (1, 2):
-            rows += await run_workers(workers, settings, log)
-    if not settings.no_rabbitmq:
+            if f"{workers}w" in chosen:
+                rows += await run_workers(workers, settings, log)
+    if not settings.no_rabbitmq and "rabbitmq" in chosen:
         rows += await run_rabbitmq(settings, log)
     return rows
 
@@ -332,6 +382,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=lambda text: tuple(int(n) for n in text.split(",")),
         default=PRODUCERS,
         help="comma-separated producer counts (default 1,16,64)",
+    )
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=8,
+        help="connections per endpoint, producers spread over them (default 8)",
+    )
+    parser.add_argument(
+        "--targets",
+        default="local,1p,2p,1w,2w,rabbitmq",
+        help="comma-separated subset of local,1p,2p,1w,2w,rabbitmq; also 1p-grpc, 2p-grpc: "
+        "the broker's send listener off (the proxies' sends over the gRPC stream)",
     )
     parser.add_argument("--amqp", default=None, help="RabbitMQ URL (default $HALFMOON_AMQP_URL)")
     parser.add_argument("--no-rabbitmq", action="store_true", help="skip the RabbitMQ peer")

@@ -1,7 +1,8 @@
-"""Spark connector benchmark: read throughput into Spark beside the Python client, and the sink.
+"""Spark connector benchmark: reads into Spark beside Spark reading Parquet, and the sink.
 
     .venv/bin/python -m bench.spark_bench                  # 200,000 messages of 256 B, local[2]
     .venv/bin/python -m bench.spark_bench --messages 50000 --json out.json
+    .venv/bin/python -m bench.spark_bench --sink-only      # the sink rows alone
 
 One ``halfmoon serve`` (async flush, its own temporary directory) and one
 local Spark in the same run. The topic is filled once; then, over the same
@@ -11,8 +12,10 @@ messages:
   (asyncio), all queues assigned, polling until every message was read. The
   peer: what one Python process does with the client a service would use.
 * **connector read path, no Spark**: the code a Spark task runs
-  (``read_range``: raw gRPC pulls, Arrow batches) over every queue in turn
-  in this process; separates the wire from Spark's own overhead.
+  (``read_range``: BulkRead calls, Arrow batches) over every queue in turn
+  in this process; separates the wire from Spark's own overhead. Also run
+  once through PullMessage (**before**: the path the source took before
+  BulkRead, one stream response per message), for the before/after.
 * **spark read → noop**: ``readStream.format("halfmoon")`` with
   ``Trigger.AvailableNow`` into Spark's ``noop`` sink; messages over the
   query's wall time (start to termination; the session is warm: a first
@@ -21,9 +24,22 @@ messages:
 * **spark sink**: the same messages copied topic → topic through the
   exactly-once sink (``Trigger.AvailableNow``, one transaction group per
   micro-batch, commit markers included).
+* **sink task code, no Spark** (``--sink-only``): what a sink task and the
+  driver run (``write_group`` then ``CommitProtocol.commit``) over the same
+  rows in this process, one transaction group per 100,000 messages;
+  separates the sink's wire and broker costs from Spark's.
+* **peer: spark parquet read → noop**: the same rows (the connector's
+  schema, written once with pyarrow to a local Parquet file) read by Spark's
+  own file source the same way (``readStream``, ``AvailableNow``, noop):
+  what Spark does with data that needs no broker at all. The ratio column
+  compares every Spark scenario with it.
 
-Spark reads with one task per queue range, each a Python worker pulling by
-offset and handing Arrow record batches to the JVM. Every number depends on
+Each scenario also reports the server's CPU (user + system, every thread,
+from /proc) per message it moved.
+
+Spark reads with one task per queue range, each a Python worker reading by
+offset through ``halfmoon.v1.BulkRead`` (thousands of messages per call,
+columnar) and handing Arrow record batches to the JVM. Every number depends on
 the machine's load: the table says the load average at the end.
 """
 
@@ -41,10 +57,13 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from bench.cluster_bench import cpu_seconds
 from bench.server_proc import REPO_ROOT, HalfmoonServer
 
 QUEUES = 4
 TARGET_READ = 50_000
+TARGET_SINK = 20_000
+SOURCE_OPTIONS: dict[str, str] = {}  # extra source options for every Spark read (--pull-batch-size)
 
 
 @dataclass
@@ -52,6 +71,8 @@ class Result:
     scenario: str
     messages: int
     seconds: float
+    server_cpu: float = 0.0  # seconds of the server's CPU during the scenario
+    reader_cpu: float = 0.0  # this process and its other descendants (Spark's JVM, workers)
 
     @property
     def per_second(self) -> float:
@@ -60,6 +81,34 @@ class Result:
 
 def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
+
+
+def reader_cpu_seconds(server_pid: int) -> float:
+    """CPU of this process and every descendant except the server: the Python client, or
+    Spark's JVM and its Python workers (from /proc; a process that exited is not counted)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat_file:
+                    stat = stat_file.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat[1])
+    mine, total = {os.getpid()}, 0.0
+    changed = True
+    while changed:
+        changed = False
+        for pid, parent in parents.items():
+            if parent in mine and pid not in mine and pid != server_pid:
+                mine.add(pid)
+                changed = True
+    for pid in mine:
+        try:
+            total += cpu_seconds(pid)
+        except OSError:
+            continue
+    return total
 
 
 def fill(endpoint: str, topic: str, count: int, size: int) -> None:
@@ -94,18 +143,56 @@ async def client_read(endpoint: str, topic: str, count: int) -> Result:
         await consumer.close()
 
 
-def task_code_read(endpoint: str, topic: str) -> Result:
+def task_code_read(endpoint: str, topic: str, parquet: str | None) -> Result:
     """The Spark tasks' read path (:func:`halfmoon.spark.source.read_range`) in this process, no
-    Spark."""
+    Spark; the rows it read are written to ``parquet`` afterwards (untimed), for the peer.
+    ``parquet`` None: through PullMessage instead of BulkRead (the read path before BulkRead)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from halfmoon.spark import source
     from halfmoon.spark.options import source_options
     from halfmoon.spark.source import HalfmoonBatchReader, read_range
 
-    options = source_options({"endpoint": endpoint, "topic": topic}, streaming=False)
+    if parquet is None:
+        source._NO_BULK_READ.add(endpoint)  # as against a server without BulkRead
+    else:
+        source._NO_BULK_READ.discard(endpoint)
+
+    options = source_options(
+        {"endpoint": endpoint, "topic": topic, **SOURCE_OPTIONS}, streaming=False
+    )
     partitions = HalfmoonBatchReader(options).partitions()
-    began, rows = time.perf_counter(), 0
+    batches = []
+    began = time.perf_counter()
     for partition in partitions:
-        rows += sum(batch.num_rows for batch in read_range(options, partition.range))  # type: ignore[attr-defined]
-    return Result("connector read path, no Spark, 1 process", rows, time.perf_counter() - began)
+        batches.extend(read_range(options, partition.range))  # type: ignore[attr-defined]
+    seconds = time.perf_counter() - began
+    rows = sum(b.num_rows for b in batches)
+    if parquet is None:
+        source._NO_BULK_READ.discard(endpoint)
+        return Result("before: connector read path via PullMessage", rows, seconds)
+    os.makedirs(parquet, exist_ok=True)
+    pq.write_table(pa.Table.from_batches(batches), f"{parquet}/rows.parquet")
+    return Result("connector read path, no Spark, 1 process", rows, seconds)
+
+
+def spark_parquet_read(spark: Any, parquet: str, checkpoint: str) -> Result:
+    """The peer: Spark's file source over the same rows, streamed into the noop sink."""
+    from halfmoon.spark.rows import SCHEMA_DDL
+
+    stream = spark.readStream.schema(SCHEMA_DDL).parquet(parquet)
+    began = time.perf_counter()
+    query = (
+        stream.writeStream.format("noop")
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    seconds = time.perf_counter() - began
+    rows = sum(p["numInputRows"] for p in query.recentProgress)
+    return Result("peer: spark parquet file read -> noop", rows, seconds)
 
 
 def spark_stream_read(spark: Any, endpoint: str, topic: str, checkpoint: str, label: str) -> Result:
@@ -115,6 +202,7 @@ def spark_stream_read(spark: Any, endpoint: str, topic: str, checkpoint: str, la
         .option("topic", topic)
         .option("startingOffsets", "earliest")
         .option("maxRecordsPerPartition", "100000")
+        .options(**SOURCE_OPTIONS)
         .load()
     )
     began = time.perf_counter()
@@ -136,6 +224,7 @@ def spark_batch_read(spark: Any, endpoint: str, topic: str) -> Result:
         spark.read.format("halfmoon")
         .option("endpoint", endpoint)
         .option("topic", topic)
+        .options(**SOURCE_OPTIONS)
         .load()
         .count()
     )
@@ -149,6 +238,7 @@ def spark_sink(spark: Any, endpoint: str, source: str, target: str, checkpoint: 
         .option("topic", source)
         .option("startingOffsets", "earliest")
         .option("maxRecordsPerTrigger", "100000")
+        .options(**SOURCE_OPTIONS)
         .load()
     )
     began = time.perf_counter()
@@ -167,6 +257,39 @@ def spark_sink(spark: Any, endpoint: str, source: str, target: str, checkpoint: 
     return Result("spark sink (exactly-once, topic -> topic)", rows, seconds)
 
 
+def task_code_sink(endpoint: str, source: str, target: str) -> Result:
+    """The sink's task and driver code (:func:`halfmoon.spark.sink.write_group`, then the commit
+    protocol) over the topic's rows in this process, no Spark: the rows are read first
+    (untimed), then written 100,000 per transaction group like the Spark scenario's
+    micro-batches."""
+    from halfmoon.spark.options import source_options
+    from halfmoon.spark.sink import CommitProtocol, sink_options, write_group
+    from halfmoon.spark.source import HalfmoonBatchReader, read_range
+
+    options = source_options({"endpoint": endpoint, "topic": source}, streaming=False)
+    batches = []
+    for partition in HalfmoonBatchReader(options).partitions():
+        batches.extend(
+            b.select(["body", "keys"])
+            for b in read_range(options, partition.range)  # type: ignore[attr-defined]
+        )
+    sink = sink_options({"endpoint": endpoint, "topic": target, "sinkId": "bench-task"})
+    protocol = CommitProtocol(sink)
+    began, rows, batch_id, chunk = time.perf_counter(), 0, 0, []
+    for batch in [*batches, None]:
+        if batch is not None:
+            chunk.append(batch)
+            if sum(b.num_rows for b in chunk) < 100_000:
+                continue
+        if not chunk:
+            break
+        group = f"bench-task:{batch_id}:run{os.getpid()}"
+        rows += write_group(sink, "bench-task", batch_id, group, iter(chunk)).count
+        protocol.commit("bench-task", batch_id, group, target)
+        batch_id, chunk = batch_id + 1, []
+    return Result("sink task code, no Spark, 1 process", rows, time.perf_counter() - began)
+
+
 def tree() -> str:
     try:
         return subprocess.run(
@@ -180,6 +303,10 @@ def tree() -> str:
         return "?"
 
 
+def ratio(rate: float, peer_rate: float) -> str:
+    return f"{rate / peer_rate:.2f}x" if peer_rate else "-"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Spark connector throughput beside the Python client"
@@ -188,13 +315,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=256, help="body bytes (default 256)")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--json", default=None, help="write the results to this file")
+    parser.add_argument(
+        "--pull-batch-size", default=None, help="the source's pullBatchSize (default: its own)"
+    )
+    parser.add_argument(
+        "--sink-only",
+        action="store_true",
+        help="only the sink: its task code without Spark, then the Spark sink",
+    )
     args = parser.parse_args(argv)
+    if args.pull_batch_size:
+        SOURCE_OPTIONS["pullBatchSize"] = str(args.pull_batch_size)
 
     from halfmoon.spark import build_session
     from halfmoon.spark.sink import MARKER_TOPIC
 
     results: list[Result] = []
     scratch = tempfile.TemporaryDirectory(prefix="halfmoon-spark-bench-")
+    # The JVM starts first: forking it from a process with live grpc channels (the fill's, the
+    # client scenarios') sometimes lost the child to grpc's fork handlers (JAVA_GATEWAY_EXITED).
+    spark = build_session("halfmoon-spark-bench", args.master)
+    spark.sparkContext.setLogLevel("ERROR")
     with HalfmoonServer(flush="async") as server:
         server.create_topic("bench-in", queues=QUEUES)
         server.create_topic("bench-out", queues=QUEUES, message_type="transaction")
@@ -204,28 +345,46 @@ def main(argv: list[str] | None = None) -> int:
         fill(server.grpc, "bench-in", args.messages, args.size)
         fill(server.grpc, "warmup", 2000, args.size)
 
-        results.append(asyncio.run(client_read(server.grpc, "bench-in", args.messages)))
-        log(f"{results[-1].scenario}: {results[-1].per_second:,.0f} msgs/s")
-        results.append(task_code_read(server.grpc, "bench-in"))
-        log(f"{results[-1].scenario}: {results[-1].per_second:,.0f} msgs/s")
+        def measured(run: Any) -> None:
+            cpu, reader = cpu_seconds(server.pid), reader_cpu_seconds(server.pid)
+            result = run()
+            result.server_cpu = cpu_seconds(server.pid) - cpu
+            result.reader_cpu = reader_cpu_seconds(server.pid) - reader
+            results.append(result)
+            log(f"{result.scenario}: {result.per_second:,.0f} msgs/s")
 
-        spark = build_session("halfmoon-spark-bench", args.master)
-        spark.sparkContext.setLogLevel("ERROR")
+        parquet = f"{scratch.name}/parquet"
+        if args.sink_only:
+            scenarios: tuple[tuple[str, Any], ...] = (
+                ("sink task", lambda: task_code_sink(server.grpc, "bench-in", "bench-task-out")),
+            )
+            server.create_topic("bench-task-out", queues=QUEUES, message_type="transaction")
+        else:
+            measured(lambda: asyncio.run(client_read(server.grpc, "bench-in", args.messages)))
+            measured(lambda: task_code_read(server.grpc, "bench-in", None))
+            measured(lambda: task_code_read(server.grpc, "bench-in", parquet))
+            scenarios = (
+                (
+                    "peer",
+                    lambda: spark_parquet_read(spark, parquet, f"{scratch.name}/parquet-noop"),
+                ),
+                (
+                    "stream",
+                    lambda: spark_stream_read(
+                        spark,
+                        server.grpc,
+                        "bench-in",
+                        f"{scratch.name}/noop",
+                        f"spark stream read -> noop ({args.master})",
+                    ),
+                ),
+                ("batch", lambda: spark_batch_read(spark, server.grpc, "bench-in")),
+            )
         spark_stream_read(
             spark, server.grpc, "warmup", f"{scratch.name}/warm", "warm-up"
         )  # JVM and workers warm
-        for label, run in (
-            (
-                "stream",
-                lambda: spark_stream_read(
-                    spark,
-                    server.grpc,
-                    "bench-in",
-                    f"{scratch.name}/noop",
-                    f"spark stream read -> noop ({args.master})",
-                ),
-            ),
-            ("batch", lambda: spark_batch_read(spark, server.grpc, "bench-in")),
+        for _label, run in (
+            *scenarios,
             (
                 "sink",
                 lambda: spark_sink(
@@ -233,25 +392,42 @@ def main(argv: list[str] | None = None) -> int:
                 ),
             ),
         ):
-            results.append(run())
-            log(f"{label}: {results[-1].per_second:,.0f} msgs/s")
+            measured(run)
         spark.stop()
     scratch.cleanup()
 
     load = os.getloadavg()
-    client_rate = results[0].per_second
-    print(f"{'scenario':<52} {'messages':>9} {'seconds':>8} {'msgs/s':>9} {'vs client':>9}")
-    print("-" * 92)
+    peer_rate = next((r.per_second for r in results if r.scenario.startswith("peer")), 0.0)
+    print(
+        f"{'scenario':<52} {'messages':>9} {'seconds':>8} {'msgs/s':>9} {'vs parquet':>10} "
+        f"{'server CPU/msg':>14} {'reader CPU/msg':>14}"
+    )
+    print("-" * 122)
     for r in results:
+        cpu = f"{r.server_cpu / r.messages * 1e6:.1f} us" if r.messages else "-"
+        reader = f"{r.reader_cpu / r.messages * 1e6:.1f} us" if r.messages else "-"
         print(
             f"{r.scenario:<52} {r.messages:>9,} {r.seconds:>8.2f} {r.per_second:>9,.0f} "
-            f"{r.per_second / client_rate:>8.2f}x"
+            f"{ratio(r.per_second, peer_rate):>10} {cpu:>14} {reader:>14}"
         )
-    stream_rate = next(r.per_second for r in results if r.scenario.startswith("spark stream"))
     print(
-        f"\ntarget: stream read into Spark >= {TARGET_READ:,} msgs/s: "
-        f"{'PASS' if stream_rate >= TARGET_READ else 'MISS'} ({stream_rate:,.0f})"
+        "reader CPU: this process and its descendants but the server (Spark's JVM and Python "
+        "workers in the Spark rows)"
     )
+    sink_rate = next(r.per_second for r in results if r.scenario.startswith("spark sink"))
+    sink_target = (
+        f"exactly-once sink >= {TARGET_SINK:,} msgs/s: "
+        f"{'PASS' if sink_rate >= TARGET_SINK else 'MISS'} ({sink_rate:,.0f})"
+    )
+    if args.sink_only:
+        print(f"\ntarget: {sink_target}")
+    else:
+        stream_rate = next(r.per_second for r in results if r.scenario.startswith("spark stream"))
+        print(
+            f"\ntarget: stream read into Spark (noop) >= {TARGET_READ:,} msgs/s: "
+            f"{'PASS' if stream_rate >= TARGET_READ else 'MISS'} ({stream_rate:,.0f}); "
+            f"{sink_target}; stream vs parquet {stream_rate / peer_rate:.2f}x"
+        )
     print(
         f"machine: {platform.platform()}, {os.cpu_count()} cpus, python "
         f"{platform.python_version()}; tree {tree()}; load average at end {load[0]:.2f} "

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from halfmoon.auth.config import AuthConfig, TlsConfig
+from halfmoon.auth.config import AuthConfig, EtcdTlsConfig, InternalTlsConfig, TlsConfig
 from halfmoon.broker.config import BrokerConfig
 from halfmoon.broker.transactions.config import TransactionConfig
 from halfmoon.errors import EXIT_USAGE, InvalidArgument
@@ -144,6 +144,9 @@ class Config:
     transaction: TransactionConfig = field(default_factory=TransactionConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
+    # Cluster mode: TLS to etcd, and mutual TLS between proxies and brokers.
+    etcd: EtcdTlsConfig = field(default_factory=EtcdTlsConfig)
+    internal: InternalTlsConfig = field(default_factory=InternalTlsConfig)
 
 
 # -- value forms -------------------------------------------------------------

@@ -93,7 +93,11 @@ class Counter(_Metric):
     def inc(self, amount: float = 1.0, **labels: object) -> None:
         if amount < 0:
             raise ValueError("a counter cannot go down")
-        key = self._key(labels)
+        self.inc_key(self._key(labels), amount)
+
+    def inc_key(self, key: LabelValues, amount: float = 1.0) -> None:
+        """:meth:`inc` for label values already in ``labelnames`` order, as strings (a hot
+        path builds its keys once instead of checking the label names on every call)."""
         with self._lock:
             self._values[key] = self._values.get(key, 0.0) + amount
 

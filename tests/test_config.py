@@ -316,6 +316,8 @@ def test_real_config_has_every_section_and_defaults():
         "transaction",
         "auth",
         "tls",
+        "etcd",
+        "internal",
     }
     assert "broker.default_queue_count" in keys
     assert "server.admin_listen" in keys

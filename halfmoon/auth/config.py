@@ -29,6 +29,10 @@ class AuthConfig:
     # comes from the environment variable HALFMOON_BOOTSTRAP_SECRET_KEY only, so it is
     # never in a configuration file or in --print-config.
     bootstrap_access_key: str | None = None
+    # Cluster mode: once a proxy has not heard from etcd for this long, refuse every request
+    # (UNAUTHORIZED), since users and ACLs may have changed meanwhile. Unset: keep serving
+    # with the last users and ACLs while etcd is away (a restart of etcd locks no one out).
+    max_stale: float | None = None
 
 
 @dataclass
@@ -56,3 +60,32 @@ def parse_utc_offset(text: str) -> int:
     if hours > 14 or minutes >= 60:
         raise ValueError(f"zone offset {text!r} is out of range (at most ±14:00)")
     return sign * (hours * 3600 + minutes * 60)
+
+
+@dataclass
+class EtcdTlsConfig:
+    # PEM CA bundle that signed etcd's server certificate: when set, every process (broker,
+    # proxy, CLI) speaks HTTPS to etcd's endpoints (etcd --cert-file/--key-file).
+    ca: Path | None = None
+    # This process's client certificate, for an etcd started with --client-cert-auth
+    # --trusted-ca-file (etcd then refuses callers without one); needs etcd.key.
+    cert: Path | None = None
+    # The client certificate's private key.
+    key: Path | None = None
+
+
+@dataclass
+class InternalTlsConfig:
+    # Mutual TLS on the internal protocol (proxy → broker, broker → broker): the CA that
+    # signs every broker's and proxy's certificate. A broker with internal.ca, .cert and
+    # .key set serves TLS only and accepts only peers whose certificate this CA signed;
+    # the three go together.
+    ca: Path | None = None
+    # This process's certificate: a broker serves with it, a proxy or broker presents it
+    # when it connects to a broker.
+    cert: Path | None = None
+    # Its private key.
+    key: Path | None = None
+    # The name expected in brokers' certificates when it is not the host of their
+    # advertised endpoint (one certificate, e.g. "halfmoon-broker", for every broker).
+    server_name: str | None = None

@@ -86,8 +86,16 @@ class Guard:
             )
         return user
 
+    def _check_fresh(self, peer: str, operation: str) -> None:
+        try:
+            self.store.check_fresh()
+        except Unauthenticated as exc:
+            self._deny("unauthenticated", "", peer, operation, exc.message)
+            raise
+
     def authenticate_signed(self, metadata: Mapping[str, str], peer: str, operation: str) -> User:
         """The user whose MQv2-HMAC-SHA1 signature ``metadata`` carries; Unauthenticated else."""
+        self._check_fresh(peer, operation)
         key = (metadata.get(signature.AUTHORIZATION, ""), metadata.get(signature.DATE_TIME, ""))
         hit = self._verified.get(key)
         if (
@@ -127,6 +135,7 @@ class Guard:
 
     def authenticate_http(self, header: str, peer: str, operation: str) -> User:
         """The user of an ``Authorization: Basic base64(ak:sk)`` or ``Bearer ak:sk`` header."""
+        self._check_fresh(peer, operation)
         scheme, _, value = header.strip().partition(" ")
         if scheme.lower() == "basic":
             try:

@@ -1,4 +1,7 @@
-"""Users and ACLs of local mode, kept in the data directory (``auth/users.json``).
+"""Users and ACLs, kept in the data directory in local mode (``auth/users.json``).
+
+Cluster mode keeps the same document in etcd
+(:class:`halfmoon.cluster.auth_store.EtcdAuthStore`, a subclass).
 
 One JSON document holds every user (secret keys sealed, see
 :mod:`halfmoon.auth.sealing`) and every ACL (a subject ``User:<ak>`` with its
@@ -52,32 +55,48 @@ def subject_user(subject: object) -> str:
 
 
 class AuthStore:
-    def __init__(self, path: Path, box: SecretBox) -> None:
+    def __init__(self, path: Path | None, box: SecretBox) -> None:
+        # None: a subclass keeps the document elsewhere (cluster mode: etcd) and overrides
+        # _save; the lock is held across each change and its _save, so no reader sees a
+        # change that was not stored.
         self.path = path
         self._box = box
         self._lock = threading.Lock()
         self._users: dict[str, User] = {}
         self._acls: dict[str, list[PolicyEntry]] = {}
-        if path.exists():
+        if path is not None and path.exists():
             self._load()
 
     def _load(self) -> None:
+        assert self.path is not None
         try:
             document = json.loads(self.path.read_text())
+        except ValueError as exc:
+            raise AuthStoreCorrupt(f"the users file {self.path} does not parse: {exc}") from None
+        self._adopt(document, str(self.path))
+
+    def _adopt(self, document: Any, where: str) -> None:
+        """Replace the users and ACLs with those of ``document`` (as :meth:`_document` writes
+        it); AuthStoreCorrupt, and nothing changed, when it does not parse or decrypt."""
+        users: dict[str, User] = {}
+        acls: dict[str, list[PolicyEntry]] = {}
+        try:
             for ak, record in document.get("users", {}).items():
-                self._users[ak] = User(
+                users[ak] = User(
                     ak,
                     self._box.open(record["secret"]),
                     record.get("user_type", "Normal"),
                     bool(record.get("enabled", True)),
                 )
             for ak, entries in document.get("acls", {}).items():
-                self._acls[ak] = [entry_from_dict(e) for e in entries]
+                acls[ak] = [entry_from_dict(e) for e in entries]
         except (ValueError, KeyError, TypeError, AttributeError, IllegalPolicy) as exc:
-            raise AuthStoreCorrupt(f"the users file {self.path} does not parse: {exc}") from None
+            raise AuthStoreCorrupt(f"the users of {where} do not parse: {exc}") from None
+        self._users, self._acls = users, acls
 
-    def _save(self) -> None:
-        document = {
+    def _document(self) -> dict[str, Any]:
+        """Every user (secret keys sealed) and every ACL, as one JSON document."""
+        return {
             "users": {
                 ak: {
                     "secret": self._box.seal(u.secret_key),
@@ -90,6 +109,10 @@ class AuthStore:
                 ak: [e.to_dict() for e in entries] for ak, entries in sorted(self._acls.items())
             },
         }
+
+    def _save(self) -> None:
+        assert self.path is not None
+        document = self._document()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_suffix(".tmp")
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -103,6 +126,10 @@ class AuthStore:
             os.fsync(directory)
         finally:
             os.close(directory)
+
+    def check_fresh(self) -> None:
+        """Raise Unauthenticated when the users held may be out of date (never, here: the
+        file is the truth; cluster mode's store answers from a copy of etcd)."""
 
     # -- users ---------------------------------------------------------------
 

@@ -39,12 +39,16 @@ from halfmoon.broker.groups import GroupConfig, GroupRegistry, RetryPolicy
 from halfmoon.broker.lite import LiteTopics, OffsetOption, UnsubscribeNotifier
 from halfmoon.broker.lite_names import parent_topic_of
 from halfmoon.broker.message import (
+    PROPERTY_REAL_TOPIC,
     MessageType,
     MessageView,
     OutgoingMessage,
+    Received,
 )
+from halfmoon.broker.offset_journal import OffsetJournal
 from halfmoon.broker.offsets import OffsetTable
 from halfmoon.broker.pop import PopGroupSettings, PopService, default_hot_data_bytes
+from halfmoon.broker.pop_journal import PopJournal
 from halfmoon.broker.pop_router import PopRouter
 from halfmoon.broker.produce import SendResult
 from halfmoon.broker.pull import PullService
@@ -54,12 +58,15 @@ from halfmoon.broker.send_path import SendPath
 from halfmoon.broker.statistics import TrafficRow, TrafficStatistics
 from halfmoon.broker.stats import BrokerStatus, RateCounter
 from halfmoon.broker.timer import DelayTimer
+from halfmoon.broker.timer_journal import TimerJournal
 from halfmoon.broker.topics import (
     TopicConfig,
     TopicRegistry,
+    dead_letter_topic,
     is_internal_topic,
     is_reserved,
 )
+from halfmoon.broker.trace import TraceRecorder, position_key
 from halfmoon.broker.transaction_operations import TransactionOperations
 from halfmoon.broker.transactional_consume import TransactionalConsume
 from halfmoon.broker.transactions import (
@@ -67,7 +74,7 @@ from halfmoon.broker.transactions import (
     TransactionConfig,
     TransactionService,
 )
-from halfmoon.errors import InvalidArgument
+from halfmoon.errors import InvalidArgument, NotFound
 from halfmoon.store.api import AppendResult, Store, StoreStats
 from halfmoon.store.message import StoredMessage
 
@@ -86,7 +93,15 @@ class Broker(TransactionOperations):
         config: BrokerConfig | None = None,
         clock: Clock | None = None,
         transaction_config: TransactionConfig | None = None,
+        *,
+        journal_offsets: bool = False,
+        admit_send: Callable[[], None] | None = None,
     ) -> None:
+        """``journal_offsets``: committed offsets, pop consumers' positions and the delay
+        timer's progress also go to the commit log (:mod:`offset_journal`,
+        :mod:`pop_journal`, :mod:`timer_journal`), as a broker group's master needs.
+        ``admit_send``: run before a send is written, raising to refuse it (a broker
+        group's master short of in-sync replicas)."""
         self.store = store
         self.config = config = config if config is not None else BrokerConfig()
         self.clock = clock = clock if clock is not None else SystemClock()
@@ -95,7 +110,11 @@ class Broker(TransactionOperations):
         self._started_ms = clock.now_ms()
         self.topics = TopicRegistry(metadata_dir, clock.now_ms)
         self.groups = GroupRegistry(metadata_dir, clock.now_ms)
-        self.offsets = OffsetTable(metadata_dir, config.offset_persist_interval_ms)
+        self.offsets = OffsetTable(
+            metadata_dir,
+            config.offset_persist_interval_ms,
+            OffsetJournal(store) if journal_offsets else None,
+        )
         self._selector = QueueSelector()
         self._filters = FilterCache()
         self._in = RateCounter(clock.now_ms)
@@ -103,6 +122,7 @@ class Broker(TransactionOperations):
         self.statistics = TrafficStatistics(clock.now_ms)  # per topic/group, 24 h
         self._listeners: list[Callable[[str, int], None]] = []
         self._tick_lock = threading.Lock()
+        self.trace = TraceRecorder(store, clock, self._traced)
         self._last_snapshot_ms = self._last_drained_check_ms = self._started_ms
         self.timer = DelayTimer(
             store,
@@ -111,6 +131,7 @@ class Broker(TransactionOperations):
             window_ms=config.timer_window_ms,
             max_heap=config.timer_max_heap,
             persist_interval_ms=config.offset_persist_interval_ms,
+            journal=TimerJournal(store) if journal_offsets else None,
         )
         self._pop = PopService(
             store,
@@ -122,7 +143,9 @@ class Broker(TransactionOperations):
             hot_data_bytes=config.hot_data_bytes or default_hot_data_bytes(),
             min_receive_invisible_ms=config.min_receive_invisible_ms,
             priority_order=self.topics.is_priority,
+            journal=PopJournal(store) if journal_offsets else None,
         )
+        self._pop.trace = self.trace
         # Lite topics (RIP-83): subscriptions and a pop service over their queues.
         self.lite = LiteTopics(
             store,
@@ -132,8 +155,10 @@ class Broker(TransactionOperations):
             max_delivery_attempts=lambda group: self.get_group(group).max_delivery_attempts,
             dead_letter=self._dead_letter,
         )
+        self.lite.trace_with(self.trace)
         txn_config = transaction_config if transaction_config is not None else TransactionConfig()
         self.transactions = TransactionService(store, metadata_dir, txn_config, clock)
+        self.transactions.trace = self.trace.record
         self._checks = CheckService(self.transactions, txn_config, self._started_ms)
         self._sender = SendPath(
             store,
@@ -145,6 +170,8 @@ class Broker(TransactionOperations):
             self.lite,
             self.transactions,
             self._received,
+            self.trace,
+            admit=admit_send,
         )
         self._consume = PopRouter(
             self._pop,
@@ -154,6 +181,8 @@ class Broker(TransactionOperations):
             config,
             check_consumable=self._check_consumable,
             delivered=self._delivered,
+            find_group=self.find_group,
+            trace=self.trace,
         )
         self._pull = PullService(
             store,
@@ -186,6 +215,7 @@ class Broker(TransactionOperations):
     def close(self) -> None:
         """Persist metadata, offsets, timer progress and consumption state."""
         with self._tick_lock:
+            self.trace.flush()
             self.timer.persist()
             self.consuming.persist(self._write_consumption_state)
             self.lite.close()
@@ -200,6 +230,7 @@ class Broker(TransactionOperations):
             self._pop.revive(now)  # dead-letter expired last deliveries (broker/revive.py)
             self._checks.tick(now)
             self.lite.tick(now)
+            self.trace.flush()
             self.transactions.maybe_snapshot(now)
             if now - self._last_snapshot_ms >= self.config.offset_persist_interval_ms:
                 self._last_snapshot_ms = now  # offsets and pop state, then the commit marker
@@ -233,12 +264,14 @@ class Broker(TransactionOperations):
         queue_count: int | None = None,
         perm: str | None = None,
         message_type: MessageType | None = None,
+        trace: bool | None = None,
     ) -> TopicConfig:
         return self.topics.update(
             name,
             queue_count=queue_count,
             perm=perm,
             message_type=message_type,
+            trace=trace,
             has_messages=self._queue_has_messages(name),
         )
 
@@ -354,6 +387,20 @@ class Broker(TransactionOperations):
             group, topic, filter, batch_size, invisible_ms, client_id, queue_id
         )
 
+    def receive_nowait(
+        self,
+        group: str,
+        topic: str,
+        filter: FilterSpec,
+        batch_size: int,
+        invisible_ms: int,
+        client_id: str = "",
+        queue_id: int | None = None,
+    ) -> Received | None:
+        return self._consume.receive_nowait(
+            group, topic, filter, batch_size, invisible_ms, client_id, queue_id
+        )
+
     def subscribe(self, group: str, topic: str) -> None:
         """Fix a new group's start position in ``topic`` now (call when a consumer subscribes)."""
         self._consume.subscribe(group, topic)
@@ -362,6 +409,11 @@ class Broker(TransactionOperations):
         self, group: str, topic: str, receipt_handle: str, lite_topic: str | None = None
     ) -> None:
         self._consume.ack(group, topic, receipt_handle, lite_topic)
+
+    def ack_nowait(
+        self, group: str, topic: str, receipt_handles: Sequence[str]
+    ) -> list[Exception | None] | None:
+        return self._consume.ack_nowait(group, topic, list(receipt_handles))
 
     def change_invisible_duration(
         self,
@@ -440,7 +492,30 @@ class Broker(TransactionOperations):
         batch_size: int,
         filter: FilterSpec,
     ) -> PullResult:
-        return self._pull.pull(group, topic, queue_id, offset, batch_size, filter)
+        result = self._pull.pull(group, topic, queue_id, offset, batch_size, filter)
+        if result.messages and self.trace.enabled(topic):
+            for view in result.messages:
+                self.trace.add(
+                    position_key(view.commit_log_offset),
+                    "delivered",
+                    {"group": group, "mode": "pull", "queue_offset": view.queue_offset},
+                )
+        return result
+
+    def bulk_read(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        max_bytes: int,
+        filter: FilterSpec,
+        end_offset: int | None = None,
+    ) -> PullResult:
+        return self._pull.bulk_read(
+            group, topic, queue_id, offset, max_messages, max_bytes, filter, end_offset
+        )
 
     def get_offset(self, group: str, topic: str, queue_id: int) -> int:
         return self._pull.get_offset(group, topic, queue_id)
@@ -462,7 +537,28 @@ class Broker(TransactionOperations):
     # -- reading stored messages (halfmoon/broker/browse.py) ------------------------
     def messages_by_id(self, message_id: str, topic: str | None = None) -> list[MessageView]:
         topics = self.list_topics() if topic is None else [self._existing_topic(topic)]
-        return browse.by_id(self.store, topics, message_id, topic)
+        return browse.by_id(self.store, self._store_topics(topics), message_id, topic)
+
+    def _store_topics(self, topics: list[TopicConfig]) -> list[str]:
+        """The store topics holding ``topics``' messages: each topic, and each lite topic's
+        queue of a lite parent (one key-index lookup each, so a lookup by id costs one per
+        lite topic of the parents searched)."""
+        names = []
+        for config in topics:
+            names.append(config.name)
+            if config.message_type is MessageType.LITE:
+                names.extend(self.lite.queue_topics(config.name))
+        return names
+
+    def message_trace(self, message_id: str) -> list[dict[str, Any]]:
+        try:
+            copies = browse.by_id(
+                self.store, self._store_topics(self.list_topics()), message_id, None
+            )
+        except NotFound:
+            copies = []  # its trace may still hold a transaction that was rolled back
+        keys = [message_id, *(position_key(view.commit_log_offset) for view in copies)]
+        return self.trace.events(keys)
 
     def messages_by_key(
         self, topic: str, key: str, begin_ms: int, end_ms: int, limit: int
@@ -519,6 +615,7 @@ class Broker(TransactionOperations):
             received=self._in,
             delivered=self._out,
             pending_delay_messages=self.timer.pending,
+            extra=self.trace.stats(),
         )
 
     # -- internals -----------------------------------------------------------------
@@ -542,6 +639,18 @@ class Broker(TransactionOperations):
 
     def _dead_letter(self, group: str, stored: StoredMessage, attempts: int) -> None:
         write_dead_letter(self.store, self.topics, group, stored, attempts)
+        topic = stored.properties.get(PROPERTY_REAL_TOPIC, stored.topic)
+        topic = parent_topic_of(topic) or topic  # a lite topic's queue: trace by the parent
+        self.trace.record(
+            position_key(stored.commit_log_offset), topic, "dead_lettered",
+            group=group, attempts=attempts, dead_letter_topic=dead_letter_topic(group),
+        )  # fmt: skip
+
+    def _traced(self, topic: str) -> bool:
+        # A lite topic's queue (``%LITE%parent%lite``) follows its parent's switch: acks and
+        # invisibility changes name the queue, deliveries the parent.
+        config = self.topics.find(parent_topic_of(topic) or topic)
+        return config is not None and config.trace and not config.internal
 
     def _write_consumption_state(self) -> None:
         self.offsets.persist()

@@ -14,6 +14,7 @@ stopped (``next_offsets``) so a caller can continue.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from halfmoon.broker.filter_spec import CompiledFilter
@@ -49,13 +50,14 @@ def _readable_queue(topic: TopicConfig, queue_id: int) -> None:
 
 
 def by_id(
-    store: Store, topics: list[TopicConfig], message_id: str, named: str | None
+    store: Store, store_topics: Iterable[str], message_id: str, named: str | None
 ) -> list[MessageView]:
-    """Messages with this id in ``topics`` (``named``: the topic the caller asked for, if any)."""
+    """Messages with this id in ``store_topics`` (store topic names: a lite topic's queue is
+    one of its own; ``named``: the topic the caller asked for, if any)."""
     found = [
         MessageView.of(stored)
-        for topic in topics
-        for stored in store.query_by_key(topic.name, message_id, max_results=_ID_RESULTS_PER_TOPIC)
+        for name in store_topics
+        for stored in store.query_by_key(name, message_id, max_results=_ID_RESULTS_PER_TOPIC)
         if stored.unique_id == message_id
     ]
     if not found:

@@ -263,10 +263,17 @@ class Snapshot:
     receipt_key: bytes
     next_epoch: int
     topics: list[TopicConsumption]
+    journal_offset: int = 0  # the %HM_POP% records it holds (pop_journal.py)
+    journal_end: int = 0  # the journal's end once this snapshot's records were appended
 
 
 def write_snapshot(
-    path: Path, receipt_key: bytes, next_epoch: int, topics: list[dict[str, Any]]
+    path: Path,
+    receipt_key: bytes,
+    next_epoch: int,
+    topics: list[dict[str, Any]],
+    journal_offset: int = 0,
+    journal_end: int = 0,
 ) -> None:
     """Atomically replace ``path``: write a temp file, fsync, rename, fsync the directory."""
     document = {
@@ -274,6 +281,8 @@ def write_snapshot(
         "receipt_key": receipt_key.hex(),
         "next_epoch": next_epoch,
         "topics": topics,
+        "journal_offset": journal_offset,
+        "journal_end": journal_end,
     }
     data = json.dumps(document, separators=(",", ":")).encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -294,6 +303,8 @@ def read_snapshot(path: Path) -> Snapshot | None:
             receipt_key=bytes.fromhex(document["receipt_key"]),
             next_epoch=int(document["next_epoch"]),
             topics=[TopicConsumption.from_json(t) for t in document["topics"]],
+            journal_offset=int(document.get("journal_offset", 0)),
+            journal_end=int(document.get("journal_end", 0)),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise CorruptionError(

@@ -22,6 +22,10 @@ Calling conventions:
   (``asyncio.wrap_future``). The plain form of the same call waits for it.
 - Errors are :class:`halfmoon.errors.HalfmoonError` subclasses with stable
   codes; each front end maps them to its own wire format.
+- A broker a network hop away may also be :class:`SendsAsync`: its sends are
+  awaited on the front end's event loop (coalesced there), no worker thread;
+  and :class:`WatchesArrivals`: it sends arrival wake-ups only for the topics
+  the front end's long polls wait on.
 """
 
 from __future__ import annotations
@@ -29,14 +33,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from halfmoon.broker.browse import ScanResult
 from halfmoon.broker.config import BrokerConfig
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.groups import GroupConfig, RetryPolicy
 from halfmoon.broker.lite import OffsetOption, UnsubscribeNotifier
-from halfmoon.broker.message import MessageType, MessageView, OutgoingMessage
+from halfmoon.broker.message import MessageType, MessageView, OutgoingMessage, Received
 from halfmoon.broker.produce import SendResult
 from halfmoon.broker.statistics import TrafficRow
 from halfmoon.broker.stats import BrokerStatus
@@ -44,10 +48,12 @@ from halfmoon.broker.topics import TopicConfig
 from halfmoon.broker.transaction_state import TxnState
 from halfmoon.broker.transactions import (
     CheckSender,
+    EndRequest,
     EndResult,
     TransactionInfo,
     TransactionStats,
 )
+from halfmoon.errors import HalfmoonError
 from halfmoon.store.api import GetStatus, StoreStats
 
 T = TypeVar("T")
@@ -60,6 +66,34 @@ class Written(Generic[T]):
 
     result: T
     durable: Future[None]
+
+
+@runtime_checkable
+class SendsAsync(Protocol):
+    """A broker whose sends an event loop can await (a proxy's, over the internal protocol)."""
+
+    async def send_async(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
+        """``send`` on the caller's event loop: the results once durable. May raise what
+        ``send`` raises; must be awaited on the loop the broker's sends first ran on."""
+        ...
+
+
+@runtime_checkable
+class WatchesArrivals(Protocol):
+    """A broker that calls an arrival listener only for the topics it is told to watch."""
+
+    def add_watched_arrival_listener(self, callback: Callable[[str, int], None]) -> None:
+        """As ``add_arrival_listener``, for watched topics only; watching a topic also calls
+        it once for that topic (something may have arrived before the watch took effect)."""
+        ...
+
+    def watch_arrivals(self, topics: Sequence[str]) -> None:
+        """Watch ``topics`` from now on (any thread; never blocks)."""
+        ...
+
+    def unwatch_arrivals(self, topics: Sequence[str]) -> None:
+        """Stop watching ``topics`` (any thread; never blocks)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -173,8 +207,10 @@ class Broker(Protocol):
         queue_count: int | None = None,
         perm: str | None = None,
         message_type: MessageType | None = None,
+        trace: bool | None = None,
     ) -> TopicConfig:
-        """Change queues, permission or type; shrunk queues stay readable until drained."""
+        """Change queues, permission, type or the trace switch; shrunk queues stay readable
+        until drained."""
         ...
 
     def delete_topic(self, name: str) -> None:
@@ -310,6 +346,14 @@ class Broker(Protocol):
         pending (not a group member) or recently decided."""
         ...
 
+    def end_transactions_nowait(
+        self, requests: Sequence[EndRequest]
+    ) -> list[Written[EndResult] | HalfmoonError]:
+        """Many :meth:`end_transaction_nowait` calls at once, in order; each request's error in
+        its place. The local broker writes every decision with one store append (and one
+        durable future); cheap, in the sense above, when each id is."""
+        ...
+
     def end_transaction_group(
         self,
         group_id: str,
@@ -412,6 +456,28 @@ class Broker(Protocol):
         """
         ...
 
+    def receive_nowait(
+        self,
+        group: str,
+        topic: str,
+        filter: FilterSpec,
+        batch_size: int,
+        invisible_ms: int,
+        client_id: str = "",
+        queue_id: int | None = None,
+    ) -> Received | None:
+        """As :meth:`receive` when that can neither block nor write; None when it might.
+
+        Cheap enough for an event loop: reads of the page cache and bookkeeping in
+        memory. When it finds nothing, ``next_wakeup_ms`` is :meth:`next_wakeup_ms`'s
+        answer, so a long poll parks without another call. None (do call
+        :meth:`receive`, from a worker thread) when the group's state is busy with
+        another call, a delivery is due again (redelivery may dead-letter), the group
+        trails a queue far enough that the read may come from disk, the topic or group
+        would be created, or the broker is remote.
+        """
+        ...
+
     def next_wakeup_ms(self, group: str, topic: str, client_id: str = "") -> int | None:
         """When a message of ``topic`` next becomes visible to ``group`` again (epoch ms).
 
@@ -426,6 +492,18 @@ class Broker(Protocol):
 
         On a lite parent topic, ``lite_topic`` names the lite topic (None: the one the
         receipt handle names); likewise for the two calls below.
+        """
+        ...
+
+    def ack_nowait(
+        self, group: str, topic: str, receipt_handles: Sequence[str]
+    ) -> list[Exception | None] | None:
+        """Ack a batch of handles of an ordinary topic at once when that cannot block.
+
+        Per handle None (acked) or the error :meth:`ack` would have raised; None
+        (nothing acked: call :meth:`ack` per handle from a worker thread) when the
+        group's state is busy with another call, the topic is a lite parent, or the
+        broker is remote. Bookkeeping in memory only: an event loop may call it.
         """
         ...
 
@@ -495,6 +573,23 @@ class Broker(Protocol):
         """Read from one queue at ``offset``; no consumer state changes."""
         ...
 
+    def bulk_read(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        max_bytes: int,
+        filter: FilterSpec,
+        end_offset: int | None = None,
+    ) -> PullResult:
+        """:meth:`pull` for bulk readers (Spark, halfmoon's PullConsumer): up to
+        ``max_messages`` (1 to 16,384) and about ``max_bytes`` (1 B to 16 MiB; at least one
+        message) of the queue's messages from ``offset``, none at or past ``end_offset``
+        (None: no end; ``next_offset`` never passes it). No consumer state changes."""
+        ...
+
     def get_offset(self, group: str, topic: str, queue_id: int) -> int:
         """The group's committed offset; OffsetNotFound when it has none."""
         ...
@@ -527,6 +622,13 @@ class Broker(Protocol):
         the id); MessageNotFound when there is none, TopicNotFound for an unknown topic."""
         ...
 
+    def message_trace(self, message_id: str) -> list[dict[str, Any]]:
+        """What the broker recorded about the message with this id, oldest first
+        (halfmoon/broker/trace.py): deliveries, acks, retries, dead-lettering of every stored
+        copy, and a transactional message's history. Each event is a map with ``time_ms``,
+        ``event`` and its fields; [] when nothing was recorded."""
+        ...
+
     def messages_by_key(
         self, topic: str, key: str, begin_ms: int, end_ms: int, limit: int
     ) -> list[MessageView]:
@@ -557,3 +659,23 @@ class Broker(Protocol):
         say where to continue.
         """
         ...
+
+
+def end_each(
+    broker: Broker, requests: Sequence[EndRequest]
+) -> list[Written[EndResult] | HalfmoonError]:
+    """:meth:`Broker.end_transactions_nowait` for brokers that cannot batch decisions: one
+    :meth:`Broker.end_transaction_nowait` call per request, each error in its place. Such
+    brokers answer :meth:`Broker.transaction_ends_cheaply` with False, so the server batches
+    nothing for them and this only serves callers that batch anyway."""
+    answers: list[Written[EndResult] | HalfmoonError] = []
+    for r in requests:
+        try:
+            answers.append(
+                broker.end_transaction_nowait(
+                    r.topic, r.message_id, r.transaction_id, r.resolution, r.source
+                )
+            )
+        except HalfmoonError as exc:
+            answers.append(exc)
+    return answers

@@ -66,6 +66,7 @@ from halfmoon.broker.lite_names import (
 from halfmoon.broker.message import MessageView
 from halfmoon.broker.pop import DeadLetter, PopGroupSettings, PopService
 from halfmoon.broker.receipt import InvalidReceiptHandle
+from halfmoon.broker.trace import TraceRecorder
 from halfmoon.errors import InvalidArgument, NotFound
 from halfmoon.store.api import Store
 
@@ -292,6 +293,16 @@ class LiteTopics:
                     "broker.max_lite_topics_per_topic"
                 )
             known.add(lite_topic)
+
+    def trace_with(self, recorder: TraceRecorder) -> None:
+        """Record acks and invisibility changes of lite deliveries in the broker's trace."""
+        self._pop.trace = recorder
+
+    def queue_topics(self, topic: str) -> list[str]:
+        """The store topic of each lite topic of ``topic`` (one queue each)."""
+        with self._lock:
+            names = sorted(self._index.get(topic, ()))
+        return [lite_queue_topic_unchecked(topic, name) for name in names]
 
     def lite_topics(self, topic: str) -> list[dict[str, object]]:
         """Each lite topic of ``topic``: its offsets and how many clients subscribe to it."""

@@ -104,6 +104,9 @@ class OutgoingMessage:
     check_immunity_seconds: int | None = None
     priority: int | None = None  # PRIORITY messages only, >= 0
     lite_topic: str | None = None  # LITE messages only
+    # The id of the dead letter this message resends (an operator's resend): the message
+    # trace links the two. Not stored with the message.
+    resent_from: str | None = None
 
     def to_store(self, topic: str | None = None, queue_id: int = 0) -> Message:
         """The store record for this message (user and system properties merged)."""
@@ -232,3 +235,13 @@ def new_message_id() -> str:
         counter = _id_counter
     seconds = int(time.time()) & 0xFFFFFFFF
     return f"01{_id_prefix}{os.getpid() & 0xFFFF:04X}{seconds:08X}{counter:08X}"
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """What a receive that could not block found: ``views``, and when nothing was found,
+    when an in-flight message of the group may next become deliverable (epoch ms; None:
+    nothing in flight), so a long poll knows how long it may park."""
+
+    views: list[MessageView]
+    next_wakeup_ms: int | None = None

@@ -55,8 +55,14 @@ from halfmoon.broker.consumption import (
     TopicConsumption,
 )
 from halfmoon.broker.filter import MessageFilter
-from halfmoon.broker.message import MessageView
-from halfmoon.broker.pop_state import PopGroupSettings, PopStates, default_hot_data_bytes
+from halfmoon.broker.message import MessageView, Received
+from halfmoon.broker.pop_journal import PopJournal
+from halfmoon.broker.pop_state import (
+    PopGroupSettings,
+    PopStates,
+    default_hot_data_bytes,
+    next_wakeup_locked,
+)
 from halfmoon.broker.receipt import (
     MIN_CHANGE_INVISIBLE_MS,
     MIN_RECEIVE_INVISIBLE_MS,
@@ -65,6 +71,7 @@ from halfmoon.broker.receipt import (
     check_invisible_ms,
 )
 from halfmoon.broker.revive import ReviveQueue
+from halfmoon.broker.trace import TraceRecorder, position_key
 from halfmoon.errors import InvalidArgument
 from halfmoon.store.api import GetStatus, Store
 from halfmoon.store.message import StoredMessage
@@ -77,6 +84,9 @@ DEAD_LETTER_RETRY_MS = 1_000
 # (each read scans a bounded number of entries), so a filter that matches
 # nothing cannot make one receive walk a whole queue.
 MAX_READS_PER_QUEUE = 4
+# receive_nowait declines a group this many messages (or more) behind a queue's end: what
+# it would read was written long ago and may have to come from disk (a worker's job).
+LOOP_BACKLOG_LIMIT = 4096
 
 DeadLetter = Callable[[str, StoredMessage, int], None]
 
@@ -87,6 +97,24 @@ __all__ = [
     "PopService",
     "default_hot_data_bytes",
 ]
+
+
+def _nothing_in_flight(group: str, topic: str) -> InvalidReceiptHandle:
+    return InvalidReceiptHandle(
+        f"group {group!r} has nothing in flight on topic {topic!r}: "
+        "the handle is from another group or its delivery is over"
+    )
+
+
+def _any_expired(state: TopicConsumption, queue_ids: list[int], now: int) -> bool:
+    """Whether a delivery in one of these queues is visible again (due for redelivery)."""
+    for queue_id in queue_ids:
+        queue = state.queues.get(queue_id)
+        if queue is not None and queue.inflight:
+            visible_at = queue.next_visible_at()
+            if visible_at is not None and visible_at <= now:
+                return True
+    return False
 
 
 class PopService(PopStates):
@@ -104,6 +132,7 @@ class PopService(PopStates):
         min_receive_invisible_ms: int = MIN_RECEIVE_INVISIBLE_MS,
         hot_data_bytes: int = 0,
         priority_order: Callable[[str], bool] = lambda topic: False,
+        journal: PopJournal | None = None,
     ) -> None:
         super().__init__(
             store,
@@ -112,6 +141,7 @@ class PopService(PopStates):
             group_settings=group_settings,
             state_path=state_path,
             hot_data_bytes=hot_data_bytes,
+            journal=journal,
         )
         self._dead_letter = dead_letter
         self._min_receive_invisible_ms = min_receive_invisible_ms
@@ -128,6 +158,7 @@ class PopService(PopStates):
         )
         for state in self._states.values():  # restored from the snapshot
             self._revive.watch_restored(state)
+        self.trace: TraceRecorder | None = None  # acks and changes of invisibility
 
     # -- receive -------------------------------------------------------------
 
@@ -146,16 +177,57 @@ class PopService(PopStates):
         not readable). Non-blocking: [] when nothing is available (see
         :meth:`next_wakeup_ms`).
         """
+        received = self._receive(group, topic, matcher, batch_size, invisible_ms, queue_id, True)
+        assert received is not None  # a blocking receive always answers
+        return received.views
+
+    def receive_nowait(
+        self,
+        group: str,
+        topic: str,
+        matcher: MessageFilter | None,
+        batch_size: int,
+        invisible_ms: int,
+        queue_id: int | None = None,
+    ) -> Received | None:
+        """:meth:`receive` when it needs neither to wait nor to write; None when it would.
+
+        It would wait for the (group, topic) lock another receive or ack holds,
+        it would write when an expired delivery is due (a redelivery may
+        dead-letter, which appends to the store, durably), and it may read from
+        disk when the group trails a queue by more than
+        :data:`LOOP_BACKLOG_LIMIT` messages. Then the caller
+        runs :meth:`receive` where blocking is fine (a worker thread). What is
+        left is reading the queues and bookkeeping in memory: an event loop may
+        call this. When it finds nothing it also says when an in-flight message is
+        next due (:meth:`next_wakeup_ms`, read under the same hold of the lock).
+        """
+        return self._receive(group, topic, matcher, batch_size, invisible_ms, queue_id, False)
+
+    def _receive(
+        self,
+        group: str,
+        topic: str,
+        matcher: MessageFilter | None,
+        batch_size: int,
+        invisible_ms: int,
+        queue_id: int | None,
+        blocking: bool,
+    ) -> Received | None:
         check_invisible_ms(invisible_ms, self._min_receive_invisible_ms)
         if batch_size < 1:
             raise InvalidArgument(f"batch size must be at least 1, got {batch_size}")
         queue_ids = self._topic_queues(topic)
         if not queue_ids:
-            return []
+            return Received([])
         settings = self._group_settings(group)
         state = self._state(group, topic)
         out: list[MessageView] = []
-        with state.lock:
+        if not state.lock.acquire(blocking):
+            return None
+        try:
+            if not blocking and not state.queues:
+                return None  # first contact: where the group starts may read the store's past
             self._ensure_queues(state, queue_ids, settings)
             now = self._clock.now_ms()
             if queue_id is not None:
@@ -163,16 +235,35 @@ class PopService(PopStates):
             elif not settings.fifo and self._priority_order(topic):
                 walk = list(queue_ids)  # highest priority first, every time
             else:
-                start = state.rotation
-                state.rotation = (start + 1) % len(queue_ids)
-                walk = queue_ids[start:] + queue_ids[:start]
+                walk = queue_ids[state.rotation :] + queue_ids[: state.rotation]
+            if not blocking and (_any_expired(state, walk, now) or self._far_behind(state, walk)):
+                return None
+            if queue_id is None and (settings.fifo or not self._priority_order(topic)):
+                state.rotation = (state.rotation + 1) % len(queue_ids)
             for walked in walk:
                 self._receive_queue(
                     state, walked, settings, matcher, batch_size, now, invisible_ms, out
                 )
                 if len(out) >= batch_size:
                     break
-        return out
+            if out or blocking:
+                return Received(out)
+            return Received(out, next_wakeup_locked(state, now))
+        finally:
+            state.lock.release()
+
+    def _far_behind(self, state: TopicConsumption, queue_ids: list[int]) -> bool:
+        """Whether the group's cursor in one of these queues trails the queue's end by more
+        than :data:`LOOP_BACKLOG_LIMIT` messages: old data may no longer be in the page
+        cache, and a read that faults it in from disk must not stall an event loop."""
+        max_offset = self._store.max_offset
+        for queue_id in queue_ids:
+            queue = state.queues.get(queue_id)
+            if queue is not None and (
+                max_offset(state.topic, queue_id) - queue.cursor > LOOP_BACKLOG_LIMIT
+            ):
+                return True
+        return False
 
     def _receive_queue(
         self,
@@ -385,10 +476,86 @@ class PopService(PopStates):
         """Mark the delivery ``handle`` names as consumed."""
         receipt = self._decode(topic, handle)
         state = self._state_for_handle(group, topic)
+        end = None
         with state.lock:
-            queue, _ = self._in_flight(state, receipt)
+            queue, entry = self._in_flight(state, receipt)
             queue.complete(receipt.queue_offset)
             state.dirty = True
+            if self._journal is not None:
+                end = self._journal.record_acks(
+                    group, topic, {receipt.queue_id: [receipt.queue_offset]}
+                )
+        if end is not None:
+            self._wait_journaled(end)
+        if self.trace is not None:
+            self.trace.record(
+                position_key(entry.commit_log_offset), topic, "acked",
+                group=group, attempt=entry.attempt,
+            )  # fmt: skip
+
+    def _wait_journaled(self, end: int) -> None:
+        """The ack answers once its record is durable as the store acknowledges writes (under
+        sync replication: on the in-sync replicas; NOT_ENOUGH_REPLICAS when too few)."""
+        assert self._journal is not None
+        self._journal.wait(end)
+
+    def ack_many(
+        self, group: str, topic: str, handles: list[str], *, blocking: bool = True
+    ) -> list[Exception | None] | None:
+        """Ack every handle under one hold of the group's lock: per handle None (acked) or the
+        error :meth:`ack` would have raised. Without ``blocking``, None at once when the lock
+        is busy (nothing acked), so an event loop may call it; also None with a journal (a
+        broker group), where the answer waits for the batch's record to be durable.
+        With ``blocking`` and a journal, one record for the batch, waited for once: an error
+        of that wait (e.g. NOT_ENOUGH_REPLICAS) is every acked handle's result."""
+        results: list[Exception | None] = [None] * len(handles)
+        receipts: list[tuple[int, ReceiptHandle]] = []
+        for index, handle in enumerate(handles):
+            try:
+                receipts.append((index, self._decode(topic, handle)))
+            except InvalidReceiptHandle as exc:
+                results[index] = exc
+        if not receipts:
+            return results
+        state = self._states.get((group, topic))
+        if state is None:
+            error = _nothing_in_flight(group, topic)
+            return [error if r is None else r for r in results]
+        if not blocking and self._journal is not None:
+            return None  # appending and waiting for durability are a worker's job
+        if not state.lock.acquire(blocking):
+            return None
+        acked: list[InFlight] = []
+        acked_offsets: dict[int, list[int]] = {}
+        end = None
+        try:
+            for index, receipt in receipts:
+                try:
+                    queue, entry = self._in_flight(state, receipt)
+                except InvalidReceiptHandle as exc:
+                    results[index] = exc
+                    continue
+                queue.complete(receipt.queue_offset)
+                state.dirty = True
+                acked.append(entry)
+                acked_offsets.setdefault(receipt.queue_id, []).append(receipt.queue_offset)
+            if self._journal is not None and acked_offsets:
+                end = self._journal.record_acks(group, topic, acked_offsets)
+        finally:
+            state.lock.release()
+        if end is not None:
+            try:
+                self._wait_journaled(end)
+            except Exception as exc:  # noqa: BLE001 - the batch's answer: every ack it held
+                failed = {index for index, _ in receipts if results[index] is None}
+                return [exc if index in failed else r for index, r in enumerate(results)]
+        if self.trace is not None:
+            for entry in acked:
+                self.trace.record(
+                    position_key(entry.commit_log_offset), topic, "acked",
+                    group=group, attempt=entry.attempt,
+                )  # fmt: skip
+        return results
 
     def change_invisible_duration(
         self, group: str, topic: str, handle: str, invisible_ms: int
@@ -406,6 +573,11 @@ class PopService(PopStates):
             if entry.attempt >= max_attempts:
                 self._watch(state, receipt.queue_id, receipt.queue_offset, entry)
             state.dirty = True
+            if self.trace is not None:
+                self.trace.record(
+                    position_key(entry.commit_log_offset), topic, "invisible_changed",
+                    group=group, attempt=entry.attempt, invisible_ms=invisible_ms,
+                )  # fmt: skip
             return self._codec.encode(
                 ReceiptHandle(
                     topic,
@@ -509,10 +681,7 @@ class PopService(PopStates):
     def _state_for_handle(self, group: str, topic: str) -> TopicConsumption:
         state = self._states.get((group, topic))
         if state is None:
-            raise InvalidReceiptHandle(
-                f"group {group!r} has nothing in flight on topic {topic!r}: "
-                "the handle is from another group or its delivery is over"
-            )
+            raise _nothing_in_flight(group, topic)
         return state
 
     def _in_flight(

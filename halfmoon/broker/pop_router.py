@@ -11,9 +11,10 @@ from halfmoon.broker.access import check_queue
 from halfmoon.broker.config import BrokerConfig
 from halfmoon.broker.filter_spec import FilterCache, FilterSpec
 from halfmoon.broker.lite import LiteTopics
-from halfmoon.broker.message import MessageType, MessageView
+from halfmoon.broker.message import MessageType, MessageView, Received
 from halfmoon.broker.pop import PopService
 from halfmoon.broker.topics import TopicConfig, TopicRegistry
+from halfmoon.broker.trace import TraceRecorder, position_key
 
 
 class PopRouter:
@@ -27,6 +28,8 @@ class PopRouter:
         *,
         check_consumable: Callable[[str, str], TopicConfig],
         delivered: Callable[[str, str, int], None],
+        find_group: Callable[[str], object | None],
+        trace: TraceRecorder | None = None,
     ) -> None:
         self._pop = pop
         self._lite = lite
@@ -35,6 +38,8 @@ class PopRouter:
         self._config = config
         self._check_consumable = check_consumable
         self._delivered = delivered  # (group, topic, count): the traffic counters
+        self._find_group = find_group  # no auto-creation
+        self._trace = trace
 
     def receive(
         self,
@@ -59,8 +64,59 @@ class PopRouter:
             views = self._pop.receive(
                 group, topic, compiled.compiled, batch_size, invisible_ms, queue_id
             )
-        self._delivered(group, topic, len(views))
+        self._after_delivery(group, topic, client_id, invisible_ms, views)
         return views
+
+    def _after_delivery(
+        self, group: str, topic: str, client_id: str, invisible_ms: int, views: list[MessageView]
+    ) -> None:
+        """The traffic counters and the message traces of a receive's deliveries."""
+        self._delivered(group, topic, len(views))
+        trace = self._trace
+        if views and trace is not None and trace.enabled(topic):
+            for view in views:
+                trace.add(
+                    position_key(view.commit_log_offset),
+                    "delivered",
+                    {
+                        "group": group,
+                        "attempt": view.delivery_attempt,
+                        "mode": "pop",
+                        "client": client_id,
+                        "invisible_ms": invisible_ms,
+                    },
+                )
+
+    def receive_nowait(
+        self,
+        group: str,
+        topic: str,
+        filter: FilterSpec,
+        batch_size: int,
+        invisible_ms: int,
+        client_id: str = "",
+        queue_id: int | None = None,
+    ) -> Received | None:
+        """:meth:`receive` if it can neither block nor write; None when it might (then call
+        :meth:`receive` from a worker thread). Only an existing group's receive from an
+        existing ordinary topic qualifies: the rest may create metadata on disk, and a lite
+        topic's receive walks its own service."""
+        config = self._topics.find(topic)
+        if config is None or config.message_type is MessageType.LITE:
+            return None
+        if self._find_group(group) is None:
+            return None
+        config = self._check_consumable(group, topic)
+        if queue_id is not None:
+            check_queue(config, queue_id)
+        compiled = self._filters.get(filter)
+        invisible_ms = invisible_ms or self._config.default_invisible_ms
+        received = self._pop.receive_nowait(
+            group, topic, compiled.compiled, batch_size, invisible_ms, queue_id
+        )
+        if received is not None:
+            self._after_delivery(group, topic, client_id, invisible_ms, received.views)
+        return received
 
     def subscribe(self, group: str, topic: str) -> None:
         if self._check_consumable(group, topic).message_type is not MessageType.LITE:
@@ -73,6 +129,13 @@ class PopRouter:
             self._lite.ack(group, topic, lite_topic, receipt_handle)
         else:
             self._pop.ack(group, topic, receipt_handle)
+
+    def ack_nowait(
+        self, group: str, topic: str, receipt_handles: list[str]
+    ) -> list[Exception | None] | None:
+        if self._is_lite(topic):
+            return None  # per lite topic, on a worker
+        return self._pop.ack_many(group, topic, receipt_handles, blocking=False)
 
     def change_invisible_duration(
         self,

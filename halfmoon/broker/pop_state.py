@@ -9,11 +9,14 @@ adds the deliveries (receive, ack and friends) on top.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from halfmoon.broker.clock import Clock
 from halfmoon.broker.consumption import (
@@ -22,9 +25,17 @@ from halfmoon.broker.consumption import (
     read_snapshot,
     write_snapshot,
 )
+from halfmoon.broker.pop_journal import (
+    FULL_EVERY_S,
+    MAX_INFLIGHT_JOURNALED,
+    PopJournal,
+    QueueKey,
+)
 from halfmoon.broker.receipt import ReceiptCodec, new_receipt_key
 from halfmoon.store.api import Store
 from halfmoon.store.message import StoredMessage
+
+log = logging.getLogger(__name__)
 
 
 def default_hot_data_bytes() -> int:
@@ -59,7 +70,10 @@ class PopStates:
         group_settings: Callable[[str], PopGroupSettings],
         state_path: Path | None,
         hot_data_bytes: int = 0,
+        journal: PopJournal | None = None,
     ) -> None:
+        """``journal``: positions also go to the commit log (:mod:`pop_journal`), as a
+        broker group's master needs, and are replayed from it here."""
         self._store = store
         self._clock = clock
         self._topic_queues = topic_queues
@@ -71,6 +85,15 @@ class PopStates:
         self._snapshot_lock = threading.Lock()
         self._membership_changed = False  # a state was dropped since the last snapshot
         snapshot = read_snapshot(state_path) if state_path is not None else None
+        if journal is not None and snapshot is not None and snapshot.journal_end > journal.end:
+            # The snapshot holds records this log does not (a tail lost to a crash under an
+            # async flush, or cut when a deposed master rejoined): the log is the truth.
+            log.warning(
+                "event=pop_snapshot_ahead_of_log journal_end=%d end=%d",
+                snapshot.journal_end, journal.end,
+            )  # fmt: skip
+            snapshot.topics = []
+            snapshot.journal_offset = 0
         self._codec = ReceiptCodec(snapshot.receipt_key if snapshot else new_receipt_key())
         # Epochs must never repeat, even across a crash that lost the last
         # snapshot: start above both the saved counter and 1024 per elapsed ms.
@@ -79,6 +102,69 @@ class PopStates:
         if snapshot:
             for state in snapshot.topics:
                 self._states[(state.group, state.topic)] = state
+        self._journal = journal
+        # Each queue's position as last journaled; a queue whose position differs is
+        # journaled at the next snapshot.
+        self._journaled: dict[QueueKey, dict[str, Any]] = {}
+        self._journaled_all_s = 0.0
+        self._journal_mark = 0
+        if journal is not None:
+            self._journal_mark = journal.replay(
+                snapshot.journal_offset if snapshot else 0,
+                self._replayed,
+                self._replayed_drop,
+                self._replayed_acks,
+            )
+            self._journaled_all_s = time.monotonic()
+
+    def _replayed(self, key: QueueKey, document: dict[str, Any]) -> None:
+        """A journaled queue newer than the snapshot (on a new master: all of them)."""
+        group, topic, queue_id = key
+        state = self._state(group, topic)
+        queue = state.queues.get(queue_id)
+        if "cursor" in document:  # the whole queue: what was in flight comes back at once
+            state.queues[queue_id] = QueueConsumption.from_json(document)
+        elif queue is None:
+            state.queues[queue_id] = QueueConsumption(int(document["committed"]))
+        elif queue.committed != int(document["committed"]):
+            queue.reset(int(document["committed"]))  # what it had in flight comes again
+        state.dirty = True
+        self._journaled[key] = document
+
+    def _replayed_acks(self, key: QueueKey, offsets: list[int]) -> None:
+        """Acks journaled after the queue's last state record: consumed, never delivered
+        again (idempotent: a record the snapshot already reflects changes nothing)."""
+        group, topic, queue_id = key
+        state = self._states.get((group, topic))
+        queue = state.queues.get(queue_id) if state is not None else None
+        if state is None or queue is None:
+            return  # the group was dropped (or reset) after it
+        for offset in offsets:
+            if offset >= queue.committed:
+                queue.mark_done(offset)
+        state.dirty = True
+
+    def _replayed_drop(self, group: str) -> None:
+        for key in [key for key in self._states if key[0] == group]:
+            del self._states[key]
+            self._membership_changed = True
+        for queue_key in [k for k in self._journaled if k[0] == group]:
+            del self._journaled[queue_key]
+
+    def _journal_state(self, state: TopicConsumption, every: bool = False) -> None:
+        """Journal the queues of ``state`` that changed (all with ``every``); called with
+        ``state.lock`` held, so records of one queue are appended in the order it changed."""
+        if self._journal is None or not (state.dirty or every):
+            return
+        changed = []
+        for queue_id, queue in state.queues.items():
+            key = (state.group, state.topic, queue_id)
+            document = journal_document(queue)
+            if every or self._journaled.get(key) != document:
+                changed.append((key, document))
+        if changed:
+            self._journal.record(changed)
+            self._journaled.update(changed)
 
     # -- queries and administration ------------------------------------------
 
@@ -104,17 +190,8 @@ class PopStates:
         state = self._states.get((group, topic))
         if state is None:
             return None
-        earliest: int | None = None
         with state.lock:
-            now = self._clock.now_ms()
-            for queue in state.queues.values():
-                if queue.ordered and queue.fifo_blocked(now):
-                    wake: int | None = max(queue.inflight[o].visible_at for o in queue.ordered)
-                else:
-                    wake = queue.next_visible_at()
-                if wake is not None and (earliest is None or wake < earliest):
-                    earliest = wake
-        return earliest
+            return next_wakeup_locked(state, self._clock.now_ms())
 
     def progress(self, group: str, topic: str) -> list[tuple[int, int, int, int]]:
         """(queue_id, committed, cursor, inflight_count) for each queue the group has touched."""
@@ -133,6 +210,10 @@ class PopStates:
             for key in [key for key in self._states if key[0] == group]:
                 del self._states[key]
                 self._membership_changed = True
+            if self._journal is not None:
+                self._journal.record_drop(group)
+                for queue_key in [k for k in self._journaled if k[0] == group]:
+                    del self._journaled[queue_key]
 
     def reset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """Restart ``group`` at ``offset`` in one queue; its in-flight deliveries there die."""
@@ -144,6 +225,7 @@ class PopStates:
             else:
                 queue.reset(offset)
             state.dirty = True
+            self._journal_state(state)
 
     # -- persistence ---------------------------------------------------------
 
@@ -156,17 +238,32 @@ class PopStates:
                 states = list(self._states.values())
                 changed = self._membership_changed
                 self._membership_changed = False
+            # Taken first: every record before it reflects a change the documents below hold.
+            mark = self._journal.end if self._journal is not None else 0
             documents = []
+            every = (
+                self._journal is not None
+                and time.monotonic() - self._journaled_all_s >= FULL_EVERY_S
+            )
+            if every:
+                self._journaled_all_s = time.monotonic()
             try:
                 for state in states:
                     with state.lock:
+                        self._journal_state(state, every)
                         if state.dirty or state.saved is None:
                             state.saved = state.to_json()
                             state.dirty = False
                             changed = True
                         documents.append(state.saved)
-                if changed:
-                    write_snapshot(self._state_path, self._codec.key, next(self._epochs), documents)
+                if changed or mark != self._journal_mark:
+                    # Every record this snapshot reflects lies below ``end``: a log ending
+                    # before it lost some (opening sets such a snapshot aside).
+                    end = self._journal.end if self._journal is not None else 0
+                    write_snapshot(
+                        self._state_path, self._codec.key, next(self._epochs), documents, mark, end
+                    )
+                    self._journal_mark = mark
             except BaseException:
                 self._membership_changed = True  # make the next snapshot write
                 raise
@@ -207,6 +304,11 @@ class PopStates:
                 start = self._store.min_offset(state.topic, queue_id)
             queues[queue_id] = QueueConsumption(start)
             state.dirty = True
+        if first_contact:
+            # Where the group starts is journaled at once: a new master must not take its
+            # first receive there for a first contact (starting at the latest offset, it
+            # would skip what was sent since).
+            self._journal_state(state)
 
     def _auto_start(self, topic: str, queue_id: int) -> int:
         """RocketMQ 5's first pop position (``PopMessageProcessor.getInitOffset``, mode MAX).
@@ -232,3 +334,24 @@ class PopStates:
         if result.messages and result.messages[0].queue_offset == offset:
             return result.messages[0]
         return None
+
+
+def journal_document(queue: QueueConsumption) -> dict[str, Any]:
+    """What :mod:`pop_journal` records of a queue: the whole queue (its snapshot form) while
+    few are in flight, else only the committed position (bounding a record's size)."""
+    if len(queue.inflight) <= MAX_INFLIGHT_JOURNALED:
+        return queue.to_json()
+    return {"committed": queue.committed}
+
+
+def next_wakeup_locked(state: TopicConsumption, now: int) -> int | None:
+    """:meth:`PopStates.next_wakeup_ms` of one state; called with ``state.lock`` held."""
+    earliest: int | None = None
+    for queue in state.queues.values():
+        if queue.ordered and queue.fifo_blocked(now):
+            wake: int | None = max(queue.inflight[o].visible_at for o in queue.ordered)
+        else:
+            wake = queue.next_visible_at()
+        if wake is not None and (earliest is None or wake < earliest):
+            earliest = wake
+    return earliest

@@ -22,6 +22,10 @@ from halfmoon.errors import InvalidArgument
 from halfmoon.store.api import GetStatus, Store
 
 MAX_PULL_BATCH = 1024
+# Bulk reads (halfmoon.v1.BulkRead, docs/bulk-read.md): many messages per answer, bounded by
+# count and bytes. The byte cap keeps one answer well under a gRPC message's usual limits.
+MAX_BULK_MESSAGES = 16384
+MAX_BULK_BYTES = 16 * 1024 * 1024
 
 
 class PullService:
@@ -57,18 +61,73 @@ class PullService:
         batch_size: int,
         filter: FilterSpec,
     ) -> PullResult:
+        if not 1 <= batch_size <= MAX_PULL_BATCH:
+            raise InvalidArgument(f"batch size must be 1 to {MAX_PULL_BATCH}, got {batch_size}")
+        return self._read(group, topic, queue_id, offset, batch_size, 4 * 1024 * 1024, filter)
+
+    def bulk_read(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        max_bytes: int,
+        filter: FilterSpec,
+        end_offset: int | None = None,
+    ) -> PullResult:
+        """:meth:`pull` with bigger answers, bounded by count and bytes, and never past
+        ``end_offset`` (exclusive; None: the queue's end)."""
+        if offset < 0:
+            raise IllegalOffset(f"offset must be >= 0, got {offset}")
+        if not 1 <= max_messages <= MAX_BULK_MESSAGES:
+            raise InvalidArgument(
+                f"max_messages must be 1 to {MAX_BULK_MESSAGES}, got {max_messages}"
+            )
+        if not 1 <= max_bytes <= MAX_BULK_BYTES:
+            raise InvalidArgument(f"max_bytes must be 1 to {MAX_BULK_BYTES}, got {max_bytes}")
+        if end_offset is not None:
+            if end_offset < offset:
+                raise IllegalOffset(
+                    f"end_offset {end_offset} is before offset {offset}; ask for [offset, end)"
+                )
+            if end_offset == offset:  # an empty range: nothing to read, nothing lost
+                config = self._check_consumable(group, topic)
+                check_queue(config, queue_id)
+                low = self._store.min_offset(topic, queue_id)
+                high = self._store.max_offset(topic, queue_id)
+                return PullResult(GetStatus.NO_MESSAGE, [], offset, low, high)
+            max_messages = min(max_messages, end_offset - offset)
+        result = self._read(group, topic, queue_id, offset, max_messages, max_bytes, filter)
+        if end_offset is not None and result.next_offset > end_offset:
+            # A filtered read may have scanned past the end: what lies there is not this range's.
+            result.messages = [m for m in result.messages if m.queue_offset < end_offset]
+            result.next_offset = end_offset
+            if not result.messages and result.status is GetStatus.FOUND:
+                result.status = GetStatus.NO_MATCHED_MESSAGE
+        return result
+
+    def _read(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        max_bytes: int,
+        filter: FilterSpec,
+    ) -> PullResult:
         config = self._check_consumable(group, topic)
         check_queue(config, queue_id)
         if offset < 0:
             raise IllegalOffset(f"offset must be >= 0, got {offset}")
-        if not 1 <= batch_size <= MAX_PULL_BATCH:
-            raise InvalidArgument(f"batch size must be 1 to {MAX_PULL_BATCH}, got {batch_size}")
         compiled = self._filters.get(filter)
         got = self._store.get(
             topic,
             queue_id,
             offset,
-            batch_size,
+            max_messages,
+            max_bytes,
             tag_hashes=compiled.tag_hashes,
             predicate=compiled.predicate,
         )

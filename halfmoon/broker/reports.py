@@ -65,6 +65,7 @@ def broker_status(
     received: RateCounter,
     delivered: RateCounter,
     pending_delay_messages: int,
+    extra: dict[str, int] | None = None,
 ) -> BrokerStatus:
     return BrokerStatus(
         name=name,
@@ -81,4 +82,5 @@ def broker_status(
         commit_log_max_offset=stats.commit_log_max_offset,
         commit_log_flushed_offset=stats.commit_log_flushed_offset,
         pending_delay_messages=pending_delay_messages,
+        extra=dict(extra or {}),
     )

@@ -17,6 +17,7 @@ from halfmoon.broker.produce import SendResult, plan_send
 from halfmoon.broker.queue_select import QueueSelector
 from halfmoon.broker.recall import recall_handle
 from halfmoon.broker.topics import TIMER_TOPIC, TopicConfig, TopicRegistry
+from halfmoon.broker.trace import TraceRecorder
 from halfmoon.broker.transactions import TransactionService
 from halfmoon.store.api import Store
 
@@ -43,8 +44,13 @@ class SendPath:
         lite: LiteTopics,
         transactions: TransactionService,
         received: Callable[[list[str]], None],
+        trace: TraceRecorder | None = None,
+        admit: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
+        # Raises to refuse a send before anything is written (a sync-replicated master short
+        # of in-sync replicas: halfmoon.replication.leader).
+        self._admit = admit
         self._config = config
         self._clock = clock
         self._topics = topics
@@ -53,8 +59,11 @@ class SendPath:
         self._lite = lite
         self._transactions = transactions
         self._received = received  # the traffic counters, one topic name per message
+        self._trace = trace
 
     def send_nowait(self, messages: Sequence[OutgoingMessage]) -> Written[list[SendResult]]:
+        if self._admit is not None:
+            self._admit()
         results = self._send(messages)
         if not results:
             return Written(results, ALREADY_DURABLE)
@@ -91,6 +100,19 @@ class SendPath:
         else:
             appended = self._store.append([p.record for p in planned])
         self._received([p.topic for p in planned])
+        if self._trace is not None:
+            for msg, p in zip(messages, planned, strict=True):
+                if msg.resent_from is not None:  # an operator's resend of a dead letter
+                    self._trace.record(
+                        msg.resent_from,
+                        p.topic,
+                        "resent",
+                        message_id=p.message_id,
+                        to_topic=p.topic,
+                    )
+                    self._trace.record(
+                        p.message_id, p.topic, "resent_from", message_id=msg.resent_from
+                    )
         broker = self._config.name
         return [
             SendResult(

@@ -62,6 +62,7 @@ from halfmoon.broker.message import (
     PROPERTY_REAL_TOPIC,
 )
 from halfmoon.broker.recall import RecallTooLate
+from halfmoon.broker.timer_journal import RECORD_EVERY_MS, TimerJournal
 from halfmoon.broker.topics import TIMER_TOPIC
 from halfmoon.errors import InvalidArgument, NotFound
 from halfmoon.store.api import GetStatus, Store
@@ -99,8 +100,13 @@ class DelayTimer:
         window_ms: int = 3_600_000,
         max_heap: int = 100_000,
         persist_interval_ms: int = 5_000,
+        journal: TimerJournal | None = None,
     ) -> None:
+        """``journal``: the progress also goes to the commit log (:mod:`timer_journal`), as a
+        broker group's master needs; opening takes the newer of it and ``timer.json``."""
         self._store = store
+        self._journal = journal
+        self._last_record_ms: int | None = None
         self._path = metadata_dir / self.FILE if metadata_dir is not None else None
         self._route = route
         self._window = window_ms
@@ -118,6 +124,18 @@ class DelayTimer:
         self.recalled_total = 0  # recalled entries skipped at their time
         self._recalled: set[Key] = set()
         data = read_json(self._path) if self._path is not None else None
+        if (
+            journal is not None
+            and data
+            and int(data["scan_offset"]) > store.max_offset(TIMER_TOPIC, QUEUE_ID)
+        ):
+            # timer.json claims entries this log does not hold (a tail lost to a crash
+            # under an async flush, or cut when a deposed master rejoined): trusting it
+            # would skip the entries written at those offsets from now on.
+            log.warning("event=timer_progress_ahead_of_log scan_offset=%s", data["scan_offset"])
+            data = None
+        if journal is not None:
+            data = _newer(data, journal.latest())
         start = store.min_offset(TIMER_TOPIC, QUEUE_ID)
         if data:
             self._scan_offset = int(data["scan_offset"])
@@ -167,7 +185,9 @@ class DelayTimer:
                 return
             scan_offset, low, bound = self._persisted
             try:
-                self._write(scan_offset, low, bound)
+                end = self._write(scan_offset, low, bound)
+                if self._journal is not None and end is not None:
+                    self._journal.wait(end)  # on the in-sync replicas before it is answered
             except BaseException:
                 self._recalled.discard(key)  # not durable: the recall did not happen
                 raise
@@ -351,22 +371,30 @@ class DelayTimer:
     def maybe_persist(self, now_ms: int) -> bool:
         if self._last_persist_ms is None:
             self._last_persist_ms = now_ms
-        if not self._dirty or now_ms - self._last_persist_ms < self._persist_interval:
+        if self._last_record_ms is None:
+            self._last_record_ms = now_ms
+        # An idle timer still journals now and then: retention must leave a record.
+        record_due = self._journal is not None and now_ms - self._last_record_ms >= RECORD_EVERY_MS
+        if (
+            not (self._dirty or record_due)
+            or now_ms - self._last_persist_ms < self._persist_interval
+        ):
             return False
-        self._last_persist_ms = now_ms
-        self.persist()
+        self._last_persist_ms = self._last_record_ms = now_ms
+        self.persist(force=record_due)
         return True
 
-    def persist(self) -> None:
+    def persist(self, force: bool = False) -> None:
         with self._lock:
-            if self._path is None or not self._dirty:
+            if self._path is None or not (self._dirty or force):
                 return
             # Progress may only claim deliveries that will survive a crash.
             self._store.wait_durable(self._max_end_offset)
             self._write(self._scan_offset, self._low, self._bound)
             self._dirty = False
 
-    def _write(self, scan_offset: int, low: int, bound: Key) -> None:
+    def _write(self, scan_offset: int, low: int, bound: Key) -> int | None:
+        """Write the progress (and journal it); the journal record's end offset."""
         assert self._path is not None
         # Forget a recalled key once delivery passed it long ago (consistently with
         # the progress written beside it).
@@ -375,14 +403,34 @@ class DelayTimer:
             for key in self._recalled
             if key[1] >= scan_offset or key >= bound or key[0] >= bound[0] - _RECALL_MEMORY_MS
         }
-        write_json_atomic(
-            self._path,
-            {
-                "version": 1,
-                "scan_offset": scan_offset,
-                "low": low,
-                "bound": list(bound),
-                "recalled": sorted(list(key) for key in self._recalled),
-            },
-        )
+        document = {
+            "version": 1,
+            "scan_offset": scan_offset,
+            "low": low,
+            "bound": list(bound),
+            "recalled": sorted(list(key) for key in self._recalled),
+        }
+        # Appended after the deliveries it claims (persist waited for them): in the log
+        # behind them, on a replica as on this broker.
+        end = self._journal.record(document) if self._journal is not None else None
+        write_json_atomic(self._path, document)
         self._persisted = (scan_offset, low, bound)
+        return end
+
+
+def _newer(
+    file: dict[str, object] | None, record: dict[str, object] | None
+) -> dict[str, object] | None:
+    """The further progress of ``timer.json`` and the journal's newest record, with the
+    recalled keys of both (a recall is durable in either)."""
+    if record is None or file is None:
+        return record if file is None else file
+    chosen, other = (record, file) if _progress(record) >= _progress(file) else (file, record)
+    recalled = {tuple(key) for key in chosen.get("recalled", ())}  # type: ignore[attr-defined]
+    recalled |= {tuple(key) for key in other.get("recalled", ())}  # type: ignore[attr-defined]
+    return {**chosen, "recalled": sorted(list(key) for key in recalled)}
+
+
+def _progress(data: dict[str, object]) -> tuple[int, int, int]:
+    bound = data["bound"]
+    return (int(bound[0]), int(bound[1]), int(data["scan_offset"]))  # type: ignore[index,call-overload]

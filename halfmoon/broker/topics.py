@@ -32,6 +32,10 @@ from halfmoon.broker.priority import scan_order
 from halfmoon.errors import InvalidArgument
 
 TIMER_TOPIC = "%HM_TIMER%"
+OFFSETS_TOPIC = "%HM_OFFSETS%"  # committed offsets, journaled in broker groups (offset_journal.py)
+TIMER_PROGRESS_TOPIC = "%HM_TIMER_PROGRESS%"  # the timer's progress in groups (timer_journal.py)
+POP_TOPIC = "%HM_POP%"  # pop consumers' positions, journaled in broker groups (pop_journal.py)
+TRACE_TOPIC = "%TRACE%"  # the broker's message trace (trace.py); never in the registry
 DLQ_PREFIX = "%DLQ%"
 # RocketMQ's retry topic prefix: halfmoon redelivers in place and keeps no retry topic, but
 # group names leave room for one (groups.MAX_GROUP_LENGTH).
@@ -50,8 +54,12 @@ def is_reserved(name: str) -> bool:
 
 
 def is_internal_topic(name: str) -> bool:
-    """Topics only the broker reads (timer, transaction half/op, parked); DLQs are not."""
-    return name == TIMER_TOPIC or name.startswith("RMQ_SYS_") or name in RESERVED_NAMES
+    """Topics only the broker reads (timer, trace, transaction half/op, parked); DLQs are not."""
+    return (
+        name in (TIMER_TOPIC, TRACE_TOPIC, OFFSETS_TOPIC, POP_TOPIC, TIMER_PROGRESS_TOPIC)
+        or name.startswith("RMQ_SYS_")
+        or name in RESERVED_NAMES
+    )
 
 
 def dead_letter_topic(group: str) -> str:
@@ -90,6 +98,7 @@ class TopicConfig:
     perm: str = "rw"
     read_queue_count: int = 8  # readable queues, >= queue_count after a shrink
     created_ms: int = 0
+    trace: bool = True  # record its messages' trace (halfmoon/broker/trace.py)
 
     @property
     def readable(self) -> bool:
@@ -133,6 +142,7 @@ class TopicConfig:
             "perm": self.perm,
             "read_queue_count": self.read_queue_count,
             "created_ms": self.created_ms,
+            "trace": self.trace,
         }
 
     @classmethod
@@ -144,6 +154,7 @@ class TopicConfig:
             perm=str(data["perm"]),
             read_queue_count=_json_int(data.get("read_queue_count", data["queue_count"])),
             created_ms=_json_int(data.get("created_ms", 0)),
+            trace=bool(data.get("trace", True)),
         )
 
 
@@ -252,6 +263,7 @@ class TopicRegistry:
         queue_count: int | None = None,
         perm: str | None = None,
         message_type: MessageType | None = None,
+        trace: bool | None = None,
         has_messages: Callable[[int], bool] = lambda queue_id: True,
     ) -> TopicConfig:
         """Change a topic. ``has_messages(queue_id)`` tells whether a removed queue holds data."""
@@ -264,6 +276,10 @@ class TopicRegistry:
                 if not isinstance(message_type, MessageType):
                     raise InvalidArgument(f"illegal message type {message_type!r}")
                 changes["message_type"] = message_type
+            if trace is not None:
+                if not isinstance(trace, bool):
+                    raise InvalidArgument(f"trace must be true or false, not {trace!r}")
+                changes["trace"] = trace
             if queue_count is not None:
                 check_queue_count(queue_count)
                 changes["queue_count"] = queue_count

@@ -9,7 +9,9 @@ calls onto them and hands back :class:`Written` answers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Future
+from dataclasses import replace
 
 from halfmoon.broker.facade import Written
 from halfmoon.broker.send_path import ALREADY_DURABLE
@@ -19,11 +21,13 @@ from halfmoon.broker.transactional_consume import TransactionalConsume
 from halfmoon.broker.transactions import (
     CheckSender,
     CheckService,
+    EndRequest,
     EndResult,
     TransactionInfo,
     TransactionService,
     TransactionStats,
 )
+from halfmoon.errors import HalfmoonError
 from halfmoon.store.api import Store
 
 
@@ -69,6 +73,21 @@ class TransactionOperations:
 
     def transaction_ends_cheaply(self, transaction_id: str) -> bool:
         return self.transactions.ends_cheaply(transaction_id)
+
+    def end_transactions_nowait(
+        self, requests: Sequence[EndRequest]
+    ) -> list[Written[EndResult] | HalfmoonError]:
+        """One append for every decision; one durable future, for the last record, shared by
+        every result that has something to wait for (one fsync covers them all)."""
+        results = self.transactions.end_many(requests)
+        end_offset = max((r.end_offset for r in results if isinstance(r, EndResult)), default=0)
+        durable = self._durable(end_offset)
+        return [
+            r
+            if isinstance(r, HalfmoonError)
+            else Written(r, durable if r.end_offset else ALREADY_DURABLE)
+            for r in results
+        ]
 
     def end_transaction_group(
         self,
@@ -130,13 +149,16 @@ class TransactionOperations:
     def list_transactions(
         self, topic: str | None = None, limit: int = 1000
     ) -> list[TransactionInfo]:
-        return self.transactions.list(topic=topic, limit=limit)
+        return self.transactions.list(
+            topic=topic, limit=limit, next_check=self._checks.next_check_ms
+        )
 
     def parked_transactions(self, limit: int = 1000) -> list[TransactionInfo]:
         return self.transactions.list(state=TxnState.PARKED, limit=limit)
 
     def resume_transaction(self, transaction_id: str) -> TransactionInfo:
-        return self.transactions.resume(transaction_id)
+        info = self.transactions.resume(transaction_id)
+        return replace(info, next_check_ms=self._checks.next_scan_ms)
 
     def set_check_sender(self, sender: CheckSender | None) -> None:
         self._checks.set_sender(sender)

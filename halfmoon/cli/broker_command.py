@@ -43,6 +43,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="internal protocol endpoint (default 127.0.0.1:8091; port 0: any free port)",
     )
     broker.add_argument(
+        "--send-listen",
+        metavar="HOST:PORT|auto|off",
+        default="auto",
+        help="where proxies' sends arrive, over plain framed TCP (TLS with [internal]): "
+        "cheaper for the broker than the gRPC stream; auto (default): the --listen host, any "
+        "free port, announced to proxies; off: proxies send over the gRPC stream",
+    )
+    broker.add_argument(
         "--flush",
         choices=("sync", "async"),
         help="sync: acknowledge after fsync; async: after the write",
@@ -73,6 +81,61 @@ def register(commands: argparse._SubParsersAction) -> None:
         help=f"how long etcd keeps a broker that stopped renewing listed (default {DEFAULT_TTL_S}; "
         f"at least {MIN_TTL_S}); a clean stop leaves at once",
     )
+    broker.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback --listen without mutual TLS ([internal]): anyone who "
+        "reaches the port could then read and write every queue (docs/security.md)",
+    )
+    broker.add_argument(
+        "--group",
+        metavar="NAME",
+        help="join broker group NAME (with --cluster): the first member to win the group's key "
+        "in etcd is its master, the others replicate its commit log (docs/replication.md); "
+        "proxies route to the group by this name, --name is the member's own",
+    )
+    broker.add_argument(
+        "--replication",
+        choices=("sync", "async"),
+        default="async",
+        help="in a group, sync: a write is acknowledged once the in-sync replicas have it; "
+        "async (default): after the master's own flush",
+    )
+    broker.add_argument(
+        "--min-insync-replicas",
+        metavar="N",
+        type=non_negative,
+        default=1,
+        help="with --replication sync, refuse writes (NOT_ENOUGH_REPLICAS) while fewer than N "
+        "replicas are in sync (default 1; the master is not counted)",
+    )
+    broker.add_argument(
+        "--replica-reads",
+        action="store_true",
+        help="in a group, let proxies send pulls and bulk reads to in-sync replicas, which "
+        "serve what the group has committed (RocketMQ's slaveReadEnable; pops stay on the "
+        "master)",
+    )
+    broker.add_argument(
+        "--replica-max-lag-ms",
+        metavar="MS",
+        type=positive,
+        default=10_000,
+        help="a replica not caught up for this long leaves the in-sync set (default 10000)",
+    )
+    broker.add_argument(
+        "--replica-max-lag-bytes",
+        metavar="BYTES",
+        type=positive,
+        default=64 * 1024 * 1024,
+        help="a replica this far behind leaves the in-sync set (default 64 MiB)",
+    )
+    broker.add_argument(
+        "--unclean-election",
+        action="store_true",
+        help="in a group, let the controller appoint a live member outside the in-sync set "
+        "when no in-sync one is left (can lose acknowledged writes; default off)",
+    )
     broker.add_argument("--config", metavar="FILE", help="a TOML configuration file")
     broker.add_argument(
         "--set",
@@ -96,6 +159,23 @@ def lease_ttl(text: str) -> int:
     return value
 
 
+def non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number, at least 0: {text!r}")
+    return value
+
+
+def positive(text: str) -> int:
+    value = non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number, at least 1: {text!r}")
+    return value
+
+
 def run_broker_command(args: argparse.Namespace) -> int:
     # Imported here so other commands never pay for the broker's modules (as serve does).
     from halfmoon.config import ConfigError, load_config
@@ -108,13 +188,22 @@ def run_broker_command(args: argparse.Namespace) -> int:
             "(or give neither to run it unregistered)",
             "USAGE",
         )
+    if args.group is not None and cluster is None:
+        raise UsageError(
+            "--group needs --cluster and --coordinator: a group elects its master in etcd",
+            "USAGE",
+        )
     if cluster is not None and coordinator is not None:
         try:  # checked before the store opens, so a typo costs no recovery
             parse_coordinator(coordinator)
             check_name("cluster", cluster)
+            if args.group is not None:
+                check_name("broker group", args.group)
         except HalfmoonError as exc:
             raise UsageError(exc.message, exc.code) from None
     flags = {key: getattr(args, dest) for dest, key in FLAG_KEYS.items()}
+    if args.insecure:
+        flags["auth.insecure"] = "true"
     try:
         config = load_config(
             file=args.config, env=os.environ, flags=flags, overrides=args.overrides
@@ -122,7 +211,30 @@ def run_broker_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise UsageError(exc.message, exc.code) from None
     # Here: see load_config above.
-    from halfmoon.cluster.broker_process import disk_facts, register_in_etcd, run_broker
+    from halfmoon.broker_node import disk_facts, register_in_etcd, run_broker
+    from halfmoon.replication.group_broker import GroupOptions
+    from halfmoon.replication.leader import ReplicationSettings
+
+    group = None
+    if args.group is not None:
+        try:
+            check_name("broker", config.broker.name)
+        except HalfmoonError as exc:
+            raise UsageError(exc.message, exc.code) from None
+        group = GroupOptions(
+            args.group,
+            config.broker.name,
+            ReplicationSettings(
+                args.replication,
+                args.min_insync_replicas,
+                args.replica_max_lag_ms,
+                args.replica_max_lag_bytes,
+                replica_reads=args.replica_reads,
+            ),
+            ttl_s=args.lease_ttl,
+            facts={"data_dir": str(Path(config.store.data_dir).resolve())},
+            unclean_election=args.unclean_election,
+        )
 
     try:
         return run_broker(
@@ -140,6 +252,9 @@ def run_broker_command(args: argparse.Namespace) -> int:
             if cluster is not None
             else None,
             fake_clock_ms=args.fake_clock_ms,
+            group=group,
+            group_advertise=args.advertise,
+            send_listen=args.send_listen,
         )
     except HalfmoonError as exc:
         raise CliError.of(exc) from None

@@ -1,12 +1,15 @@
-"""``halfmoon cluster list|status|config|write-perm``: brokers, the numbers operators watch,
-runtime settings, draining (``cluster kv|settings``, kept in etcd, are in
-:mod:`halfmoon.cli.cluster_config_commands`).
+"""``halfmoon cluster list|status|config|write-perm|failover``: brokers, the numbers operators
+watch, runtime settings, draining, a broker group's planned switchover (``cluster
+kv|settings``, kept in etcd, are in :mod:`halfmoon.cli.cluster_config_commands`).
 
 RocketMQ's clusterList, brokerStatus, getBrokerConfig / updateBrokerConfig and
 wipeWritePerm / addWritePerm (``write-perm --wipe|--add``: the runtime key
 ``broker.writable``). ``cluster list --coordinator etcd://HOST:PORT --cluster NAME``
 reads a cluster's brokers and proxies from etcd itself (see docs/cluster.md), so it
 answers even when no broker does; without ``--coordinator`` it asks one broker's admin API.
+``cluster failover G [--to B]`` hands a broker group's master over to an in-sync
+replica (RocketMQ controller's electMaster, Kafka's preferred-leader election), through
+etcd with ``--coordinator`` or through a proxy's admin API without.
 ``config set`` changes only keys the broker reads at each use; the change
 lasts until the process stops (put it in the configuration file to keep it).
 """
@@ -49,6 +52,15 @@ MEMBER_COLUMNS = [
     ("host", "HOST"),
     ("pid", "PID"),
     ("uptime_ms", "UPTIME"),
+]
+GROUP_COLUMNS = [
+    ("group", "GROUP"),
+    ("master", "MASTER"),
+    ("epoch", "EPOCH"),
+    ("mode", "MODE"),
+    ("isr", "IN-SYNC"),
+    ("members", "MEMBERS"),
+    ("lag", "REPLICA LAG"),
 ]
 COORDINATOR_ENV = cluster_config_commands.COORDINATOR_ENV
 CLUSTER_ENV = cluster_config_commands.CLUSTER_ENV
@@ -95,6 +107,31 @@ def register(commands: argparse._SubParsersAction) -> None:
         help=f"the cluster to list, with --coordinator (default: ${CLUSTER_ENV})",
     )
     cluster_config_commands.register(sub)
+    failover = add_command(
+        sub,
+        "failover",
+        failover_group,
+        "hand a broker group's master over to an in-sync replica (planned switchover)",
+    )
+    failover.add_argument("group", metavar="GROUP", help="the broker group")
+    failover.add_argument(
+        "--to",
+        metavar="MEMBER",
+        default=None,
+        help="the in-sync replica to appoint (default: the most caught-up one)",
+    )
+    failover.add_argument(
+        "--coordinator",
+        metavar="URL",
+        default=None,
+        help=f"ask through etcd (default: ${COORDINATOR_ENV}; without it, the proxy at --admin)",
+    )
+    failover.add_argument(
+        "--cluster",
+        metavar="NAME",
+        default=None,
+        help=f"with --coordinator (default: ${CLUSTER_ENV})",
+    )
     add_broker_option(
         add_command(sub, "status", broker_status, "TPS in/out, disk, pending transactions and more")
     )
@@ -161,8 +198,40 @@ def list_members(args: argparse.Namespace, coordinator: str) -> None:
     if not cluster:
         raise UsageError(f"--coordinator needs --cluster NAME (or ${CLUSTER_ENV})", "USAGE")
     answer = read_members(parse_coordinator(coordinator), check_name("cluster", cluster))
+    if answer.get("broker_groups"):
+        # Here: only a cluster with broker groups needs gRPC (each master's Status).
+        from halfmoon.cluster.replication_view import add_progress
 
+        add_progress(answer["broker_groups"])
     emit(args, answer, lambda: render_members(answer, cluster))
+
+
+def failover_group(args: argparse.Namespace) -> None:
+    coordinator = args.coordinator or os.environ.get(COORDINATOR_ENV)
+    check_name("broker group", args.group)
+    if coordinator:
+        cluster = args.cluster or os.environ.get(CLUSTER_ENV)
+        if not cluster:
+            raise UsageError(f"--coordinator needs --cluster NAME (or ${CLUSTER_ENV})", "USAGE")
+        # Here: the command line starts without the cluster modules it does not use.
+        from halfmoon.cluster.switchover import request_switchover
+
+        answer = request_switchover(
+            parse_coordinator(coordinator), check_name("cluster", cluster), args.group, args.to
+        )
+    else:
+        body = {"to": args.to} if args.to else {}
+        path = f"/v1/cluster/groups/{urllib.parse.quote(args.group)}/failover"
+        answer = client(args).post(path, body)
+    emit(
+        args,
+        answer,
+        lambda: (
+            f"group {args.group}: {answer.get('master')} is master in epoch {answer.get('epoch')} "
+            f"(was {answer.get('previous')}; writes paused {answer.get('fenced_ms')} ms for "
+            f"the hand-over, {answer.get('took_ms')} ms in all)"
+        ),
+    )
 
 
 def render_members(answer: dict[str, Any], cluster: str) -> str:
@@ -173,7 +242,34 @@ def render_members(answer: dict[str, Any], cluster: str) -> str:
     ]
     if not rows:
         return f"cluster {cluster!r}: no broker or proxy is registered"
-    return render_table(rows, MEMBER_COLUMNS)
+    table = render_table(rows, MEMBER_COLUMNS)
+    groups = [
+        {
+            **group,
+            "master": group.get("master") or "(none)",
+            "isr": ",".join(group["isr"]) or "-",
+            "members": ",".join(sorted(group["members"])),
+            "mode": group.get("mode") or "",
+            "lag": replica_lag(group.get("replicas")),
+        }
+        for group in answer.get("broker_groups", [])
+    ]
+    if groups:
+        table += "\n\n" + render_table(groups, GROUP_COLUMNS)
+    return table
+
+
+def replica_lag(replicas: Any) -> str:
+    """Each replica's lag as its master sees it: ``b1 0 B/0ms, b2 1.2 KiB/40ms``."""
+    if not isinstance(replicas, dict) or not replicas:
+        return "-"
+    shown = []
+    for name, progress in sorted(replicas.items()):
+        lag_bytes, lag_ms = progress.get("lag_bytes"), progress.get("lag_ms")
+        size = format_size(lag_bytes) if isinstance(lag_bytes, int) else "?"
+        time_ = f"{lag_ms}ms" if isinstance(lag_ms, int) else "?"
+        shown.append(f"{name} {size}/{time_}")
+    return ", ".join(shown)
 
 
 def member_row(role: str, member: dict[str, Any]) -> dict[str, Any]:

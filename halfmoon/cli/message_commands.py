@@ -70,6 +70,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     get.add_argument("--client", default=None, metavar="CLIENT_ID", help="see --group")
 
+    trace = add_command(
+        sub,
+        "trace",
+        trace_message,
+        "what the broker did with a message (mqadmin queryMsgTraceById)",
+    )
+    trace.add_argument("message_id", metavar="ID")
+
     query = add_command(sub, "query", query_messages, "find messages by key within a time range")
     subject(query, "topic", "TOPIC", "the topic to search", deprecated_flag="--topic")
     query.add_argument("--key", required=True)
@@ -211,6 +219,26 @@ def get_message(args: argparse.Namespace) -> None:
     answer = client(args).get(f"/v1/messages/{quote(args.message_id)}", topic=args.topic)
     messages = answer["messages"]
     emit(args, answer, lambda: "\n\n".join(render_message(m) for m in messages))
+
+
+# What each trace event's line shows beside its name (halfmoon/broker/trace.py).
+TRACE_FIELDS = (
+    "topic", "queue_id", "queue_offset", "group", "attempt", "mode", "client", "invisible_ms",
+    "attempts", "dead_letter_topic", "transaction_id", "producer_group", "check", "resolution",
+    "source", "message_id", "to_topic", "broker",
+)  # fmt: skip
+
+
+def trace_message(args: argparse.Namespace) -> None:
+    answer = client(args).get(f"/v1/messages/{quote(args.message_id)}/trace")
+
+    def line(event: dict[str, Any]) -> str:
+        facts = " ".join(
+            f"{name}={event[name]}" for name in TRACE_FIELDS if event.get(name) is not None
+        )
+        return f"{format_ms(event['time_ms'])}  {event['event']:<17} {facts}".rstrip()
+
+    emit(args, answer, lambda: "\n".join(line(e) for e in answer["events"]))
 
 
 def consume_directly(args: argparse.Namespace) -> None:

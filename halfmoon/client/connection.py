@@ -33,6 +33,8 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 
 from halfmoon.auth.signature import authorization_header
 from halfmoon.client.credentials import Credentials
+from halfmoon.client.endpoints import channel_target, endpoints_text, split_endpoints
+from halfmoon.client.endpoints import endpoints_pb as endpoints_pb  # re-exported
 from halfmoon.client.errors import ClientClosed, ConnectionFailed, error_for_rpc_error
 
 CLIENT_VERSION = "halfmoon-0.1.0"
@@ -99,7 +101,12 @@ class ClientConfig:
 
     @property
     def access_points(self) -> list[str]:
-        return [e.strip() for e in self.endpoints.replace(",", ";").split(";") if e.strip()]
+        return split_endpoints(self.endpoints)
+
+    @property
+    def access_point(self) -> str:
+        """Every configured endpoint as one target: a channel that fails over between them."""
+        return ";".join(self.access_points)
 
 
 _client_seq = itertools.count()
@@ -111,27 +118,9 @@ def new_client_id() -> str:
 
 
 def endpoint_of(endpoints: pb.Endpoints) -> str:
-    """``host:port`` of a protocol Endpoints (its first address)."""
-    if not endpoints.addresses:
-        return ""
-    address = endpoints.addresses[0]
-    host = address.host
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"{host}:{address.port}"
-
-
-def endpoints_pb(target: str) -> pb.Endpoints:
-    """The protocol Endpoints for ``host:port``."""
-    host, _, port = target.rpartition(":")
-    host = host.strip("[]")
-    if ":" in host:
-        scheme = pb.AddressScheme.IPv6
-    elif host.replace(".", "").isdigit():
-        scheme = pb.AddressScheme.IPv4
-    else:
-        scheme = pb.AddressScheme.DOMAIN_NAME
-    return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host, port=int(port))])
+    """``host:port`` of a protocol Endpoints, or every address ``;``-separated (a cluster's
+    proxies: one access point that fails over between them)."""
+    return endpoints_text(endpoints)
 
 
 class _DateStamp:
@@ -157,16 +146,18 @@ class Connection:
     def __init__(self, target: str, config: ClientConfig) -> None:
         self.target = target
         self.config = config
+        grpc_target, target_options = channel_target(target)
+        options = [*_CHANNEL_OPTIONS, *target_options]
         if config.tls:
             roots = None
             if config.tls_root_certificates:
                 with open(config.tls_root_certificates, "rb") as bundle:
                     roots = bundle.read()
             self.channel = grpc.aio.secure_channel(
-                target, grpc.ssl_channel_credentials(roots), options=_CHANNEL_OPTIONS
+                grpc_target, grpc.ssl_channel_credentials(roots), options=options
             )
         else:
-            self.channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            self.channel = grpc.aio.insecure_channel(grpc_target, options=options)
         self.stub = service_pb2_grpc.MessagingServiceStub(self.channel)
         headers = [
             ("x-mq-client-id", config.client_id),
@@ -249,6 +240,18 @@ class Connection:
                     raise error from None
                 await asyncio.sleep(pause)
 
+    async def call_raw(self, method: str, request: bytes, *, rpc: str, timeout: float) -> bytes:
+        """Invoke a unary method of halfmoon's own services (``/halfmoon.v1.BulkRead/Read``):
+        bytes in, bytes out, the same headers as every call."""
+        if self.closed:
+            raise ClientClosed(f"the connection to {self.target} is closed", rpc=rpc)
+        call = self.channel.unary_unary(method)
+        try:
+            answer: bytes = await call(request, timeout=timeout, metadata=self.metadata())
+        except grpc.aio.AioRpcError as exc:
+            raise error_for_rpc_error(exc, rpc, self.target) from None
+        return answer
+
     def stream(self, rpc: str, request: Any, *, timeout: float) -> AsyncIterator[Any]:
         """A server-streaming call (ReceiveMessage, PullMessage); iterate it for the responses."""
         if self.closed:
@@ -298,8 +301,8 @@ class ConnectionPool:
 
     @property
     def access_point(self) -> Connection:
-        """The connection to the first configured endpoint."""
-        return self.get(self.config.access_points[0])
+        """The connection to the configured endpoints (one channel failing over between them)."""
+        return self.get(self.config.access_point)
 
     def all(self) -> list[Connection]:
         return list(self._connections.values())

@@ -12,8 +12,10 @@ Two ways to get queues, as in RocketMQ's LitePullConsumer:
   group's committed offset (or ``consume_from`` when there is none).
 
 ``poll()`` returns the next messages of the assigned queues and moves the
-position; ``commit()`` stores positions on the server (``UpdateOffset``), and
-with ``auto_commit`` that happens every ``auto_commit_interval`` seconds and
+position (reading through ``halfmoon.v1.BulkRead``, up to ``batch_size``
+messages per queue and call; PullMessage against a server without it);
+``commit()`` stores positions on the server (``UpdateOffset``), and with
+``auto_commit`` that happens every ``auto_commit_interval`` seconds and
 on close. ``seek`` moves a position (to an offset, the beginning, the end, or
 a timestamp).
 """
@@ -29,11 +31,12 @@ from typing import Any
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from halfmoon.client.allocation import AllocationStrategy, strategy_named
+from halfmoon.client.bulk_read import bulk_read
 from halfmoon.client.client import as_config
 from halfmoon.client.connection import ClientConfig, new_client_id
 from halfmoon.client.consume_transaction import ConsumeTransaction
 from halfmoon.client.consumer import ConsumerBase, cancel_and_wait
-from halfmoon.client.errors import ClientError, OffsetNotFound
+from halfmoon.client.errors import ClientError, OffsetNotFound, Unsupported
 from halfmoon.client.membership import MEMBERS_TOPIC, TopicMembership
 from halfmoon.client.message import MessageView
 from halfmoon.client.producer import Producer
@@ -87,6 +90,7 @@ class PullConsumer(ConsumerBase):
         self._tasks: list[asyncio.Task[Any]] = []
         self._lock = asyncio.Lock()
         self._last_commit = 0.0
+        self._no_bulk_read: set[str] = set()  # endpoints without halfmoon.v1.BulkRead
         self.rebalances = 0
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -240,12 +244,34 @@ class PullConsumer(ConsumerBase):
         if offset is None:
             return []
         selector = self.subscriptions.get(queue.topic, ALL)
-        messages, next_offset = await self._pull(queue, offset, self.batch_size, selector, wait)
+        messages, next_offset = await self._read(queue, offset, selector, wait)
         # A rebalance or seek meanwhile wins: drop what was read for the old position.
         if self._assigned.get(key) is None or self._positions.get(key) != offset:
             return []
         self._positions[key] = next_offset
         return messages
+
+    async def _read(
+        self, queue: QueueInfo, offset: int, selector: MessageSelector, wait: float
+    ) -> tuple[list[MessageView], int]:
+        """BulkRead where the server has it, PullMessage (at most 1024) where it does not."""
+        endpoint = queue.endpoint
+        if endpoint not in self._no_bulk_read:
+            try:
+                return await bulk_read(
+                    self._pool.get(endpoint),
+                    self.group,
+                    queue,
+                    offset,
+                    self.batch_size,
+                    selector,
+                    wait,
+                    self.config.request_timeout,
+                )
+            except Unsupported:
+                log.info("event=bulk_read_unsupported endpoint=%s", endpoint)
+                self._no_bulk_read.add(endpoint)
+        return await self._pull(queue, offset, min(self.batch_size, 1024), selector, wait)
 
     # -- positions and commits -------------------------------------------------------------------
 

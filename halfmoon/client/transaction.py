@@ -20,6 +20,7 @@ them all atomically, whatever topics they went to.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import inspect
 import logging
@@ -147,8 +148,19 @@ class TransactionProducer(Producer):
             )
         self.producer_group = producer_group
         self.listener = listener
-        self._checks = asyncio.Semaphore(max(check_workers, 1))
+        # Checks wait here for one of ``check_workers`` worker tasks (started at the first
+        # check): a burst of thousands costs a queue entry each, not a task and a semaphore.
+        self._check_workers = max(check_workers, 1)
+        self._check_queue: asyncio.Queue[tuple[MessageView, str]] = asyncio.Queue()
+        self._workers: list[asyncio.Task[None]] = []
+        self._held: set[str] = set()  # transaction ids of the checks queued or being answered
+        self.checks_received = 0
         self.checks_answered = 0
+
+    @property
+    def checks_held(self) -> int:
+        """Checks received and not answered yet (queued for a worker, or being answered)."""
+        return len(self._held)
 
     def _group_resource(self) -> pb.Resource | None:
         # Heartbeats name the producer group: the server routes checks by it.
@@ -225,10 +237,37 @@ class TransactionProducer(Producer):
             await super()._on_command(endpoint, command)
             return
         recover = command.recover_orphaned_transaction_command
-        task = asyncio.ensure_future(
-            self._answer_check(view_of(recover.message, endpoint), recover.transaction_id)
-        )
-        self._track(task)
+        self.checks_received += 1
+        if recover.transaction_id in self._held:
+            return  # asked again before we answered: the answer on its way serves both
+        self._held.add(recover.transaction_id)
+        self._check_queue.put_nowait((view_of(recover.message, endpoint), recover.transaction_id))
+        if not self._workers:
+            self._workers = [
+                asyncio.create_task(self._check_worker(), name=f"halfmoon-check-{i}")
+                for i in range(self._check_workers)
+            ]
+
+    async def _check_worker(self) -> None:
+        queue = self._check_queue
+        while True:
+            message, transaction_id = await queue.get()
+            try:
+                await self._answer_check(message, transaction_id)
+            finally:
+                self._held.discard(transaction_id)
+                queue.task_done()
+
+    async def _on_closing(self) -> None:
+        # Answer the checks already received (bounded), then stop the workers.
+        if self._workers:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._check_queue.join(), self.config.request_timeout)
+            for task in self._workers:
+                task.cancel()
+            await asyncio.gather(*self._workers, return_exceptions=True)
+            self._workers = []
+        await super()._on_closing()
 
     async def _answer_check(self, message: MessageView, transaction_id: str) -> None:
         if self.listener is None:
@@ -236,15 +275,14 @@ class TransactionProducer(Producer):
                 "event=check_unanswered transaction_id=%s reason=no_listener", transaction_id
             )
             return
-        async with self._checks:
-            try:
-                resolution = await _call(self.listener.check_local_transaction, message)
-                await self.end_transaction(
-                    message.topic, message.message_id, transaction_id, resolution, from_check=True
-                )
-                self.checks_answered += 1
-            except Exception as exc:  # noqa: BLE001 - the server checks again later
-                log.warning("event=check_failed transaction_id=%s error=%r", transaction_id, exc)
+        try:
+            resolution = await _call(self.listener.check_local_transaction, message)
+            await self.end_transaction(
+                message.topic, message.message_id, transaction_id, resolution, from_check=True
+            )
+            self.checks_answered += 1
+        except Exception as exc:  # noqa: BLE001 - the server checks again later
+            log.warning("event=check_failed transaction_id=%s error=%r", transaction_id, exc)
 
 
 async def _call(fn: Any, *args: Any) -> TransactionResolution:

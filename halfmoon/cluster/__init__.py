@@ -6,6 +6,7 @@ settings), ``view`` (the watched cache every process reads).
 
 The internal broker protocol: ``wire`` (the encoding), ``internal_service``
 (the broker's side), ``connection``, ``coalescer``, ``events`` and
-``remote_broker`` (the ``Broker`` facade spoken over it); ``broker_process``
-is ``halfmoon broker``. See docs/cluster.md.
+``remote_broker`` (the ``Broker`` facade spoken over it). ``halfmoon broker``
+itself is ``halfmoon.broker_node``: it assembles this package, the broker and
+``halfmoon.replication``, so it sits above both. See docs/cluster.md.
 """

@@ -22,11 +22,14 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
+from halfmoon.broker.errors import TopicExists
 from halfmoon.broker.lite import UnsubscribeNotifier
+from halfmoon.broker.message import MessageType
 from halfmoon.broker.topics import is_reserved
 from halfmoon.broker.transactions.check import CheckRequest, CheckSender
 from halfmoon.cluster.metadata import ClusterMetadata
 from halfmoon.cluster.remote_broker import RemoteBroker
+from halfmoon.cluster.replica_reads import ReplicaReads
 from halfmoon.cluster.routing import Layout, qualify
 from halfmoon.cluster.view import ClusterView
 from halfmoon.cluster.wire import BrokerUnavailable
@@ -39,6 +42,8 @@ METADATA_TIMEOUT_S = 10.0
 # A broker listed in etcd whose handshake failed is tried again after this.
 RECONNECT_S = 1.0
 WRITABLE_TTL_S = 1.0
+# Asking a broker whether it is writable waits this long: a send waits on the answer.
+WRITABLE_TIMEOUT_S = 2.0
 
 Connect = Callable[[str], RemoteBroker]
 
@@ -79,9 +84,17 @@ class BrokerPool:
         self._lock = threading.Lock()
         self._brokers: dict[str, tuple[str, RemoteBroker]] = {}  # name -> (endpoint, broker)
         self._arrival_listeners: list[Callable[[str, int], None]] = []
+        self._watched_listeners: list[Callable[[str, int], None]] = []
+        self._watched: set[str] = set()
         self._check_sender: CheckSender | None = None
         self._lite_notifier: UnsubscribeNotifier | None = None
         self._writable: dict[str, tuple[float, bool]] = {}  # name -> (asked at, writable)
+        # Broker groups seen (a routing entry naming a member): one that is unreachable is
+        # between masters, not drained, so its queues stay writable in routes (clients keep
+        # them and retry; the controller's new master answers within seconds).
+        self._groups: set[str] = set()
+        # Pulls and bulk reads a group lets its in-sync replicas serve (--replica-reads).
+        self.replica_reads = ReplicaReads(lambda: self.view.group_keys)
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -96,12 +109,17 @@ class BrokerPool:
             for name, record in self.view.brokers.items()
             if record.get("endpoint")
         }
+        self._groups.update(n for n, r in self.view.brokers.items() if r.get("member"))
         with self._lock:
             gone = [n for n, (endpoint, _) in self._brokers.items() if live.get(n) != endpoint]
             stale = [self._brokers.pop(n)[1] for n in gone]
             missing = {n: e for n, e in live.items() if n not in self._brokers}
-        for broker in stale:
-            broker.close()
+        if stale:
+            # Closed aside: closing waits for calls still in flight to a broker that may be
+            # dead, and a broker group's new master must not wait for its old one to close.
+            threading.Thread(
+                target=_close_all, args=(stale,), name="halfmoon-broker-close", daemon=True
+            ).start()
         for name, endpoint in missing.items():
             try:
                 remote = self._connect(endpoint)
@@ -111,9 +129,13 @@ class BrokerPool:
                 )
                 continue
             self._install(name, remote)
+            # Groups and topics first, routed to after: a broker group's new master lacks the
+            # old one's topic table, and a send reaching it before would fail as an unknown
+            # topic (which clients do not retry) instead of an unreachable broker (retried).
+            self._sync_groups(remote)
+            self._sync_topics(name, remote)
             with self._lock:
                 self._brokers[name] = (endpoint, remote)
-            self._sync_groups(remote)
             log.info("event=broker_connected broker=%s endpoint=%s", name, endpoint)
 
     async def follow_view(self) -> None:
@@ -136,8 +158,11 @@ class BrokerPool:
             return {n: e for n, (e, _) in self._brokers.items()}
 
     def _install(self, name: str, remote: RemoteBroker) -> None:
+        remote.watch_arrivals(sorted(self._watched))
         for listener in list(self._arrival_listeners):
             remote.add_arrival_listener(self._translating(name, listener))
+        for listener in list(self._watched_listeners):
+            remote.add_watched_arrival_listener(self._translating(name, listener))
         if self._check_sender is not None:
             remote.set_check_sender(QualifyingCheckSender(name, self._check_sender))
         if self._lite_notifier is not None:
@@ -160,6 +185,22 @@ class BrokerPool:
             except HalfmoonError as error:
                 log.warning("event=group_sync_failed group=%s %s", group.name, error)
 
+    def _sync_topics(self, name: str, remote: RemoteBroker) -> None:
+        """A broker that joined learns the topics etcd places on it that it lacks: a broker
+        group's new master has the log's messages but not the old master's topic table."""
+        for topic in self.view.topics.values():
+            share = len(topic.queues_on(name))
+            if not share:
+                continue
+            try:
+                if remote.find_topic(topic.name) is None:
+                    with contextlib.suppress(TopicExists):
+                        remote.create_topic(
+                            topic.name, MessageType(topic.message_type), share, topic.perm
+                        )
+            except HalfmoonError as error:
+                log.warning("event=topic_sync_failed topic=%s %s", topic.name, error)
+
     def _translating(
         self, name: str, listener: Callable[[str, int], None]
     ) -> Callable[[str, int], None]:
@@ -179,6 +220,13 @@ class BrokerPool:
         with self._lock:
             return name in self._brokers
 
+    def is_reachable(self, name: str) -> bool:
+        """Connected, and not found unreachable in the last second (a broker SIGKILLed
+        before its lease expired: connection refused): worth sending to or reading from."""
+        with self._lock:
+            entry = self._brokers.get(name)
+        return entry is not None and not entry[1].suspect()
+
     def is_writable(self, name: str) -> bool:
         """Whether the broker takes new messages (``cluster write-perm --wipe`` drains it);
         asked at most once a second per broker, so sends do not pay a round trip each."""
@@ -187,11 +235,19 @@ class BrokerPool:
         if cached is not None and now - cached[0] < WRITABLE_TTL_S:
             return cached[1]
         try:
-            writable = self.broker(name).config.writable
+            writable = self.broker(name).writable_within(WRITABLE_TIMEOUT_S)
         except HalfmoonError:
-            writable = False
+            writable = name in self._groups
         self._writable[name] = (now, writable)
         return writable
+
+    def writable_known(self, name: str) -> bool | None:
+        """:meth:`is_writable` when it was asked less than a second ago, else None (never
+        blocks: for the event loop)."""
+        cached = self._writable.get(name)
+        if cached is not None and time.monotonic() - cached[0] < WRITABLE_TTL_S:
+            return cached[1]
+        return None
 
     def connected(self) -> dict[str, RemoteBroker]:
         with self._lock:
@@ -208,6 +264,7 @@ class BrokerPool:
             self._brokers.clear()
         for broker in brokers:
             broker.close()
+        self.replica_reads.close()
 
     # -- listeners -----------------------------------------------------------------------------
 
@@ -215,6 +272,22 @@ class BrokerPool:
         self._arrival_listeners.append(callback)
         for name, broker in self.connected().items():
             broker.add_arrival_listener(self._translating(name, callback))
+
+    def add_watched_arrival_listener(self, callback: Callable[[str, int], None]) -> None:
+        self._watched_listeners.append(callback)
+        for name, broker in self.connected().items():
+            broker.add_watched_arrival_listener(self._translating(name, callback))
+
+    def watch_arrivals(self, topics: Sequence[str]) -> None:
+        """Arrivals of ``topics`` from every broker, present and future (never blocks)."""
+        self._watched.update(topics)
+        for broker in self.connected().values():
+            broker.watch_arrivals(topics)
+
+    def unwatch_arrivals(self, topics: Sequence[str]) -> None:
+        self._watched.difference_update(topics)
+        for broker in self.connected().values():
+            broker.unwatch_arrivals(topics)
 
     def set_check_sender(self, sender: CheckSender | None) -> None:
         self._check_sender = sender
@@ -233,7 +306,7 @@ class BrokerPool:
         is laid out from the brokers' own topics when ``probe`` (an empty layout otherwise)."""
         placed = self.view.topic(topic)
         if placed is not None:
-            return Layout(topic, placed.queues)
+            return Layout(topic, placed.queues, placed.writable)
         if not probe:
             return Layout(topic, ())
         counts = []
@@ -269,6 +342,12 @@ class BrokerPool:
                 if not skip_missing:
                     raise
         return answers
+
+
+def _close_all(brokers: Sequence[RemoteBroker]) -> None:
+    for broker in brokers:
+        with contextlib.suppress(Exception):
+            broker.close()
 
 
 def _endpoints(view: ClusterView) -> dict[str, str]:

@@ -22,10 +22,11 @@ record every proxy routes by), then created on the brokers.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
@@ -38,25 +39,39 @@ from halfmoon.broker.errors import (
     TopicExists,
     TopicNotFound,
 )
-from halfmoon.broker.facade import QueueProgress, QueueRoute, QueueStatus, Written
+from halfmoon.broker.facade import QueueProgress, QueueRoute, QueueStatus, Written, end_each
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.groups import GroupConfig, RetryPolicy
 from halfmoon.broker.message import MessageType, MessageView, OutgoingMessage
 from halfmoon.broker.produce import SendResult
 from halfmoon.broker.statistics import TrafficRow
 from halfmoon.broker.stats import BrokerStatus
-from halfmoon.broker.topics import TopicConfig
+from halfmoon.broker.topics import TopicConfig, check_queue_count, is_reserved
 from halfmoon.broker.transaction_state import TxnState
-from halfmoon.broker.transactions import EndResult, TransactionInfo, TransactionStats
+from halfmoon.broker.transactions import EndRequest, EndResult, TransactionInfo, TransactionStats
 from halfmoon.cluster.cluster_reads import ClusterReads
-from halfmoon.cluster.placement import QueueAssignment
+from halfmoon.cluster.errors import CoordinatorConflict
+from halfmoon.cluster.network_hop import NetworkHop
+from halfmoon.cluster.placement import QueueAssignment, grow_queues
 from halfmoon.cluster.routing import Layout, qualify, unqualify
 from halfmoon.cluster.wire import BrokerDeadlineExceeded, BrokerUnavailable
-from halfmoon.errors import NotFound
+from halfmoon.errors import HalfmoonError, NotFound
 from halfmoon.store.api import StoreStats
 
 # A topic created through this proxy is routable here before create_topic returns.
 VIEW_CATCH_UP_S = 5.0
+LAYOUTS_CACHED = 4096  # topics whose send layout a proxy keeps built
+
+# A message of a send, planned: its index in the call, itself on its broker's queue, its layout.
+_Planned = tuple[int, OutgoingMessage, Layout]
+
+
+class _NeedsThread(Exception):
+    """Planning a send on the loop needs a blocking call: the send goes to a thread."""
+
+
+def _read_only(perm: str) -> str:
+    return perm.replace("w", "") or "-"
 
 
 def _done() -> Future[None]:
@@ -65,8 +80,13 @@ def _done() -> Future[None]:
     return future
 
 
-class ClusterBroker(ClusterReads):
+class ClusterBroker(NetworkHop, ClusterReads):
     _round_robin = itertools.count()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # topic -> (the view's placement it was built from, the layout): sends on the loop
+        self._layouts: dict[str, tuple[object, Layout]] = {}
 
     # -- lifecycle and settings ----------------------------------------------------------------
 
@@ -134,18 +154,74 @@ class ClusterBroker(ClusterReads):
         queue_count: int | None = None,
         perm: str | None = None,
         message_type: MessageType | None = None,
+        trace: bool | None = None,
     ) -> TopicConfig:
         layout = self._known_layout(name)
-        if queue_count is not None and queue_count != len(layout.queues):
-            raise IllegalQueueId(
-                "changing a cluster topic's queue count is not supported: queues do not move "
-                "between brokers; create a new topic"
-            )
+        if queue_count is not None and queue_count != layout.writable:
+            self._change_queue_count(name, queue_count)
+            layout = self._known_layout(name)
         if perm is not None:
             self.on_loop(self.metadata.set_topic_perm(name, perm))
+        if trace is not None:
+            self.on_loop(self.metadata.set_topic_trace(name, trace))
+            self.on_loop(
+                self.view.wait_for(
+                    lambda v: getattr(v.topic(name), "trace", trace) == trace, VIEW_CATCH_UP_S
+                )
+            )
         for broker in layout.brokers:
-            self.broker(broker).update_topic(name, perm=perm, message_type=message_type)
+            # The trace switch lives on each broker holding the topic (its trace is theirs).
+            self.broker(broker).update_topic(
+                name, perm=perm, message_type=message_type, trace=trace
+            )
         return self.get_topic(name)
+
+    def _change_queue_count(self, name: str, queue_count: int) -> None:
+        """Grow or shrink topic ``name`` to ``queue_count`` writable queues (placement.py:
+        existing queues never move; removed ones stay readable until drained).
+
+        Brokers taking new queues get them before etcd names them, so no proxy routes a
+        queue its broker lacks; a change that loses etcd's compare-and-swap leaves only
+        unrouted empty queues behind, which the next attempt reuses."""
+        check_queue_count(queue_count)
+        placed = self.view.topic(name)
+        if placed is None:
+            raise IllegalQueueId(
+                f"topic {name!r} was not placed by the cluster (a broker made it): its queue "
+                "count is the brokers'"
+            )
+        live = self.on_loop(self.metadata.live_brokers())
+        changed = grow_queues(placed, queue_count, live)
+        kind = MessageType(changed.message_type)
+        for broker in changed.brokers:
+            share = len(changed.queues_on(broker))
+            if share == len(placed.queues_on(broker)):
+                continue
+            if not placed.queues_on(broker):
+                with contextlib.suppress(TopicExists):
+                    self.broker(broker).create_topic(name, kind, share, changed.perm)
+            # A broker's queues all stay writable at the broker: read-only is the
+            # cluster's word (routes and sends), so a later grow can reopen them.
+            self.broker(broker).update_topic(name, queue_count=share)
+        stored = self.on_loop(
+            self.metadata.update_topic(
+                name,
+                lambda t: grow_queues(t, queue_count, live) if t.queues == placed.queues else t,
+            )
+        )
+        if stored.queues != changed.queues or stored.writable != queue_count:
+            raise CoordinatorConflict(
+                f"topic {name!r} changed while its queue count was being changed; retry"
+            )
+        self.on_loop(
+            self.view.wait_for(
+                lambda v: (
+                    getattr(v.topic(name), "writable", None) == queue_count
+                    and len(getattr(v.topic(name), "queues", ())) == len(changed.queues)
+                ),
+                VIEW_CATCH_UP_S,
+            )
+        )
 
     def delete_topic(self, name: str) -> None:
         layout = self._known_layout(name)
@@ -155,20 +231,34 @@ class ClusterBroker(ClusterReads):
         self.on_loop(self.metadata.delete_topic(name))
 
     def get_topic(self, name: str) -> TopicConfig:
-        found = self.find_topic(name)
+        found = self.find_topic(name) or self._auto_create(name)
         if found is None:
             raise TopicNotFound(name)
         return found
+
+    def _auto_create(self, name: str) -> TopicConfig | None:
+        """With ``broker.auto_create_topics``, create unknown topic ``name`` cluster-wide, as
+        local mode does on first send or route query: a mixed topic of the default queue
+        count, spread over the live brokers. Two proxies racing both end with the one record
+        etcd's compare-and-swap kept (the loser's ``create_topic`` still makes sure every
+        owning broker holds its share, then says ``TopicExists``)."""
+        config = self.config
+        if not config.auto_create_topics or is_reserved(name):
+            return None
+        with contextlib.suppress(TopicExists):
+            self.create_topic(name, MessageType.MIXED, config.default_queue_count)
+        return self.find_topic(name)
 
     def find_topic(self, name: str) -> TopicConfig | None:
         placed = self.view.topic(name)
         if placed is not None:
             return self._topic_config(
                 name,
-                Layout(name, placed.queues),
+                Layout(name, placed.queues, placed.writable),
                 MessageType(placed.message_type),
                 placed.perm,
                 placed.created_ms,
+                placed.trace,
             )
         layout = self.layout(name)
         if not layout.queues:
@@ -195,7 +285,9 @@ class ClusterBroker(ClusterReads):
             layout.brokers, lambda b: b.topic_status(name), skip_missing=True
         ):
             for row in answer:
-                rows.append(replace(row, queue_id=layout.cluster_queue(broker, row.queue_id)))
+                queue_id = layout.cluster_queue(broker, row.queue_id)
+                perm = row.perm if queue_id < layout.writable else _read_only(row.perm)
+                rows.append(replace(row, queue_id=queue_id, perm=perm))
         return sorted(rows, key=lambda row: row.queue_id)
 
     def route(self, topic: str) -> list[QueueRoute]:
@@ -207,8 +299,15 @@ class ClusterBroker(ClusterReads):
             b: config.perm if self.is_writable(b) else config.perm.replace("w", "") or "-"
             for b in layout.brokers
         }
+        # Queues above the writable count are read-only until drained (a shrunk topic).
         return [
-            QueueRoute(topic, q.queue_id, perms[q.broker], accepted, broker=q.broker)
+            QueueRoute(
+                topic,
+                q.queue_id,
+                perms[q.broker] if q.queue_id < layout.writable else _read_only(perms[q.broker]),
+                accepted,
+                broker=q.broker,
+            )
             for q in layout.queues
         ]
 
@@ -220,10 +319,15 @@ class ClusterBroker(ClusterReads):
 
     @staticmethod
     def _topic_config(
-        name: str, layout: Layout, kind: MessageType, perm: str, created_ms: int
+        name: str,
+        layout: Layout,
+        kind: MessageType,
+        perm: str,
+        created_ms: int,
+        trace: bool = True,
     ) -> TopicConfig:
-        count = len(layout.queues)
-        return TopicConfig(name, kind, count, perm, count, created_ms)
+        readable = len(layout.queues)
+        return TopicConfig(name, kind, layout.writable, perm, readable, created_ms, trace)
 
     # -- consumer groups -----------------------------------------------------------------------
 
@@ -318,23 +422,7 @@ class ClusterBroker(ClusterReads):
     # -- produce -------------------------------------------------------------------------------
 
     def send(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
-        parts: dict[str, list[tuple[int, OutgoingMessage, Layout]]] = {}
-        for index, message in enumerate(messages):
-            layout = self._known_layout(message.topic)
-            queue_id = message.queue_id
-            if queue_id is None:
-                queue_id = self._pick_queue(message, len(layout.queues))
-            where = layout.locate(queue_id)
-            if where is None:
-                raise IllegalQueueId(
-                    f"topic {message.topic!r} has no queue {queue_id} "
-                    f"(queues 0..{len(layout.queues) - 1})"
-                )
-            if not message.message_group and not self._takes_sends(where.broker):
-                where = self._steer(layout, where)
-            parts.setdefault(where.broker, []).append(
-                (index, replace(message, queue_id=where.broker_queue), layout)
-            )
+        parts = self._plan_sends(messages, self._send_layout, self._takes_sends)
         results: list[SendResult | None] = [None] * len(messages)
         for broker, part in parts.items():
             answers = self.broker(broker).send([message for _, message, _ in part])
@@ -342,28 +430,120 @@ class ClusterBroker(ClusterReads):
                 results[index] = _qualified_result(broker, layout, result)
         return [result for result in results if result is not None]
 
+    async def send_async(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
+        """``send`` on the proxy's event loop: each broker's part through its stream sender.
+
+        Planned from what the proxy already knows (the view's placement, the cached
+        writability); when that needs a broker's answer first (a topic etcd does not
+        place, writability not asked for a second), the whole call goes to a worker
+        thread as ``send``."""
+        try:
+            parts = self._plan_sends(messages, self._placed_layout, self._takes_sends_now)
+        except _NeedsThread:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(None, self.send, messages)
+        results: list[SendResult | None] = [None] * len(messages)
+
+        async def send_part(broker: str, part: list[_Planned]) -> None:
+            answers = await self.broker(broker).send_async([message for _, message, _ in part])
+            for (index, _, layout), result in zip(part, answers, strict=True):
+                results[index] = _qualified_result(broker, layout, result)
+
+        if len(parts) == 1:
+            [(broker, part)] = parts.items()
+            await send_part(broker, part)
+        else:
+            await asyncio.gather(*(send_part(b, p) for b, p in parts.items()))
+        return [result for result in results if result is not None]
+
+    def _plan_sends(
+        self,
+        messages: Sequence[OutgoingMessage],
+        layout_of: Callable[[str], Layout],
+        takes_sends: Callable[[str], bool],
+    ) -> dict[str, list[_Planned]]:
+        """The messages split by broker, each with its queue on that broker."""
+        parts: dict[str, list[_Planned]] = {}
+        for index, message in enumerate(messages):
+            layout = layout_of(message.topic)
+            queue_id = message.queue_id
+            if message.lite_topic is not None:
+                # A lite topic lives on one broker (its store topic, its order, its count
+                # against that broker's lite limits): the queue follows the lite topic's name.
+                queue_id = self._pick_queue(message, layout.writable)
+            elif queue_id is None or layout.writable <= queue_id < len(layout.queues):
+                # A queue removed by a shrink takes no more sends (a client's stale route).
+                queue_id = self._pick_queue(message, layout.writable)
+            where = layout.locate(queue_id)
+            if where is None:
+                raise IllegalQueueId(
+                    f"topic {message.topic!r} has no queue {queue_id} "
+                    f"(queues 0..{len(layout.queues) - 1})"
+                )
+            if not (message.message_group or message.lite_topic) and not takes_sends(where.broker):
+                where = self._steer(layout, where, takes_sends)
+            if message.queue_id != where.broker_queue:
+                message = replace(message, queue_id=where.broker_queue)
+            parts.setdefault(where.broker, []).append((index, message, layout))
+        return parts
+
+    def _send_layout(self, topic: str) -> Layout:
+        """The topic's layout for a send; an unknown topic is created when the cluster's
+        settings say so (``broker.auto_create_topics``), as local mode does."""
+        layout = self.layout(topic)
+        if not layout.queues and self._auto_create(topic) is not None:
+            layout = self.layout(topic)
+        if not layout.queues:
+            raise TopicNotFound(topic)
+        return layout
+
+    def _placed_layout(self, topic: str) -> Layout:
+        """The topic's layout from the view alone (cached while its placement is the same)."""
+        placed = self.view.topic(topic)
+        if placed is None:
+            raise _NeedsThread  # not placed by etcd: the brokers are asked (probe)
+        cached = self._layouts.get(topic)
+        if cached is not None and cached[0] is placed:
+            return cached[1]
+        layout = Layout(topic, placed.queues, placed.writable)
+        if not layout.queues:
+            raise TopicNotFound(topic)
+        if len(self._layouts) >= LAYOUTS_CACHED:
+            self._layouts.clear()
+        self._layouts[topic] = (placed, layout)
+        return layout
+
+    def _takes_sends_now(self, broker: str) -> bool:
+        if not self.is_reachable(broker):
+            return False
+        writable = self.writable_known(broker)
+        if writable is None:
+            raise _NeedsThread  # not asked for a second: asking blocks
+        return writable
+
     def send_nowait(self, messages: Sequence[OutgoingMessage]) -> Written[list[SendResult]]:
         # Each broker answers once its writes are durable, so the result is already durable.
         return Written(self.send(messages), _done())
 
-    def sends_cheaply(self, messages: Sequence[OutgoingMessage]) -> bool:
-        return False  # a network hop away: never on an event loop
-
-    def _steer(self, layout: Layout, chosen: QueueAssignment) -> QueueAssignment:
+    def _steer(
+        self, layout: Layout, chosen: QueueAssignment, takes_sends: Callable[[str], bool]
+    ) -> QueueAssignment:
         """A queue on a reachable broker instead of ``chosen``, whose broker is down.
 
         Only for messages without a message group: their queue carries no meaning, and a
         client retrying the same queue (as the official Python client does) would otherwise
         fail until its next route refresh. A FIFO message keeps its queue (its order)."""
-        live = [q for q in layout.queues if self._takes_sends(q.broker)]
+        live = [q for q in layout.queues if q.queue_id < layout.writable and takes_sends(q.broker)]
         if not live:
             return chosen  # nothing better: the send fails with BROKER_UNAVAILABLE
         return live[next(self._round_robin) % len(live)]
 
     def _takes_sends(self, broker: str) -> bool:
-        return self.is_connected(broker) and self.is_writable(broker)
+        return self.is_reachable(broker) and self.is_writable(broker)
 
     def _pick_queue(self, message: OutgoingMessage, queue_count: int) -> int:
+        if message.lite_topic is not None:
+            return zlib.crc32(message.lite_topic.encode()) % queue_count
         if message.message_group:
             return zlib.crc32(message.message_group.encode()) % queue_count
         return next(self._round_robin) % queue_count
@@ -402,8 +582,10 @@ class ClusterBroker(ClusterReads):
             topic, message_id, own, resolution, source, producer_group
         )
 
-    def transaction_ends_cheaply(self, transaction_id: str) -> bool:
-        return False
+    def end_transactions_nowait(
+        self, requests: Sequence[EndRequest]
+    ) -> list[Written[EndResult] | HalfmoonError]:
+        return end_each(self, requests)  # no batching across the internal protocol (yet)
 
     def end_transaction_group(
         self,
@@ -523,7 +705,7 @@ class ClusterBroker(ClusterReads):
         for broker in brokers[start:] + brokers[:start]:
             if len(got) >= batch_size:
                 break
-            if not self.is_connected(broker):
+            if not self.is_reachable(broker):
                 down += 1  # its queues wait for it; the others keep serving
                 continue
             try:

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from halfmoon.broker.facade import Broker
+from halfmoon.cluster import peer_tls
+from halfmoon.cluster.auth_store import EtcdAuthStore, cluster_guard
 from halfmoon.cluster.cluster_broker import ClusterBroker
 from halfmoon.cluster.etcd import EtcdClient
 from halfmoon.cluster.etcd_json import parse_coordinator
@@ -34,14 +36,21 @@ from halfmoon.cluster.members import read_members
 from halfmoon.cluster.membership import Membership
 from halfmoon.cluster.metadata import ClusterMetadata
 from halfmoon.cluster.registration import register_member
+from halfmoon.cluster.remote_broker import RemoteBroker
+from halfmoon.cluster.replication_view import add_progress, replication_collector
+from halfmoon.cluster.switchover import request_switchover
 from halfmoon.cluster.view import ClusterView
 from halfmoon.config import Config
+from halfmoon.errors import HalfmoonError
+from halfmoon.metrics import default_registry
 from halfmoon.server.app import configure_logging, serve_front_end
 from halfmoon.server.edge_security import check_exposure
-from halfmoon.server.errors import Unsupported
 
 log = logging.getLogger("halfmoon.cluster")
 
+# How long the admin API's member listing waits for a broker's answer before calling it
+# unreachable (the dashboard's overview asks every 5 s).
+REACHABLE_TIMEOUT_S = 1.0
 # How long a starting worker waits for the brokers listed in etcd to answer before serving.
 FIRST_CONNECT_S = 10.0
 
@@ -66,7 +75,27 @@ class ProxyMembers:
         return self.broker.broker(name)
 
     def members(self) -> dict[str, Any]:
-        return read_members(parse_coordinator(self.identity.coordinator), self.identity.cluster)
+        """Every member from etcd; each broker also says whether this proxy reaches it now
+        (a broker killed a moment ago still holds its lease until it expires)."""
+        answer = read_members(parse_coordinator(self.identity.coordinator), self.identity.cluster)
+        connected = self.broker.connected()
+        for broker in answer["brokers"]:
+            remote = connected.get(broker["name"])
+            broker["reachable"] = remote is not None and _answers(remote)
+        add_progress(answer.get("broker_groups", []))
+        return answer
+
+    def switchover(self, group: str, to: str | None) -> dict[str, Any]:
+        endpoints = parse_coordinator(self.identity.coordinator)
+        return request_switchover(endpoints, self.identity.cluster, group, to)
+
+
+def _answers(remote: RemoteBroker) -> bool:
+    try:
+        remote.connection.hello(timeout_s=REACHABLE_TIMEOUT_S)
+    except HalfmoonError:
+        return False
+    return True
 
 
 async def serve_cluster_proxy(
@@ -81,19 +110,24 @@ async def serve_cluster_proxy(
     loop = asyncio.get_running_loop()
     started = time.monotonic()
     check_exposure(config)
-    if config.auth.enabled:
-        # As for a proxy in front of one broker: users and ACLs of cluster mode belong in
-        # etcd, which no proxy reads yet; a proxy with users of its own would answer
-        # differently from its peers.
-        raise Unsupported(
-            "auth.enabled on a proxy is not available yet (cluster-mode users and ACLs come "
-            "with etcd; docs/security.md): keep proxies on loopback, or pass --insecure"
-        )
+    peer_tls.configure(config)
     client = EtcdClient.from_url(identity.coordinator)
     view = ClusterView(client, identity.cluster)
     member = None
     follower = None
+    # Users and ACLs from etcd, read before serving and followed while serving (every
+    # proxy answers the same); None when this proxy keeps none (see cluster_guard).
+    guard = await loop.run_in_executor(
+        None, cluster_guard, config.auth, client.endpoints, identity.cluster
+    )
+    auth_follower = (
+        asyncio.create_task(guard.store.follow(client), name="users and ACLs")
+        if guard is not None and isinstance(guard.store, EtcdAuthStore)
+        else None
+    )
     broker = ClusterBroker(view, ClusterMetadata(client, identity.cluster), loop)
+    replication = replication_collector(client.endpoints, identity.cluster)
+    default_registry().add_collector(replication)
     try:
         await view.start()
         # Connect to the brokers listed now, so the first clients find every queue.
@@ -119,8 +153,13 @@ async def serve_cluster_proxy(
             source=f"cluster={identity.cluster} proxy={identity.name}",
             reuse_port=reuse_port,
             cluster=ProxyMembers(broker, identity),
+            guard=guard,
+            on_reload=peer_tls.reload,
         )
     finally:
+        default_registry().remove_collector(replication)
+        if auth_follower is not None:
+            auth_follower.cancel()
         if member is not None:
             await member.stop()
         if follower is not None:
@@ -139,6 +178,7 @@ def run_cluster_proxy(
     ``worker``: this process is one of a supervised proxy's workers (it shares the ports
     and does not register: its parent does)."""
     configure_logging()
+    peer_tls.configure(config)  # the supervisor registers in etcd too
     if workers <= 1:
         asyncio.run(serve_cluster_proxy(config, identity, register=not worker, reuse_port=worker))
         return 0
@@ -167,6 +207,7 @@ def _supervise(identity: ProxyIdentity, workers: int) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGHUP, forward)  # each worker re-reads its certificates
     try:
         statuses = [child.wait() for child in children]
     finally:

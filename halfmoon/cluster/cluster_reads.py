@@ -8,8 +8,12 @@ whole-topic operations ask every broker holding the topic and merge.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
+
+import grpc
 
 from halfmoon.broker.browse import ScanResult
 from halfmoon.broker.errors import IllegalQueueId, TopicNotFound
@@ -19,8 +23,12 @@ from halfmoon.broker.lite import OffsetOption
 from halfmoon.broker.message import MessageView
 from halfmoon.cluster.broker_pool import BrokerPool
 from halfmoon.cluster.placement import QueueAssignment
+from halfmoon.cluster.replica_reads import COMMIT_WAIT_S, READS
 from halfmoon.cluster.routing import Layout
+from halfmoon.errors import HalfmoonError
 from halfmoon.store.store import MessageNotFound
+
+log = logging.getLogger("halfmoon.cluster.reads")
 
 
 class ClusterReads(BrokerPool):
@@ -38,6 +46,32 @@ class ClusterReads(BrokerPool):
     def _view(self, broker: str, layout: Layout, view: MessageView) -> MessageView:
         return replace(view, queue_id=layout.cluster_queue(broker, view.queue_id))
 
+    def _from_replica(self, broker: str, operation: str, args: list[Any]) -> PullResult | None:
+        """The read served by one of the group's in-sync replicas when the group enables
+        replica reads; None (ask the master) otherwise, or when the replica answers an error.
+        The queue was checked against the cluster's placement (``_queue``); a replica has no
+        topic or group table of its own."""
+        endpoint = self.replica_reads.pick(broker)
+        if endpoint is None:
+            return None
+        try:
+            result = self.replica_reads.read(endpoint, operation, args)
+            if not result.messages:
+                # Nothing here yet: if the master holds more, the replica may not have heard
+                # the group acknowledge it (a long poll woken by the master's arrival notice
+                # gets here first); it waits a moment for its committed point.
+                _, topic, queue_id = args[:3]
+                if self.broker(broker).query_offset(topic, queue_id, "end") > result.max_offset:
+                    result = self.replica_reads.read(endpoint, operation, args, COMMIT_WAIT_S)
+        except (grpc.RpcError, HalfmoonError, TypeError, ValueError) as error:
+            log.info(
+                "event=replica_read_failed broker=%s replica=%s error=%s", broker, endpoint, error
+            )
+            READS.inc(group=broker, answered_by="master")
+            return None
+        READS.inc(group=broker, answered_by="replica")
+        return result
+
     # -- consume by pull (offsets) -------------------------------------------------------------
 
     def pull(
@@ -50,9 +84,30 @@ class ClusterReads(BrokerPool):
         filter: FilterSpec,
     ) -> PullResult:
         layout, where = self._queue(topic, queue_id)
-        result = self.broker(where.broker).pull(
-            group, topic, where.broker_queue, offset, batch_size, filter
-        )
+        args: list[Any] = [group, topic, where.broker_queue, offset, batch_size, filter]
+        result = self._from_replica(where.broker, "pull", args)
+        if result is None:
+            result = self.broker(where.broker).pull(*args)
+        result.messages = [self._view(where.broker, layout, m) for m in result.messages]
+        return result
+
+    def bulk_read(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        max_bytes: int,
+        filter: FilterSpec,
+        end_offset: int | None = None,
+    ) -> PullResult:
+        layout, where = self._queue(topic, queue_id)
+        queue = where.broker_queue
+        args: list[Any] = [group, topic, queue, offset, max_messages, max_bytes, filter, end_offset]
+        result = self._from_replica(where.broker, "bulk_read", args)
+        if result is None:
+            result = self.broker(where.broker).bulk_read(*args)
         result.messages = [self._view(where.broker, layout, m) for m in result.messages]
         return result
 
@@ -107,6 +162,18 @@ class ClusterReads(BrokerPool):
         if not found:
             raise MessageNotFound(f"no message with id {message_id!r}")
         return found
+
+    def message_trace(self, message_id: str) -> list[dict[str, Any]]:
+        # Each broker traces what it stores: a message's copies and its transaction may live
+        # on different brokers; every event says which.
+        events = [
+            {**event, "broker": broker}
+            for broker, answer in self.fan_out(
+                list(self.connected()), lambda b: b.message_trace(message_id), skip_missing=True
+            )
+            for event in answer
+        ]
+        return sorted(events, key=lambda e: e["time_ms"])
 
     def messages_by_key(
         self, topic: str, key: str, begin_ms: int, end_ms: int, limit: int

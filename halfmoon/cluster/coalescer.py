@@ -17,7 +17,7 @@ fails every caller in it with that error.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
 from halfmoon.broker.message import OutgoingMessage
@@ -48,8 +48,10 @@ class SendCoalescer:
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         max_messages: int = DEFAULT_MAX_MESSAGES,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        observer: Callable[[int, int], None] | None = None,
     ) -> None:
         self._connection = connection
+        self._observer = observer  # told (messages, callers' sends) of each request
         self._max_messages = max_messages
         self._max_bytes = max_bytes
         self._waiting: list[_Waiting] = []
@@ -102,7 +104,9 @@ class SendCoalescer:
             del self._waiting[: len(taken)]
             self.requests += 1
             self.sends += len(taken)
-            return taken
+        if self._observer is not None:
+            self._observer(count, len(taken))
+        return taken
 
     def _run(self) -> None:
         while (taken := self._take()) is not None:

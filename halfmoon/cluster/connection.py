@@ -1,9 +1,17 @@
 """The peer side of the internal protocol: one gRPC channel to one broker process.
 
-Every call carries the version token and a deadline. Calls wait for the
-channel to be ready (``wait_for_ready``) within their deadline, so a broker
-restarting is waited for rather than failed at once; a request never sent is
-never half done. What gRPC reports becomes a ``HalfmoonError``:
+Every call carries the version token and a deadline. A call to a broker that
+cannot be reached (connection refused, reset, the channel backing off after
+a failure) waits at most :data:`READY_WAIT_S` for the channel to come back
+(a broker restarting), then fails with ``BROKER_UNAVAILABLE`` rather than
+waiting out its deadline; within a second of such a failure the next calls
+fail at once. A proxy then answers its client quickly with a code the client
+retries, and steers other sends away from the broker
+(:attr:`BrokerConnection.failed_at` marks it suspect). A call that misses its deadline
+(a partition that drops packets, no reset) marks it suspect too. A send's
+deadline is at most :data:`SEND_TIMEOUT_S`, and keepalive pings find a silent
+transport within 7 s. What gRPC reports becomes a
+``HalfmoonError``:
 
 - DEADLINE_EXCEEDED → :class:`~halfmoon.cluster.wire.BrokerDeadlineExceeded`
   (the outcome is unknown: a send may have been stored);
@@ -18,19 +26,44 @@ raised here as the same class.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grpc
+import grpc.aio
 
 from halfmoon.broker.message import OutgoingMessage
 from halfmoon.broker.produce import SendResult
-from halfmoon.cluster import wire
+from halfmoon.cluster import internal_tls, wire
 from halfmoon.errors import HalfmoonError
 
 DEFAULT_TIMEOUT_S = 10.0
+# A send's deadline: a broker cut off without a reset (packets dropped) is reported to the
+# client within it, with a code it retries, instead of after the call's full deadline.
+SEND_TIMEOUT_S = 5.0
+# A call that finds the broker unreachable waits this long for the channel to reconnect (a
+# restart) before failing; within SUSPECT_WINDOW_S of such a failure, it fails at once.
+READY_WAIT_S = 1.0
+SUSPECT_WINDOW_S = 1.0
 EVENTS_DEADLINE_S = 300.0  # an event stream is reopened this often (and after any failure)
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+def channel_options() -> list[tuple[str, int]]:
+    """The options of every channel to a broker (the blocking one and a proxy's send stream)."""
+    return [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        # A transport whose packets are dropped (a partition, no reset) is found dead within
+        # 7 s and its calls fail; the broker permits a ping every 5 s (broker_node.py).
+        ("grpc.keepalive_time_ms", 5_000),
+        ("grpc.keepalive_timeout_ms", 2_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        # A restarted broker is retried within a second, not after grpc's long backoff.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1_000),
+    ]
 
 
 def _method(name: str) -> str:
@@ -50,19 +83,14 @@ class BrokerConnection:
     ) -> None:
         self.target = target
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(
-            target,
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.keepalive_time_ms", 10_000),
-                ("grpc.keepalive_timeout_ms", 5_000),
-                ("grpc.keepalive_permit_without_calls", 1),
-                # A restarted broker is retried within a second, not after grpc's long backoff.
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 1_000),
-            ],
-        )
+        # When a call last found the broker unreachable (monotonic), None once one succeeded.
+        self.failed_at: float | None = None
+        # Plaintext, or mutual TLS when the process has [internal] set (internal_tls.py).
+        self._channel = internal_tls.channel(target, channel_options())
+        # Whether the channel was connected, as grpc last told us: a call that fails while it
+        # was may have reached the broker, and is not retried (a send would be stored twice).
+        self._connected = False
+        self._channel.subscribe(self._connectivity_changed, try_to_connect=False)
         self.metadata: tuple[tuple[str, str], ...] = (
             (wire.VERSION_HEADER, version_token or wire.version_token()),
             ("hm-peer", peer),
@@ -74,7 +102,11 @@ class BrokerConnection:
         self._events = self._channel.stream_stream(_method("Events"))
 
     def close(self) -> None:
+        self._channel.unsubscribe(self._connectivity_changed)
         self._channel.close()
+
+    def _connectivity_changed(self, state: grpc.ChannelConnectivity) -> None:
+        self._connected = state is grpc.ChannelConnectivity.READY
 
     def hello(self, timeout_s: float | None = None) -> dict[str, Any]:
         """The version handshake: the broker's name and protocol version."""
@@ -98,7 +130,8 @@ class BrokerConnection:
         self, batches: Sequence[Sequence[OutgoingMessage]], timeout_s: float | None = None
     ) -> list[list[SendResult] | HalfmoonError]:
         """Store many callers' batches in one request; per batch its results or its error."""
-        answers = self._unary(self._send, wire.encode([list(b) for b in batches]), timeout_s)
+        request = wire.encode([list(b) for b in batches])
+        answers = self._unary(self._send, request, timeout_s or min(self.timeout_s, SEND_TIMEOUT_S))
         if not isinstance(answers, list) or len(answers) != len(batches):
             raise wire.MalformedRequest(f"the broker at {self.target} answered Send oddly")
         return answers
@@ -127,25 +160,74 @@ class BrokerConnection:
         return answer
 
     def _unary(self, stub: Any, request: bytes, timeout_s: float | None) -> Any:
+        timeout = timeout_s or self.timeout_s
+        was_connected = self._connected
         try:
-            raw = stub(
-                request,
-                timeout=timeout_s or self.timeout_s,
-                metadata=self.metadata,
-                wait_for_ready=True,
-            )
-        except grpc.RpcError as exc:
-            raise rpc_error(exc, self.target) from None
+            raw = self._once(stub, request, timeout)
+        except wire.BrokerUnavailable:
+            # Not ready (a broker restarting: the channel backs off up to a second). Unless
+            # it was found unreachable a moment ago, give it READY_WAIT_S to come back. A call
+            # made on a connected channel is not repeated: the connection may have dropped
+            # after the broker took the request (the outcome is unknown, the caller decides).
+            if (
+                was_connected
+                or self.suspect(SUSPECT_WINDOW_S)
+                or not self._ready_within(min(READY_WAIT_S, timeout))
+            ):
+                self.failed_at = time.monotonic()
+                raise
+            raw = self._retry_once(stub, request, timeout)
+        except wire.BrokerDeadlineExceeded:
+            # No answer in time (a partition drops packets, no reset): suspect, so sends
+            # steer elsewhere meanwhile; the caller hears of it with a code it retries.
+            self.failed_at = time.monotonic()
+            raise
+        self.failed_at = None
         answer = wire.decode(raw)
         if isinstance(answer, HalfmoonError):
             raise answer
         return answer
 
+    def _retry_once(self, stub: Any, request: bytes, timeout: float) -> bytes:
+        try:
+            return self._once(stub, request, timeout)
+        except (wire.BrokerUnavailable, wire.BrokerDeadlineExceeded):
+            self.failed_at = time.monotonic()
+            raise
+
+    def _once(self, stub: Any, request: bytes, timeout: float) -> bytes:
+        try:
+            raw: bytes = stub(
+                request,
+                timeout=timeout,
+                metadata=self.metadata,
+                wait_for_ready=False,  # unreachable: fail now, the caller retries or steers
+            )
+        except grpc.RpcError as exc:
+            raise rpc_error(exc, self.target) from None
+        return raw
+
+    def _ready_within(self, seconds: float) -> bool:
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=seconds)
+        except grpc.FutureTimeoutError:
+            return False
+        return True
+
+    def suspect(self, window_s: float) -> bool:
+        """Whether a call found the broker unreachable within the last ``window_s`` and none
+        succeeded since."""
+        failed_at = self.failed_at
+        return failed_at is not None and time.monotonic() - failed_at < window_s
+
 
 def rpc_error(exc: grpc.RpcError, target: str) -> HalfmoonError:
     """What a failed gRPC call means to the caller, as a ``HalfmoonError``."""
-    code = exc.code() if isinstance(exc, grpc.Call) else None
-    details = (exc.details() if isinstance(exc, grpc.Call) else None) or str(exc)
+    # A blocking call's error is a grpc.Call; an asyncio call's (AioRpcError) is not, but
+    # answers the same two questions.
+    has_status = isinstance(exc, grpc.Call | grpc.aio.AioRpcError)
+    code = exc.code() if has_status else None  # type: ignore[attr-defined]
+    details = (exc.details() if has_status else None) or str(exc)  # type: ignore[attr-defined]
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return wire.BrokerDeadlineExceeded(
             f"the broker at {target} did not answer in time; the outcome is unknown"

@@ -62,3 +62,39 @@ class ClusterKeyNotFound(NotFound):
 
     code = "CLUSTER_KEY_NOT_FOUND"
     protocol_code = "NOT_FOUND"
+
+
+class NotEnoughReplicas(HalfmoonError):
+    """A sync-replicated broker group has fewer in-sync replicas than its
+    ``min_insync_replicas``: it acknowledges nothing until enough replicas catch up.
+    (Here, not in ``halfmoon.replication``: proxies must know the class to relay it.)"""
+
+    code = "NOT_ENOUGH_REPLICAS"
+    protocol_code = "HA_NOT_AVAILABLE"
+    http_status = 500
+
+
+class MasterDeposed(HalfmoonError):
+    """This broker is no longer its group's master (its lease in etcd was lost): it
+    acknowledges nothing; clients retry and reach the group's current master."""
+
+    code = "MASTER_DEPOSED"
+    protocol_code = "HA_NOT_AVAILABLE"
+    http_status = 500
+
+
+class MasterSwitching(HalfmoonError):
+    """The group's master is handing over to a replica (a planned switchover): it takes no
+    write for the moment; clients retry and reach the new master within a second or two."""
+
+    code = "MASTER_SWITCHING"
+    protocol_code = "HA_NOT_AVAILABLE"
+    http_status = 500
+
+
+class SwitchoverRefused(Conflict):
+    """A switchover that cannot be done as asked (the target is not in sync, the group has no
+    master, another switchover is running...); ``code`` says which, the message what to do."""
+
+    code = "SWITCHOVER_REFUSED"
+    protocol_code = "PRECONDITION_FAILED"

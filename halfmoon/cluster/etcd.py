@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 
+from halfmoon.cluster import etcd_tls
 from halfmoon.cluster.errors import CoordinatorUnavailable
 from halfmoon.cluster.etcd_json import (
     API_PREFIX,
@@ -157,7 +158,10 @@ class EtcdClient:
         for index, endpoint in self._ordered_endpoints():
             try:
                 async with self._http().post(
-                    f"{endpoint}{API_PREFIX}{path}", json=body, timeout=timeout
+                    f"{etcd_tls.url(endpoint)}{API_PREFIX}{path}",
+                    json=body,
+                    timeout=timeout,
+                    ssl=etcd_tls.ssl_context() or True,
                 ) as response:
                     status = response.status
                     answer = await response.json(content_type=None)
@@ -280,7 +284,10 @@ class EtcdClient:
         for index, endpoint in self._ordered_endpoints():
             try:
                 response = await self._http().post(
-                    f"{endpoint}{API_PREFIX}/watch", json=request, timeout=timeout
+                    f"{etcd_tls.url(endpoint)}{API_PREFIX}/watch",
+                    json=request,
+                    timeout=timeout,
+                    ssl=etcd_tls.ssl_context() or True,
                 )
             except (TimeoutError, aiohttp.ClientError) as error:
                 failures.append(f"{endpoint}: {error or type(error).__name__}")

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from halfmoon.cluster import etcd_tls
 from halfmoon.cluster.errors import BadCoordinatorAddress, CoordinatorUnavailable
 
 API_PREFIX = "/v3"
@@ -134,13 +135,15 @@ def call_sync(
     failures = []
     for endpoint in endpoints:
         request = urllib.request.Request(
-            f"{endpoint}{API_PREFIX}{path}",
+            f"{etcd_tls.url(endpoint)}{API_PREFIX}{path}",
             data=data,
             headers={"Content-Type": "application/json"},
             method="POST",
         )
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with urllib.request.urlopen(
+                request, timeout=timeout, context=etcd_tls.ssl_context()
+            ) as response:
                 status, raw = response.status, response.read()
         except urllib.error.HTTPError as error:
             status, raw = error.code, error.read()

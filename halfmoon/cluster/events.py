@@ -11,6 +11,14 @@ harmless (long polls also wake on their own timeout).
 
 Listeners run on the stream's thread, shortly after the broker's append (a
 network hop later than in-process); they must not block.
+
+Arrival listeners come in two kinds: for every topic (``add_arrival_listener``,
+the facade's) and for watched topics only (``add_watched_arrival_listener``, a
+proxy's long polls). When only the second kind listens, the subscription names
+the watched topics and the broker pushes arrivals of those alone; ``watch`` and
+``unwatch`` change the set on the open stream (``["watch", [topic, ...]]``),
+and the broker answers a new watch with one arrival per topic, so nothing that
+arrived while the watch was on its way is missed.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -42,6 +50,9 @@ class BrokerEvents:
         self._peer = peer
         self._lock = threading.Lock()
         self._arrival_listeners: list[Callable[[str, int], None]] = []
+        self._watched_listeners: list[Callable[[str, int], None]] = []
+        self._watched: set[str] = set()
+        self._stream_watches = False  # the open stream's subscription names watched topics
         self._check_sender: CheckSender | None = None
         self._lite_notifier: UnsubscribeNotifier | None = None
         self._call: Any = None
@@ -56,6 +67,26 @@ class BrokerEvents:
         with self._lock:
             self._arrival_listeners.append(callback)
         self._resubscribe()
+
+    def add_watched_arrival_listener(self, callback: Callable[[str, int], None]) -> None:
+        with self._lock:
+            self._watched_listeners.append(callback)
+        self._resubscribe()
+
+    def watch(self, topics: Iterable[str]) -> None:
+        """Arrivals of ``topics`` from now on, for the watched-topic listeners (never blocks)."""
+        with self._lock:
+            new = sorted(set(topics) - self._watched)
+            self._watched.update(new)
+            if new and self._stream_watches and self._outgoing is not None:
+                self._outgoing.put(wire.encode(["watch", new]))
+
+    def unwatch(self, topics: Iterable[str]) -> None:
+        with self._lock:
+            gone = sorted(set(topics) & self._watched)
+            self._watched.difference_update(gone)
+            if gone and self._stream_watches and self._outgoing is not None:
+                self._outgoing.put(wire.encode(["unwatch", gone]))
 
     def set_check_sender(self, sender: CheckSender | None) -> None:
         with self._lock:
@@ -77,7 +108,8 @@ class BrokerEvents:
 
     def _kinds(self) -> list[str]:
         with self._lock:
-            kinds = ["arrivals"] if self._arrival_listeners else []
+            listening = self._arrival_listeners or self._watched_listeners
+            kinds = ["arrivals"] if listening else []
             if self._check_sender is not None:
                 kinds.append("checks")
             if self._lite_notifier is not None:
@@ -124,7 +156,13 @@ class BrokerEvents:
 
     def _stream(self, kinds: list[str]) -> None:
         outgoing: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        outgoing.put(wire.encode({"subscribe": kinds, "peer": self._peer}))
+        opening: dict[str, Any] = {"subscribe": kinds, "peer": self._peer}
+        with self._lock:  # a watch lands in the opening or after it, never in between
+            watches = not self._arrival_listeners and bool(self._watched_listeners)
+            if watches:
+                opening["watch"] = sorted(self._watched)
+            outgoing.put(wire.encode(opening))
+            self._outgoing, self._stream_watches = outgoing, watches
 
         def requests() -> Iterator[bytes]:
             while (item := outgoing.get()) is not None:
@@ -132,7 +170,7 @@ class BrokerEvents:
 
         call = self._connection.events(requests())
         with self._lock:
-            self._call, self._outgoing = call, outgoing
+            self._call = call
         try:
             for raw in call:
                 for event in wire.decode(raw):
@@ -142,7 +180,7 @@ class BrokerEvents:
         finally:
             outgoing.put(None)
             with self._lock:
-                if self._call is call:
+                if self._outgoing is outgoing:
                     self._call, self._outgoing = None, None
 
     def _dispatch(self, event: list[Any], outgoing: queue.SimpleQueue[bytes | None]) -> None:
@@ -152,8 +190,11 @@ class BrokerEvents:
         elif kind == "arrivals":
             with self._lock:
                 listeners = list(self._arrival_listeners)
+                watchers = list(self._watched_listeners)
+                watched = self._watched
             for topic, queue_id in event[1]:
-                for listener in listeners:
+                called = listeners + watchers if topic in watched else listeners
+                for listener in called:
                     try:
                         listener(topic, queue_id)
                     except Exception:  # noqa: BLE001 - one listener must not stop the others

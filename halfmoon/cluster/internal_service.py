@@ -5,15 +5,30 @@ out, encoded by :mod:`halfmoon.cluster.wire`):
 
 - ``Hello`` (unary): the version handshake a peer makes at connect.
 - ``Call`` (unary): ``[operation, args, kwargs]`` for any facade operation
-  in :data:`OPERATIONS`; the answer is the result or the error.
+  in :data:`OPERATIONS`; the answer is the result or the error. Also
+  ``send_stats``: the send requests served and the calls and messages they
+  carried, from every peer (``bench/proxy_bench.py`` reads it).
 - ``Send`` (unary): many callers' sends in one request, ``[[message, ...],
   ...]``; each batch is stored all-or-nothing as one ``send`` would, the
   request is answered once every batch is durable (one shared fsync under
   ``sync`` flush), with one result list or error per batch.
+- ``SendStream`` (bidirectional stream): the same as ``Send``, many requests
+  over one long-lived call, each ``[request_id, timeout_ms, batches]``
+  answered ``[request_id, answers]`` in order; a proxy's sends cost a stream
+  message each instead of a unary call (a unary call's per-call machinery is
+  most of a small request's cost).
+- the same requests also arrive over the broker's send listener
+  (:mod:`halfmoon.cluster.send_listener`, plain framed TCP), which a proxy
+  uses when the ``Hello`` answer names its ``send_port``: the stream's
+  per-request machinery is most of a proxied send's cost to the broker;
+  :meth:`InternalService.store_batches` is what both call.
 - ``Events`` (bidirectional stream): the broker pushes arrival wake-ups
   (coalesced per queue), transaction check requests and lite unsubscribe
   notices; the peer answers each check batch with which checks a live
-  producer took.
+  producer took. A subscription that names topics to ``watch`` gets the
+  arrivals of those only; the peer changes the set with ``["watch",
+  [topic, ...]]`` and ``["unwatch", [...]]``, and a new watch is answered
+  with one arrival per topic (queue -1: look again).
 
 Every call carries the version token in its metadata (a mismatch is refused
 with FAILED_PRECONDITION and ``WIRE_VERSION_MISMATCH``), and a deadline; the
@@ -73,9 +88,10 @@ EVENT_POLL_S = 1.0  # how often an idle event stream looks whether its peer is s
 class _Subscriber:
     """One peer's Events stream: what is waiting to be pushed to it."""
 
-    def __init__(self, peer: str, kinds: set[str]) -> None:
+    def __init__(self, peer: str, kinds: set[str], watched: set[str] | None = None) -> None:
         self.peer = peer
         self.kinds = kinds
+        self.watched = watched  # None: every topic's arrivals
         self.changed = threading.Condition()
         self.arrivals: dict[tuple[str, int], None] = {}  # ordered set: one wake-up per queue
         self.outbox: list[list[Any]] = []
@@ -88,9 +104,28 @@ class _Subscriber:
             self.changed.notify()
 
     def arrived(self, topic: str, queue_id: int) -> None:
+        watched = self.watched
+        if watched is not None and topic not in watched:
+            return  # nobody polls it through this peer
         with self.changed:
             self.arrivals[(topic, queue_id)] = None
             self.changed.notify()
+
+    def watch(self, topics: list[str]) -> None:
+        """Arrivals of ``topics`` from now on, and one of each at once: a message may have
+        arrived between the peer's last look and this watch."""
+        with self.changed:
+            if self.watched is None:
+                return
+            self.watched = self.watched | set(topics)  # replaced, never changed: read unlocked
+            for topic in topics:
+                self.arrivals[(topic, -1)] = None
+            self.changed.notify()
+
+    def unwatch(self, topics: list[str]) -> None:
+        with self.changed:
+            if self.watched is not None:
+                self.watched = self.watched - set(topics)
 
     def next_events(self) -> list[list[Any]]:
         with self.changed:
@@ -135,6 +170,10 @@ class InternalService:
         self._rotation = itertools.count()
         # message id of a half message -> the peer (proxy) it was sent through, newest last
         self._half_senders: OrderedDict[str, str] = OrderedDict()
+        # Send and SendStream requests served and what they carried, for all peers together
+        # (``Call send_stats``: how well the proxies coalesce, whatever their worker count).
+        self._send_stats = {"requests": 0, "calls": 0, "messages": 0}
+        self.send_port: int | None = None  # the send listener's, once it listens
         broker.add_arrival_listener(self._on_arrival)
         broker.set_check_sender(self)
         broker.set_lite_unsubscribe_notifier(self._on_lite_unsubscribe)
@@ -152,6 +191,7 @@ class InternalService:
             "Hello": grpc.unary_unary_rpc_method_handler(self._hello),
             "Call": grpc.unary_unary_rpc_method_handler(self._call),
             "Send": grpc.unary_unary_rpc_method_handler(self._send),
+            "SendStream": grpc.stream_stream_rpc_method_handler(self._send_stream),
             "Events": grpc.stream_stream_rpc_method_handler(self._events),
         }
         if self._clock is not None:
@@ -172,7 +212,23 @@ class InternalService:
 
     def _hello(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         self._check_version(context)
-        return wire.encode({"broker": self._name, "version": self._token})
+        return wire.encode(self.hello_answer())
+
+    def hello_answer(self) -> dict[str, Any]:
+        """Who answers, and where its send listener is (a proxy's sends go there when given)."""
+        answer: dict[str, Any] = {"broker": self._name, "version": self._token}
+        if self.send_port is not None:
+            answer["send_port"] = self.send_port
+        return answer
+
+    def version_refusal(self, sent: object) -> wire.WireVersionMismatch | None:
+        """The refusal of a peer that sent the version token ``sent``; None when it matches."""
+        if sent == self._token:
+            return None
+        return wire.WireVersionMismatch(
+            f"this broker speaks internal protocol {self._token}, the peer "
+            f"{sent or 'sent no version'}; run the same halfmoon release on proxies and brokers"
+        )
 
     def _call(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         self._check_version(context)
@@ -191,6 +247,8 @@ class InternalService:
     ) -> object:
         if operation == "config":
             return self._broker.config
+        if operation == "send_stats":
+            return dict(self._send_stats)
         method: Callable[..., Any]
         if operation in self._operations:
             method = self._operations[operation]
@@ -204,7 +262,7 @@ class InternalService:
             raise wire.MalformedRequest(f"{operation}: {exc}") from None
         result = method(*args, **kwargs)
         if isinstance(result, Written):  # the remote side waits for durability here
-            _wait_durable([result.durable], context)
+            _wait_durable([result.durable], context.time_remaining())
             return result.result
         return result
 
@@ -215,24 +273,62 @@ class InternalService:
             _check_deadline(context)
         except HalfmoonError as error:
             return wire.encode(error)
-        answers, durable = self._store_batches(batches)
-        try:
-            _wait_durable(durable, context)
-        except HalfmoonError as error:
-            answers = [a if isinstance(a, HalfmoonError) else error for a in answers]
-        else:
-            self._remember_half_senders(batches, answers, context)
-        return wire.encode(answers)
+        peer = dict(context.invocation_metadata()).get("hm-peer")
+        return wire.encode(self._store_and_wait(batches, context.time_remaining(), peer))
 
-    def _remember_half_senders(
+    def _send_stream(
+        self, requests: Iterator[bytes], context: grpc.ServicerContext
+    ) -> Iterator[bytes]:
+        """Requests ``[request_id, timeout_ms, batches]``, answered in order with
+        ``[request_id, answers]`` (or ``[request_id, error]`` for a request that does not
+        decode; the stream goes on). Each request waits for its durability within its own
+        timeout, as a ``Send`` within its deadline."""
+        self._check_version(context)
+        peer = dict(context.invocation_metadata()).get("hm-peer")
+        for raw in requests:
+            request_id: object = None
+            try:
+                request_id, timeout_ms, batches = stream_request(wire.decode(raw))
+            except HalfmoonError as error:
+                yield wire.encode([request_id, error])
+                continue
+            answers = self._store_and_wait(batches, timeout_ms / 1000, peer)
+            yield wire.encode([request_id, answers])
+
+    def _store_and_wait(
+        self,
+        batches: list[list[OutgoingMessage]],
+        timeout_s: float | None,
+        peer: str | None,
+    ) -> list[object]:
+        """Store the batches, wait until durable within ``timeout_s``; an answer per batch."""
+        answers, durable = self.store_batches(batches)
+        try:
+            _wait_durable(durable, timeout_s)
+        except HalfmoonError as error:
+            return [a if isinstance(a, HalfmoonError) else error for a in answers]
+        self.remember_half_senders(batches, answers, peer)
+        return answers
+
+    def store_batches(
+        self, batches: list[list[OutgoingMessage]]
+    ) -> tuple[list[object], list[Future[None]]]:
+        """Store the batches of one send request (counted in ``send_stats``), not waiting:
+        an answer per batch and the futures that complete once they are durable."""
+        stats = self._send_stats
+        stats["requests"] += 1  # unlocked: a statistic, one lost increment is harmless
+        stats["calls"] += len(batches)
+        stats["messages"] += sum(len(batch) for batch in batches)
+        return self._store_batches(batches)
+
+    def remember_half_senders(
         self,
         batches: list[list[OutgoingMessage]],
         answers: list[object],
-        context: grpc.ServicerContext,
+        peer: str | None,
     ) -> None:
         """Which peer each stored half message came through: the producer that sent it is
         connected there, so its checks are offered to that peer first."""
-        peer = dict(context.invocation_metadata()).get("hm-peer")
         if not peer:
             return
         with self._lock:
@@ -300,9 +396,11 @@ class InternalService:
             opening = wire.decode(next(requests))
             kinds = set(opening["subscribe"])
             peer = str(opening.get("peer", ""))
+            watched = opening.get("watch")
+            watched = None if watched is None else {str(topic) for topic in watched}
         except (StopIteration, HalfmoonError, KeyError, TypeError):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST: bad subscription")
-        subscriber = _Subscriber(peer, kinds)
+        subscriber = _Subscriber(peer, kinds, watched)
         with self._lock:
             self._subscribers.append(subscriber)
         reader = threading.Thread(
@@ -322,10 +420,17 @@ class InternalService:
             subscriber.close()
 
     def _read_answers(self, subscriber: _Subscriber, requests: Iterator[bytes]) -> None:
-        """Check answers from the peer: ``[batch_id, [took, ...]]``."""
+        """From the peer: check answers ``[batch_id, [took, ...]]``, and changes of the watched
+        topics ``["watch" | "unwatch", [topic, ...]]``."""
         try:
             for raw in requests:
                 batch_id, took = wire.decode(raw)
+                if batch_id == "watch":
+                    subscriber.watch([str(topic) for topic in took])
+                    continue
+                if batch_id == "unwatch":
+                    subscriber.unwatch([str(topic) for topic in took])
+                    continue
                 answer = subscriber.answers.pop(batch_id, None)
                 if answer is not None and not answer.done():
                     answer.set_result([bool(t) for t in took])
@@ -397,8 +502,7 @@ def _check_deadline(context: grpc.ServicerContext) -> None:
         raise wire.BrokerDeadlineExceeded("the call's deadline passed before its work started")
 
 
-def _wait_durable(futures: Sequence[Future[None]], context: grpc.ServicerContext) -> None:
-    remaining = context.time_remaining()
+def _wait_durable(futures: Sequence[Future[None]], remaining: float | None) -> None:
     for future in futures:
         try:
             future.result(timeout=remaining)
@@ -432,6 +536,18 @@ def _send_batches(request: object) -> list[list[OutgoingMessage]]:
     ):
         return request  # each batch's fields are checked with that batch (its caller's error)
     raise wire.MalformedRequest("a Send is [[OutgoingMessage, ...], ...]")
+
+
+def stream_request(request: object) -> tuple[int, int, list[list[OutgoingMessage]]]:
+    if (
+        isinstance(request, list)
+        and len(request) == 3
+        and type(request[0]) is int
+        and type(request[1]) is int
+        and request[1] > 0
+    ):
+        return request[0], request[1], _send_batches(request[2])
+    raise wire.MalformedRequest("a SendStream request is [request_id, timeout_ms, batches]")
 
 
 def _well_typed(message: object) -> bool:

@@ -8,7 +8,11 @@ while its lease lives; its state says how its renewals are doing:
 - ``late``: renewals have been missed; the member is stopped, paused or cut
   off from etcd, and its entry goes when the lease expires (``expires_in_s``).
 
-Each broker also shows how many queues the cluster's topics place on it.
+Each broker also shows how many queues the cluster's topics place on it. A
+broker that holds queues but no lease (stopped, or dead and its lease
+expired) is listed too, in state ``gone``: its queues are unavailable. Each
+broker group (docs/replication.md) shows its master, epoch, in-sync replicas
+and members.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from halfmoon.cluster.etcd_json import call_sync, range_prefix_sync
+from halfmoon.cluster.etcd_json import KeyValue, call_sync, range_prefix_sync
 from halfmoon.cluster.keys import ClusterKeys
 from halfmoon.cluster.placement import ClusterTopic
 
@@ -62,7 +66,51 @@ def read_members(endpoints: Sequence[str], cluster: str, timeout: float = 5.0) -
             )
     for broker in members["brokers"]:
         broker["queues"] = queues.get(broker["name"], 0)
-    return {"cluster": cluster, "revision": revision, **members}
+    listed = {broker["name"] for broker in members["brokers"]}
+    for name in sorted(set(queues) - listed):
+        members["brokers"].append(
+            {"name": name, "state": "gone", "expires_in_s": None, "queues": queues[name]}
+        )
+    groups = broker_groups(kvs, keys.prefix + "broker-groups/")
+    return {"cluster": cluster, "revision": revision, **members, "broker_groups": groups}
+
+
+def broker_groups(kvs: Sequence[KeyValue], prefix: str) -> list[dict[str, Any]]:
+    """Each broker group's master, epoch, in-sync set and members, from its keys."""
+    groups: dict[str, dict[str, Any]] = {}
+    for kv in kvs:
+        if not kv.key.startswith(prefix):
+            continue
+        group, _, rest = kv.key[len(prefix) :].partition("/")
+        try:
+            record = kv.json()
+        except ValueError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        entry = groups.setdefault(
+            group, {"group": group, "master": None, "epoch": 0, "isr": [], "members": []}
+        )
+        if rest == "master":
+            entry["master"] = record.get("member")
+            entry["master_endpoint"] = record.get("endpoint")
+            entry["epoch"] = max(entry["epoch"], int(record.get("epoch", 0)))
+        elif rest == "epoch":
+            entry["epoch"] = max(entry["epoch"], int(record.get("epoch", 0)))
+            # Counted by the controller (halfmoon.replication.controller), epoch to epoch.
+            entry["failovers"] = _count(record.get("failovers"))
+            entry["switchovers"] = _count(record.get("switchovers"))
+        elif rest == "isr":
+            entry["isr"] = list(record.get("isr", []))
+            entry["mode"] = record.get("mode")
+            entry["min_insync_replicas"] = record.get("min_insync_replicas")
+        elif rest.startswith("members/"):
+            entry["members"].append(rest.removeprefix("members/"))
+    return [groups[name] for name in sorted(groups)]
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and value >= 0 else 0
 
 
 def _shown(record: dict[str, Any], now_ms: int) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from halfmoon.broker.errors import GroupNotFound, TopicNotFound
@@ -114,8 +115,11 @@ class ClusterMetadata:
         check_perm(perm)
         return await self.update_topic(
             name,
-            lambda t: ClusterTopic(t.name, t.queues, t.message_type, perm, t.created_ms),
+            lambda t: replace(t, perm=perm),
         )
+
+    async def set_topic_trace(self, name: str, trace: bool) -> ClusterTopic:
+        return await self.update_topic(name, lambda t: replace(t, trace=trace))
 
     async def delete_topic(self, name: str) -> bool:
         return await self.client.delete(self.keys.topic(name))

@@ -13,15 +13,21 @@ keeps dense queue ids, as a RocketMQ broker's does.
   created.
 
 Placement is decided once, at creation, and stored: a broker that joins later
-takes queues of topics created after it, and existing topics do not move
+takes queues of topics created after it, and existing queues do not move
 (moving queues means moving their data; that is an explicit operation).
+
+Changing the queue count (:func:`grow_queues`) keeps every existing queue where
+it is: growing places the new ids round-robin over the live brokers, each
+taking the next id of its own store; shrinking only lowers ``write_queues``,
+so the queues above it stay readable (read-only) until they are drained, as a
+local topic's removed queues do.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from halfmoon.cluster.errors import NoLiveBrokers
@@ -67,6 +73,13 @@ class ClusterTopic:
     message_type: str = "normal"
     perm: str = "rw"
     created_ms: int = 0
+    trace: bool = True  # its brokers record its messages' trace (halfmoon/broker/trace.py)
+    # Queues 0..write_queues-1 take sends; those above are read-only until drained.
+    write_queues: int | None = None  # None: every queue
+
+    @property
+    def writable(self) -> int:
+        return len(self.queues) if self.write_queues is None else self.write_queues
 
     @property
     def brokers(self) -> list[str]:
@@ -81,6 +94,8 @@ class ClusterTopic:
             "message_type": self.message_type,
             "perm": self.perm,
             "created_ms": self.created_ms,
+            "trace": self.trace,
+            **({} if self.write_queues is None else {"write_queues": self.write_queues}),
             "queues": [
                 {"queue_id": q.queue_id, "broker": q.broker, "broker_queue": q.broker_queue}
                 for q in self.queues
@@ -99,6 +114,37 @@ class ClusterTopic:
                 message_type=str(data.get("message_type", "normal")),
                 perm=str(data.get("perm", "rw")),
                 created_ms=int(data.get("created_ms", 0)),
+                trace=bool(data.get("trace", True)),
+                write_queues=(
+                    int(data["write_queues"]) if data.get("write_queues") is not None else None
+                ),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"unreadable topic record {data!r}: {error}") from None
+
+
+def grow_queues(
+    topic: ClusterTopic, queue_count: int, live_brokers: Collection[str]
+) -> ClusterTopic:
+    """``topic`` with ``queue_count`` writable queues.
+
+    Up to the queues it already has (read-only ones included), only the writable
+    count changes. Beyond them, the new ids go round-robin over the live brokers in
+    name order (brokers that joined since creation included), each taking its own
+    store's next queue id."""
+    if queue_count <= len(topic.queues):
+        write = None if queue_count == len(topic.queues) else queue_count
+        return replace(topic, write_queues=write)
+    candidates = sorted(live_brokers)
+    if not candidates:
+        raise NoLiveBrokers(f"cannot place new queues of topic {topic.name!r}: no live broker")
+    per_broker: dict[str, int] = {}
+    for q in topic.queues:
+        per_broker[q.broker] = max(per_broker.get(q.broker, 0), q.broker_queue + 1)
+    start = zlib.crc32(topic.name.encode()) % len(candidates)
+    queues = list(topic.queues)
+    for queue_id in range(len(topic.queues), queue_count):
+        broker = candidates[(start + queue_id) % len(candidates)]
+        queues.append(QueueAssignment(queue_id, broker, per_broker.get(broker, 0)))
+        per_broker[broker] = per_broker.get(broker, 0) + 1
+    return replace(topic, queues=tuple(queues), write_queues=None)

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 
+from halfmoon.cluster import peer_tls
 from halfmoon.cluster.remote_broker import RemoteBroker
 from halfmoon.config import Config
 from halfmoon.server.app import configure_logging, serve_front_end
@@ -34,12 +35,13 @@ async def serve_proxy(
     started = time.monotonic()
     check_exposure(config)
     if config.auth.enabled:
-        # Users and ACLs of cluster mode live in etcd, which a proxy does not read yet; a
-        # proxy with users of its own would answer differently from its peers.
+        # Users and ACLs of cluster mode live in etcd, which this proxy does not read; one
+        # with users of its own would answer differently from its peers.
         raise Unsupported(
-            "auth.enabled on a proxy is not available yet (cluster-mode users and ACLs come "
-            "with etcd; docs/security.md): keep proxies on loopback, or use halfmoon serve"
+            "auth.enabled needs the cluster's users and ACLs in etcd: run the proxy with "
+            "--cluster and --coordinator instead of --broker (docs/security.md)"
         )
+    peer_tls.configure(config)  # mutual TLS to the broker when [internal] is set
     # Connecting makes the version handshake, which waits for the broker within its deadline.
     broker = await loop.run_in_executor(None, RemoteBroker, broker_address)
     try:
@@ -50,6 +52,7 @@ async def serve_proxy(
             tick=False,
             started=started,
             source=f"broker={broker_address}",
+            on_reload=peer_tls.reload,
         )
     finally:
         await loop.run_in_executor(None, broker.close)

@@ -7,13 +7,18 @@ as the same ``HalfmoonError`` subclass), except:
   sends from many threads share one ``Send`` request. ``send_nowait``
   returns once the request is answered, which the broker does once durable,
   so its ``durable`` future is already complete.
+- ``send_async`` (a proxy's front end, on its event loop) goes through a
+  :class:`StreamSender`: sends coalesced on the loop, each request one
+  message of a long-lived ``SendStream``, no thread involved.
 - ``sends_cheaply`` and ``transaction_ends_cheaply`` answer False: every
   operation is a network hop away, so front ends run them on worker threads.
 - the ``*_nowait`` transaction calls wait in the broker for durability and
   return a completed ``Written``.
 - ``add_arrival_listener``, ``set_check_sender`` and
   ``set_lite_unsubscribe_notifier`` subscribe the Events stream
-  (:class:`BrokerEvents`); listeners are called from its thread.
+  (:class:`BrokerEvents`); listeners are called from its thread. A proxy's
+  long polls use ``add_watched_arrival_listener`` and ``watch_arrivals``:
+  arrivals of the topics they wait on only.
 - ``close`` closes the connection only: the broker process persists its
   state when it stops.
 
@@ -23,6 +28,10 @@ for it within their deadline; the Events stream is reopened.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -36,6 +45,7 @@ from halfmoon.broker.facade import (
     QueueRoute,
     QueueStatus,
     Written,
+    end_each,
 )
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.groups import GroupConfig, RetryPolicy
@@ -48,14 +58,43 @@ from halfmoon.broker.topics import TopicConfig
 from halfmoon.broker.transaction_state import TxnState
 from halfmoon.broker.transactions import (
     CheckSender,
+    EndRequest,
     EndResult,
     TransactionInfo,
     TransactionStats,
 )
 from halfmoon.cluster.coalescer import DEFAULT_MAX_IN_FLIGHT, SendCoalescer
-from halfmoon.cluster.connection import DEFAULT_TIMEOUT_S, BrokerConnection
+from halfmoon.cluster.connection import DEFAULT_TIMEOUT_S, SEND_TIMEOUT_S, BrokerConnection
 from halfmoon.cluster.events import BrokerEvents
+from halfmoon.cluster.network_hop import NetworkHop
+from halfmoon.cluster.send_metrics import observer
+from halfmoon.cluster.send_stream import StreamSender
+from halfmoon.cluster.wire import BrokerDeadlineExceeded, BrokerUnavailable
+from halfmoon.errors import HalfmoonError
 from halfmoon.store.api import StoreStats
+
+# A broker found unreachable is avoided this long; then the next call tries it again.
+SUSPECT_S = 1.0
+
+
+def _close_on_its_loop(stream: StreamSender) -> None:
+    """Close a send stream from any thread: on its loop, waited for when another thread."""
+    loop = stream.loop
+    if loop.is_closed() or not loop.is_running():
+        return  # nothing runs on it any more: its channel goes with it
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        loop.create_task(stream.close())
+        return
+    with contextlib.suppress(Exception):  # a loop that stops meanwhile closes it anyway
+        asyncio.run_coroutine_threadsafe(stream.close(), loop).result(timeout=5)
+
+
+def _port(value: object) -> int | None:
+    return value if type(value) is int and 0 < value < 65536 else None
 
 
 def _done() -> Future[None]:
@@ -64,7 +103,7 @@ def _done() -> Future[None]:
     return future
 
 
-class RemoteBroker:
+class RemoteBroker(NetworkHop):
     """The broker process at ``target`` (``host:port``), as a ``Broker``."""
 
     def __init__(
@@ -79,11 +118,24 @@ class RemoteBroker:
         self.connection = BrokerConnection(target, peer=self.peer, timeout_s=timeout_s)
         try:
             # The version handshake: a peer of another version is refused here, not later.
-            self.broker_name = str(self.connection.hello()["broker"]) if handshake else ""
+            hello = self.connection.hello() if handshake else {}
+            self.broker_name = str(hello.get("broker", ""))
         except BaseException:
             self.connection.close()
             raise
-        self.sender = SendCoalescer(self.connection, max_in_flight=max_in_flight_sends)
+        self._timeout_s = timeout_s
+        self._observe = observer(self.broker_name or target)
+        self.sender = SendCoalescer(
+            self.connection, max_in_flight=max_in_flight_sends, observer=self._observe
+        )
+        self._stream_sender: StreamSender | None = None  # made on the first send_async's loop
+        self._stream_lock = threading.Lock()
+        # The broker's send listener, from its Hello answer (None: the gRPC stream). Looked up
+        # again after its connection fails: a restarted broker may listen on another port.
+        self._send_port = _port(hello.get("send_port"))
+        self._send_port_stale = False
+        self._relocating: asyncio.Lock | None = None
+        self._closed = False
         self.events = BrokerEvents(self.connection, self.peer)
 
     def _call(self, operation: str, args: list[Any], kwargs: dict[str, Any] | None = None) -> Any:
@@ -96,13 +148,32 @@ class RemoteBroker:
         """The broker's settings in force (fetched on every read)."""
         return self._call("config", [])  # type: ignore[no-any-return]
 
+    def writable_within(self, timeout_s: float) -> bool:
+        """Whether the broker takes new messages, asked with a short deadline (a send waits)."""
+        return bool(self.connection.call("config", [], timeout_s=timeout_s).writable)
+
     def close(self) -> None:
+        """Close the connection (any thread; the send stream is closed on its own loop)."""
+        with self._stream_lock:
+            self._closed = True
+            stream, self._stream_sender = self._stream_sender, None
+        if stream is not None:
+            _close_on_its_loop(stream)
         self.events.close()
         self.sender.close()
         self.connection.close()
 
     def add_arrival_listener(self, callback: Callable[[str, int], None]) -> None:
         self.events.add_arrival_listener(callback)
+
+    def add_watched_arrival_listener(self, callback: Callable[[str, int], None]) -> None:
+        self.events.add_watched_arrival_listener(callback)
+
+    def watch_arrivals(self, topics: Sequence[str]) -> None:
+        self.events.watch(topics)
+
+    def unwatch_arrivals(self, topics: Sequence[str]) -> None:
+        self.events.unwatch(topics)
 
     def set_check_sender(self, sender: CheckSender | None) -> None:
         self.events.set_check_sender(sender)
@@ -120,11 +191,68 @@ class RemoteBroker:
     def send_nowait(self, messages: Sequence[OutgoingMessage]) -> Written[list[SendResult]]:
         return Written(self.send(messages), _done())
 
-    def sends_cheaply(self, messages: Sequence[OutgoingMessage]) -> bool:
-        return False  # a network hop away: never on an event loop
+    async def send_async(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
+        """``send`` from an event loop: the results once durable, no thread involved."""
+        if not messages:
+            return []
+        if self.suspect():
+            # Found unreachable (or silent) a moment ago: fail now with a code clients retry,
+            # as a blocking call does, rather than queue behind a dead stream.
+            raise BrokerUnavailable(f"the broker at {self.connection.target} is unreachable")
+        if self._send_port_stale:
+            await self._relocate()
+        return await self._stream().send(messages)
 
-    def transaction_ends_cheaply(self, transaction_id: str) -> bool:
-        return False  # likewise
+    async def _relocate(self) -> None:
+        """Ask the broker again where its send listener is (its connection failed: the broker
+        may have restarted on another port), in a thread (a blocking call); a new port gets a
+        new sender, the old one is closed."""
+        if self._relocating is None:
+            self._relocating = asyncio.Lock()
+        async with self._relocating:
+            if not self._send_port_stale:
+                return  # another send did it meanwhile
+            timeout_s = min(self._timeout_s, SEND_TIMEOUT_S)  # as long as a send may wait
+            hello = await asyncio.to_thread(self.connection.hello, timeout_s)
+            self._send_port_stale = False
+            port = _port(hello.get("send_port"))
+            if port == self._send_port:
+                return
+            self._send_port = port
+            with self._stream_lock:
+                stream, self._stream_sender = self._stream_sender, None
+            if stream is not None:
+                await stream.close()
+
+    def _stream(self) -> StreamSender:
+        with self._stream_lock:
+            if self._stream_sender is None:
+                if self._closed:
+                    raise BrokerUnavailable(f"the connection to {self.connection.target} is closed")
+                self._stream_sender = StreamSender(
+                    self.connection.target,
+                    self.connection.metadata,
+                    timeout_s=min(self._timeout_s, SEND_TIMEOUT_S),
+                    observer=self._observe,
+                    on_failure=self._stream_failed,
+                    on_answer=self._stream_answered,
+                    send_port=self._send_port,
+                )
+            return self._stream_sender
+
+    def _stream_failed(self, error: HalfmoonError) -> None:
+        if isinstance(error, BrokerUnavailable | BrokerDeadlineExceeded):
+            self.connection.failed_at = time.monotonic()
+            if self._send_port is not None:
+                self._send_port_stale = True
+
+    def _stream_answered(self) -> None:
+        self.connection.failed_at = None
+
+    def suspect(self, window_s: float = SUSPECT_S) -> bool:
+        """Whether the broker was found unreachable in the last ``window_s`` (and answered
+        nothing since): a proxy sends elsewhere and reads from the others meanwhile."""
+        return self.connection.suspect(window_s)
 
     def end_transaction_nowait(
         self,
@@ -140,6 +268,11 @@ class RemoteBroker:
             [topic, message_id, transaction_id, resolution, source, producer_group],
         )
         return Written(result, _done())
+
+    def end_transactions_nowait(
+        self, requests: Sequence[EndRequest]
+    ) -> list[Written[EndResult] | HalfmoonError]:
+        return end_each(self, requests)  # no batching across the internal protocol (yet)
 
     def end_transaction_group_nowait(
         self,
@@ -187,11 +320,17 @@ class RemoteBroker:
         queue_count: int | None = None,
         perm: str | None = None,
         message_type: MessageType | None = None,
+        trace: bool | None = None,
     ) -> TopicConfig:
         return self._call(
             "update_topic",
             [name],
-            {"queue_count": queue_count, "perm": perm, "message_type": message_type},
+            {
+                "queue_count": queue_count,
+                "perm": perm,
+                "message_type": message_type,
+                "trace": trace,
+            },
         )
 
     def delete_topic(self, name: str) -> None:
@@ -414,6 +553,22 @@ class RemoteBroker:
     ) -> PullResult:
         return self._call("pull", [group, topic, queue_id, offset, batch_size, filter])
 
+    def bulk_read(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        max_bytes: int,
+        filter: FilterSpec,
+        end_offset: int | None = None,
+    ) -> PullResult:
+        return self._call(
+            "bulk_read",
+            [group, topic, queue_id, offset, max_messages, max_bytes, filter, end_offset],
+        )
+
     def get_offset(self, group: str, topic: str, queue_id: int) -> int:
         return self._call("get_offset", [group, topic, queue_id])
 
@@ -433,6 +588,9 @@ class RemoteBroker:
 
     def messages_by_id(self, message_id: str, topic: str | None = None) -> list[MessageView]:
         return self._call("messages_by_id", [message_id, topic])
+
+    def message_trace(self, message_id: str) -> list[dict[str, Any]]:
+        return self._call("message_trace", [message_id])  # type: ignore[no-any-return]
 
     def messages_by_key(
         self, topic: str, key: str, begin_ms: int, end_ms: int, limit: int

@@ -46,9 +46,13 @@ def unqualify(handle: str, what: str = "handle") -> tuple[str, str]:
 class Layout:
     """One topic's queues: cluster queue id <-> (broker, the broker's queue id)."""
 
-    def __init__(self, topic: str, queues: Sequence[QueueAssignment]) -> None:
+    def __init__(
+        self, topic: str, queues: Sequence[QueueAssignment], writable: int | None = None
+    ) -> None:
         self.topic = topic
         self.queues = tuple(queues)
+        # Cluster queue ids below this take sends; the rest are read-only until drained.
+        self.writable = len(self.queues) if writable is None else writable
         self._by_id = {q.queue_id: q for q in self.queues}
         self._by_broker = {(q.broker, q.broker_queue): q.queue_id for q in self.queues}
 

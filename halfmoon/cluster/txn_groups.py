@@ -18,7 +18,17 @@ decide a group as one (``docs/cluster.md``, "Transactions in cluster mode"):
    (``apply_transaction_group``); each appends its own group record, then its
    members. A broker that does not answer is left to step 5.
 4. The answer to the caller counts the members completed.
-5. Recovery is pulled by the participants: a broker with members of a group
+5. The record in etcd is deleted once the group is finished everywhere: the
+   coordinator has decided it, ``transaction.group_record_retention_ms`` has
+   passed since its first decision, and every broker that could hold members
+   (every live broker, every broker a topic is placed on) has applied the
+   decision and so recorded it in its own op log. The coordinator looks for
+   such groups every ``cleanup_interval_s`` (re-applying the decision, a
+   no-op where it was applied, on each such broker first); a group with such
+   a broker down keeps its record until that broker is back. The retention
+   covers a broker down with members of a topic etcd does not place (one
+   made on the broker directly): back within it, it still finds the decision.
+6. Recovery is pulled by the participants: a broker with members of a group
    pending for longer than ``resolve_after_ms`` whose group has a coordinator
    in etcd asks that coordinator for its decision
    (``transaction_group_decision``) and applies it. A restarted participant
@@ -34,6 +44,7 @@ step, so the crash matrix kills real processes at exact points.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -44,15 +55,16 @@ import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from halfmoon.broker.broker import Broker as InProcessBroker
 from halfmoon.broker.transaction_state import TxnState
 from halfmoon.broker.transactions.groups import check_group_id
 from halfmoon.cluster.errors import ConsumeActionNotOnCoordinator, NoLiveBrokers
-from halfmoon.cluster.etcd import Compare, get_op, put_op
+from halfmoon.cluster.etcd import Compare, delete_op, get_op, put_op
 from halfmoon.cluster.etcd_json import b64, call_sync, key_value, range_prefix_sync
 from halfmoon.cluster.keys import ClusterKeys
+from halfmoon.cluster.placement import ClusterTopic
 from halfmoon.cluster.remote_broker import RemoteBroker
 from halfmoon.cluster.wire import BrokerUnavailable
 from halfmoon.errors import HalfmoonError
@@ -84,6 +96,8 @@ CONSUME_OPERATIONS = ("transactional_ack", "transactional_reject", "transactiona
 COORDINATORS_CACHED = 65536
 # The transaction groups' directory beside the kinds the cluster view watches (it ignores it).
 GROUPS_DIR = "txn-groups/"
+# How often a coordinator deletes the etcd records of groups finished everywhere.
+CLEANUP_INTERVAL_S = 5.0
 
 
 def crash_point(name: str) -> None:
@@ -113,6 +127,8 @@ class GroupCoordination:
         *,
         resolve_interval_s: float = RESOLVE_INTERVAL_S,
         resolve_after_ms: int = RESOLVE_AFTER_MS,
+        cleanup_interval_s: float = CLEANUP_INTERVAL_S,
+        record_retention_ms: int = 600_000,
     ) -> None:
         self._broker = broker
         self._name = name
@@ -120,6 +136,8 @@ class GroupCoordination:
         self._etcd = list(etcd_endpoints)
         self._resolve_interval_s = resolve_interval_s
         self._resolve_after_ms = resolve_after_ms
+        self._cleanup_interval_s = cleanup_interval_s
+        self._record_retention_ms = record_retention_ms
         self._peers: dict[str, tuple[str, RemoteBroker]] = {}
         # group -> (monotonic time to ask again, current delay) for groups found undecided
         self._backoff: dict[str, tuple[float, float]] = {}
@@ -365,6 +383,70 @@ class GroupCoordination:
             )
         return completed
 
+    # -- forgetting finished groups ----------------------------------------------------------
+
+    def forget_finished(self) -> int:
+        """Delete the etcd records of the groups this broker coordinates that are finished
+        everywhere (decided here, applied on every broker that could hold members); how
+        many were deleted. A group with such a broker down keeps its record: that broker
+        finds the coordinator through it when it is back."""
+        records, _ = range_prefix_sync(self._etcd, f"{self._keys.prefix}{GROUPS_DIR}")
+        old_enough = int(time.time() * 1000) - self._record_retention_ms
+        mine = [
+            kv
+            for kv in records
+            if kv.json().get("coordinator") == self._name
+            and int(kv.json().get("created_ms", 0)) <= old_enough
+        ]
+        if not mine:
+            return 0
+        live = self.live_brokers()
+        holders = set(live) | self._placed_brokers()
+        deleted = 0
+        for kv in mine:
+            group = unquote(kv.key.rsplit("/", 1)[-1])
+            decision = self.decision(group)
+            if decision is None:
+                continue  # not decided (a decision in progress, or never made): kept
+            if not self._applied_everywhere(group, decision, holders, live):
+                continue
+            # Only the record as read: a record made again since (a new decision attempt)
+            # stays.
+            answer = call_sync(
+                self._etcd,
+                "/kv/txn",
+                {
+                    "compare": [Compare(kv.key, "MOD", kv.mod_revision).json()],
+                    "success": [delete_op(kv.key)],
+                },
+            )
+            if answer.get("succeeded"):
+                deleted += 1
+                log.info("event=txn_group_forgotten group=%s decision=%s", group, decision)
+        return deleted
+
+    def _placed_brokers(self) -> set[str]:
+        """Every broker a topic of the cluster has queues on (it may hold members)."""
+        topics, _ = range_prefix_sync(self._etcd, self._keys.kind_prefix("topics"))
+        brokers: set[str] = set()
+        for kv in topics:
+            with contextlib.suppress(Exception):  # a record of another shape holds no queue
+                brokers.update(ClusterTopic.from_json(kv.json()).brokers)
+        return brokers
+
+    def _applied_everywhere(
+        self, group: str, decision: str, holders: set[str], live: Mapping[str, str]
+    ) -> bool:
+        for name in sorted(holders - {self._name}):
+            if name not in live:
+                return False  # down: it may hold members that need this record
+            try:
+                self._peer(name, live).apply_transaction_group(group, decision, "operator")
+            except HalfmoonError as exc:
+                log.info("event=txn_group_kept group=%s broker=%s error=%s", group, name, exc.code)
+                return False
+        return True
+
     def _back_off(self, group: str, now: float) -> None:
         _, delay = self._backoff.get(group, (0.0, self._resolve_interval_s))
         delay = min(delay * 2, UNDECIDED_BACKOFF_MAX_S)
@@ -372,11 +454,15 @@ class GroupCoordination:
 
     def _resolve_loop(self) -> None:
         first = True
+        next_cleanup = time.monotonic() + self._cleanup_interval_s
         while not self._stop.is_set():
             try:
                 # After a restart every undecided member is asked about at once.
                 self.resolve_once(0 if first else self._resolve_after_ms)
                 first = False
+                if time.monotonic() >= next_cleanup:
+                    next_cleanup = time.monotonic() + self._cleanup_interval_s
+                    self.forget_finished()
             except HalfmoonError as exc:
                 log.warning("event=txn_group_resolve_failed error=%s %s", exc.code, exc.message)
             except Exception:  # noqa: BLE001 - the loop must outlive a bug in one round

@@ -68,6 +68,8 @@ class ClusterView:
         self.synced = False
         self.resyncs = 0  # how many times the view re-listed after its first sync
         self._entries: dict[str, dict[str, Any]] = {kind: {} for kind in _PARSERS}
+        # Broker groups' keys ("<group>/isr", "<group>/members/<m>", ...) → their records.
+        self._group_keys: dict[str, Any] = {}
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
 
@@ -134,6 +136,12 @@ class ClusterView:
     def groups(self) -> dict[str, GroupConfig]:
         return dict(self._entries["groups"])
 
+    @property
+    def group_keys(self) -> dict[str, Any]:
+        """The broker groups' keys under ``broker-groups/`` (docs/replication.md), each
+        without that prefix, with its JSON record."""
+        return dict(self._group_keys)
+
     def setting(self, key: str, default: Any = None) -> Any:
         return self._entries["settings"].get(key, default)
 
@@ -178,7 +186,13 @@ class ClusterView:
     async def _list(self) -> None:
         kvs, revision = await self.client.get_prefix(self.keys.prefix)
         fresh: dict[str, dict[str, Any]] = {kind: {} for kind in _PARSERS}
+        group_keys: dict[str, Any] = {}
         for kv in kvs:
+            group_key = self._group_key(kv.key)
+            if group_key is not None:
+                with contextlib.suppress(ValueError):
+                    group_keys[group_key] = json.loads(kv.value)
+                continue
             parsed = self._parse(kv.key, kv.value)
             if parsed is not None:
                 kind, name, value = parsed
@@ -186,12 +200,24 @@ class ClusterView:
         if self.revision:
             self.resyncs += 1
         self._entries = fresh
+        self._group_keys = group_keys
         self.revision = revision
         self.synced = True
         log.info("event=view_synced prefix=%s revision=%d", self.keys.prefix, revision)
         await self._notify()
 
+    def _group_key(self, key: str) -> str | None:
+        prefix = self.keys.prefix + "broker-groups/"
+        return key[len(prefix) :] if key.startswith(prefix) else None
+
     def _apply(self, kind_of_event: str, key: str, value: bytes) -> None:
+        group_key = self._group_key(key)
+        if group_key is not None:
+            self._group_keys.pop(group_key, None)
+            if kind_of_event != "DELETE":
+                with contextlib.suppress(ValueError):
+                    self._group_keys[group_key] = json.loads(value)
+            return
         if kind_of_event == "DELETE":
             split = self.keys.split(key)
             if split is not None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from halfmoon.client.credentials import Credentials
+from halfmoon.client.endpoints import check_endpoints, split_endpoints
 from halfmoon.client.message import Message
 from halfmoon.client.producer import Producer
 from halfmoon.client.sync import run_sync
@@ -100,9 +101,16 @@ class HalfmoonTarget(PublishTarget):
 
     def __init__(self, url: str, *, timeout: float = 10.0, **producer_options: Any) -> None:
         parts = urlsplit(url if "://" in url else f"halfmoon://{url}")
-        if parts.scheme != "halfmoon" or not parts.hostname or not parts.port:
-            raise InvalidTarget(f"halfmoon target {url!r} must look like halfmoon://HOST:PORT")
-        self.endpoint = f"{parts.hostname}:{parts.port}"
+        # halfmoon://HOST:PORT, or a cluster's proxies halfmoon://HOST:PORT;HOST:PORT.
+        try:
+            if parts.scheme != "halfmoon":
+                raise ValueError(parts.scheme)
+            self.endpoint = ";".join(split_endpoints(check_endpoints(parts.netloc)))
+        except ValueError:
+            raise InvalidTarget(
+                f"halfmoon target {url!r} must look like halfmoon://HOST:PORT "
+                "(or halfmoon://HOST:PORT;HOST:PORT for a cluster's proxies)"
+            ) from None
         self.timeout = timeout
         # A broker with authentication on: credentials= here, else HALFMOON_ACCESS_KEY/SECRET_KEY.
         producer_options.setdefault("credentials", Credentials.from_env())

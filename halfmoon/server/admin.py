@@ -163,17 +163,18 @@ async def get_topic(request: web.Request) -> web.Response:
 
 async def update_topic(request: web.Request) -> web.Response:
     body = await read_body(request)
-    reject_unknown(body, {"message_type", "queue_count", "perm"})
+    reject_unknown(body, {"message_type", "queue_count", "perm", "trace"})
     changes: dict[str, Any] = {
         "queue_count": take(body, "queue_count", int, minimum=1),
         "perm": take(body, "perm", str, choices=PERMS),
+        "trace": take(body, "trace", bool),
     }
     message_type = take(body, "message_type", str, choices=TOPIC_TYPES)
     if message_type is not None:
         changes["message_type"] = MessageType(message_type)
     changes = {k: v for k, v in changes.items() if v is not None}
     if not changes:
-        raise ApiError("nothing to change: give queue_count, perm or message_type")
+        raise ApiError("nothing to change: give queue_count, perm, message_type or trace")
     name = request.match_info["topic"]
     return reply(await call(broker_of(request).update_topic, name, **changes))
 
@@ -385,6 +386,7 @@ def broker_collector(broker: Broker) -> Callable[[], list[MetricFamily]]:
     def collect() -> list[MetricFamily]:
         families: list[MetricFamily] = []
         status = jsonable(broker.status())
+        status.update(status.pop("extra", None) or {})  # the broker's own extra counters
         for name, value in status.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue

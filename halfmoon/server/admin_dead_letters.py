@@ -86,6 +86,7 @@ async def resend_dead_letter(request: web.Request) -> web.Response:
             keys=list(letter.keys),
             properties=dict(letter.properties),
             born_host="admin",
+            resent_from=letter.message_id,
         )
         copy.born_timestamp = int(time.time() * 1000)
         return letter, broker.send([copy])[0]

@@ -44,6 +44,11 @@ class ClusterMembers(Protocol):
         """The cluster's brokers and proxies as etcd lists them (``cluster list``)."""
         ...
 
+    def switchover(self, group: str, to: str | None) -> dict[str, Any]:
+        """Hand a broker group's master over to an in-sync replica (``cluster failover``);
+        the outcome, or ``SwitchoverRefused`` with a stable code."""
+        ...
+
 
 CLUSTER_KEY: web.AppKey[ClusterMembers] = web.AppKey("cluster")
 

@@ -2,6 +2,7 @@
 queryMsgById / queryMsgByKey / queryMsgByOffset / sendMessage / consumeMessage / printMsg).
 
     GET  /v1/messages/{message_id}?topic=T            by id, in T or in every topic
+    GET  /v1/messages/{message_id}/trace              its trace (halfmoon/broker/trace.py)
     GET  /v1/topics/{topic}/messages?key=K&begin_ms=&end_ms=&limit=
                                                       by key within a store-time range
     POST /v1/topics/{topic}/messages                  send one message
@@ -41,6 +42,7 @@ from halfmoon.broker.errors import TopicNotFound
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageType, MessageView, OutgoingMessage
 from halfmoon.broker.produce import SendResult
+from halfmoon.errors import NotFound
 from halfmoon.server.admin_http import (
     ApiError,
     broker_of,
@@ -50,6 +52,16 @@ from halfmoon.server.admin_http import (
     reply,
     take,
 )
+
+# Trace events that come before a stored copy of the message exists.
+BEFORE_STORED = frozenset({"half_stored", "check_sent", "check_answered", "parked", "resumed"})
+
+
+class NoTrace(NotFound):
+    """Neither a stored message nor a recorded trace has this id."""
+
+    code = "MESSAGE_NOT_FOUND"  # the same code as a missing message
+
 
 MAX_SCAN_LIMIT = 10_000  # messages per answer
 MAX_KEY_RESULTS = 1_000
@@ -138,6 +150,54 @@ async def get_message_by_id(request: web.Request) -> web.Response:
     topic = request.query.get("topic") or None
     found = await call(broker.messages_by_id, message_id, topic)
     return reply({"message_id": message_id, "messages": [message_json(m) for m in found]})
+
+
+async def get_message_trace(request: web.Request) -> web.Response:
+    """The message's trace: where each copy is stored, then what the broker recorded."""
+    broker = broker_of(request)
+    message_id = request.match_info["message_id"]
+
+    def read() -> tuple[list[MessageView], list[dict[str, Any]]]:
+        try:
+            copies = broker.messages_by_id(message_id, None)
+        except NotFound:
+            copies = []
+        return copies, broker.message_trace(message_id)
+
+    copies, recorded = await call(read)
+    if not copies and not recorded:
+        raise NoTrace(
+            f"no message with id {message_id!r} and no trace of one (it may be older than the "
+            "retention, or the id may be mistyped)"
+        )
+    stored = [
+        {
+            "time_ms": view.store_timestamp,
+            "event": "stored",
+            "topic": view.topic,
+            "queue_id": view.queue_id,
+            "queue_offset": view.queue_offset,
+            "store_host": view.store_host,
+        }
+        for view in copies
+    ]
+    # Within one millisecond: what leads to storing the message, then its storing, then the
+    # rest (a check answer commits, and the committed message is stored, in the same ms).
+    events = sorted(
+        stored + recorded,
+        key=lambda e: (e["time_ms"], _tie_rank(e["event"])),
+    )
+    return reply(
+        {
+            "message_id": message_id,
+            "messages": [message_json(view, body=False) for view in copies],
+            "events": events,
+        }
+    )
+
+
+def _tie_rank(event: str) -> int:
+    return 0 if event in BEFORE_STORED else 1 if event == "stored" else 2
 
 
 async def query_by_key(request: web.Request) -> web.Response:
@@ -287,6 +347,7 @@ def _scan_json(found: ScanResult, bodies: bool) -> dict[str, Any]:
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/messages/{message_id}", get_message_by_id)
+    app.router.add_get("/v1/messages/{message_id}/trace", get_message_trace)
     app.router.add_get("/v1/topics/{topic}/messages", query_by_key)
     app.router.add_post("/v1/topics/{topic}/messages", send_message)
     app.router.add_get("/v1/topics/{topic}/queues/{queue_id}/offsets/{offset}", get_message_at)

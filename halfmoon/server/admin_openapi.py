@@ -64,6 +64,7 @@ SCHEMAS: dict[str, Any] = {
             "perm": {"type": "string", "enum": ["rw", "r", "w", "-"]},
             "read_queue_count": {**_INT, "description": "readable queues (more after a shrink)"},
             "created_ms": _INT,
+            "trace": {"type": "boolean", "description": "its messages' trace is recorded"},
         },
     },
     "TopicCreate": {
@@ -89,6 +90,7 @@ SCHEMAS: dict[str, Any] = {
             "message_type": {"type": "string", "enum": TOPIC_TYPES},
             "queue_count": {**_INT, "minimum": 1},
             "perm": {"type": "string", "enum": ["rw", "r", "w"]},
+            "trace": {"type": "boolean", "description": "record its messages' trace"},
         },
     },
     "TopicList": {
@@ -224,6 +226,12 @@ SCHEMAS: dict[str, Any] = {
             "checks_sent": {**_INT, "description": "checks a live producer received"},
             "age_ms": {**_INT, "description": "since the half message was stored"},
             "stored_ms": _INT,
+            "next_check_ms": {
+                **_INT,
+                "nullable": True,
+                "description": "the check service's next scan that takes it (parks it at the "
+                "check limit); null when none will: parked, or a transaction group's member",
+            },
         },
     },
     "TransactionList": {

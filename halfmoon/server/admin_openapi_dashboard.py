@@ -1,4 +1,5 @@
-"""OpenAPI paths and schemas the dashboard added: resending a dead letter, the page itself.
+"""OpenAPI paths and schemas the dashboard added: resending a dead letter, a message's trace,
+the page itself.
 
 Merged into the document by :func:`halfmoon.server.admin_openapi.openapi_document`;
 the search and paging parameters of the topic and group lists are here too, shared
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from halfmoon.broker.trace import EVENTS as TRACE_EVENTS
 from halfmoon.server.admin_openapi_common import _op, _path_param, _ref
 
 _INT = {"type": "integer"}
@@ -64,6 +66,44 @@ SCHEMAS: dict[str, Any] = {
             "can_write": {
                 "type": "boolean",
                 "description": "may Update the Cluster: the dashboard shows mutating controls",
+            },
+        },
+    },
+    "MessageTrace": {
+        "type": "object",
+        "description": "what the broker recorded about a message (docs/dashboard.md)",
+        "properties": {
+            "message_id": _STR,
+            "messages": {
+                "type": "array",
+                "description": "every stored copy (bodies left out)",
+                "items": {"type": "object"},
+            },
+            "events": {
+                "type": "array",
+                "description": "oldest first",
+                "items": {
+                    "type": "object",
+                    "required": ["time_ms", "event"],
+                    "properties": {
+                        "time_ms": _INT,
+                        "event": {
+                            "type": "string",
+                            "enum": ["stored", *TRACE_EVENTS],
+                        },
+                        "group": _STR,
+                        "attempt": _INT,
+                        "mode": {"type": "string", "enum": ["pop", "pull"]},
+                        "client": _STR,
+                        "source": {
+                            "type": "string",
+                            "description": "who decided: producer, check, operator or group",
+                        },
+                        "resolution": _STR,
+                        "transaction_id": _STR,
+                        "broker": {**_STR, "description": "cluster mode: the broker it is on"},
+                    },
+                },
             },
         },
     },
@@ -132,6 +172,16 @@ def paths() -> dict[str, Any]:
                 ),
                 "security": [],
             },
+        },
+        "/v1/messages/{message_id}/trace": {
+            "get": _op(
+                "A message's trace: stored, delivered, acked, retried, dead-lettered, resent; "
+                "a transactional message's half, checks, answers and decision",
+                "getMessageTrace",
+                (200, _ref("MessageTrace"), "its copies and events"),
+                404,
+                params=[{"name": "message_id", "in": "path", "required": True, "schema": _STR}],
+            ),
         },
         "/v1/dead-letters": {
             "get": _op(

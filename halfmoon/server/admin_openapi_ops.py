@@ -145,6 +145,37 @@ SCHEMAS: dict[str, Any] = {
                     },
                 },
             },
+            "broker_groups": {
+                "type": "array",
+                "description": "cluster mode: each broker group (docs/replication.md)",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "group": _STR,
+                        "master": _NULL_STR,
+                        "epoch": _INT,
+                        "mode": _NULL_STR,
+                        "isr": {"type": "array", "items": _STR},
+                        "members": {"type": "array", "items": _STR},
+                        "failovers": _INT,
+                        "switchovers": _INT,
+                        "replicas": {
+                            "type": "object",
+                            "description": "per replica, as its master sees it",
+                            "additionalProperties": {
+                                "type": "object",
+                                "properties": {
+                                    "lag_bytes": _INT,
+                                    "lag_ms": _INT,
+                                    "acked": _INT,
+                                    "in_sync": _BOOL,
+                                    "connected": _BOOL,
+                                },
+                            },
+                        },
+                    },
+                },
+            },
         },
     },
     "BrokerDetail": {
@@ -245,6 +276,28 @@ SCHEMAS: dict[str, Any] = {
             "group": _NULL_STR,
             "registry": {**_BOOL, "description": "false when the app runs without the gRPC server"},
             "clients": {"type": "array", "items": {"type": "object", "additionalProperties": True}},
+        },
+    },
+    "Switchover": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "to": {
+                **_STR,
+                "description": "the in-sync replica to appoint (default: the most caught-up)",
+            },
+        },
+    },
+    "SwitchoverResult": {
+        "type": "object",
+        "properties": {
+            "state": _STR,
+            "master": _STR,
+            "previous": _STR,
+            "epoch": _INT,
+            "end_offset": _INT,
+            "fenced_ms": _INT,
+            "took_ms": _INT,
         },
     },
     "OffsetClone": {
@@ -397,6 +450,18 @@ def paths() -> dict[str, Any]:
         },
         "/v1/cluster": {
             "get": _op("Brokers of the cluster", "getCluster", (200, _ref("Cluster"), "brokers"))
+        },
+        "/v1/cluster/groups/{group}/failover": {
+            "post": _op(
+                "Hand a broker group's master over to an in-sync replica (cluster mode)",
+                "failoverBrokerGroup",
+                (200, _ref("SwitchoverResult"), "the new master, appointed"),
+                400,
+                404,
+                409,
+                body="Switchover",
+                params=[_path_param("group", "Broker group")],
+            ),
         },
         "/v1/broker/status": {
             "get": _op(

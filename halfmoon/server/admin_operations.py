@@ -5,6 +5,8 @@ consumerStatus / consumerConnection, producerConnection, resetOffsetByTime,
 cloneGroupOffset, and queryMsgByUniqueKey -g -d: consumeMessageDirectly).
 
     GET   /v1/cluster                       the brokers (one: this process) and their addresses
+    POST  /v1/cluster/groups/{group}/failover  {"to"?}: a planned switchover of the broker
+                                            group's master (a proxy of a cluster only)
     GET   /v1/broker/status                 TPS, disk, store, pending transactions, clients
     GET   /v1/runtime-config                keys that may change while running, with values
     PATCH /v1/runtime-config                {"changes": {"broker.max_body_size": "8MiB", ...}}
@@ -35,7 +37,7 @@ from aiohttp import web
 
 from halfmoon.broker.facade import Broker
 from halfmoon.config import iter_keys
-from halfmoon.errors import InvalidArgument
+from halfmoon.errors import InvalidArgument, NotFound
 from halfmoon.server.admin_http import (
     CLIENTS_KEY,
     CLUSTER_KEY,
@@ -88,6 +90,25 @@ def _addresses(request: web.Request) -> tuple[str, str]:
     if advertise and ":" in listen:
         listen = f"{advertise}:{listen.rsplit(':', 1)[1]}"
     return listen, f"http://{request.host}"
+
+
+async def failover_group(request: web.Request) -> web.Response:
+    """A planned switchover (docs/replication.md): the master hands over to ``to`` (an
+    in-sync replica) or to the most caught-up one; answers once the new master is appointed."""
+    cluster = request.app.get(CLUSTER_KEY)
+    if cluster is None:
+        raise NotInCluster("broker groups exist in cluster mode only: ask a proxy of the cluster")
+    body = await read_body(request)
+    reject_unknown(body, {"to"})
+    to = take(body, "to", str)
+    return reply(await call(cluster.switchover, request.match_info["group"], to))
+
+
+class NotInCluster(NotFound):
+    """A cluster-mode operation asked of a standalone server."""
+
+    code = "NOT_IN_CLUSTER"
+    protocol_code = "NOT_FOUND"
 
 
 async def get_cluster(request: web.Request) -> web.Response:
@@ -384,6 +405,7 @@ def add_routes(app: web.Application, clients: ClientRegistry | None = None) -> N
     if clients is not None:
         app[CLIENTS_KEY] = clients
     app.router.add_get("/v1/cluster", get_cluster)
+    app.router.add_post("/v1/cluster/groups/{group}/failover", failover_group)
     app.router.add_get("/v1/broker/status", get_broker_status)
     app.router.add_get("/v1/runtime-config", get_runtime_config)
     app.router.add_patch("/v1/runtime-config", set_runtime_config)

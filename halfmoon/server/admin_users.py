@@ -2,10 +2,16 @@
 
 Users are shown without their secret keys, always. The guard's store is the
 one the gRPC edge authenticates against, so a change applies to the next
-request.
+request. Changes run off the event loop: the store writes a file (fsync) in
+local mode and etcd in cluster mode, and the loop keeps serving meanwhile.
 """
 
 from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -14,6 +20,14 @@ from halfmoon.auth.policy import parse_resource
 from halfmoon.errors import NotFound
 from halfmoon.server.admin_auth import GUARD_KEY
 from halfmoon.server.admin_http import read_body, reply, take
+
+T = TypeVar("T")
+
+
+async def _write(change: Callable[..., T], *args: object, **kwargs: object) -> T:
+    """Run one store change in a worker thread."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(None, functools.partial(change, *args, **kwargs))
 
 
 def _guard(request: web.Request) -> Guard:
@@ -29,7 +43,8 @@ async def list_users(request: web.Request) -> web.Response:
 
 async def create_user(request: web.Request) -> web.Response:
     body = await read_body(request)
-    user = _guard(request).store.create_user(
+    user = await _write(
+        _guard(request).store.create_user,
         take(body, "access_key", str, required=True),
         take(body, "secret_key", str, required=True),
         take(body, "user_type", str) or "Normal",
@@ -48,7 +63,8 @@ async def get_user(request: web.Request) -> web.Response:
 
 async def update_user(request: web.Request) -> web.Response:
     body = await read_body(request)
-    user = _guard(request).store.update_user(
+    user = await _write(
+        _guard(request).store.update_user,
         request.match_info["access_key"],
         secret_key=take(body, "secret_key", str),
         user_type=take(body, "user_type", str),
@@ -58,7 +74,7 @@ async def update_user(request: web.Request) -> web.Response:
 
 
 async def delete_user(request: web.Request) -> web.Response:
-    _guard(request).store.delete_user(request.match_info["access_key"])
+    await _write(_guard(request).store.delete_user, request.match_info["access_key"])
     return reply({"deleted": request.match_info["access_key"]})
 
 
@@ -71,7 +87,9 @@ async def list_acls(request: web.Request) -> web.Response:
 async def create_acl(request: web.Request) -> web.Response:
     body = await read_body(request)
     subject = take(body, "subject", str, required=True)
-    entries = _guard(request).store.create_acl(subject, take(body, "policies", list, required=True))
+    entries = await _write(
+        _guard(request).store.create_acl, subject, take(body, "policies", list, required=True)
+    )
     return reply({"subject": subject, "policies": [e.to_dict() for e in entries]}, status=201)
 
 
@@ -87,14 +105,18 @@ async def get_acl(request: web.Request) -> web.Response:
 async def update_acl(request: web.Request) -> web.Response:
     body = await read_body(request)
     subject = request.match_info["subject"]
-    entries = _guard(request).store.update_acl(subject, take(body, "policies", list, required=True))
+    entries = await _write(
+        _guard(request).store.update_acl, subject, take(body, "policies", list, required=True)
+    )
     return reply({"subject": subject, "policies": [e.to_dict() for e in entries]})
 
 
 async def delete_acl(request: web.Request) -> web.Response:
     subject = request.match_info["subject"]
     resource = request.query.get("resource")
-    _guard(request).store.delete_acl(subject, parse_resource(resource) if resource else None)
+    await _write(
+        _guard(request).store.delete_acl, subject, parse_resource(resource) if resource else None
+    )
     return reply({"deleted": subject, "resource": resource})
 
 

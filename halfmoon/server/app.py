@@ -38,16 +38,19 @@ from aiohttp import web
 
 from halfmoon.auth import Guard, local_guard
 from halfmoon.broker.broker import Broker as InProcessBroker
-from halfmoon.broker.facade import Broker
+from halfmoon.broker.facade import Broker, WatchesArrivals
 from halfmoon.config import Config, ServerConfig, parse_host_port
 from halfmoon.metrics import MetricFamily, default_registry
 from halfmoon.server import lite_subscriptions
 from halfmoon.server.admin import create_admin_app
 from halfmoon.server.admin_http import ClusterMembers
+from halfmoon.server.bulk_rpc import BulkReadService, bulk_read_handler
 from halfmoon.server.edge_security import Certificates, check_exposure
+from halfmoon.server.grpc_endpoint import GrpcEndpoint, format_address
 from halfmoon.server.grpc_service import MessagingServicer
 from halfmoon.server.handlers import messaging_handler
 from halfmoon.server.longpoll import ArrivalNotifier
+from halfmoon.server.permissive_admin import PermissiveAdminListener
 from halfmoon.server.rpc_guard import RpcGuard
 from halfmoon.server.telemetry import ClientRegistry, TelemetryCheckSender
 from halfmoon.store.store import MessageStore
@@ -92,8 +95,16 @@ class TickThread(threading.Thread):
         self.join(timeout=10)
 
 
-def _format_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+class _AdminRunner(web.AppRunner):
+    """The admin application's runner; in ``tls.mode=permissive`` it also owns the
+    listener that tells HTTP from HTTPS (aiohttp's sites cannot)."""
+
+    permissive: PermissiveAdminListener | None = None
+
+    async def cleanup(self) -> None:
+        if self.permissive is not None:
+            await self.permissive.close()
+        await super().cleanup()
 
 
 async def _start_admin(
@@ -109,9 +120,21 @@ async def _start_admin(
     (HTTPS with ``certificates``); the runner (for shutdown) and the bound address."""
     host, port = parse_host_port(config.server.admin_listen, what="admin listen address")
     app = create_admin_app(broker, config, clients=clients, guard=guard, cluster=cluster)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = _AdminRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     ssl_context = certificates.ssl_context() if certificates is not None else None
+    if ssl_context is not None and config.tls.mode == "permissive":
+        assert runner.server is not None
+        try:
+            listener = PermissiveAdminListener(
+                runner.server, host, port, ssl_context, reuse_port=reuse_port
+            )
+        except BaseException:
+            await runner.cleanup()
+            raise
+        runner.permissive = listener
+        listener.start()
+        return runner, format_address(host, listener.port)
     site = web.TCPSite(
         runner,
         host,
@@ -130,7 +153,7 @@ async def _start_admin(
         if isinstance(address, tuple) and len(address) >= 2:
             bound = address[1]
             break
-    return runner, _format_address(host, bound)
+    return runner, format_address(host, bound)
 
 
 async def _stop_admin(runner: web.AppRunner | None) -> None:
@@ -188,6 +211,7 @@ async def serve_front_end(
     guard: Guard | None = None,
     reuse_port: bool = False,
     cluster: ClusterMembers | None = None,
+    on_reload: Callable[[], object] | None = None,
 ) -> None:
     """The gRPC endpoint and the admin API in front of ``broker`` until stopped; the caller
     opened the broker and closes it. ``tick``: run the broker's tick thread here (False when
@@ -195,7 +219,9 @@ async def serve_front_end(
     ``reuse_port``: bind both ports with SO_REUSEPORT, so several worker processes share
     them (the kernel spreads connections over the workers). ``cluster``: in cluster mode,
     the cluster's members, for the admin API (``?broker=NAME``, ``cluster list``).
-    ``guard`` authenticates and authorizes every request at both edges (when enabled)."""
+    ``guard`` authenticates and authorizes every request at both edges (when enabled).
+    ``on_reload``: called on SIGHUP beside the listeners' certificate reload (a cluster
+    proxy re-reads its etcd and internal-protocol certificates)."""
     server_config: ServerConfig = config.server
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
@@ -204,8 +230,12 @@ async def serve_front_end(
     started = time.monotonic() if started is None else started
     registry = ClientRegistry()
     registry.bind_loop(loop)
-    notifier = ArrivalNotifier(loop)
-    broker.add_arrival_listener(notifier.on_arrival)
+    if isinstance(broker, WatchesArrivals):  # a network hop away: only topics polled on
+        notifier = ArrivalNotifier(loop, watcher=broker)
+        broker.add_watched_arrival_listener(notifier.on_arrival)
+    else:
+        notifier = ArrivalNotifier(loop)
+        broker.add_arrival_listener(notifier.on_arrival)
     executor = ThreadPoolExecutor(server_config.worker_threads, thread_name_prefix="halfmoon-rpc")
     server = grpc.aio.server(
         options=[
@@ -218,18 +248,13 @@ async def serve_front_end(
     )
     ticker = TickThread(broker, server_config.tick_interval)
     admin = None
+    endpoint: GrpcEndpoint | None = None
     try:
         certificates = Certificates(config.tls) if config.tls.mode != "disabled" else None
-        if certificates is not None:
-            bound = server.add_secure_port(
-                _format_address(host, port), certificates.grpc_credentials()
-            )
-        else:
-            bound = server.add_insecure_port(_format_address(host, port))
-        if bound == 0:
-            raise OSError(
-                f"cannot listen on {server_config.listen} (address in use or not available)"
-            )
+        endpoint = GrpcEndpoint(
+            server, host, port, server_config.listen, certificates, reuse_port=reuse_port
+        )
+        bound = await endpoint.bind()
         advertised_host = server_config.advertise_host or (
             host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"
         )
@@ -242,8 +267,14 @@ async def serve_front_end(
             executor=executor,
         )
         rpc_guard = RpcGuard(guard) if guard is not None and guard.enabled else None
-        server.add_generic_rpc_handlers((messaging_handler(servicer, rpc_guard),))
+        server.add_generic_rpc_handlers(
+            (
+                messaging_handler(servicer, rpc_guard),
+                bulk_read_handler(BulkReadService(servicer, rpc_guard)),
+            )
+        )
         await server.start()
+        await endpoint.serve()
         # Transaction checks reach producers over their telemetry streams.
         broker.set_check_sender(TelemetryCheckSender(registry))
         lite_subscriptions.install_notifier(broker, registry)  # NotifyUnsubscribeLiteCommand
@@ -260,10 +291,10 @@ async def serve_front_end(
         )
         if tick:
             ticker.start()
-        _install_signal_handlers(loop, stop, force, certificates)
+        _install_signal_handlers(loop, stop, force, certificates, on_reload)
         log.info(
             "halfmoon ready grpc=%s admin=%s %s auth=%s tls=%s startup_ms=%d",
-            _format_address(host, bound),
+            format_address(host, bound),
             admin_address,
             source,
             "on" if guard is not None and guard.enabled else "off",
@@ -283,7 +314,7 @@ async def serve_front_end(
             lite_subscriptions.remove_notifier(broker)
         finally:
             try:
-                await _shutdown(server, server_config, notifier, registry, force, admin)
+                await _shutdown(server, server_config, notifier, registry, force, admin, endpoint)
             finally:
                 if ticker.is_alive():
                     ticker.stop()
@@ -331,9 +362,12 @@ async def _shutdown(
     registry: ClientRegistry,
     force: asyncio.Event,
     admin: web.AppRunner | None,
+    endpoint: GrpcEndpoint | None = None,
 ) -> None:
     notifier.wake_all()
     registry.close_all()
+    if endpoint is not None:  # no new connections; open ones drain through gRPC's stop
+        endpoint.stop_accepting()
     stopping = asyncio.ensure_future(server.stop(config.shutdown_grace))
     forced = asyncio.ensure_future(force.wait())
     done, _ = await asyncio.wait({stopping, forced}, return_when=asyncio.FIRST_COMPLETED)
@@ -343,6 +377,8 @@ async def _shutdown(
         with contextlib.suppress(Exception):
             await stopping
     forced.cancel()
+    if endpoint is not None:
+        await endpoint.close()
     try:
         await _stop_admin(admin)
     except Exception:  # noqa: BLE001 - the store still gets closed
@@ -360,6 +396,7 @@ def _install_signal_handlers(
     stop: asyncio.Event,
     force: asyncio.Event,
     certificates: Certificates | None = None,
+    on_reload: Callable[[], object] | None = None,
 ) -> None:
     def on_signal(signum: int) -> None:
         if stop.is_set():
@@ -372,9 +409,17 @@ def _install_signal_handlers(
     for signum in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signum, on_signal, signum)
-    if certificates is not None:  # SIGHUP: new handshakes get the re-read certificate
+    reloads: list[Callable[[], object]] = [] if on_reload is None else [on_reload]
+    if certificates is not None:
+        reloads.insert(0, certificates.reload)
+
+    def reload() -> None:
+        for each in reloads:
+            each()
+
+    if reloads:  # SIGHUP: new handshakes get the re-read certificates
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signal.SIGHUP, certificates.reload)
+            loop.add_signal_handler(signal.SIGHUP, reload)
 
 
 def _remove_signal_handlers(loop: asyncio.AbstractEventLoop) -> None:

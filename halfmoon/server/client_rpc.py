@@ -75,10 +75,10 @@ class ClientRpcs(ServicerBase):
         )
         try:
             while True:
-                command = await outbox.get()
+                command = outbox.get_nowait() if outbox.qsize() else await outbox.get()
                 if command is None:
                     break
-                yield command
+                yield command  # a burst of checks goes out without a queue wait each
         finally:
             reader.cancel()
             self.registry.close_stream(session, outbox)

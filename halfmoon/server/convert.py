@@ -177,7 +177,10 @@ def outgoing_message(
             "message body is empty; send at least one byte", code="MESSAGE_BODY_EMPTY"
         )
     message_type = _message_type(msg)
-    properties = dict(msg.user_properties) if msg.user_properties else {}
+    wire_properties = msg.user_properties
+    # A comprehension over the protobuf map: dict(map) goes through the Mapping mixins, over
+    # twice as slow, and this runs once per message of every send.
+    properties = {k: wire_properties[k] for k in wire_properties} if wire_properties else {}
     transaction_group = None
     if message_type is MessageType.TRANSACTION and PROPERTY_TRANSACTION_GROUP in properties:
         # The transaction-group convention (docs/transactions.md): a reserved user

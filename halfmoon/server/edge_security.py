@@ -8,8 +8,9 @@
   asks for the current ones at each new handshake, so a reload never drops
   an open connection; the admin API's ``SSLContext`` loads the new chain in
   place, which affects new handshakes only as well.
-- Mode ``enforcing`` serves TLS only. ``permissive`` (plaintext and TLS on
-  one port) is refused with a clear error for now (docs/security.md).
+- Mode ``enforcing`` serves TLS only; ``permissive`` serves plaintext and
+  TLS on one port (:mod:`halfmoon.server.grpc_endpoint`,
+  :mod:`halfmoon.server.permissive_admin`).
 """
 
 from __future__ import annotations
@@ -58,11 +59,6 @@ def check_exposure(config: Config) -> None:
 def check_tls(tls: TlsConfig) -> None:
     if tls.mode == "disabled":
         return
-    if tls.mode == "permissive":
-        raise ConfigError(
-            "tls.mode=permissive (plaintext and TLS on one port) is not available yet; "
-            "use tls.mode=enforcing, or disabled"
-        )
     if tls.cert is None or tls.key is None:
         raise ConfigError(f"tls.mode={tls.mode} needs tls.cert and tls.key (--tls-cert, --tls-key)")
 

@@ -33,10 +33,17 @@ RPCS = default_registry().counter(
 _CODE_NAMES = {value.number: value.name for value in Code.DESCRIPTOR.values}
 
 
+# (method, code number) -> the counter's label values, built on first use.
+_KEYS: dict[tuple[str, int], tuple[str, str]] = {}
+
+
 def _count(method: str, response: Message) -> None:
     if response.HasField("status"):  # type: ignore[arg-type]
         code = response.status.code  # type: ignore[attr-defined]
-        RPCS.inc(method=method, code=_CODE_NAMES.get(code) or str(code))
+        key = _KEYS.get((method, code))
+        if key is None:
+            key = _KEYS.setdefault((method, code), (method, _CODE_NAMES.get(code) or str(code)))
+        RPCS.inc_key(key)
 
 
 def _types(method: Any) -> tuple[type[Message], type[Message]]:

@@ -123,9 +123,19 @@ class PopRpcs(ServicerBase):
         deadline = loop.time() + budget
         while True:
             with self.notifier.waiter(topic) as waiter:
-                views, wakeup_ms = await self._call(
-                    self._receive_once, group, topic, spec, batch, invisible_ms, client_id, queue_id
+                # On the loop when the broker can answer without blocking (the usual case,
+                # an arrival waking this poll included): no thread hand-off between the
+                # append and the answer. Else (None) on a worker thread.
+                found = self.broker.receive_nowait(
+                    group, topic, spec, batch, invisible_ms, client_id, queue_id
                 )
+                if found is None:
+                    views, wakeup_ms = await self._call(
+                        self._receive_once,
+                        group, topic, spec, batch, invisible_ms, client_id, queue_id,
+                    )  # fmt: skip
+                else:
+                    views, wakeup_ms = found.views, found.next_wakeup_ms
                 remaining = deadline - loop.time()
                 if views or remaining <= 0 or self.notifier.shutting_down:
                     return views
@@ -169,7 +179,11 @@ class PopRpcs(ServicerBase):
             lite = any(e.HasField("lite_topic") for e in request.entries)
             return statuses, lite or self._is_fifo(group)
 
-        statuses, fifo = await self._call(ack_all)
+        answered = self._ack_on_loop(group, topic, handles, lite_topics, txn)
+        if answered is not None:
+            statuses, fifo = answered
+        else:
+            statuses, fifo = await self._call(ack_all)
         if fifo:
             # In a FIFO group (and a lite topic) an ack releases the next message of its queue.
             self.notifier.wake(topic)
@@ -187,6 +201,30 @@ class PopRpcs(ServicerBase):
         else:
             overall = status(Code.MULTIPLE_RESULTS, "some entries failed; see each entry's status")
         return svc.AckMessageResponse(status=overall, entries=results)
+
+    def _ack_on_loop(
+        self,
+        group: str,
+        topic: str,
+        handles: list[str],
+        lite_topics: list[str | None],
+        txn: str | None,
+    ) -> tuple[list[pb.Status], bool] | None:
+        """The batch acked on the loop, when the broker can do it without blocking: plain
+        acks of an ordinary topic, bookkeeping in memory under one lock hold. None: the
+        caller acks on a worker thread."""
+        if txn is not None or not all(handles) or any(t is not None for t in lite_topics):
+            return None
+        config = self.broker.find_group(group)
+        if config is None:
+            return None
+        results = self.broker.ack_nowait(group, topic, handles)
+        if results is None:
+            return None
+        statuses = [
+            OK_STATUS if error is None else status_for(error, "AckMessage") for error in results
+        ]
+        return statuses, bool(config.fifo)
 
     def _is_fifo(self, group: str) -> bool:
         try:

@@ -22,10 +22,12 @@ from google.protobuf import duration_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from halfmoon.broker.facade import Broker
+from halfmoon.broker.facade import Broker, SendsAsync
 from halfmoon.config import ServerConfig
 from halfmoon.server import convert
 from halfmoon.server import namespace as ns
+from halfmoon.server.client_address import client_peer
+from halfmoon.server.end_batching import EndBatcher
 from halfmoon.server.errors import RequestError, ok, status_for
 from halfmoon.server.longpoll import ArrivalNotifier
 from halfmoon.server.renewal import Renewer
@@ -47,8 +49,17 @@ def metadata(context: grpc.aio.ServicerContext, key: str) -> str:
     return ""
 
 
+def metadata_pair(context: grpc.aio.ServicerContext, first: str, second: str) -> tuple[str, str]:
+    """Two headers in one pass: grpc builds the metadata tuple anew on every call."""
+    found: dict[str, str] = {}
+    for k, v in context.invocation_metadata() or ():
+        if k in (first, second) and k not in found:  # the first of each, as metadata()
+            found[k] = v if isinstance(v, str) else v.decode("utf-8", "replace")
+    return found.get(first, ""), found.get(second, "")
+
+
 def peer_host(context: grpc.aio.ServicerContext) -> str:
-    peer = context.peer() or ""
+    peer = client_peer(context)  # the client's own, also behind tls.mode=permissive's relay
     # "ipv4:127.0.0.1:5555" / "ipv6:[::1]:5555"
     _, _, rest = peer.partition(":")
     return rest
@@ -124,8 +135,12 @@ class ServicerBase(service_pb2_grpc.MessagingServiceServicer):
         self.max_body_size = broker.config.max_body_size
         self.default_invisible_ms = broker.config.default_invisible_ms
         self.broker_name = broker.config.name
+        # A broker a network hop away takes sends on the loop (coalesced there, no thread).
+        self.send_async = broker.send_async if isinstance(broker, SendsAsync) else None
         # Invisible-time renewal for push consumers (auto_renew receives): renewal.py.
         self.renewer = Renewer(broker, config, self._call, self._has_stream)
+        # EndTransactions of one loop turn decided with one append: end_batching.py.
+        self._ends = EndBatcher(broker.end_transactions_nowait)
 
     def _has_stream(self, client_id: str) -> bool:
         session = self.registry.get(client_id)

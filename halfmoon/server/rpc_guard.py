@@ -23,6 +23,7 @@ from rocketmq.grpc_protocol import definition_pb2
 from halfmoon.auth import Guard
 from halfmoon.errors import HalfmoonError
 from halfmoon.server import namespace as ns
+from halfmoon.server.client_address import client_peer
 from halfmoon.server.errors import status_for
 from halfmoon.server.rpc_permissions import needs
 
@@ -34,7 +35,7 @@ PUBLISH_FILTER: ContextVar[Callable[[str], bool] | None] = ContextVar(
 
 def peer_ip(context: grpc.aio.ServicerContext) -> str:
     """``ipv4:10.0.0.5:5555`` → ``10.0.0.5``; ``ipv6:[::1]:5555`` → ``::1``."""
-    _, _, rest = (context.peer() or "").partition(":")
+    _, _, rest = client_peer(context).partition(":")
     if rest.startswith("["):
         return rest[1:].partition("]")[0]
     return rest.rpartition(":")[0] or rest

@@ -7,6 +7,7 @@
 - heartbeat, termination, telemetry: a known user, nothing more (a producer
   learns of transaction checks only for topics it may Pub on: see
   ``TelemetryCheckSender``);
+- BulkRead (``halfmoon.v1.BulkRead``, halfmoon's own): as pull, Sub on the topic and group;
 - ending a transaction *group* (``hm-group:<id>``, no topic): Pub on Cluster.
 
 Names are the stored ones (namespace applied), so ``Namespace:<ns>`` policies
@@ -62,6 +63,13 @@ def _end_transaction(request: Any, header: str) -> Needs:
     return _pub(request.topic, header, "Pub")
 
 
+def _bulk_read(request: Any, header: str) -> Needs:
+    # halfmoon.v1.BulkRead (a BulkRequest, not protobuf): what PullMessage needs.
+    topic_resource = pb.Resource(name=request.topic, resource_namespace=request.namespace)
+    group_resource = pb.Resource(name=request.group, resource_namespace=request.namespace)
+    return _sub(topic_resource, group_resource, header)
+
+
 def _nothing(request: Any, header: str) -> Needs:
     return []
 
@@ -84,6 +92,7 @@ NEEDS: dict[str, Callable[[Any, str], Needs]] = {
     "GetOffset": lambda r, h: _sub(r.message_queue.topic, r.group, h),
     "QueryOffset": lambda r, h: _sub(r.message_queue.topic, None, h),
     "SyncLiteSubscription": lambda r, h: _sub(r.topic, r.group, h),
+    "BulkRead": _bulk_read,
 }
 
 

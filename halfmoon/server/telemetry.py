@@ -207,9 +207,13 @@ class ClientRegistry:
     def producers(
         self, *, topic: str | None = None, group: str | None = None
     ) -> list[ClientSession]:
-        """Producers with a live stream that published to ``topic`` / belong to ``group``."""
+        """Producers with a live stream that published to ``topic`` / belong to ``group``.
+
+        Any thread: the sessions are copied first (one C call, so no other thread's change
+        can break the iteration); a session's fields may be a moment stale.
+        """
         found = []
-        for session in self._sessions.values():
+        for session in list(self._sessions.values()):
             if not session.is_producer or session.outbox is None:
                 continue
             if topic is not None and topic not in session.topics:
@@ -378,8 +382,19 @@ class TelemetryCheckSender:
             and time.monotonic() - session.last_seen <= self._alive_within
         )
 
+    def room(self, producer_group: str | None, topic: str) -> int:
+        """How many checks of (``producer_group``, ``topic``) the live streams take now, as
+        :meth:`send_checks` would pick them (any thread: the check scan asks before it reads
+        any half record, so a full producer costs it no reads; a stale answer costs a round).
+        """
+        self.outstanding.expire()
+        candidates = self.live_producers(topic, producer_group) if producer_group else []
+        if not candidates:
+            candidates = self.live_producers(topic)
+        return sum(max(0, self.outstanding.room(s.outbox)) for s in candidates)
+
     def live_producers(self, topic: str, group: str | None = None) -> list[ClientSession]:
-        """Loop thread: producers of ``topic`` (of ``group`` when given) with a live stream."""
+        """Producers of ``topic`` (of ``group`` when given) with a live stream (any thread)."""
         now = time.monotonic()
         return [
             s
@@ -407,19 +422,23 @@ class TelemetryCheckSender:
         topic: str,
         group: str | None,
         transaction_id: str,
+        live: dict[tuple[str, str | None], list[ClientSession]],
     ) -> str | None:
         outstanding = self.outstanding
         if outstanding.holder(transaction_id) is not None:
             return (
                 None  # still outstanding at a live stream (pruned just before): wait for its answer
             )
-        candidates = self.live_producers(topic, group) if group else []
-        if not candidates:
-            candidates = self.live_producers(topic)
-        candidates = [s for s in candidates if outstanding.has_room(s.outbox)]
-        if not candidates:
+        candidates = live.get((topic, group))
+        if candidates is None:  # once per (topic, group) and batch, not per check
+            candidates = self.live_producers(topic, group) if group else []
+            if not candidates:
+                candidates = self.live_producers(topic)
+            live[(topic, group)] = candidates
+        with_room = [s for s in candidates if outstanding.has_room(s.outbox)]
+        if not with_room:
             return None
-        session = candidates[next(self._round_robin) % len(candidates)]
+        session = with_room[next(self._round_robin) % len(with_room)]
         stream = session.outbox
         if not self._registry.send_command(session.client_id, command):
             return None
@@ -430,7 +449,8 @@ class TelemetryCheckSender:
         self, commands: list[tuple[service_pb2.TelemetryCommand, str, str | None, str]]
     ) -> list[bool]:
         self._prune_on_loop()
-        return [self._send_on_loop(*c) is not None for c in commands]
+        live: dict[tuple[str, str | None], list[ClientSession]] = {}
+        return [self._send_on_loop(*c, live) is not None for c in commands]
 
     def send_checks(self, checks: Sequence[Any]) -> list[bool]:
         """Hand a batch of checks (``CheckRequest``s) to live producer streams in one loop hop.

@@ -24,7 +24,14 @@ Names follow Spark's Kafka source where an equivalent exists
 ``accessKey``          with ``secretKey``: sign every request (a broker with authentication on);
                        default ``$HALFMOON_ACCESS_KEY`` / ``$HALFMOON_SECRET_KEY``. The secret is
                        never logged; Spark's ``spark.redaction.regex`` hides it in plans.
+``tls``                ``true``: connect over TLS (default: true when a ``tls*`` file is given).
+``tlsRootCertificates``  PEM bundle of the CAs to trust (default: the system roots).
+``tlsCertificateChain``  with ``tlsPrivateKey``: PEM client certificate and key (mutual TLS).
 =====================  =====================================================================
+
+The ``tls*`` options are paths, valid on the driver and on every executor
+(``spark-submit --files`` ships them); the files are read where a channel is
+opened, so no certificate or key ever sits in the options, a plan or a log.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from dataclasses import dataclass
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from halfmoon.client.credentials import Credentials
+from halfmoon.client.endpoints import check_endpoints, split_endpoints
 from halfmoon.errors import InvalidArgument
 
 EARLIEST = -2
@@ -67,6 +75,15 @@ class OffsetSpec:
 
 
 @dataclass(frozen=True)
+class TlsOptions:
+    """TLS to the server: paths of PEM files (never their contents: options travel in plans)."""
+
+    root_certificates: str | None = None  # None: the system roots
+    certificate_chain: str | None = None  # with private_key: mutual TLS
+    private_key: str | None = None
+
+
+@dataclass(frozen=True)
 class SourceOptions:
     endpoint: str
     topics: tuple[str, ...]
@@ -81,6 +98,7 @@ class SourceOptions:
     max_records_per_partition: int
     pull_batch_size: int
     credentials: Credentials | None = None  # repr leaves the secret out
+    tls: TlsOptions | None = None
 
 
 def option_value(options: Mapping[str, str], name: str) -> str | None:
@@ -126,14 +144,37 @@ def credentials_of(options: Mapping[str, str]) -> Credentials | None:
     return Credentials.from_env()
 
 
-def endpoint_of(options: Mapping[str, str]) -> str:
-    endpoint = (option_value(options, "endpoint") or "").strip()
-    host, _, port = endpoint.rpartition(":")
-    if not host or not port.isdigit():
+def tls_of(options: Mapping[str, str]) -> TlsOptions | None:
+    """The ``tls`` options: None for plaintext."""
+    files = {
+        name: (option_value(options, name) or "").strip() or None
+        for name in ("tlsRootCertificates", "tlsCertificateChain", "tlsPrivateKey")
+    }
+    chain, key = files["tlsCertificateChain"], files["tlsPrivateKey"]
+    if (chain is None) != (key is None):
         raise SparkOptionError(
-            f"option endpoint must be host:port of a halfmoon server, got {endpoint!r}"
+            "options tlsCertificateChain and tlsPrivateKey go together (mutual TLS); "
+            "give both or neither"
         )
-    return endpoint
+    given = [name for name, path in files.items() if path is not None]
+    enabled = _bool(options, "tls", bool(given))
+    if not enabled:
+        if given:
+            raise SparkOptionError(f"option tls=false contradicts option {given[0]}")
+        return None
+    return TlsOptions(files["tlsRootCertificates"], chain, key)
+
+
+def endpoint_of(options: Mapping[str, str]) -> str:
+    """``host:port``, or a cluster's proxies ``host:port;host:port`` (failed over between)."""
+    endpoint = (option_value(options, "endpoint") or "").strip()
+    try:
+        return ";".join(split_endpoints(check_endpoints(endpoint)))
+    except ValueError:
+        raise SparkOptionError(
+            "option endpoint must be host:port of a halfmoon server (or several, ';'-separated: "
+            f"a cluster's proxies), got {endpoint!r}"
+        ) from None
 
 
 def offset_spec(text: str, name: str) -> OffsetSpec:
@@ -226,6 +267,8 @@ def source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOpti
         group=(option_value(options, "group") or DEFAULT_GROUP).strip(),
         commit_offsets=_bool(options, "commitOffsets", False),
         max_records_per_partition=_positive(options, "maxRecordsPerPartition", 200_000) or 200_000,
-        pull_batch_size=min(_positive(options, "pullBatchSize", 1024) or 1024, 1024),
+        # Messages per read (BulkRead answers; PullMessage caps it at 1024).
+        pull_batch_size=min(_positive(options, "pullBatchSize", 4096) or 4096, 16384),
         credentials=credentials_of(options),
+        tls=tls_of(options),
     )

@@ -14,12 +14,16 @@ user properties for RocketMQ's clients: ``properties`` holds what a producer
 set, so a row can go back to the sink as it is.
 
 Rows leave the reader as ``pyarrow.RecordBatch`` objects built column by
-column: Spark takes them without converting row by row.
+column: Spark takes them without converting row by row. A BulkRead answer
+(:mod:`halfmoon.bulkread.format`) is already columnar, so
+:func:`record_batch_of_columns` turns each of its lists into one Arrow array
+(the server needs no pyarrow; this is the only place Arrow is built).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 from google.protobuf import timestamp_pb2
@@ -89,3 +93,49 @@ def record_batch(messages: Sequence[pb.Message]) -> pa.RecordBatch:
         pa.array(txn, pa.string()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+_MS = pa.timestamp("ms", tz="UTC")
+_US = pa.timestamp("us", tz="UTC")
+
+
+def record_batch_of_columns(columns: Mapping[str, list[Any]], queue_id: int) -> pa.RecordBatch:
+    """The Arrow record batch (``ARROW_SCHEMA``) of a BulkRead answer's columns."""
+    count = len(columns["queue_offset"])
+    message_ids = columns["message_id"]
+    txn = [
+        message_ids[i] if kind == "TRANSACTION" else None
+        for i, kind in enumerate(columns["message_type"])
+    ]
+    arrays = [
+        pa.array(columns["topic"], pa.string()),
+        pa.repeat(pa.scalar(queue_id, pa.int32()), count),
+        pa.array(columns["queue_offset"], pa.int64()),
+        pa.array(message_ids, pa.string()),
+        pa.array(columns["keys"], pa.list_(pa.string())),
+        pa.array(columns["tag"], pa.string()),
+        _map_array(columns["properties"]),
+        pa.array(columns["body"], pa.binary()),
+        pa.array(columns["born_timestamp"], _MS).cast(_US),
+        pa.array(columns["store_timestamp"], _MS).cast(_US),
+        pa.array(columns["message_group"], pa.string()),
+        pa.array(txn, pa.string()),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+
+
+def _map_array(maps: list[dict[str, str]]) -> pa.Array:
+    """A map<string,string> array from dicts, built from flat key and value lists."""
+    offsets = [0]
+    keys: list[str] = []
+    values: list[str] = []
+    total = 0
+    for entry in maps:
+        if entry:
+            keys.extend(entry)
+            values.extend(entry.values())
+            total += len(entry)
+        offsets.append(total)
+    return pa.MapArray.from_arrays(
+        pa.array(offsets, pa.int32()), pa.array(keys, pa.string()), pa.array(values, pa.string())
+    )

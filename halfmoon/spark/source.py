@@ -1,9 +1,11 @@
 """``spark.read`` / ``spark.readStream`` ``.format("halfmoon")``: a topic's committed messages as
 rows.
 
-Reading happens by offset (PullMessage), one Spark task per queue range, so
-it never disturbs the consumer groups of the applications (no receipt
-handles, no redelivery). The broker serves only committed messages from a
+Reading happens by offset, one Spark task per queue range, through
+``halfmoon.v1.BulkRead`` (docs/bulk-read.md: thousands of messages per answer,
+already columnar; PullMessage when the server predates it), so it never
+disturbs the consumer groups of the applications (no receipt handles, no
+redelivery). The broker serves only committed messages from a
 topic's queues: half messages live in an internal topic until their
 transaction commits, and a rollback never reaches the queue, so pending and
 rolled-back transactions are never read.
@@ -40,6 +42,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from halfmoon.client.errors import Unsupported
 from halfmoon.spark.options import (
     DataLossError,
     OffsetSpec,
@@ -48,7 +51,7 @@ from halfmoon.spark.options import (
     source_options,
 )
 from halfmoon.spark.plan import Offsets, QueueRange, admit, resolve, split
-from halfmoon.spark.rows import SCHEMA_DDL, record_batch
+from halfmoon.spark.rows import SCHEMA_DDL, record_batch, record_batch_of_columns
 from halfmoon.spark.sink import HalfmoonBatchWriter, HalfmoonStreamWriter, sink_options
 from halfmoon.spark.wire import Code, Queue, Wire
 
@@ -57,6 +60,9 @@ log = logging.getLogger("halfmoon.spark.source")
 # A range whose offsets exist (they are below the queue's end) may still answer "no message"
 # for a moment after a broker restart; this bounds how long a task waits for them.
 MISSING_RANGE_TIMEOUT = 30.0
+# About this many bytes per BulkRead answer (and at most pullBatchSize messages).
+READ_BYTES = 8 * 1024 * 1024
+MAX_PULL_BATCH = 1024  # PullMessage's own limit
 _LATEST = OffsetSpec("latest")
 
 
@@ -86,7 +92,7 @@ def offsets_for(wire: Wire, queues: Sequence[Queue], spec: OffsetSpec) -> Offset
 
 def read_range(options: SourceOptions, queue_range: QueueRange) -> Iterator[pa.RecordBatch]:
     """The committed messages of ``queue_range`` as Arrow record batches (runs in a task)."""
-    wire = Wire(options.endpoint, options.credentials)
+    wire = Wire(options.endpoint, options.credentials, tls=options.tls)
     queue = next(
         (q for q in wire.queues(queue_range.topic) if q.queue_id == queue_range.queue_id), None
     )
@@ -96,28 +102,88 @@ def read_range(options: SourceOptions, queue_range: QueueRange) -> Iterator[pa.R
             f"{queue_range.start} to {queue_range.end} left to read"
         )
     offset = _check_retention(wire, options, queue, queue_range.start, queue_range.end)
+    if queue.endpoint in _NO_BULK_READ:
+        yield from _pull_range(wire, options, queue, offset, queue_range.end)
+        return
+    try:
+        yield from _bulk_range(wire, options, queue, offset, queue_range.end)
+    except Unsupported as exc:
+        if exc.rpc != "BulkRead":
+            raise
+        # A server without halfmoon.v1.BulkRead (older): the RocketMQ protocol's PullMessage.
+        # The first call failed, so nothing was yielded yet.
+        log.info("event=spark_bulk_read_unsupported endpoint=%s", queue.endpoint)
+        _NO_BULK_READ.add(queue.endpoint)
+        yield from _pull_range(wire, options, queue, offset, queue_range.end)
+
+
+# Endpoints that answered BulkRead with UNIMPLEMENTED (per Python worker).
+_NO_BULK_READ: set[str] = set()
+
+
+def _bulk_range(
+    wire: Wire, options: SourceOptions, queue: Queue, offset: int, end: int
+) -> Iterator[pa.RecordBatch]:
+    """``[offset, end)`` of ``queue`` through BulkRead: one record batch per answer."""
+    stalled = _Stall(queue, end)
+    while offset < end:
+        answer = wire.bulk_read(
+            options.group, queue, offset, end, options.pull_batch_size, READ_BYTES, options.filter
+        )
+        if answer.code == Code.ILLEGAL_OFFSET and answer.next_offset > offset:
+            offset = _check_retention(wire, options, queue, offset, end)
+            continue
+        if answer.count:
+            yield record_batch_of_columns(answer.columns, queue.queue_id)
+        if answer.next_offset > offset:
+            offset = answer.next_offset
+            stalled.clear()
+            continue
+        stalled.check(offset)
+        wire.bulk_read(options.group, queue, offset, end, 1, READ_BYTES, options.filter, wait=1.0)
+
+
+def _pull_range(
+    wire: Wire, options: SourceOptions, queue: Queue, offset: int, end: int
+) -> Iterator[pa.RecordBatch]:
+    """``[offset, end)`` of ``queue`` through PullMessage (a server without BulkRead)."""
     selector = selector_wire(options.filter)
-    stalled_since: float | None = None
-    while offset < queue_range.end:
-        want = min(options.pull_batch_size, queue_range.end - offset)
+    stalled = _Stall(queue, end)
+    while offset < end:
+        want = min(options.pull_batch_size, MAX_PULL_BATCH, end - offset)
         answer = wire.pull(options.group, queue, offset, want, selector)
         if answer.code == Code.ILLEGAL_OFFSET and answer.next_offset > offset:
-            offset = _check_retention(wire, options, queue, offset, queue_range.end)
+            offset = _check_retention(wire, options, queue, offset, end)
             continue
-        rows = [m for m in answer.messages if m.system_properties.queue_offset < queue_range.end]
+        rows = [m for m in answer.messages if m.system_properties.queue_offset < end]
         if rows:
             yield record_batch(rows)
         if answer.next_offset > offset:
-            offset, stalled_since = answer.next_offset, None
+            offset = answer.next_offset
+            stalled.clear()
             continue
-        # Nothing at an offset below the queue's end: wait briefly (a restarting broker), then fail.
-        stalled_since = stalled_since or time.monotonic()
-        if time.monotonic() - stalled_since > MISSING_RANGE_TIMEOUT:
-            raise DataLossError(
-                f"{queue_range.topic!r} queue {queue.queue_id} answers nothing at offset {offset} "
-                f"(below its end {queue_range.end}) for {MISSING_RANGE_TIMEOUT:.0f}s"
-            )
+        stalled.check(offset)
         wire.pull(options.group, queue, offset, 1, selector, wait=1.0)
+
+
+class _Stall:
+    """Nothing at an offset below the queue's end: a restarting broker, waited for briefly;
+    after MISSING_RANGE_TIMEOUT it is data loss."""
+
+    def __init__(self, queue: Queue, end: int) -> None:
+        self.queue, self.end = queue, end
+        self.since: float | None = None
+
+    def clear(self) -> None:
+        self.since = None
+
+    def check(self, offset: int) -> None:
+        self.since = self.since or time.monotonic()
+        if time.monotonic() - self.since > MISSING_RANGE_TIMEOUT:
+            raise DataLossError(
+                f"{self.queue.topic!r} queue {self.queue.queue_id} answers nothing at offset "
+                f"{offset} (below its end {self.end}) for {MISSING_RANGE_TIMEOUT:.0f}s"
+            )
 
 
 def _check_retention(
@@ -146,7 +212,7 @@ class HalfmoonBatchReader(DataSourceReader):
         self.options = options
 
     def partitions(self) -> Sequence[InputPartition]:
-        wire = Wire(self.options.endpoint, self.options.credentials)
+        wire = Wire(self.options.endpoint, self.options.credentials, tls=self.options.tls)
         queues = queues_of(wire, self.options)
         start = offsets_for(wire, queues, self.options.starting)
         end = offsets_for(wire, queues, self.options.ending)
@@ -165,7 +231,7 @@ class HalfmoonStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target: Offsets | None = None  # Trigger.AvailableNow: never read past this
 
     def _wire(self) -> Wire:
-        return Wire(self.options.endpoint, self.options.credentials)
+        return Wire(self.options.endpoint, self.options.credentials, tls=self.options.tls)
 
     def _latest(self) -> Offsets:
         wire = self._wire()

@@ -4,7 +4,8 @@ Spark runs the connector's code in short-lived Python workers: one task reads
 one range of one queue and exits. The asyncio client (with its background
 loop, telemetry stream and heartbeats) is built for long-lived processes; a
 task needs a handful of plain RPCs, so this module makes them directly with
-grpc's synchronous stubs: routes, offsets, pulls, half-message sends, group
+grpc's synchronous stubs: routes, offsets, bulk reads (``halfmoon.v1.BulkRead``,
+with PullMessage for a server without it), half-message sends, group
 decisions and consumer-group offsets. Errors come back as the client's typed
 exceptions (:mod:`halfmoon.client.errors`), so callers handle one family.
 
@@ -15,6 +16,8 @@ reuses for many tasks connects once.
 from __future__ import annotations
 
 import itertools
+import socket
+import ssl
 import threading
 import uuid
 from collections.abc import Iterable, Sequence
@@ -28,8 +31,11 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from halfmoon.auth.signature import authorization_header, utc_stamp
+from halfmoon.bulkread.format import METHOD as BULK_READ_METHOD
+from halfmoon.bulkread.format import BulkAnswer, BulkRequest, FormatError
 from halfmoon.client.consume_transaction import EXPECTED_OFFSET_HEADER, GROUP_HEADER
 from halfmoon.client.credentials import Credentials
+from halfmoon.client.endpoints import channel_target, endpoints_pb, endpoints_text
 from halfmoon.client.errors import (
     ClientError,
     error_for_rpc_error,
@@ -38,6 +44,7 @@ from halfmoon.client.errors import (
 )
 from halfmoon.client.message import Message, message_ids, to_wire
 from halfmoon.client.transaction import GROUP_ID_PREFIX, PROPERTY_TRANSACTION_GROUP
+from halfmoon.spark.options import SparkOptionError, TlsOptions
 
 Code = pb.Code
 
@@ -47,18 +54,67 @@ _OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
-_channels: dict[str, grpc.Channel] = {}
+_channels: dict[tuple[str, TlsOptions | None], grpc.Channel] = {}
 _channels_lock = threading.Lock()
 _client_id = f"spark-{uuid.uuid4().hex[:12]}"
 _request_seq = itertools.count()
+_SEND_METHOD = f"/{svc.DESCRIPTOR.services_by_name['MessagingService'].full_name}/SendMessage"  # type: ignore[attr-defined]
 
 
-def _stub(endpoint: str) -> service_pb2_grpc.MessagingServiceStub:
+def _read_pem(path: str | None, option: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as pem:
+            return pem.read()
+    except OSError as exc:
+        raise SparkOptionError(
+            f"option {option}: cannot read {path} on {socket.gethostname()} "
+            f"({exc.strerror or exc}); give a path valid on the driver and every executor "
+            "(spark-submit --files ships a file to each)"
+        ) from None
+
+
+def channel_credentials(tls: TlsOptions) -> grpc.ChannelCredentials:
+    """gRPC's TLS credentials from the files ``tls`` names (read here, kept nowhere else)."""
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read_pem(tls.root_certificates, "tlsRootCertificates"),
+        private_key=_read_pem(tls.private_key, "tlsPrivateKey"),
+        certificate_chain=_read_pem(tls.certificate_chain, "tlsCertificateChain"),
+    )
+
+
+def admin_ssl_context(tls: TlsOptions | None) -> ssl.SSLContext:
+    """For an ``https://`` admin API: the same roots (and client certificate) as gRPC."""
+    context = ssl.create_default_context()
+    if tls is None:
+        return context
+    roots = _read_pem(tls.root_certificates, "tlsRootCertificates")
+    if roots is not None:
+        context.load_verify_locations(cadata=roots.decode("ascii", "replace"))
+    if tls.certificate_chain is not None and tls.private_key is not None:
+        _read_pem(tls.certificate_chain, "tlsCertificateChain")  # a clear error if unreadable
+        context.load_cert_chain(tls.certificate_chain, tls.private_key)
+    return context
+
+
+def _channel(endpoint: str, tls: TlsOptions | None = None) -> grpc.Channel:
     with _channels_lock:
-        channel = _channels.get(endpoint)
+        channel = _channels.get((endpoint, tls))
         if channel is None:
-            channel = _channels[endpoint] = grpc.insecure_channel(endpoint, options=_OPTIONS)
-    return service_pb2_grpc.MessagingServiceStub(channel)
+            # A list of proxies (``a;b``) is one channel failing over between them.
+            target, extra = channel_target(endpoint)
+            options = [*_OPTIONS, *extra]
+            if tls is None:
+                channel = grpc.insecure_channel(target, options=options)
+            else:
+                channel = grpc.secure_channel(target, channel_credentials(tls), options=options)
+            _channels[(endpoint, tls)] = channel
+    return channel
+
+
+def _stub(endpoint: str, tls: TlsOptions | None = None) -> service_pb2_grpc.MessagingServiceStub:
+    return service_pb2_grpc.MessagingServiceStub(_channel(endpoint, tls))
 
 
 def _metadata(
@@ -88,9 +144,7 @@ class Queue:
     endpoint: str
 
     def to_wire(self) -> pb.MessageQueue:
-        host, _, port = self.endpoint.rpartition(":")
-        address = pb.Address(host=host, port=int(port))
-        endpoints = pb.Endpoints(scheme=pb.AddressScheme.IPv4, addresses=[address])
+        endpoints = endpoints_pb(self.endpoint)
         return pb.MessageQueue(
             topic=pb.Resource(name=self.topic),
             id=self.queue_id,
@@ -112,11 +166,17 @@ class Wire:
     """The RPCs the Spark connector makes, against one access point (``host:port``)."""
 
     def __init__(
-        self, endpoint: str, credentials: Credentials | None = None, timeout: float = 10.0
+        self,
+        endpoint: str,
+        credentials: Credentials | None = None,
+        timeout: float = 10.0,
+        *,
+        tls: TlsOptions | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.credentials = credentials
         self.timeout = timeout
+        self.tls = tls
 
     def _call(
         self,
@@ -128,7 +188,7 @@ class Wire:
     ) -> Any:
         target = endpoint or self.endpoint
         try:
-            response = getattr(_stub(target), rpc)(
+            response = getattr(_stub(target, self.tls), rpc)(
                 request,
                 timeout=timeout or self.timeout,
                 metadata=_metadata(self.credentials, headers),
@@ -141,12 +201,8 @@ class Wire:
 
     def queues(self, topic: str) -> list[Queue]:
         """The topic's readable queues, ordered by (broker, queue id)."""
-        host, _, port = self.endpoint.rpartition(":")
         request = svc.QueryRouteRequest(
-            topic=pb.Resource(name=topic),
-            endpoints=pb.Endpoints(
-                scheme=pb.AddressScheme.IPv4, addresses=[pb.Address(host=host, port=int(port))]
-            ),
+            topic=pb.Resource(name=topic), endpoints=endpoints_pb(self.endpoint)
         )
         response = self._call("QueryRoute", request)
         raise_for_status(response.status, "QueryRoute")
@@ -154,8 +210,7 @@ class Wire:
         for mq in response.message_queues:
             if mq.permission not in (pb.Permission.READ, pb.Permission.READ_WRITE):
                 continue
-            addresses = mq.broker.endpoints.addresses
-            endpoint = f"{addresses[0].host}:{addresses[0].port}" if addresses else self.endpoint
+            endpoint = endpoints_text(mq.broker.endpoints) or self.endpoint
             out.append(Queue(topic, mq.id, mq.broker.name or endpoint, endpoint))
         return sorted(set(out), key=lambda q: (q.broker, q.queue_id))
 
@@ -230,7 +285,7 @@ class Wire:
         messages: list[pb.Message] = []
         next_offset, code, text = offset, Code.OK, ""
         try:
-            for response in _stub(queue.endpoint).PullMessage(
+            for response in _stub(queue.endpoint, self.tls).PullMessage(
                 request, timeout=wait + self.timeout, metadata=_metadata(self.credentials)
             ):
                 kind = response.WhichOneof("content")
@@ -245,6 +300,49 @@ class Wire:
         if code not in (Code.OK, Code.MESSAGE_NOT_FOUND, Code.ILLEGAL_OFFSET):
             raise error_for_status(pb.Status(code=code, message=text), "PullMessage")
         return PullAnswer(messages, next_offset, code, text)
+
+    def bulk_read(
+        self,
+        group: str,
+        queue: Queue,
+        offset: int,
+        end: int | None,
+        max_messages: int,
+        max_bytes: int,
+        filter: tuple[str, str] | None = None,
+        wait: float = 0.0,
+    ) -> BulkAnswer:
+        """Committed messages of ``queue`` in ``[offset, end)`` as columns, many per call
+        (``halfmoon.v1.BulkRead``). Raises :class:`~halfmoon.client.errors.Unsupported` when
+        the server does not have it; an answer's ILLEGAL_OFFSET (retention, bounds) is
+        returned, not raised."""
+        kind, expression = filter or ("TAG", "*")
+        request = BulkRequest(
+            group=group,
+            topic=queue.topic,
+            queue_id=queue.queue_id,
+            offset=offset,
+            end_offset=end,
+            max_messages=max_messages,
+            max_bytes=max_bytes,
+            filter_kind=kind,
+            filter_expression=expression,
+            wait_ms=int(wait * 1000),
+        )
+        call = _channel(queue.endpoint, self.tls).unary_unary(BULK_READ_METHOD)
+        try:
+            raw = call(
+                request.encode(), timeout=wait + self.timeout, metadata=_metadata(self.credentials)
+            )
+        except grpc.RpcError as exc:  # UNIMPLEMENTED: Unsupported
+            raise error_for_rpc_error(exc, "BulkRead", queue.endpoint) from None
+        try:
+            answer = BulkAnswer.decode(raw)
+        except FormatError as exc:
+            raise ClientError(f"{queue.endpoint}: {exc}", rpc="BulkRead") from None
+        if answer.code not in (Code.OK, Code.ILLEGAL_OFFSET):
+            raise error_for_status(pb.Status(code=answer.code, message=answer.message), "BulkRead")
+        return answer
 
     # -- writing: half messages and group decisions ----------------------------------------------
 
@@ -266,6 +364,32 @@ class Wire:
             if response.status.code != Code.OK:
                 raise error_for_status(response.status, "SendMessage")
             for entry in response.entries:
+                raise_for_status(entry.status, "SendMessage")
+
+    def send_encoded_halves(self, request: bytes, count: int) -> None:
+        """Send a ``SendMessageRequest`` already encoded (:mod:`halfmoon.spark.half_wire`) that
+        holds ``count`` half messages; raises unless every one is stored."""
+        call = _channel(self.endpoint, self.tls).unary_unary(
+            _SEND_METHOD, response_deserializer=svc.SendMessageResponse.FromString
+        )
+        try:
+            response = call(
+                request,
+                timeout=max(self.timeout, 30.0),
+                metadata=_metadata(self.credentials),
+            )
+        except grpc.RpcError as exc:
+            raise error_for_rpc_error(exc, "SendMessage", self.endpoint) from None
+        if response.status.code != Code.OK:
+            raise error_for_status(response.status, "SendMessage")
+        if len(response.entries) != count:
+            raise ClientError(
+                f"{self.endpoint}: SendMessage answered {len(response.entries)} entries for "
+                f"{count} messages",
+                rpc="SendMessage",
+            )
+        for entry in response.entries:
+            if entry.status.code != Code.OK:
                 raise_for_status(entry.status, "SendMessage")
 
     def end_group(self, group: str, topic: str, commit: bool) -> None:

@@ -226,6 +226,31 @@ class CommitLog:
         self.write_position = start
         return segment
 
+    def write_raw(self, position: int, data: bytes) -> None:
+        """Copy bytes a master wrote at ``position`` into this (a replica's) log.
+
+        ``position`` must be the write position, and ``data`` one chunk of
+        ``shipping``: within one segment. An empty log may start at any segment
+        boundary (the master's retained log may not start at 0).
+        """
+        segments = self._segments
+        if segments and position != self.write_position:
+            raise ValueError(f"a replica writes at its end {self.write_position}, not {position}")
+        if position % self.segment_size and (not segments or position >= segments[-1].end):
+            raise ValueError(f"a new segment must start at a multiple of {self.segment_size}")
+        if not segments or position == segments[-1].end:
+            segment = Segment(self.directory / segment_name(position), position, self.segment_size)
+            fsync_directory(self.directory)
+            self._set_segments([*segments, segment])
+        segment = self._segments[-1]
+        if position + len(data) > segment.end:
+            raise ValueError(f"{len(data)} bytes at {position} cross the segment's end")
+        relative = position - segment.start
+        segment.mm[relative : relative + len(data)] = data
+        self.write_position = position + len(data)
+        if not segments:
+            self.flushed_position = position  # nothing below the first segment to flush
+
     # -- flushing -------------------------------------------------------------------
 
     def sync(self, up_to: int | None = None) -> int:

@@ -56,7 +56,11 @@ class Message:
     @property
     def keys(self) -> list[str]:
         raw = self.properties.get(PROPERTY_KEYS)
-        return [k for k in raw.split(KEY_SEPARATOR) if k] if raw else []
+        if not raw:
+            return []
+        keys = raw.split(KEY_SEPARATOR)
+        # Every read decodes the keys: filter only when there is an empty one to drop.
+        return [k for k in keys if k] if "" in keys else keys
 
 
 @dataclass(slots=True)
@@ -86,7 +90,11 @@ class StoredMessage:
     @property
     def keys(self) -> list[str]:
         raw = self.properties.get(PROPERTY_KEYS)
-        return [k for k in raw.split(KEY_SEPARATOR) if k] if raw else []
+        if not raw:
+            return []
+        keys = raw.split(KEY_SEPARATOR)
+        # Every read decodes the keys: filter only when there is an empty one to drop.
+        return [k for k in keys if k] if "" in keys else keys
 
     @property
     def unique_id(self) -> str | None:

@@ -57,8 +57,24 @@ from halfmoon.store.message import (
     StoredMessage,
     tag_hash,
 )
-from halfmoon.store.recovery import RecoveryReport, Reporter, index_keys, log_reporter, recover
+from halfmoon.store.recovery import (
+    RecoveryReport,
+    Reporter,
+    dispatch,
+    index_keys,
+    log_reporter,
+    recover,
+)
 from halfmoon.store.retention import disk_usage_ratio, next_expired
+from halfmoon.store.shipping import ShippedDataError, parse_chunk, read_chunk
+from halfmoon.store.truncation import (
+    TruncationRefused,
+    capped,
+    clear_intent,
+    failpoint,
+    read_intent,
+    write_intent,
+)
 from halfmoon.store.validate import (
     IllegalMessageField,
     MessageBodyTooLarge,
@@ -115,6 +131,14 @@ class MessageStore:
         self._queues = ConsumeQueues(root / "consumequeue", config.cq_entries_per_file)
         self._index = KeyIndex(root / "index", config.index_slots, config.index_max_entries)
         try:
+            cut = read_intent(root)
+            if cut is not None:
+                # A truncation was under way (``truncation``): finish cutting the log before
+                # recovery can see its tail, and recover as after a crash from a checkpoint
+                # that cannot point past the cut.
+                log.warning("event=truncation_resumed offset=%d", cut)
+                self._commitlog.truncate(cut)
+                checkpoint, crashed = capped(checkpoint, cut), True
             self.recovery: RecoveryReport = recover(
                 self._commitlog, self._queues, self._index, checkpoint,
                 data_dir=root, crashed=crashed, index_missing=index_missing,
@@ -140,6 +164,8 @@ class MessageStore:
             )
         self._last_checkpoint: tuple[int, int] = (-1, -1)
         self.write_checkpoint()
+        if cut is not None:
+            clear_intent(root)  # the checkpoint just written is at or below the cut
         self._stop = threading.Event()
         self._maintenance = threading.Thread(
             target=self._maintain, name="halfmoon-store-maintenance", daemon=True
@@ -187,24 +213,25 @@ class MessageStore:
     def write_checkpoint(self, force: bool = False) -> None:
         """Flush log, queues and index up to the current end and record it in the checkpoint."""
         with self._checkpoint_lock:
-            with self._lock:
-                dispatched = self._commitlog.write_position
-                queue_offsets = dict(self._next_offsets)
-            state = (dispatched, len(queue_offsets))
-            if state == self._last_checkpoint and not force:
-                return
-            if self._sync and not self._closed:
-                self._flusher.wait(dispatched)
-            else:
-                self._commitlog.sync(dispatched)
-            self._queues.flush()
-            self._index.flush()
-            flushed = max(self._commitlog.flushed_position, dispatched)
-            now = int(self._clock() * 1000)
-            write_checkpoint(
-                self.config.data_dir, Checkpoint(flushed, dispatched, now, queue_offsets)
-            )
-            self._last_checkpoint = state
+            self._write_checkpoint_locked(force)
+
+    def _write_checkpoint_locked(self, force: bool) -> None:
+        with self._lock:
+            dispatched = self._commitlog.write_position
+            queue_offsets = dict(self._next_offsets)
+        state = (dispatched, len(queue_offsets))
+        if state == self._last_checkpoint and not force:
+            return
+        if self._sync and not self._closed:
+            self._flusher.wait(dispatched)
+        else:
+            self._commitlog.sync(dispatched)
+        self._queues.flush()
+        self._index.flush()
+        flushed = max(self._commitlog.flushed_position, dispatched)
+        now = int(self._clock() * 1000)
+        write_checkpoint(self.config.data_dir, Checkpoint(flushed, dispatched, now, queue_offsets))
+        self._last_checkpoint = state
 
     # -- writes --------------------------------------------------------------
 
@@ -282,6 +309,116 @@ class MessageStore:
                 self._notify(results)
         return results
 
+    def append_replicated(self, position: int, data: bytes) -> list[AppendResult]:
+        """Append a chunk of a master's commit log at ``position`` (this store is a replica).
+
+        The bytes are written unchanged (the log stays identical to the
+        master's) and each message is dispatched to its consume queue and the
+        key index by recovery's own ``dispatch``. Every record is checked
+        first (``shipping.parse_chunk``): a bad chunk raises and nothing of it
+        is written. Durability and visibility follow the flush policy, as for
+        :meth:`append`.
+        """
+        messages = parse_chunk(data, position, self._commitlog.segment_size)
+        results: list[AppendResult] = []
+        offsets = self._next_offsets
+        with self._lock:
+            if self._closed:
+                raise StoreClosed("the store is closed; open a new MessageStore")
+            try:
+                self._commitlog.write_raw(position, data)
+            except ValueError as exc:
+                raise ShippedDataError(f"a chunk the log cannot take: {exc}") from None
+            except OSError as exc:
+                raise StorageError(f"the commit log refused a write: {exc}") from exc
+            for message in messages:
+                dispatch(message, self._queues, self._index)
+                offsets[(message.topic, message.queue_id)] = message.queue_offset + 1
+                results.append(
+                    new_append_result(
+                        message.topic, message.queue_id, message.queue_offset,
+                        message.commit_log_offset, message.size, message.store_timestamp,
+                    )
+                )  # fmt: skip
+            self._appends += len(results)
+            if self._sync:
+                self._pending.extend(results)
+        if self._sync:
+            self._flusher.written()
+        else:
+            self._visible_position = self._commitlog.write_position
+            if self._listeners:
+                self._notify(results)
+        return results
+
+    def truncate(self, offset: int) -> int:
+        """Cut the log at ``offset`` and everything derived from it; the new end.
+
+        For a replica whose log diverged from its master's: ``offset`` is a
+        record boundary both logs share (replication finds it from the epoch
+        tables). Consume-queue and key-index entries at or after it are
+        dropped, the queues' next offsets taken from what is left, and a
+        checkpoint at the new end written. Crash-safe through an intent
+        marker written first and removed last (``truncation``). Nothing else
+        may write meanwhile (a replica's only writer is its follower, which
+        calls this). Listeners hear nothing: what they were told of past
+        ``offset`` is simply gone.
+        """
+        root = self.config.data_dir
+        with self._checkpoint_lock:
+            if offset >= self._commitlog.write_position:
+                return self._commitlog.write_position
+            if offset < self._commitlog.min_offset:
+                raise TruncationRefused(
+                    f"cannot cut the log at {offset}, below its retained start "
+                    f"{self._commitlog.min_offset}: start this member on an empty data directory"
+                )
+            write_intent(root, offset)
+            # The flusher is stopped across the cut (closing it flushes what is written), so
+            # none of its positions, waiters or fsyncs refer to bytes that are going.
+            self._flusher.close()
+            with self._lock:
+                if self._closed:
+                    raise StoreClosed("the store is closed; open a new MessageStore")
+                self._commitlog.truncate(offset)
+                failpoint("truncate-after-log")
+                self._queues.truncate_from(offset)
+                self._index.truncate_from(offset)
+                self._next_offsets = self._queues.max_offsets()
+                self._visible = dict(self._next_offsets) if self._sync else self._next_offsets
+                self._visible_position = offset
+                self._pending.clear()
+                if self._sync:
+                    self._flusher = GroupCommitFlusher(self._commitlog, self._on_flushed)
+                else:
+                    self._flusher = IntervalFlusher(
+                        self._commitlog, self.config.flush_interval, self._on_flushed
+                    )
+            self._write_checkpoint_locked(force=True)
+            failpoint("truncate-before-clear")
+            clear_intent(root)
+        log.warning("event=store_truncated offset=%d", offset)
+        return offset
+
+    def read_shipment(self, position: int, max_bytes: int) -> bytes:
+        """The next chunk of this (a master's) log to ship from ``position``: visible bytes
+        only, cut as ``shipping.read_chunk`` says. Empty when nothing new is visible."""
+        return read_chunk(self._commitlog, position, self._visible_position, max_bytes)
+
+    @property
+    def segment_size(self) -> int:
+        return self._commitlog.segment_size
+
+    @property
+    def end_offset(self) -> int:
+        """Where the next record goes: a replica fetches from here."""
+        return self._commitlog.write_position
+
+    @property
+    def visible_offset(self) -> int:
+        """The end of what readers (and replicas) may see: flushed under ``sync``."""
+        return self._visible_position
+
     def durable(self, end_offset: int) -> Future[None]:
         return self._flusher.durable(end_offset)
 
@@ -335,11 +472,16 @@ class MessageStore:
         max_bytes: int = 4 * 1024 * 1024,
         tag_hashes: TagHashes = None,
         predicate: MessagePredicate | None = None,
+        below: int | None = None,
     ) -> GetResult:
+        """``below``: a commit-log offset; the queue is read as if it ended at its first
+        entry whose record does not end at or before it (a replica's committed point)."""
         key = (topic, queue_id)
         max_offset = self._visible.get(key)
         if max_offset is None:
             return GetResult(GetStatus.NO_SUCH_QUEUE, [], 0, 0, 0)
+        if below is not None:
+            max_offset = self.max_offset_below(topic, queue_id, below)
         min_offset = min(self._queues.min_offset(topic, queue_id), max_offset)
         if offset < min_offset:
             return GetResult(GetStatus.OFFSET_TOO_SMALL, [], min_offset, min_offset, max_offset)
@@ -474,6 +616,27 @@ class MessageStore:
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         return self._visible.get((topic, queue_id), 0)
+
+    def max_offset_below(self, topic: str, queue_id: int, below: int) -> int:
+        """The queue's end counting only entries whose records end at or before commit-log
+        offset ``below``: a queue's records lie in the log in queue order, so a binary search
+        over its entries finds the first one past ``below``."""
+        high = self.max_offset(topic, queue_id)
+        low = self._queues.min_offset(topic, queue_id)
+        if low >= high:
+            return high
+        while low < high:  # invariant: every entry below `low` ends at or before `below`
+            middle = (low + high) // 2
+            first, entries = self._queues.raw_entries(topic, queue_id, middle, 1)
+            if not entries or first != middle:  # trimmed meanwhile: count it as below
+                low = middle + 1
+                continue
+            commit_log_offset, size, _ = entries[0]
+            if commit_log_offset + size <= below:
+                low = middle + 1
+            else:
+                high = middle
+        return low
 
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp: int) -> int:
         max_offset = self.max_offset(topic, queue_id)

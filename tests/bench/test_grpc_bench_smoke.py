@@ -21,16 +21,20 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 HM_ASYNC, HM_SYNC = "halfmoon async", "halfmoon sync"
 OFFICIAL = "halfmoon async, official client"
 RABBITMQ = "RabbitMQ"
+PIKA = "RabbitMQ, pika"
+FLOOR = "bare grpc.aio (floor)"
 EVERY_SYSTEM = {HM_ASYNC, HM_SYNC, RABBITMQ}
 
 EXPECTED_ROWS = {
-    **{f"produce_p{p}_b1": EVERY_SYSTEM | {OFFICIAL} for p in (1, 16, 64)},
+    **{f"produce_p{p}_b1": EVERY_SYSTEM | {OFFICIAL, FLOOR} for p in (1, 16, 64)},
     **{f"produce_p{p}_b32": EVERY_SYSTEM for p in (1, 16, 64)},
     "send_latency": EVERY_SYSTEM,
     "e2e_latency": EVERY_SYSTEM,
     "consume": EVERY_SYSTEM,
+    "blocking_send_latency": {OFFICIAL, PIKA},
+    "blocking_e2e_latency": {OFFICIAL, PIKA},
 }
-LATENCY_ROWS = {"send_latency", "e2e_latency"}
+LATENCY_ROWS = {"send_latency", "e2e_latency", "blocking_send_latency", "blocking_e2e_latency"}
 
 
 def _unavailable(reason: str) -> None:
@@ -98,6 +102,10 @@ def test_benchmark_runs_every_scenario_on_every_system(tmp_path: Path, amqp_url:
         "send p50, async flush",
         "send p99, async flush",
         "end-to-end p99, async flush",
+        "halfmoon async: end-to-end p50 <= 1.5x RabbitMQ's",
+        f"{OFFICIAL}: end-to-end p50 <= 1.5x {PIKA}'s",
+        f"{OFFICIAL}: send p50 <= {PIKA}'s",
+        "server CPU per single-message send, async, 16 producers",
     }
     assert all(t["measured"] > 0 for t in targets)
     assert "PASS" in proc.stdout or "MISS" in proc.stdout

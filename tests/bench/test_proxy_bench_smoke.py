@@ -61,6 +61,10 @@ def test_benchmark_measures_every_target_with_cpu_per_process(
         assert 0 < row["p50_ms"] <= row["p99_ms"], row
         assert set(row["cpu_us_per_msg"]) == PROCESSES[row["target"]], row
         assert all(us >= 0 for us in row["cpu_us_per_msg"].values()), row
+        if row["target"].startswith("cluster"):  # the broker's count of internal requests
+            assert row["msgs_per_request"] >= 1, row
+        else:
+            assert row["msgs_per_request"] is None, row
     broker_cpu = sum(r["cpu_us_per_msg"].get("broker", 0) for r in rows)
     assert broker_cpu > 0, "the broker process did no measurable work: the sends bypassed it"
     assert "target ≤ 40" in proc.stdout and "vs local" in proc.stdout

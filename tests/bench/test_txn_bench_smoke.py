@@ -46,6 +46,10 @@ def test_txn_bench_runs_every_scenario(tmp_path: Path) -> None:
     assert orphans["scans"] >= 1 and orphans["scan_candidates"] >= ORPHANS
     assert orphans["scan_wall_us_per_message"] > 0
     assert ("orphans", "halfmoon async") not in results
+    # Beside its peer: the same producer answering as many checks itself, in the same run.
+    peer = results[("check_answers", "halfmoon sync")]
+    assert peer["messages"] == ORPHANS and peer["seconds"] > 0
+    assert orphans["ratio_to_answers"] > 0 and orphans["server_cpu_us_per_orphan"] > 0
 
     names = {t["name"] for t in report["targets"]}
     assert len(names) == 5 and all(t["measured"] > 0 for t in report["targets"])

@@ -15,7 +15,7 @@ from halfmoon.broker.transactions import (
     TransactionStateError,
     decode_transaction_id,
 )
-from halfmoon.broker.transactions.check import CHECK_BATCH, CheckRequest
+from halfmoon.broker.transactions.check import CHECK_BATCH, REFILL_MAX_MS, CheckRequest
 from halfmoon.store.memory import MemoryStore
 
 INTERVAL = 30_000
@@ -385,3 +385,235 @@ def test_a_failing_batch_is_counted_as_errors_and_the_scan_goes_on(
     broker.set_check_sender(sender)
     scan(broker, clock)
     assert broker.list_transactions()[0].checks_sent == 1
+
+
+# -- the due index: a scan costs what is due ---------------------------------------------------
+
+
+def send_halves(broker: Broker, count: int, topic: str = "orders", **kw) -> list:
+    results = []
+    for start in range(0, count, 500):
+        results += broker.send(
+            [
+                OutgoingMessage(
+                    topic, b"x", message_type=MessageType.TRANSACTION, producer_group="pg", **kw
+                )
+                for _ in range(min(500, count - start))
+            ]
+        )
+    return results
+
+
+def test_a_scan_costs_what_is_due_not_what_is_pending(
+    txn: Broker, clock: FakeClock, sender: RecordingSender
+) -> None:
+    send_halves(txn, 20_000, check_immunity_seconds=3_600)  # pending, due in an hour
+    due = send_halves(txn, 5)
+    service = txn.transactions
+    assert len(service.due) == 20_005
+    before = service.due.work
+    scan(txn, clock)
+    assert sorted(s[3] for s in sender.sent) == sorted(r.transaction_id for r in due)
+    report = txn._checks.last_report
+    assert report is not None and (report.candidates, report.sent) == (5, 5)
+    # Taking the five, indexing them again for their retry time, the lane's reschedule: a
+    # handful of heap operations, none for the 20,000 waiting ones.
+    assert service.due.work - before <= 30
+    before = service.due.work
+    scan(txn, clock)  # 30 s later: the five were checked 30 s ago (retry 6 s), so due again
+    assert service.due.work - before <= 30 and len(sender.sent) == 10
+
+
+def test_decisions_take_transactions_out_of_the_index(
+    txn: Broker, clock: FakeClock, sender: RecordingSender
+) -> None:
+    committed, rolled, open_ = (send_half(txn, bytes([i])) for i in range(3))
+    due = txn.transactions.due
+    assert len(due) == 3
+    txn.end_transaction("orders", "", committed.transaction_id, "commit", "client")
+    txn.end_transaction("orders", "", rolled.transaction_id, "rollback", "client")
+    txn.end_transaction("orders", "", open_.transaction_id, "unknown", "client")
+    assert len(due) == 1
+    assert [entry.transaction_id for _, entry in due.entries()] == [open_.transaction_id]
+    scan(txn, clock)
+    assert [s[3] for s in sender.sent] == [open_.transaction_id]
+    # Checked: back in the index for after its retry time (6 s) and the next scan (30 s).
+    ((at, _),) = due.entries()
+    assert at == clock.now_ms() + INTERVAL
+
+
+def test_parking_takes_a_transaction_out_and_resuming_puts_it_back(
+    txn: Broker, clock: FakeClock, sender: RecordingSender
+) -> None:
+    result = send_half(txn)
+    due = txn.transactions.due
+    for _ in range(4):  # check_max 3: the fourth round parks it
+        scan(txn, clock)
+    assert txn.parked_transactions() and len(due) == 0
+    txn.resume_transaction(result.transaction_id)
+    assert [(at, e.transaction_id) for at, e in due.entries()] == [
+        (clock.now_ms(), result.transaction_id)
+    ]
+    scan(txn, clock)
+    assert len(sender.sent) == 4
+
+
+def test_group_members_are_not_indexed(txn: Broker) -> None:
+    send_half(txn, transaction_group="spark-batch-2")
+    assert len(txn.transactions.due) == 0
+
+
+def test_a_full_producer_is_left_after_one_batch_and_probed_next_time(
+    store: MemoryStore, clock: FakeClock
+) -> None:
+    from halfmoon.broker.transactions.check import PROBE_BATCH
+
+    broker = Broker(store, None, BrokerConfig(), clock, TransactionConfig(check_max=3))
+    broker.create_topic("orders", MessageType.TRANSACTION)
+    broker.create_topic("payments", MessageType.TRANSACTION)
+
+    class FullOrders(BatchSender):
+        def send_checks(self, checks: Sequence[CheckRequest]) -> list[bool]:
+            self.batches.append([c.transaction_id for c in checks])
+            return [c.topic != "orders" for c in checks]  # the orders producer has no room
+
+    sender = FullOrders()
+    broker.set_check_sender(sender)
+    send_halves(broker, 3_000)
+    payments = send_halves(broker, 10, topic="payments")
+    scan(broker, clock)
+    report = broker._checks.last_report
+    assert report is not None
+    # One batch of orders refused, then the lane is left; every payment checked.
+    assert (report.candidates, report.sent, report.unsent) == (CHECK_BATCH + 10, 10, CHECK_BATCH)
+    assert {t for b in sender.batches for t in b} >= {r.transaction_id for r in payments}
+    sender.batches.clear()
+    scan(broker, clock)
+    report = broker._checks.last_report
+    # The full lane costs a probe now; the payments are checked again (30 s > the 6 s retry).
+    assert report is not None and report.candidates == PROBE_BATCH + 10
+    assert sorted(len(b) for b in sender.batches) == [10, PROBE_BATCH]
+    # Nothing was lost on the way: every refused transaction is still due and uncounted.
+    assert len(broker.transactions.due) == 3_010
+    assert broker.transaction_stats().checks_sent_total == 20
+
+
+class PacedSender(BatchSender):
+    """A sender that says how much room each (producer group, topic) has, as the server's does,
+    and which checks are still awaiting an answer."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__()
+        self.free = room
+        self.asked_room = 0
+        self.awaiting: set[str] = set()
+
+    def room(self, producer_group: str | None, topic: str) -> int:
+        self.asked_room += 1
+        return self.free
+
+    def awaiting_answer(self, transaction_id: str) -> bool:
+        return transaction_id in self.awaiting
+
+    def send_checks(self, checks: Sequence[CheckRequest]) -> list[bool]:
+        took = super().send_checks(checks)
+        self.free -= sum(took)
+        self.awaiting.update(c.transaction_id for c in checks)
+        return took
+
+
+def test_a_sender_that_tells_its_room_gets_exactly_that_many_and_no_half_is_read_for_nothing(
+    store: MemoryStore, clock: FakeClock
+) -> None:
+    config = TransactionConfig(check_interval_ms=30_000, timeout_ms=1_000, check_retry_ms=5_000)
+    broker = Broker(store, None, BrokerConfig(), clock, config)
+    broker.create_topic("orders", MessageType.TRANSACTION)
+    sender = PacedSender(room=300)
+    broker.set_check_sender(sender)
+    send_halves(broker, 2_000)
+    scan(broker, clock)
+    report = broker._checks.last_report
+    assert report is not None
+    assert (report.candidates, report.sent, report.unsent, report.full_lanes) == (300, 300, 0, 1)
+    assert sum(len(b) for b in sender.batches) == 300  # nothing prepared only to be refused
+    # The stream was full: a refill follows soon, not an interval later; with no room it costs
+    # one question and no candidate.
+    clock.advance(REFILL_MAX_MS)
+    broker.tick()
+    report = broker._checks.last_report
+    assert report is not None and report.candidates == 0 and sender.asked_room == 2
+    sender.free = 100  # the producer answered 100 (nothing decided here: they stay awaited)
+    clock.advance(REFILL_MAX_MS)
+    broker.tick()
+    assert sum(len(b) for b in sender.batches) == 400
+    assert broker.transaction_stats().checks_sent_total == 400
+
+
+def test_a_check_still_awaiting_its_answer_is_looked_at_once_per_retry_time(
+    store: MemoryStore, clock: FakeClock
+) -> None:
+    config = TransactionConfig(check_interval_ms=5_000, timeout_ms=1_000, check_retry_ms=5_000)
+    broker = Broker(store, None, BrokerConfig(), clock, config)
+    broker.create_topic("orders", MessageType.TRANSACTION)
+    sender = PacedSender(room=1_000)
+    broker.set_check_sender(sender)
+    sent = send_halves(broker, 10)
+    checks = broker._checks
+    clock.advance(1_000)
+    assert checks.scan(clock.now_ms()).sent == 10
+    clock.advance(5_000)  # due again, but the producer has not answered yet
+    report = checks.scan(clock.now_ms())
+    assert (report.candidates, report.sent, report.unsent) == (10, 0, 10)
+    clock.advance(REFILL_MAX_MS)
+    assert checks.scan(clock.now_ms()).candidates == 0  # not again at every scan
+    clock.advance(5_000 - REFILL_MAX_MS)
+    sender.awaiting -= {r.transaction_id for r in sent[:4]}  # those four checks were lost
+    report = checks.scan(clock.now_ms())
+    assert (report.candidates, report.sent, report.unsent) == (10, 4, 6)
+    assert broker.transaction_stats().checks_sent_total == 14
+
+
+def test_next_check_is_the_scan_that_will_take_it(
+    txn: Broker, clock: FakeClock, sender: RecordingSender
+) -> None:
+    start = clock.now_ms()
+    immune = send_half(txn, b"immune", check_immunity_seconds=100)
+    plain = send_half(txn, b"plain")
+    next_of = {t.transaction_id: t.next_check_ms for t in txn.list_transactions()}
+    # Scans run every 30 s from the broker's start: the plain one is due (6 s) at the first,
+    # the immune one (100 s) at the fourth.
+    assert next_of[plain.transaction_id] == start + INTERVAL
+    assert next_of[immune.transaction_id] == start + 4 * INTERVAL
+    scan(txn, clock)
+    assert [s[3] for s in sender.sent] == [plain.transaction_id]
+    # Checked at 30 s: asked again once its retry time (6 s) is over, at the next scan.
+    (info,) = [t for t in txn.list_transactions() if t.transaction_id == plain.transaction_id]
+    assert info.next_check_ms == start + 2 * INTERVAL
+    scan(txn, clock)
+    assert [s[3] for s in sender.sent][-1] == plain.transaction_id
+    scan(txn, clock)
+    scan(txn, clock)  # check_max 3: the plain one is parked, and no check comes after that
+    next_of = {t.transaction_id: t.next_check_ms for t in txn.list_transactions()}
+    assert next_of[plain.transaction_id] is None
+    assert next_of[immune.transaction_id] == clock.now_ms() + INTERVAL
+    resumed = txn.resume_transaction(plain.transaction_id)
+    assert resumed.next_check_ms == clock.now_ms() + INTERVAL  # the next scan
+
+
+def test_refill_scans_do_not_check_a_transaction_more_than_once_per_interval(
+    store: MemoryStore, clock: FakeClock
+) -> None:
+    config = TransactionConfig(check_interval_ms=30_000, timeout_ms=1_000, check_retry_ms=5_000)
+    broker = Broker(store, None, BrokerConfig(), clock, config)
+    broker.create_topic("orders", MessageType.TRANSACTION)
+    sender = BatchSender()  # takes everything, answers nothing
+    broker.set_check_sender(sender)
+    send_halves(broker, 3)
+    checks = broker._checks
+    clock.advance(1_000)
+    assert checks.scan(clock.now_ms()).sent == 3
+    for _ in range(20):  # refills every 1.2 s for 24 s: past the retry time, not the interval
+        clock.advance(1_200)
+        assert checks.scan(clock.now_ms()).sent == 0
+    clock.advance(30_000 - 24_000)
+    assert checks.scan(clock.now_ms()).sent == 3  # the next regular scan

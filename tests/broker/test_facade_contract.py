@@ -7,7 +7,7 @@ as one more entry of ``IMPLEMENTATIONS``: a factory that opens a facade
 The in-process broker over the in-memory store and over real files, and
 ``RemoteBroker`` driving a real ``halfmoon broker`` process over the internal
 protocol (its clock is a test clock moved with the test's, see
-halfmoon/cluster/broker_process.py).
+halfmoon/broker_node.py).
 """
 
 from __future__ import annotations
@@ -398,6 +398,13 @@ def test_pull_commit_and_query_offsets(facade: Broker, clock: FakeClock) -> None
     assert facade.query_offset("orders", 1, "end") == 2
     assert facade.reset_offset("billing", "orders", 0) == {0: 0, 1: 0}
     assert facade.get_offset("billing", "orders", 1) == 0
+
+
+def test_bulk_read_reads_a_range_in_one_answer(facade: Broker) -> None:
+    facade.send([OutgoingMessage("orders", b"m%d" % i, queue_id=1) for i in range(5)])
+    got = facade.bulk_read("billing", "orders", 1, 1, 100, 1 << 20, EVERYTHING, end_offset=4)
+    assert [m.body for m in got.messages] == [b"m1", b"m2", b"m3"] and got.next_offset == 4
+    assert [m.queue_id for m in got.messages] == [1, 1, 1]
 
 
 # -- reading stored messages -----------------------------------------------------------------------

@@ -15,6 +15,7 @@ from halfmoon.broker import (
     OutgoingMessage,
 )
 from halfmoon.broker.filter import FilterExpressionError
+from halfmoon.errors import InvalidArgument
 from halfmoon.store.memory import MemoryStore
 
 
@@ -136,3 +137,64 @@ def test_query_offset_by_policy_and_timestamp_and_reset(broker: Broker, clock: F
     assert info.value.code == "BAD_REQUEST"  # type: ignore[attr-defined]
     assert broker.reset_offset("g", "t", start + 3_000) == {0: 3}
     assert broker.get_offset("g", "t", 0) == 3
+
+
+# -- bulk reads (halfmoon.v1.BulkRead's broker side) --------------------------------------------
+
+
+def test_bulk_read_stops_at_the_count_the_bytes_and_the_end_offset(
+    broker: Broker, topic: str
+) -> None:
+    everything = broker.bulk_read("g", topic, 0, 0, 100, 1 << 20, FilterSpec())
+    assert [m.body for m in everything.messages] == [b"0", b"1", b"2", b"3"]
+    assert everything.next_offset == 4
+    two = broker.bulk_read("g", topic, 0, 1, 2, 1 << 20, FilterSpec())
+    assert [m.queue_offset for m in two.messages] == [1, 2] and two.next_offset == 3
+    # One byte is less than any message: the answer still carries one, so a reader moves on.
+    tiny = broker.bulk_read("g", topic, 0, 0, 100, 1, FilterSpec())
+    assert [m.body for m in tiny.messages] == [b"0"] and tiny.next_offset == 1
+    ranged = broker.bulk_read("g", topic, 0, 1, 100, 1 << 20, FilterSpec(), end_offset=3)
+    assert [m.queue_offset for m in ranged.messages] == [1, 2] and ranged.next_offset == 3
+    empty = broker.bulk_read("g", topic, 0, 2, 100, 1 << 20, FilterSpec(), end_offset=2)
+    assert empty.messages == [] and empty.next_offset == 2
+
+
+def test_bulk_read_filters_never_answer_past_the_end_offset(broker: Broker, topic: str) -> None:
+    # Tag "a" is at offsets 0 and 2; [1, 2) holds only a "b": nothing, and next_offset is 2.
+    got = broker.bulk_read("g", topic, 0, 1, 100, 1 << 20, FilterSpec("TAG", "a"), end_offset=2)
+    assert got.messages == [] and got.next_offset == 2
+    assert got.status is GetStatus.NO_MATCHED_MESSAGE
+    got = broker.bulk_read("g", topic, 0, 0, 100, 1 << 20, FilterSpec("SQL92", "n > 3"))
+    assert [m.body for m in got.messages] == [b"1", b"2"] and got.next_offset == 4
+
+
+def test_bulk_read_reports_retention_and_bounds(
+    broker: Broker, store: MemoryStore, topic: str
+) -> None:
+    store.trim(topic, 0, 2)
+    gone = broker.bulk_read("g", topic, 0, 0, 100, 1 << 20, FilterSpec())
+    assert gone.status is GetStatus.OFFSET_TOO_SMALL and gone.next_offset == 2
+    assert gone.min_offset == 2 and gone.messages == []
+    assert broker.bulk_read("g", topic, 0, 9, 10, 100, FilterSpec()).status is (
+        GetStatus.OFFSET_OVERFLOW
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        ((0, -1, 10, 100, None), IllegalOffset),
+        ((0, 0, 0, 100, None), InvalidArgument),
+        ((0, 0, 16385, 100, None), InvalidArgument),
+        ((0, 0, 10, 0, None), InvalidArgument),
+        ((0, 0, 10, 16 * 1024 * 1024 + 1, None), InvalidArgument),
+        ((0, 3, 10, 100, 2), IllegalOffset),
+        ((7, 0, 10, 100, None), IllegalQueueId),
+    ],
+)
+def test_bulk_read_refuses_bad_requests(
+    broker: Broker, topic: str, args: tuple[int, int, int, int, int | None], error: type
+) -> None:
+    queue, offset, count, size, end = args
+    with pytest.raises(error):
+        broker.bulk_read("g", topic, queue, offset, count, size, FilterSpec(), end_offset=end)

@@ -328,6 +328,62 @@ def test_group_commit_spans_several_batches(store: MemoryStore, clock: FakeClock
     assert sorted(visible(broker), key=int) == [str(i).encode() for i in range(10)]
 
 
+def test_a_large_group_decides_every_member_once_through_a_small_decided_cache(
+    store: MemoryStore, clock: FakeClock
+) -> None:
+    config = TransactionConfig(group_batch_size=64, decided_cache_entries=50)
+    broker = Broker(store, None, BrokerConfig(), clock, config)
+    broker.create_topic("orders", MessageType.TRANSACTION, queue_count=4)
+    sent = []
+    for start in range(0, 1000, 250):  # a few large sends, as the Spark sink makes them
+        bodies = [str(i).encode() for i in range(start, start + 250)]
+        sent += broker.send([half(body=b, transaction_group="many") for b in bodies])
+    broker.send([half(body=b"other", transaction_group="others")])
+    assert broker.end_transaction_group("many", "commit") == 1000
+    assert sorted(visible(broker), key=int) == [str(i).encode() for i in range(1000)]
+    stats = broker.transaction_stats()
+    assert (stats.pending, stats.committed_total) == (1, 1000)  # "others" is still open
+    # Members that fell out of the small cache are still answered by their group's decision.
+    assert {end(broker, r, "commit") for r in (sent[0], sent[500], sent[-1])} == {
+        TxnState.COMMITTED
+    }
+    assert broker.end_transaction_group("many", "commit") == 0  # repeated: nothing new
+    assert broker.end_transaction_group("others", "rollback") == 1
+    assert b"other" not in visible(broker)
+    assert broker.transaction_stats().rolled_back_total == 1
+
+
+class FailingStore(MemoryStore):
+    """Fails the ``fail_at``-th append that carries a committed member (then works again)."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.commit_appends = 0
+        self.fail_at = fail_at
+
+    def append(self, messages):  # type: ignore[no-untyped-def]
+        if any(m.topic == "orders" for m in messages):
+            self.commit_appends += 1
+            if self.commit_appends == self.fail_at:
+                raise OSError("disk full")
+        return super().append(messages)
+
+
+def test_a_group_commit_cut_short_is_finished_with_every_member_once(clock: FakeClock) -> None:
+    store = FailingStore(fail_at=2)  # the second batch of members fails
+    broker = Broker(store, None, BrokerConfig(), clock, TransactionConfig(group_batch_size=4))
+    broker.create_topic("orders", MessageType.TRANSACTION, queue_count=1)
+    broker.send([half(body=str(i).encode(), transaction_group="cut") for i in range(10)])
+    with pytest.raises(OSError):
+        broker.end_transaction_group("cut", "commit")
+    assert len(visible(broker)) == 4  # the first batch landed; the decision is recorded
+    with pytest.raises(TransactionGroupEnded):
+        broker.send([half(body=b"late", transaction_group="cut")])
+    assert broker.end_transaction_group("cut", "commit") == 6  # finishes the rest
+    assert sorted(visible(broker), key=int) == [str(i).encode() for i in range(10)]
+    assert broker.transaction_stats().committed_total == 10
+
+
 def test_parked_topic_is_not_a_user_topic(txn_broker: Broker) -> None:
     assert CHECK_MAX_TOPIC not in [t.name for t in txn_broker.list_topics()]
     assert HALF_TOPIC not in [t.name for t in txn_broker.list_topics()]

@@ -140,6 +140,37 @@ def test_check_counts_and_parking_survive_a_restart(
     assert {i.state for i in broker.list_transactions()} == {"prepared"}
 
 
+def test_the_due_index_is_rebuilt_on_restart(real_broker: OpenBroker, clock: FakeClock) -> None:
+    """Reopening indexes every prepared transaction outside a group at its first check time
+    (a restart forgets retry times); parked ones and group members stay out."""
+    broker = real_broker()
+    broker.create_topic("orders", MessageType.TRANSACTION, queue_count=2)
+    snapshotted = halves(broker, b"a", b"b", b"parked", b"decided")
+    broker.transactions.park(decode_transaction_id(snapshotted[2].transaction_id))
+    broker.transactions.snapshot()
+    replayed = halves(broker, b"c", b"d")  # after the snapshot: found by replaying the half queue
+    halves(broker, b"member", group="job-9")
+    end(broker, snapshotted[3], "commit")
+    end(broker, replayed[1], "rollback")
+    sender = Sender()
+    broker.set_check_sender(sender)
+    clock.advance(30_000)
+    broker.tick()  # a, b and c checked: indexed again for their retry time, which is forgotten
+    assert sorted(sender.sent) == sorted(r.transaction_id for r in (*snapshotted[:2], replayed[0]))
+    broker = real_broker()
+    indexed = {entry.transaction_id: at for at, entry in broker.transactions.due.entries()}
+    wanted = (*snapshotted[:2], replayed[0])
+    assert set(indexed) == {r.transaction_id for r in wanted}
+    for r in wanted:
+        entry = broker.transactions.pending[decode_transaction_id(r.transaction_id)]
+        assert indexed[r.transaction_id] == entry.due_ms  # its stored time + the timeout
+    sender = Sender()
+    broker.set_check_sender(sender)
+    clock.advance(30_000)
+    broker.tick()
+    assert sorted(sender.sent) == sorted(r.transaction_id for r in wanted)
+
+
 def test_a_commit_after_the_last_snapshot_is_found(real_broker: OpenBroker, tmp_path: Path) -> None:
     """The broker died after a commit but before a snapshot recorded it: still committed, once."""
     broker = real_broker()

@@ -355,6 +355,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.parametrize("taken", ["--listen", "--admin-listen"])
+def test_serve_on_a_taken_port_stops_with_one_clear_line(tmp_path, taken):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = f"127.0.0.1:{holder.getsockname()[1]}"
+        ports = {"--listen": f"127.0.0.1:{free_port()}", "--admin-listen": "127.0.0.1:0"}
+        ports[taken] = busy
+        result = halfmoon(
+            "serve", "--data-dir", str(tmp_path / "data"), "--set", "store.segment_size=4MiB",
+            *(arg for pair in ports.items() for arg in pair),
+        )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("halfmoon: error: cannot start:"), last
+    assert last.endswith("(UNAVAILABLE)") and busy.split(":")[1] in last, last
+
+
 def test_serve_runs_the_admin_api_the_cli_talks_to(tmp_path):
     admin_port = free_port()
     proc = subprocess.Popen(

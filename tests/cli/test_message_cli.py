@@ -383,3 +383,19 @@ def test_send_endpoint_refuses_bad_bodies(admin):
         status, answer = admin.call("POST", f"/v1/topics/{topic}/messages", body)
         assert status == 400 and fragment in answer["error"]["message"], answer
     assert admin.broker.store.max_offset(topic, 0) == 0
+
+
+def test_trace_shows_what_the_broker_did(admin):
+    topic = topic_with(admin, queues=1)
+    (sent,) = admin.broker.send([OutgoingMessage(topic, b"traced")])
+    (view,) = admin.broker.receive("tracers", topic, FilterSpec(), 1, 10_000, client_id="c-7")
+    admin.broker.ack("tracers", topic, view.receipt_handle)
+    out = ok(halfmoon("message", "trace", sent.message_id, admin=admin))
+    lines = out.strip().splitlines()
+    assert [line.split()[2] for line in lines] == ["stored", "delivered", "acked"], out
+    assert f"topic={topic} queue_id=0 queue_offset=0" in lines[0]
+    assert "group=tracers attempt=1 mode=pop client=c-7" in lines[1]
+    answer = json.loads(ok(halfmoon("message", "trace", sent.message_id, "--json", admin=admin)))
+    assert [e["event"] for e in answer["events"]] == ["stored", "delivered", "acked"]
+    result = halfmoon("message", "trace", "no-such-id", admin=admin)
+    assert result.returncode != 0 and "MESSAGE_NOT_FOUND" in result.stderr

@@ -3,6 +3,10 @@ go."""
 
 from __future__ import annotations
 
+import asyncio
+import urllib.request
+
+import grpc
 import pytest
 
 from halfmoon.client import Message, Producer
@@ -120,3 +124,128 @@ def test_rebalance_when_members_join_and_leave(server: ServerProcess) -> None:
                 await consumer.close()
 
     run(scenario(), timeout=60)
+
+
+# -- reading through halfmoon.v1.BulkRead ------------------------------------------------------
+
+
+def _bulk_reads(server: ServerProcess) -> float:
+    """How many BulkRead calls the server answered with OK (its Prometheus counter)."""
+    with urllib.request.urlopen(server.admin + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    counter = 'halfmoon_grpc_requests_total{method="BulkRead",code="OK"}'
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(counter)
+    )
+
+
+def test_poll_reads_through_bulk_read_many_messages_per_call(server: ServerProcess) -> None:
+    topic, group = unique("bulk-pull"), unique("bulk-pull-g")
+    server.create_topic(topic, message_type="mixed", queues=1)
+    server.create_group(group)
+
+    async def scenario() -> None:
+        async with (
+            Producer(server.grpc) as producer,
+            PullConsumer(
+                server.grpc, group, consume_from="earliest", auto_commit=False, batch_size=4096
+            ) as consumer,
+        ):
+            for start in range(0, 3000, 500):
+                await producer.send_batch(
+                    [
+                        Message(topic, b"%d" % i, tag="odd" if i % 2 else "even")
+                        for i in range(start, start + 500)
+                    ]
+                )
+            [queue] = await consumer.fetch_queues(topic)
+            await consumer.assign([queue])
+            calls_before = _bulk_reads(server)
+            first = await consumer.poll(2.0)
+            # One call, more than PullMessage's 1024 at a time.
+            assert len(first) == 3000 and _bulk_reads(server) == calls_before + 1
+            assert [m.queue_offset for m in first] == list(range(3000))
+            assert first[5].body == b"5" and first[5].tag == "odd" and first[5].queue_id == 0
+            assert first[5].message_type == "NORMAL" and first[5].delivery_attempt == 1
+            assert consumer.position(queue) == 3000
+
+            # An empty poll long-polls and wakes for the next message.
+            waiting = asyncio.ensure_future(consumer.poll(10.0))
+            await producer.send(Message(topic, b"late"))
+            assert [m.body for m in await waiting] == [b"late"]
+
+    run(scenario())
+
+
+def test_a_subscription_filter_applies_to_bulk_reads(server: ServerProcess) -> None:
+    topic, group = unique("bulk-sub"), unique("bulk-sub-g")
+    server.create_topic(topic, queues=1)
+    server.create_group(group)
+
+    async def scenario() -> None:
+        async with Producer(server.grpc) as producer:
+            await producer.send_batch(
+                [Message(topic, b"%d" % i, tag="odd" if i % 2 else "even") for i in range(40)]
+            )
+        async with PullConsumer(
+            server.grpc,
+            group,
+            {topic: MessageSelector.by_tag("odd")},
+            consume_from="earliest",
+            auto_commit=False,
+            membership_interval=0.2,
+        ) as consumer:
+            got = []
+            while len(got) < 20:
+                got.extend(await consumer.poll(2.0))
+            assert [m.body for m in got] == [b"%d" % i for i in range(1, 40, 2)]
+
+    run(scenario())
+
+
+def test_without_bulk_read_on_the_server_poll_falls_back_to_pull_message() -> None:
+    from halfmoon.broker.broker import Broker
+    from halfmoon.config import ServerConfig
+    from halfmoon.server.grpc_service import MessagingServicer
+    from halfmoon.server.handlers import messaging_handler
+    from halfmoon.server.longpoll import ArrivalNotifier
+    from halfmoon.server.telemetry import ClientRegistry
+    from halfmoon.store.memory import MemoryStore
+
+    async def scenario() -> None:
+        # A server with MessagingService only (as Apache RocketMQ, or an older halfmoon).
+        store = MemoryStore()
+        broker = Broker(store, None)
+        broker.create_topic("old", queue_count=1)
+        registry = ClientRegistry()
+        registry.bind_loop(asyncio.get_running_loop())
+        notifier = ArrivalNotifier(asyncio.get_running_loop())
+        broker.add_arrival_listener(notifier.on_arrival)
+        grpc_server = grpc.aio.server()
+        port = grpc_server.add_insecure_port("127.0.0.1:0")
+        servicer = MessagingServicer(
+            broker, ServerConfig(), registry, notifier, advertised=("127.0.0.1", port)
+        )
+        grpc_server.add_generic_rpc_handlers((messaging_handler(servicer),))
+        await grpc_server.start()
+        endpoint = f"127.0.0.1:{port}"
+        try:
+            async with (
+                Producer(endpoint) as producer,
+                PullConsumer(endpoint, "old-g", consume_from="earliest", auto_commit=False) as c,
+            ):
+                await producer.send_batch([Message("old", b"%d" % i) for i in range(5)])
+                [queue] = await c.fetch_queues("old")
+                await c.assign([queue])
+                got = []
+                while len(got) < 5:
+                    got.extend(await c.poll(2.0))
+                assert [m.body for m in got] == [b"%d" % i for i in range(5)]
+                assert c._no_bulk_read == {endpoint}
+        finally:
+            registry.close_all()
+            await grpc_server.stop(0)
+            broker.close()
+            store.close()
+
+    run(scenario())

@@ -122,3 +122,53 @@ def test_sync_facade_round_trip(server: ServerProcess) -> None:
             if len(got) >= 5:
                 break
         assert sorted(m.message_id for m in got) == sorted(r.message_id for r in receipts)
+
+
+def test_a_check_asked_again_before_it_is_answered_is_answered_once() -> None:
+    """The broker may repeat a check it counts as lost while the first still waits at the
+    producer; the producer answers the transaction once, and a later check again."""
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+    from rocketmq.grpc_protocol import service_pb2 as svc
+
+    class Slow:
+        def __init__(self) -> None:
+            self.asked: list[str] = []
+            self.release = asyncio.Event()
+
+        def execute_local_transaction(self, message, arg):
+            return arg
+
+        async def check_local_transaction(self, message):
+            self.asked.append(message.message_id)
+            await self.release.wait()
+            return TransactionResolution.UNKNOWN  # no EndTransaction: no server needed
+
+    def check(transaction_id: str) -> svc.TelemetryCommand:
+        message = pb.Message(topic=pb.Resource(name="orders"), body=b"x")
+        message.system_properties.message_id = f"m-{transaction_id}"
+        return svc.TelemetryCommand(
+            recover_orphaned_transaction_command=svc.RecoverOrphanedTransactionCommand(
+                message=message, transaction_id=transaction_id
+            )
+        )
+
+    async def scenario() -> None:
+        listener = Slow()
+        producer = TransactionProducer("127.0.0.1:1", "pg", listener, check_workers=2)
+        for tid in ("T1", "T1", "T2", "T1"):
+            await producer._on_command("127.0.0.1:1", check(tid))
+        assert (producer.checks_received, producer.checks_held) == (4, 2)
+        listener.release.set()
+        deadline = asyncio.get_running_loop().time() + 10
+        while producer.checks_held:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        assert sorted(listener.asked) == ["m-T1", "m-T2"]
+        await producer._on_command("127.0.0.1:1", check("T1"))  # answered: asked again
+        while producer.checks_held:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        assert sorted(listener.asked) == ["m-T1", "m-T1", "m-T2"]
+        await producer._on_closing()
+
+    asyncio.run(scenario())

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-READY = re.compile(r"halfmoon broker ready .*internal=(\S+)")
+READY = re.compile(r"halfmoon broker ready .*internal=(\S+)(?: send_port=(\d+))?")
 START_TIMEOUT_S = 30.0
 
 
@@ -27,18 +27,23 @@ class BrokerProcess:
         fake_clock_ms: int | None = None,
         extra: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        wrapper: tuple[str, ...] = (),
+        address: str = "127.0.0.1:0",
     ) -> None:
         self.data_dir = data_dir
+        self.wrapper = wrapper  # a command the broker runs under (``ip netns exec NS``)
         self.name = name
         self.fake_clock_ms = fake_clock_ms
         self.extra = extra
         self.env = dict(env or {})  # added to this process's environment (changeable per start)
-        self.address = "127.0.0.1:0"
+        self.address = address
+        self.send_port: int | None = None  # the send listener's, once started (None: off)
         self.output: list[str] = []
         self.process: subprocess.Popen[str] | None = None
 
     def start(self) -> BrokerProcess:
         command = [
+            *self.wrapper,
             sys.executable,
             "-m",
             "halfmoon",
@@ -63,14 +68,14 @@ class BrokerProcess:
             env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
         )
         ready = threading.Event()
-        found: list[str] = []
+        found: list[re.Match[str]] = []
 
         def drain(stream: object) -> None:  # keeps the pipe from filling up
             for line in stream:  # type: ignore[attr-defined]
                 self.output.append(line)
                 match = READY.search(line)
                 if match and not found:
-                    found.append(match.group(1))
+                    found.append(match)
                     ready.set()
             ready.set()  # the process ended
 
@@ -79,7 +84,8 @@ class BrokerProcess:
         if not found:
             self.kill()
             raise RuntimeError("broker did not start:\n" + "".join(self.output[-30:]))
-        self.address = found[0]
+        self.address = found[0].group(1)
+        self.send_port = int(found[0].group(2)) if found[0].group(2) else None
         return self
 
     @property

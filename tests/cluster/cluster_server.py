@@ -15,10 +15,14 @@ import time
 from pathlib import Path
 
 from tests.cluster.broker_processes import BrokerProcess
-from tests.cluster.etcd_server import EtcdServer
+from tests.cluster.etcd_server import EtcdServer, EtcdTls
 from tests.server.conftest import ServerProcess
 
 _clusters = itertools.count()
+# The configuration sections only proxies take; the others (store, broker, transaction)
+# are the brokers', but for TLS to etcd and on the internal protocol, which both take.
+PROXY_SECTIONS = ("server.", "auth.", "tls.")
+SHARED_SECTIONS = ("etcd.", "internal.")
 
 
 class ClusterProxy(ServerProcess):
@@ -48,7 +52,7 @@ class ClusterProxy(ServerProcess):
             "--workers", str(self.workers),
         ]  # fmt: skip
         for setting in self.settings:  # the store and transaction keys are the brokers'
-            if setting.startswith("server."):
+            if setting.startswith(PROXY_SECTIONS + SHARED_SECTIONS):
                 cmd += ["--set", setting]
         return cmd
 
@@ -57,12 +61,20 @@ class ClusterServer(ClusterProxy):
     """etcd, brokers ``broker-a`` and ``broker-b``, and two proxies; this object is the first
     proxy, ``proxies[1]`` the second."""
 
-    def __init__(self, data_dir: Path, *, brokers: int = 2, **kwargs: object) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        brokers: int = 2,
+        etcd_tls: EtcdTls | None = None,
+        broker_lease_ttl: int = 2,
+        **kwargs: object,
+    ) -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
-        self.own_etcd = EtcdServer(data_dir / "etcd")
+        self.own_etcd = EtcdServer(data_dir / "etcd", etcd_tls)
         cluster = f"c{next(_clusters)}"
         super().__init__(data_dir, self.own_etcd, cluster, **kwargs)
-        broker_settings = [s for s in self.settings if not s.startswith("server.")]
+        broker_settings = [s for s in self.settings if not s.startswith(PROXY_SECTIONS)]
         extra = tuple(arg for setting in broker_settings for arg in ("--set", setting))
         self.brokers = [
             BrokerProcess(
@@ -74,7 +86,7 @@ class ClusterServer(ClusterProxy):
                     "--coordinator",
                     self.own_etcd.url,
                     "--lease-ttl",
-                    "2",
+                    str(broker_lease_ttl),
                     *extra,
                 ),  # fmt: skip
             )
@@ -82,7 +94,14 @@ class ClusterServer(ClusterProxy):
         ]
         self.proxies: list[ClusterProxy] = [
             self,
-            ClusterProxy(data_dir / "proxy-2", self.own_etcd, cluster, settings=self.settings),
+            ClusterProxy(
+                data_dir / "proxy-2",
+                self.own_etcd,
+                cluster,
+                settings=self.settings,
+                env=self.env,
+                credentials=self.credentials,
+            ),
         ]
 
     @property

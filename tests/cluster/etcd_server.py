@@ -14,10 +14,12 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -41,9 +43,24 @@ def etcd_binary() -> str:
     return found
 
 
+@dataclass(frozen=True)
+class EtcdTls:
+    """etcd's client port over TLS (``--cert-file``/``--key-file``) and, with
+    ``client_cert_auth``, only for callers with a certificate ``ca`` signed."""
+
+    ca: Path
+    cert: Path
+    key: Path
+    # A client certificate of the test's, for the readiness probe.
+    client_cert: Path
+    client_key: Path
+    client_cert_auth: bool = True
+
+
 class EtcdServer:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, tls: EtcdTls | None = None) -> None:
         self.binary = etcd_binary()
+        self.tls = tls
         self.data_dir = data_dir
         self.client_port = free_port()
         self.peer_port = free_port()
@@ -59,8 +76,27 @@ class EtcdServer:
         """The coordinator address halfmoon takes: ``etcd://HOST:PORT``."""
         return f"etcd://{self.address}"
 
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
+
+    def _tls_flags(self) -> list[str]:
+        if self.tls is None:
+            return []
+        flags = [f"--cert-file={self.tls.cert}", f"--key-file={self.tls.key}"]
+        if self.tls.client_cert_auth:
+            flags += ["--client-cert-auth", f"--trusted-ca-file={self.tls.ca}"]
+        return flags
+
+    def _probe_context(self) -> ssl.SSLContext | None:
+        if self.tls is None:
+            return None
+        context = ssl.create_default_context(cafile=str(self.tls.ca))
+        context.load_cert_chain(str(self.tls.client_cert), str(self.tls.client_key))
+        return context
+
     def start(self) -> None:
-        client = f"http://{self.address}"
+        client = f"{self.scheme}://{self.address}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -77,6 +113,7 @@ class EtcdServer:
                     # No fsync per write: these tests crash the process, not the machine.
                     "--unsafe-no-fsync",
                     "--log-level=warn",
+                    *self._tls_flags(),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -91,11 +128,12 @@ class EtcdServer:
                 raise RuntimeError(f"etcd exited with {self.process.returncode}: {self.log_tail()}")
             try:
                 request = urllib.request.Request(
-                    f"http://{self.address}/v3/kv/range",
+                    f"{self.scheme}://{self.address}/v3/kv/range",
                     data=json.dumps({"key": "AA=="}).encode(),
                     method="POST",
                 )
-                with urllib.request.urlopen(request, timeout=1) as response:
+                context = self._probe_context()
+                with urllib.request.urlopen(request, timeout=1, context=context) as response:
                     if response.status == 200:
                         return
             except (OSError, urllib.error.URLError):

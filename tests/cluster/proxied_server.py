@@ -15,12 +15,17 @@ from tests.server.conftest import ServerProcess
 
 
 class ProxiedServer(ServerProcess):
-    def __init__(self, data_dir: Path, **kwargs: object) -> None:
+    def __init__(
+        self, data_dir: Path, *, broker_args: tuple[str, ...] = (), **kwargs: object
+    ) -> None:
         super().__init__(data_dir, **kwargs)  # type: ignore[arg-type]
         broker_settings = [s for s in self.settings if not s.startswith("server.")]
         self.broker = BrokerProcess(
             data_dir / "broker",
-            extra=tuple(arg for setting in broker_settings for arg in ("--set", setting)),
+            extra=(
+                *(arg for setting in broker_settings for arg in ("--set", setting)),
+                *broker_args,  # e.g. ("--send-listen", "off"): sends over the gRPC stream
+            ),
         )
 
     def command(self) -> list[str]:

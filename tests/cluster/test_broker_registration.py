@@ -8,7 +8,7 @@ import socket
 import time
 from pathlib import Path
 
-from halfmoon.cluster.broker_process import advertised_address, format_address
+from halfmoon.broker_node import advertised_address, format_address
 from halfmoon.cluster.etcd import EtcdClient
 from halfmoon.cluster.metadata import ClusterMetadata
 from tests.cli.test_cli import failed, halfmoon, ok
@@ -44,9 +44,11 @@ def test_a_started_broker_is_listed_and_leaves_after_sigkill_and_its_ttl(
 
         broker.kill()
         killed = time.monotonic()
-        while "b1" in listed(etcd, cluster_name):
-            assert time.monotonic() - killed < TTL + 5, "the killed broker is still listed"
+        # Its lease expires; it holds queues, so it stays listed as gone (unavailable).
+        while listed(etcd, cluster_name)["b1"]["state"] != "gone":
+            assert time.monotonic() - killed < TTL + 5, "the killed broker is still live"
             time.sleep(0.2)
+        assert listed(etcd, cluster_name)["b1"]["queues"] == 4
 
         broker.start()
         assert listed(etcd, cluster_name)["b1"]["pid"] == broker.pid

@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,6 +89,14 @@ def cli(server: ClusterServer, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def broker_state(server: ClusterServer, name: str) -> str | None:
+    """A broker's state in ``cluster list`` (live, gone, ...), None when not listed."""
+    listing = cli(server, "cluster", "list", "--coordinator", server.own_etcd.url,
+                  "--cluster", server.cluster, "--json").stdout  # fmt: skip
+    states = {b["name"]: b["state"] for b in json.loads(listing)["brokers"]}
+    return states.get(name)
+
+
 def started(client: Producer | SimpleConsumer) -> Producer | SimpleConsumer:
     client.startup()
     return client
@@ -144,10 +153,20 @@ def test_messages_spread_over_both_brokers_and_acks_find_their_broker(
         consumer.shutdown()
     _, progress = cluster.proxies[1].admin_call("GET", f"/v1/groups/{group}/progress")
     rows = [q for q in progress["queues"] if q["topic"] == topic]  # type: ignore[index]
-    # Every queue of both brokers got messages, and every one of them was acknowledged.
-    assert sorted(q["queue_id"] for q in rows) == [0, 1, 2, 3], rows
-    assert all(q["max_offset"] > 0 and q["lag"] == 0 for q in rows), rows
-    assert sum(q["max_offset"] for q in rows) == 40
+    # Both brokers got messages, and every one of them was acknowledged. (Not necessarily
+    # every queue: on a busy machine a send that misses its deadline makes the client try
+    # another queue, and a proxy steers sends away from a broker found slow for a moment.)
+    shown = ", ".join(f"q{q['queue_id']}={q['committed_offset']}/{q['max_offset']}" for q in rows)
+    assert sorted(q["queue_id"] for q in rows) == [0, 1, 2, 3], shown
+    assert all(q["lag"] == 0 for q in rows), shown
+    assert sum(q["max_offset"] for q in rows) == 40, shown
+    code, route = cluster.admin_call("GET", f"/v1/topics/{topic}/route")
+    assert code == 200, route
+    owner = {q["queue_id"]: q["broker"] for q in route["queues"]}  # type: ignore[index]
+    assert {owner[q["queue_id"]] for q in rows if q["max_offset"] > 0} == set(owner.values()), (
+        shown,
+        owner,
+    )
 
 
 def test_a_proxy_with_two_workers_serves_from_both_on_one_port(
@@ -302,11 +321,10 @@ def test_a_killed_broker_stops_only_its_queues_and_loses_nothing_acknowledged(
             acknowledged.append(f"before-{i}")
         own_cluster.brokers[0].kill()  # SIGKILL broker-a
         # Once its lease is gone the proxies stop routing to it; sends go to broker-b.
+        # (It stays listed, as gone: it owns queues.)
         wait_until(
-            lambda: "broker-a" not in cli(own_cluster, "cluster", "list",
-                                          "--coordinator", own_cluster.own_etcd.url,
-                                          "--cluster", own_cluster.cluster).stdout,
-            15, "broker-a's lease to expire",
+            lambda: broker_state(own_cluster, "broker-a") != "live", 15,
+            "broker-a's lease to expire",
         )  # fmt: skip
         for i in range(20):
             producer.send(message(topic, f"during-{i}"))
@@ -325,6 +343,65 @@ def test_a_killed_broker_stops_only_its_queues_and_loses_nothing_acknowledged(
     finally:
         consumer.shutdown()
     assert sorted(during + rest) == sorted(acknowledged)
+
+
+def test_a_broker_killed_before_its_lease_expires_is_avoided_at_once(tmp_path: Path) -> None:
+    """A SIGKILLed broker still listed in etcd (a long lease): connections to it are refused,
+    so the proxies fail its calls fast (a code the client retries), send elsewhere and read
+    from the other broker, without waiting out a call's deadline or the lease."""
+    cluster = ClusterServer(tmp_path / "cluster", broker_lease_ttl=60).start()
+    topic, group, fifo = unique("fast-fail"), unique("fast-fail-g"), unique("fast-fail-fifo")
+    try:
+        cluster.create_topic(topic, "normal", queues=4)
+        cluster.create_topic(fifo, "fifo", queues=4)
+        cluster.create_group(group)
+        _, routed = route(cluster, 0, fifo)
+        on_a = [q["queue_id"] for q in routed["queues"] if q["broker"] == "broker-a"]
+        producer = started(Producer(config(cluster)))
+        acknowledged: list[str] = []
+        try:
+            for i in range(10):
+                producer.send(message(topic, f"before-{i}"))
+                acknowledged.append(f"before-{i}")
+            cluster.brokers[0].kill()  # SIGKILL broker-a; its lease lives on for a minute
+            killed = time.monotonic()
+            for i in range(20):
+                started_at = time.monotonic()
+                producer.send(message(topic, f"during-{i}"))
+                acknowledged.append(f"during-{i}")
+                assert time.monotonic() - started_at < 3, f"send {i} waited for the dead broker"
+            # A message group whose queue is on broker-a cannot move: refused quickly.
+            pinned = message(fifo, "pinned")
+            pinned.message_group = next(
+                g for g in (f"g{n}" for n in range(1000)) if zlib.crc32(g.encode()) % 4 in on_a
+            )
+            refused_at = time.monotonic()
+            with pytest.raises(Exception):  # noqa: B017 - the client's exception, any class
+                producer.send(pinned)
+            assert time.monotonic() - refused_at < 5
+        finally:
+            producer.shutdown()
+        consumer = started(
+            SimpleConsumer(config(cluster), group, {topic: FilterExpression()}, await_duration=2)
+        )
+        try:
+            during = receive_bodies(consumer, 20, 10)
+        finally:
+            consumer.shutdown()
+        assert {b for b in during if b.startswith("during-")} == {f"during-{i}" for i in range(20)}
+        assert time.monotonic() - killed < 30
+        assert broker_state(cluster, "broker-a") == "live"  # all while its lease lived on
+        cluster.restart_broker(0)
+        consumer = started(
+            SimpleConsumer(config(cluster), group, {topic: FilterExpression()}, await_duration=2)
+        )
+        try:
+            rest = receive_bodies(consumer, len(acknowledged) - len(during), 30)
+        finally:
+            consumer.shutdown()
+        assert sorted(during + rest) == sorted(acknowledged)
+    finally:
+        cluster.kill()
 
 
 def test_proxies_and_brokers_serve_through_an_etcd_restart_and_resync(
@@ -357,7 +434,7 @@ def test_proxies_and_brokers_serve_through_an_etcd_restart_and_resync(
         consumer.shutdown()
 
 
-def test_a_cluster_proxy_refuses_an_open_listener_without_auth_and_auth_it_cannot_share() -> None:
+def test_a_cluster_proxy_refuses_an_open_listener_without_auth_and_auth_without_its_key() -> None:
     base = ("proxy", "--cluster", "c", "--coordinator", "etcd://127.0.0.1:1",
             "--admin-listen", "127.0.0.1:0")  # fmt: skip
     exposed = subprocess.run(
@@ -370,4 +447,6 @@ def test_a_cluster_proxy_refuses_an_open_listener_without_auth_and_auth_it_canno
          "--set", "auth.enabled=true"],
         cwd=ROOT, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
-    assert with_auth.returncode != 0 and "UNSUPPORTED" in with_auth.stderr, with_auth.stderr
+    # Authentication on a cluster proxy needs the key that seals the secrets kept in etcd.
+    assert with_auth.returncode != 0 and "ILLEGAL_CONFIG" in with_auth.stderr, with_auth.stderr
+    assert "auth.key_file" in with_auth.stderr, with_auth.stderr

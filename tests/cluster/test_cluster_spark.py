@@ -15,13 +15,12 @@ from pathlib import Path
 import pytest
 
 from halfmoon.client import Message, SyncProducer
+from halfmoon.spark.wire import Wire
 from tests.cluster.cluster_server import ClusterServer
 from tests.spark.conftest import MARKER_TOPIC, read_topic
 
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
-
-from tests.spark.conftest import spark  # noqa: E402,F401  (the session-wide SparkSession)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +47,7 @@ def _owners(cluster: ClusterServer, topic: str) -> dict[int, str]:
     return {q["queue_id"]: q["broker"] for q in body["queues"]}  # type: ignore[index]
 
 
-def test_source_reads_every_message_once_from_both_brokers(spark, cluster) -> None:  # noqa: F811
+def test_source_reads_every_message_once_from_both_brokers(spark, cluster) -> None:
     cluster.create_topic("spread-in", queues=4)
     owners = _owners(cluster, "spread-in")
     assert sorted(owners.values()) == ["broker-a", "broker-a", "broker-b", "broker-b"], owners
@@ -69,8 +68,29 @@ def test_source_reads_every_message_once_from_both_brokers(spark, cluster) -> No
         assert offsets == list(range(len(only))), "a queue's offsets are its broker queue's"
 
 
+def test_bulk_read_through_a_proxy_reads_each_queue_from_its_broker(cluster) -> None:
+    cluster.create_topic("spread-bulk", message_type="mixed", queues=4)
+    owners = _owners(cluster, "spread-bulk")
+    with SyncProducer(cluster.grpc) as producer:
+        sent = producer.send_batch(
+            [Message("spread-bulk", f"b-{i}".encode(), tag=f"t{i % 2}") for i in range(40)]
+        )
+    proxy = Wire(cluster.address)
+    proxy.send_halves([Message("spread-bulk", b"pending")], "bulk-pending")  # never committed
+    by_queue: dict[int, list[str]] = {}
+    for queue in proxy.queues("spread-bulk"):
+        answer = proxy.bulk_read("halfmoon-spark", queue, 0, None, 1000, 1 << 20)
+        assert answer.queue_id == queue.queue_id and answer.next_offset == answer.count
+        assert answer.columns.get("queue_offset", []) == list(range(answer.count))
+        by_queue[queue.queue_id] = answer.columns.get("message_id", [])
+        odd = proxy.bulk_read("halfmoon-spark", queue, 0, None, 1000, 1 << 20, ("TAG", "t1"))
+        assert set(odd.columns.get("tag", [])) <= {"t1"}
+    assert sorted(i for ids in by_queue.values() for i in ids) == sorted(r.message_id for r in sent)
+    assert {owners[q] for q, ids in by_queue.items() if ids} == {"broker-a", "broker-b"}
+
+
 def test_exactly_once_sink_commits_one_group_across_both_brokers(
-    spark,  # noqa: F811
+    spark,
     cluster,
     tmp_path: Path,
 ) -> None:

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from halfmoon.cluster.errors import NoLiveBrokers
-from halfmoon.cluster.placement import ClusterTopic, place_queues
+from halfmoon.cluster.placement import ClusterTopic, grow_queues, place_queues
 
 
 def test_spread_places_queues_evenly_over_every_live_broker() -> None:
@@ -47,3 +47,25 @@ def test_a_topic_record_round_trips_through_json() -> None:
     assert sum(len(topic.queues_on(b)) for b in topic.brokers) == 3
     with pytest.raises(ValueError):
         ClusterTopic.from_json({"name": "orders", "queues": [{"broker": "a"}]})
+
+
+def test_growing_keeps_existing_queues_and_spreads_new_ones_over_live_brokers() -> None:
+    topic = ClusterTopic("t", place_queues("t", 2, {"a"}))
+    grown = grow_queues(topic, 5, {"a", "b"})
+    assert grown.queues[:2] == topic.queues
+    assert [q.queue_id for q in grown.queues] == [0, 1, 2, 3, 4]
+    assert {q.broker for q in grown.queues[2:]} == {"a", "b"}
+    for broker in ("a", "b"):  # each broker's own queue ids stay dense
+        assert [q.broker_queue for q in grown.queues_on(broker)] == list(
+            range(len(grown.queues_on(broker)))
+        )
+    assert grown.writable == 5 and grown.write_queues is None
+
+
+def test_shrinking_only_lowers_the_writable_count_and_survives_a_round_trip() -> None:
+    topic = ClusterTopic("t", place_queues("t", 4, {"a", "b"}))
+    shrunk = grow_queues(topic, 1, {"a", "b"})
+    assert shrunk.queues == topic.queues and shrunk.writable == 1
+    assert ClusterTopic.from_json(shrunk.to_json()) == shrunk
+    assert grow_queues(shrunk, 4, {"a"}).write_queues is None
+    assert "write_queues" not in topic.to_json()

@@ -4,6 +4,8 @@ tests/broker/test_facade_contract.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -18,7 +20,7 @@ import pytest
 from halfmoon.broker import FakeClock, FilterSpec, MessageType, OutgoingMessage, TopicNotFound
 from halfmoon.broker.transactions.check import CheckRequest
 from halfmoon.cluster import wire
-from halfmoon.cluster.connection import BrokerConnection
+from halfmoon.cluster.connection import SEND_TIMEOUT_S, BrokerConnection
 from halfmoon.cluster.etcd_json import parse_coordinator
 from halfmoon.cluster.members import read_members
 from halfmoon.cluster.remote_broker import RemoteBroker
@@ -128,6 +130,112 @@ def test_a_call_past_its_deadline_fails_with_a_deadline_error_and_the_next_one_w
     finally:
         process.resume()
     assert remote.status().name == "broker-a"
+
+
+# A proxy's sends (send_async) reach the broker over its send listener (the default) or, with
+# the listener off, over the gRPC SendStream: the same failure semantics either way.
+TRANSPORTS = {"tcp": (), "grpc": ("--send-listen", "off")}
+
+
+@pytest.fixture(params=sorted(TRANSPORTS))
+def send_process(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[BrokerProcess]:
+    broker = BrokerProcess(tmp_path / "data", extra=TRANSPORTS[request.param]).start()
+    assert (broker.send_port is not None) == (request.param == "tcp")
+    yield broker
+    broker.kill()
+
+
+def test_a_silent_broker_fails_stream_sends_within_the_send_deadline_and_they_resume(
+    send_process: BrokerProcess,
+) -> None:
+    process = send_process
+    remote = RemoteBroker(process.address)
+    try:
+        _silent_broker_scenario(process, remote)
+    finally:
+        remote.close()
+
+
+def _silent_broker_scenario(process: BrokerProcess, remote: RemoteBroker) -> None:
+    remote.create_topic("silent", queue_count=1)
+
+    def one(body: str) -> list[OutgoingMessage]:
+        return [OutgoingMessage("silent", body.encode(), message_id=body)]
+
+    async def scenario() -> tuple[float, float]:
+        assert (await remote.send_async(one("before")))[0].message_id == "before"
+        assert remote._stream().send_port == process.send_port  # the transport under test
+        process.pause()  # SIGSTOP: the stream stays open, nothing is answered
+        try:
+            started = time.monotonic()
+            with pytest.raises(wire.BrokerDeadlineExceeded):
+                await remote.send_async(one("unknown"))  # the outcome is unknown
+            silent_s = time.monotonic() - started
+            assert remote.suspect()
+            started = time.monotonic()
+            with pytest.raises(wire.BrokerUnavailable):
+                await remote.send_async(one("refused"))  # suspect: at once, not queued
+            suspect_s = time.monotonic() - started
+        finally:
+            process.resume()
+        deadline = time.monotonic() + WAIT_S
+        while True:  # the stream was reset: a fresh one carries the next sends
+            try:
+                assert (await remote.send_async(one("after")))[0].message_id == "after"
+                return silent_s, suspect_s
+            except (wire.BrokerUnavailable, wire.BrokerDeadlineExceeded):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)  # a poll with a deadline
+
+    silent_s, suspect_s = asyncio.run(scenario())
+    assert silent_s <= SEND_TIMEOUT_S + 1
+    assert suspect_s < 0.5
+    assert {b"before", b"after"} <= set(stored_bodies(remote, "silent"))
+
+
+def test_a_sigkilled_broker_restarts_and_stream_sends_resume_losing_nothing_acknowledged(
+    send_process: BrokerProcess,
+) -> None:
+    process = send_process
+    remote = RemoteBroker(process.address)
+    remote.create_topic("orders", queue_count=2)
+    acknowledged: list[bytes] = []
+
+    async def produce(bodies: list[bytes]) -> None:
+        for outcome, body in zip(
+            await asyncio.gather(
+                *(remote.send_async([OutgoingMessage("orders", b)]) for b in bodies),
+                return_exceptions=True,
+            ),
+            bodies,
+            strict=True,
+        ):
+            if not isinstance(outcome, BaseException):
+                acknowledged.append(body)
+
+    async def scenario() -> None:
+        await produce([f"before-{i}".encode() for i in range(100)])
+        assert len(acknowledged) == 100
+        process.kill()
+        with pytest.raises((wire.BrokerUnavailable, wire.BrokerDeadlineExceeded)):
+            await remote.send_async([OutgoingMessage("orders", b"while down")])
+        await asyncio.to_thread(process.start)  # same gRPC port; the listener's may differ
+        deadline = time.monotonic() + WAIT_S
+        while len(acknowledged) < 200:  # the proxy finds the broker (and its new port) again
+            await produce([f"after-{len(acknowledged)}-{i}".encode() for i in range(20)])
+            if time.monotonic() > deadline:
+                raise AssertionError("stream sends did not resume after the restart")
+            await asyncio.sleep(0.1)  # a poll with a deadline
+        assert remote._stream().send_port == process.send_port
+
+    try:
+        asyncio.run(scenario())
+        stored = stored_bodies(remote, "orders")
+    finally:
+        remote.close()
+    assert set(acknowledged) <= set(stored)
+    assert len(set(stored)) == len(stored)  # nothing stored twice by a retry of ours
 
 
 @pytest.mark.parametrize(
@@ -303,6 +411,8 @@ def test_the_event_stream_is_reopened_after_a_broker_restart(
     while not arrived.is_set() and time.monotonic() < deadline:
         # Sent until heard: arrivals between the restart and the stream's reopening are
         # wake-ups nobody was subscribed to (long polls also wake on their own timeout).
-        remote.send([OutgoingMessage("orders", b"after restart", queue_id=0)])
+        # A send while the channel reconnects fails at once (BROKER_UNAVAILABLE): again.
+        with contextlib.suppress(HalfmoonError):
+            remote.send([OutgoingMessage("orders", b"after restart", queue_id=0)])
         arrived.wait(0.2)
     assert arrived.is_set()

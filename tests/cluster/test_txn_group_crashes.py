@@ -10,17 +10,22 @@ still there (pending, or visible once decided).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageType, OutgoingMessage
+from halfmoon.cluster.etcd import EtcdClient
+from halfmoon.cluster.etcd_json import parse_coordinator, range_prefix_sync
+from halfmoon.cluster.metadata import ClusterMetadata
 from halfmoon.cluster.remote_broker import RemoteBroker
-from halfmoon.cluster.txn_groups import CRASH_ENV, coordinator_for
+from halfmoon.cluster.txn_groups import CLEANUP_INTERVAL_S, CRASH_ENV, GROUPS_DIR, coordinator_for
 from halfmoon.errors import HalfmoonError
 from tests.cluster.broker_processes import BrokerProcess
 from tests.cluster.etcd_server import EtcdServer
@@ -33,8 +38,15 @@ RESOLVED_WITHIN_S = 15.0  # a live participant asks its coordinator every second
 class Cluster:
     """Real broker processes of one cluster, and a RemoteBroker to each."""
 
-    def __init__(self, tmp_path: Path, etcd: EtcdServer, cluster: str, names: list[str]) -> None:
-        args = ("--cluster", cluster, "--coordinator", etcd.url, "--lease-ttl", "2")
+    def __init__(
+        self,
+        tmp_path: Path,
+        etcd: EtcdServer,
+        cluster: str,
+        names: list[str],
+        extra: tuple[str, ...] = (),
+    ) -> None:
+        args = ("--cluster", cluster, "--coordinator", etcd.url, "--lease-ttl", "2", *extra)
         self.processes = {
             name: BrokerProcess(tmp_path / name, name=name, extra=args) for name in names
         }
@@ -93,8 +105,8 @@ def make_cluster(
 ) -> Iterator[Callable[..., Cluster]]:
     made: list[Cluster] = []
 
-    def make(*names: str) -> Cluster:
-        cluster = Cluster(tmp_path, etcd, cluster_name, list(names))
+    def make(*names: str, extra: tuple[str, ...] = ()) -> Cluster:
+        cluster = Cluster(tmp_path, etcd, cluster_name, list(names), extra)
         made.append(cluster)
         return cluster
 
@@ -327,3 +339,80 @@ def test_a_commit_the_coordinator_turns_into_a_rollback_drops_every_member(make_
         cluster.remotes["broker-b"].end_transaction_group(group, "commit", consume_actions=2)
     assert failed.value.code == "TRANSACTION_INCOMPLETE"
     assert cluster.state(group) == {name: (0, 0) for name in BROKERS}
+
+
+# -- the records in etcd -----------------------------------------------------------------------
+
+
+def group_records(etcd: EtcdServer, cluster_name: str) -> set[str]:
+    """The transaction groups etcd holds a coordinator record for."""
+    found, _ = range_prefix_sync(
+        parse_coordinator(etcd.url), f"/halfmoon/{cluster_name}/{GROUPS_DIR}"
+    )
+    return {unquote(kv.key.rsplit("/", 1)[-1]) for kv in found}
+
+
+def place_topic(etcd: EtcdServer, cluster_name: str) -> None:
+    """TOPIC placed in etcd over both brokers, as a topic created through a proxy is."""
+
+    async def place() -> None:
+        async with EtcdClient.from_url(etcd.url) as client:
+            await ClusterMetadata(client, cluster_name).create_topic(
+                TOPIC, queues=2, message_type=MessageType.TRANSACTION.value
+            )
+
+    asyncio.run(place())
+
+
+def wait_for_records(etcd: EtcdServer, cluster_name: str, expected: set[str]) -> None:
+    deadline = time.monotonic() + FORGOTTEN_WITHIN_S
+    while group_records(etcd, cluster_name) != expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert group_records(etcd, cluster_name) == expected
+
+
+FORGOTTEN_WITHIN_S = CLEANUP_INTERVAL_S * 3 + 5
+# Records are forgotten as soon as the group is finished (the default keeps them 10 minutes).
+NO_RETENTION = ("--set", "transaction.group_record_retention_ms=0")
+
+
+def test_a_group_finished_everywhere_is_forgotten_in_etcd(
+    make_cluster, etcd: EtcdServer, cluster_name: str
+) -> None:
+    cluster = make_cluster(*BROKERS, extra=NO_RETENTION)
+    for name in BROKERS:
+        cluster.start(name)
+    place_topic(etcd, cluster_name)
+    group = group_coordinated_by("broker-a", BROKERS)
+    cluster.send_members(group)
+    assert cluster.remotes["broker-b"].end_transaction_group(group, "commit") == 2 * 3
+    assert group in group_records(etcd, cluster_name)
+    wait_for_records(etcd, cluster_name, set())
+    # Forgotten in etcd, still decided on every broker: the opposite decision is refused.
+    with pytest.raises(HalfmoonError) as refused:
+        cluster.remotes["broker-b"].end_transaction_group(group, "rollback")
+    assert refused.value.code == "TRANSACTION_ALREADY_ENDED"
+    assert cluster.state(group) == all_visible(cluster, group)
+
+
+def test_a_group_with_a_participant_down_keeps_its_record_until_the_participant_applied_it(
+    make_cluster, etcd: EtcdServer, cluster_name: str
+) -> None:
+    cluster = make_cluster(*BROKERS, extra=NO_RETENTION)
+    for name in BROKERS:
+        cluster.start(name)
+    place_topic(etcd, cluster_name)
+    group = group_coordinated_by("broker-a", BROKERS)
+    cluster.send_members(group)
+    cluster.kill("broker-b")
+    cluster.processes["broker-b"].wait_stopped()
+    assert cluster.remotes["broker-a"].end_transaction_group(group, "commit") == MEMBERS_PER_BROKER
+    # broker-b holds pending members and needs the record to find the decision: it stays,
+    # through several of the coordinator's cleanups and past broker-b's lease.
+    deadline = time.monotonic() + CLEANUP_INTERVAL_S * 2 + 3
+    while time.monotonic() < deadline:
+        assert group in group_records(etcd, cluster_name)
+        time.sleep(0.5)
+    cluster.start("broker-b")
+    wait_for_state(cluster, group, all_visible(cluster, group))
+    wait_for_records(etcd, cluster_name, set())

@@ -58,6 +58,16 @@ async function withTimeout(promise, ms, what) {
   }
 }
 
+// The spec's accessKey/accessSecret (sign every request) and sslEnabled (TLS; the client
+// trusts GRPC_DEFAULT_SSL_ROOTS_FILE_PATH's roots) as the clients' options.
+function connectionOptions(spec) {
+  return {
+    sslEnabled: spec.sslEnabled === true,
+    sessionCredentials: spec.accessKey === undefined ? undefined
+      : { accessKey: spec.accessKey, accessSecret: spec.accessSecret },
+  };
+}
+
 // Make the process exit with a JSON error line instead of a bare stack.
 function runMain(main) {
   main().then(
@@ -69,4 +79,6 @@ function runMain(main) {
     });
 }
 
-module.exports = { readSpec, emit, stderrLogger, errorText, withTimeout, runMain };
+module.exports = {
+  readSpec, emit, stderrLogger, errorText, withTimeout, runMain, connectionOptions,
+};

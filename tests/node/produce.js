@@ -24,7 +24,9 @@
 // Exit status 0 only when every message was sent.
 
 const { Producer } = require('rocketmq-client-nodejs');
-const { readSpec, emit, stderrLogger, errorText, withTimeout, runMain } = require('./common');
+const {
+  readSpec, emit, stderrLogger, errorText, withTimeout, runMain, connectionOptions,
+} = require('./common');
 
 function toMessageOptions(topic, m) {
   const options = {
@@ -50,9 +52,7 @@ async function main() {
     namespace: spec.namespace ?? '',
     topics: [ spec.topic ],
     logger: stderrLogger(),
-    sslEnabled: spec.sslEnabled === true,
-    sessionCredentials: spec.accessKey === undefined ? undefined
-      : { accessKey: spec.accessKey, accessSecret: spec.accessSecret },
+    ...connectionOptions(spec),
   });
   await withTimeout(producer.startup(), spec.startupTimeoutMs ?? 15000, 'Producer.startup()');
   emit({ event: 'started' });

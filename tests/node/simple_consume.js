@@ -18,6 +18,8 @@
 //                     is changed to retryInvisibleMs instead (default 1000), so it
 //                     must come back with a higher delivery attempt
 //   startupTimeoutMs  default 15000
+//   accessKey, accessSecret  optional: sign every request (sessionCredentials)
+//   sslEnabled        optional: TLS (trusts GRPC_DEFAULT_SSL_ROOTS_FILE_PATH's roots)
 //
 // Output lines:
 //   {"event":"started"}
@@ -29,7 +31,9 @@
 // Exit status 0 only when `expect` messages were acknowledged.
 
 const { SimpleConsumer, FilterExpression } = require('rocketmq-client-nodejs');
-const { readSpec, emit, stderrLogger, errorText, withTimeout, runMain } = require('./common');
+const {
+  readSpec, emit, stderrLogger, errorText, withTimeout, runMain, connectionOptions,
+} = require('./common');
 
 // apache.rocketmq.v2.FilterType: TAG = 1, SQL = 2
 const FILTER_TYPES = { tag: 1, sql: 2 };
@@ -65,6 +69,7 @@ async function main() {
     subscriptions: new Map([ [ spec.topic, new FilterExpression(spec.filter ?? '*', filterType) ] ]),
     awaitDuration: spec.awaitDurationMs ?? 1000,
     logger: stderrLogger(),
+    ...connectionOptions(spec),
   });
   await withTimeout(consumer.startup(), spec.startupTimeoutMs ?? 15000, 'SimpleConsumer.startup()');
   emit({ event: 'started' });

@@ -11,6 +11,8 @@
 //   deadlineMs        stay alive (answering checks) at most this long after sending
 //                     (default 30000); the test kills the script when it has seen enough
 //   startupTimeoutMs  default 15000
+//   accessKey, accessSecret  optional: sign every request (sessionCredentials)
+//   sslEnabled        optional: TLS (trusts GRPC_DEFAULT_SSL_ROOTS_FILE_PATH's roots)
 //
 // Output lines:
 //   {"event":"started"}
@@ -22,7 +24,9 @@
 // Exit status 0 when the deadline passes with every send done.
 
 const { Producer } = require('rocketmq-client-nodejs');
-const { readSpec, emit, stderrLogger, errorText, withTimeout, runMain } = require('./common');
+const {
+  readSpec, emit, stderrLogger, errorText, withTimeout, runMain, connectionOptions,
+} = require('./common');
 
 // apache.rocketmq.v2.TransactionResolution
 const RESOLUTION = { unknown: 0, commit: 1, rollback: 2 };
@@ -42,6 +46,7 @@ async function main() {
     topics: [ spec.topic ],
     checker,
     logger: stderrLogger(),
+    ...connectionOptions(spec),
   });
   await withTimeout(producer.startup(), spec.startupTimeoutMs ?? 15000, 'Producer.startup()');
   emit({ event: 'started' });

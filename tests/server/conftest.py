@@ -37,6 +37,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class PortTaken(RuntimeError):
+    """The server could not bind a port it was given: another process took it first."""
+
+
 class ServerProcess:
     """One ``halfmoon serve`` subprocess; ``grpc`` is HOST:PORT for the clients."""
 
@@ -56,6 +60,9 @@ class ServerProcess:
         self.credentials = credentials
         self.grpc_port = grpc_port or free_port()
         self.admin_port = admin_port or free_port()
+        # Ports picked here may be taken by another process between the pick and the bind
+        # (many servers start at once on a busy machine): a first start then picks again.
+        self._repick_ports = grpc_port is None and admin_port is None
         self.settings = DEFAULT_SETTINGS + tuple(settings)
         self.lines: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
@@ -81,7 +88,19 @@ class ServerProcess:
         return cmd
 
     def start(self, timeout: float = READY_TIMEOUT) -> ServerProcess:
+        first_start = self.proc is None
+        for attempt in range(3):
+            try:
+                return self._start(timeout)
+            except PortTaken:
+                if not (first_start and self._repick_ports) or attempt == 2:
+                    raise
+                self.grpc_port, self.admin_port = free_port(), free_port()
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> ServerProcess:
         self._ready.clear()
+        first_line = len(self.lines)  # this start's output begins here
         cmd = self.command()
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.proc = subprocess.Popen(
@@ -97,7 +116,9 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while not self._ready.wait(0.05):
             if self.proc.poll() is not None:
-                raise RuntimeError(
+                taken = any("in use" in line for line in self.lines[first_line:])
+                error = PortTaken if taken else RuntimeError
+                raise error(
                     f"halfmoon serve exited with {self.proc.returncode}:\n" + self.log_tail()
                 )
             if time.monotonic() > deadline:

@@ -25,11 +25,13 @@ class InProcess:
         registry: ClientRegistry,
         notifier: ArrivalNotifier,
         stub: service_pb2_grpc.MessagingServiceStub,
+        servicer: MessagingServicer,
     ) -> None:
         self.broker = broker
         self.registry = registry
         self.notifier = notifier
         self.stub = stub
+        self.servicer = servicer
 
     async def until_parked(self, count: int = 1, timeout: float = 5.0) -> None:
         """Wait until ``count`` long polls are parked on the server."""
@@ -58,7 +60,8 @@ async def in_process() -> AsyncIterator[InProcess]:
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield InProcess(broker, registry, notifier, service_pb2_grpc.MessagingServiceStub(channel))
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        yield InProcess(broker, registry, notifier, stub, servicer)
     finally:
         await channel.close()
         registry.close_all()

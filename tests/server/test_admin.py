@@ -281,7 +281,16 @@ def test_config_endpoint_shows_the_running_configuration(admin):
     status, answer = admin.call("GET", "/v1/config")
     assert status == 200
     assert answer["broker"]["default_queue_count"] == 3
-    assert set(answer) == {"store", "broker", "server", "transaction", "auth", "tls"}
+    assert set(answer) == {
+        "store",
+        "broker",
+        "server",
+        "transaction",
+        "auth",
+        "tls",
+        "etcd",
+        "internal",
+    }
 
 
 def test_unknown_endpoint_and_method_answer_json_errors(admin):
@@ -355,6 +364,12 @@ def test_metrics_expose_offsets_lag_status_and_requests(admin):
     assert samples['halfmoon_group_inflight{group="g",topic="orders",queue="0"}'] == 0
     assert samples["halfmoon_broker_messages_in_total"] == 7
     assert samples["halfmoon_broker_topics"] == 1
+    # The message trace: 2 deliveries and 2 acks, recorded (buffered until the next tick).
+    assert (
+        samples["halfmoon_broker_trace_events_total"] + samples["halfmoon_broker_trace_buffered"]
+        == 4
+    )
+    assert samples["halfmoon_broker_trace_dropped_total"] == 0
     assert (
         samples['halfmoon_admin_requests_total{method="POST",route="/v1/topics",status="201"}'] == 1
     )

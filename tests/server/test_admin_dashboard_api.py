@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from halfmoon.broker.dead_letters import write_dead_letter
+from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageType, OutgoingMessage
 from halfmoon.config import load_config
 from tests.cli.admin_harness import AdminServer
@@ -120,3 +121,40 @@ def test_dead_letter_depth_is_counted_per_group_in_one_answer(admin):
     status, depths = admin.call("GET", "/v1/dead-letters")
     assert depths["total"] == 3
     assert [(g["group"], g["messages"]) for g in depths["groups"]] == [("g3", 1), ("g4", 2)]
+
+
+def test_a_message_trace_shows_storage_delivery_ack_and_resend(admin):
+    admin.broker.create_topic("traced", MessageType.NORMAL, 1)
+    (sent,) = admin.broker.send([OutgoingMessage(topic="traced", body=b"x", keys=["k"])])
+    (view,) = admin.broker.receive("readers", "traced", FilterSpec(), 1, 10_000, client_id="c1")
+    admin.broker.ack("readers", "traced", view.receipt_handle)
+    status, trace = admin.call("GET", f"/v1/messages/{sent.message_id}/trace")
+    assert status == 200, trace
+    assert [(e["event"], e.get("group"), e.get("attempt")) for e in trace["events"]] == [
+        ("stored", None, None),
+        ("delivered", "readers", 1),
+        ("acked", "readers", 1),
+    ]
+    assert trace["events"][0]["topic"] == "traced" and trace["events"][1]["client"] == "c1"
+    assert [m["topic"] for m in trace["messages"]] == ["traced"]
+    assert "body" not in trace["messages"][0]
+    # A resent dead letter: the original's trace names the new message, and back.
+    dead_letter(admin, "g3", "poisoned")
+    status, resent = admin.call("POST", "/v1/topics/%25DLQ%25g3/queues/0/offsets/0/resend")
+    status, trace = admin.call("GET", f"/v1/messages/{resent['resent_from']['message_id']}/trace")
+    assert trace["events"][-1]["event"] == "resent"
+    assert trace["events"][-1]["message_id"] == resent["message_id"]
+    status, answer = admin.call("GET", "/v1/messages/no-such-id/trace")
+    assert status == 404 and answer["error"]["code"] == "MESSAGE_NOT_FOUND"
+
+
+def test_the_trace_switch_is_a_topic_setting(admin):
+    admin.broker.create_topic("quiet", MessageType.NORMAL, 1)
+    status, topic = admin.call("PATCH", "/v1/topics/quiet", {"trace": False})
+    assert status == 200 and topic["trace"] is False
+    status, answer = admin.call("PATCH", "/v1/topics/quiet", {"trace": "no"})
+    assert status == 400
+    (sent,) = admin.broker.send([OutgoingMessage(topic="quiet", body=b"x")])
+    admin.broker.pull("etl", "quiet", 0, 0, 10, FilterSpec())
+    status, trace = admin.call("GET", f"/v1/messages/{sent.message_id}/trace")
+    assert [e["event"] for e in trace["events"]] == ["stored"]

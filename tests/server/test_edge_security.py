@@ -52,7 +52,7 @@ def test_tls_modes_need_their_files():
     with pytest.raises(ConfigError, match="tls.cert"):
         check_tls(cfg.tls)
     cfg.tls.mode = "permissive"
-    with pytest.raises(ConfigError, match="permissive"):
+    with pytest.raises(ConfigError, match="tls.mode=permissive needs tls.cert"):
         check_tls(cfg.tls)
 
 

@@ -11,10 +11,19 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from halfmoon.broker.facade import Broker
+from halfmoon.broker import facade
 
 SERVER = Path(__file__).resolve().parents[2] / "halfmoon" / "server"
-FACADE = {name for name in vars(Broker) if not name.startswith("_")}
+# The operations of ``Broker`` and of the optional capabilities the facade declares beside it
+# (``SendsAsync``, ``WatchesArrivals``: a front end checks them with isinstance first).
+PROTOCOLS = [
+    cls
+    for cls in vars(facade).values()
+    if isinstance(cls, type)
+    and getattr(cls, "_is_protocol", False)
+    and cls.__module__ == facade.__name__
+]
+FACADE = {name for cls in PROTOCOLS for name in vars(cls) if not name.startswith("_")}
 # Where a broker is held: ``broker``, ``self.broker``, ``self._broker``, ``broker_of(request)``.
 HOLDERS = {"broker", "_broker"}
 
@@ -39,6 +48,7 @@ def _broker_attributes(path: Path) -> list[tuple[int, str]]:
 
 
 def test_front_ends_call_only_facade_operations() -> None:
+    assert {"Broker", "SendsAsync", "WatchesArrivals"} <= {cls.__name__ for cls in PROTOCOLS}
     used = {
         (path.name, line, attr)
         for path in sorted(SERVER.glob("*.py"))

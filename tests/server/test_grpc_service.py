@@ -153,3 +153,16 @@ def test_an_unknown_topic_answers_with_rocketmqs_wording_too() -> None:
         )
 
     run(scenario)
+
+
+def test_metadata_pair_reads_the_first_value_of_each_header() -> None:
+    from halfmoon.server.rpc_common import metadata, metadata_pair
+
+    class Context:
+        def invocation_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+            return (("a", "1"), ("b", b"2"), ("a", "3"))
+
+    context = Context()
+    assert metadata_pair(context, "a", "b") == ("1", "2")  # type: ignore[arg-type]
+    assert metadata_pair(context, "b", "missing") == ("2", "")  # type: ignore[arg-type]
+    assert metadata(context, "a") == "1"  # type: ignore[arg-type]

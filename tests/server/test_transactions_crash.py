@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import itertools
@@ -23,6 +24,7 @@ from collections.abc import Callable
 
 import grpc
 import pytest
+from google.protobuf import duration_pb2
 from rocketmq import (
     ClientConfiguration,
     Credentials,
@@ -363,3 +365,100 @@ def _kill_during_group_commit(
         with contextlib.suppress(grpc.RpcError):  # usually: the broker died before answering
             commit.result()
     return seen
+
+
+def test_broker_killed_during_a_burst_of_decisions_keeps_every_acknowledged_one(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
+    """Hundreds of EndTransactions in flight at once are decided in shared appends (the server
+    batches those that arrive while an fsync runs). SIGKILL in the middle: every acknowledged
+    commit is published exactly once, every acknowledged rollback is gone, the rest is either
+    decided or still pending (never both, never doubled), and checks finish them after the
+    restart."""
+    server = server_factory(settings=SETTINGS).start()
+    topic, group = unique("txn-burst"), unique("g")
+    server.create_topic(topic, "transaction", queues=4)
+    server.create_group(group)
+    count = 600
+    with grpc.insecure_channel(server.grpc) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        answer = stub.SendMessage(
+            svc.SendMessageRequest(
+                messages=[
+                    pb.Message(
+                        topic=pb.Resource(name=topic),
+                        body=f"order-{i}".encode(),
+                        system_properties=pb.SystemProperties(
+                            message_id=f"burst-{i:06d}",
+                            message_type=pb.MessageType.TRANSACTION,
+                            body_encoding=pb.Encoding.IDENTITY,
+                            born_host="127.0.0.1",
+                            # Not checked before the restart: only the burst decides them.
+                            orphaned_transaction_recovery_duration=duration_pb2.Duration(
+                                seconds=30
+                            ),
+                        ),
+                    )
+                    for i in range(count)
+                ]
+            ),
+            timeout=30,
+        )
+        assert answer.status.code == pb.Code.OK, answer.status
+        entries = list(answer.entries)
+    acknowledged = asyncio.run(_decide_until_killed(server, topic, entries, kill_after=count // 4))
+    assert count // 4 <= len(acknowledged) < count, len(acknowledged)
+
+    server.start()
+    left = {t["transaction_id"] for t in pending(server, topic)}
+    committed_after = topic_messages(server, topic)
+    for i, entry in enumerate(entries):
+        if i in acknowledged:
+            assert entry.transaction_id not in left, f"order-{i} was acknowledged, still pending"
+    # Checks resume (even orders commit, odd ones roll back, as the burst decided them).
+    checker = BodyChecker()
+    resolver = Producer(client_config(server), topics=(topic,), checker=checker)
+    resolver.startup()
+    try:
+        wait_until(lambda: not pending(server, topic), 60, "checks to decide the rest")
+    finally:
+        resolver.shutdown()
+    assert not {f"order-{i}" for i in acknowledged} & set(checker.asked)
+    assert committed_after >= sum(1 for i in acknowledged if i % 2 == 0)
+    expected = {f"order-{i}" for i in range(0, count, 2)}
+    got = consume_all(server, group, topic, len(expected), timeout=60)
+    assert set(got) == expected and all(n == 1 for n in got.values()), got
+
+
+async def _decide_until_killed(
+    server: ServerProcess, topic: str, entries: list[svc.SendResultEntry], kill_after: int
+) -> set[int]:
+    """EndTransaction for every entry at once (even: commit, odd: roll back); SIGKILL the broker
+    once ``kill_after`` are acknowledged. The indices acknowledged OK."""
+    acknowledged: set[int] = set()
+    killed = asyncio.Event()
+    async with grpc.aio.insecure_channel(server.grpc) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+
+        async def decide(i: int, entry: svc.SendResultEntry) -> None:
+            request = svc.EndTransactionRequest(
+                topic=pb.Resource(name=topic),
+                message_id=entry.message_id,
+                transaction_id=entry.transaction_id,
+                resolution=pb.TransactionResolution.COMMIT
+                if i % 2 == 0
+                else pb.TransactionResolution.ROLLBACK,
+                source=pb.TransactionSource.SOURCE_CLIENT,
+            )
+            try:
+                answer = await stub.EndTransaction(request, timeout=30)
+            except grpc.aio.AioRpcError:
+                return  # the broker died first: not acknowledged
+            if answer.status.code == pb.Code.OK and not killed.is_set():
+                acknowledged.add(i)
+                if len(acknowledged) >= kill_after:
+                    killed.set()
+                    server.kill()  # SIGKILL, with the rest of the burst in flight
+
+        await asyncio.gather(*(decide(i, e) for i, e in enumerate(entries)))
+    return acknowledged

@@ -1,14 +1,12 @@
-"""Fixtures for the Spark connector tests: one local SparkSession for the whole run, real servers.
+"""Fixtures for the Spark connector tests: real servers (the run's one SparkSession, ``spark``,
+is in tests/conftest.py).
 
-Spark costs several seconds per JVM on this machine, so every test module
-shares one ``local[2]`` session (session scope); each module gets its own
-``halfmoon serve`` (module scope) from the server tests' helper.
+Each module gets its own ``halfmoon serve`` (module scope) from the server
+tests' helper.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,24 +18,6 @@ pytest.importorskip("pyarrow")
 from tests.server.conftest import ServerProcess  # noqa: E402
 
 MARKER_TOPIC = "halfmoon-spark-commits"
-
-
-@pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    from halfmoon.spark import build_session
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    session = build_session(
-        "halfmoon-tests",
-        "local[2]",
-        {
-            "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("warehouse")),
-            "spark.driver.memory": "1g",
-        },
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

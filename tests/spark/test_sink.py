@@ -34,7 +34,7 @@ from halfmoon.spark.wire import Wire
 from tests.server.conftest import ROOT, wait_until
 from tests.spark.conftest import read_topic
 
-DRIVER_TIMEOUT = 180
+DRIVER_TIMEOUT = 300  # a Spark driver's start takes minutes on a loaded 2-core machine
 
 
 def _driver(
@@ -97,6 +97,8 @@ def test_driver_killed_between_broker_commit_and_checkpoint_writes_each_row_once
         assert os.getpgid(committer) != crashed.pid
         os.killpg(crashed.pid, signal.SIGKILL)
     finally:
+        if crashed.poll() is None:  # the failpoint was not reached: do not leave it running
+            os.killpg(crashed.pid, signal.SIGKILL)
         crashed.wait(30)
     # ...its daemon kills it when the JVM's pipe closes.
     wait_until(
@@ -161,6 +163,8 @@ def test_driver_killed_before_the_commit_point_leaves_no_pending_group_after_res
         assert failpoint.exists(), crashed.communicate()[0][-3000:]
         os.killpg(crashed.pid, signal.SIGKILL)
     finally:
+        if crashed.poll() is None:  # the failpoint was not reached: do not leave it running
+            os.killpg(crashed.pid, signal.SIGKILL)
         crashed.wait(30)
 
     # Batch 0's rows are half messages of the dead run's group: pending, invisible.

@@ -24,6 +24,7 @@ from halfmoon.broker.transactions.ids import (
 )
 from halfmoon.broker.transactions.oplog import CHECK_MAX_TOPIC, HALF_TOPIC, OP_TOPIC
 from halfmoon.broker.transactions.service import (
+    EndRequest,
     EndResult,
     TransactionInfo,
     TransactionService,
@@ -37,6 +38,7 @@ __all__ = [
     "OP_TOPIC",
     "CheckSender",
     "CheckService",
+    "EndRequest",
     "EndResult",
     "IllegalTransactionGroup",
     "InvalidTransactionId",

@@ -36,6 +36,9 @@ class TransactionConfig:
     group_batch_size: int = 256
     # Recent decisions kept in memory to answer repeated EndTransactions without I/O.
     decided_cache_entries: int = 65_536
+    # Cluster mode: a transaction group's coordinator record stays in etcd at least this long
+    # after its first decision, and until every broker that may hold members has applied it.
+    group_record_retention_ms: int = 600_000
 
     @property
     def retry_ms(self) -> int:
@@ -56,8 +59,8 @@ class TransactionConfig:
             problems.append("check_tick_budget_ms must be >= 0")
         if self.check_retry_ms is not None and self.check_retry_ms < 0:
             problems.append("check_retry_ms must be >= 0 (or none: the same as timeout_ms)")
-        if self.max_immunity_ms < 0:
-            problems.append("max_immunity_ms must be >= 0")
+        if self.max_immunity_ms < 0 or self.group_record_retention_ms < 0:
+            problems.append("max_immunity_ms and group_record_retention_ms must be >= 0")
         if self.group_batch_size < 1 or self.decided_cache_entries < 1:
             problems.append("group_batch_size and decided_cache_entries must be positive")
         if problems:

@@ -64,6 +64,13 @@ class GroupBook:
             if not members:
                 del self.members[group]
 
+    def remove_members(self, group: str, half_offsets: list[int]) -> None:
+        members = self.members.get(group)
+        if members is not None:
+            members.difference_update(half_offsets)
+            if not members:
+                del self.members[group]
+
     def decided(self, group: str) -> tuple[TxnState, int] | None:
         """(decision, end offset of its record) when recently decided; None if unknown here."""
         hit = self._decided.get(group)

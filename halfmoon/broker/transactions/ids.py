@@ -24,8 +24,11 @@ _LENGTH = 1 + 16 + 8
 GROUP_ID_PREFIX = "hm-group:"
 
 
+_SALT_CRC = zlib.crc32(_SALT)  # crc32 of salt + offset continues from the salt's
+
+
 def _checksum(offset: int) -> int:
-    return zlib.crc32(_SALT + offset.to_bytes(8, "big")) & 0xFFFFFFFF
+    return zlib.crc32(offset.to_bytes(8, "big"), _SALT_CRC) & 0xFFFFFFFF
 
 
 def encode_transaction_id(half_offset: int) -> str:

@@ -10,23 +10,32 @@ transitions on top of it.
 from __future__ import annotations
 
 import builtins  # ``list`` is also a method of TransactionLedger
+import json
 import threading
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from halfmoon.broker.clock import Clock
-from halfmoon.broker.config import write_json_atomic
 from halfmoon.broker.transaction_state import TxnState
 from halfmoon.broker.transactions.config import TransactionConfig
+from halfmoon.broker.transactions.due_index import DueIndex
 from halfmoon.broker.transactions.groups import GroupBook
 from halfmoon.broker.transactions.oplog import OP_TOPIC, Op, op_message
 from halfmoon.broker.transactions.records import PendingTxn
 from halfmoon.broker.transactions.recovery import Recovered
 from halfmoon.errors import NotFound
 from halfmoon.store.api import AppendResult, Store
+from halfmoon.store.fsutil import replace_atomically
 from halfmoon.store.message import Message, StoredMessage
+
+# Half records are kept in memory (for a commit without a read) up to this many body bytes in all.
+RECORD_CACHE_BYTES = 64 * 1024 * 1024
+# A snapshot waits at least this many times as long as the last one took: with 100,000 pending it
+# takes a few hundred ms on a loaded machine, and the tick thread must not spend its time there.
+SNAPSHOT_COST_FACTOR = 50
 
 # Time from half message to decision, in ms (upper bounds of the histogram buckets).
 LATENCY_BUCKETS_MS = (10, 50, 100, 500, 1_000, 5_000, 10_000, 30_000, 60_000, 300_000, 3_600_000)
@@ -45,6 +54,9 @@ class TransactionInfo:
     checks_sent: int
     age_ms: int
     stored_ms: int
+    # When the check service will next ask a producer (or park it, at the check limit), from
+    # its schedule; None when no check is coming (parked, a transaction group's member).
+    next_check_ms: int | None = None
 
 
 @dataclass
@@ -88,19 +100,42 @@ class TransactionLedger:
         self.op_next = recovered.op_next  # op queue offset up to which ops are applied
         self._max_end = 0  # end offset of the last record this service appended
         self._cached_bytes = 0  # bodies held in PendingTxn.record
+        # Entries holding a cached record, oldest first: the record is dropped once the entry
+        # is ``timeout_ms`` old (an orphan, most likely; a commit reads the half then).
+        self._young: deque[PendingTxn] = deque()
+        # What may want a check, by when (see :mod:`due_index`); recovery forgot retry times.
+        self.due = DueIndex()
+        for entry in self.pending.values():
+            self._index_for_checks(entry)
         self._dirty = False
         self._last_snapshot_ms = clock.now_ms()
+        self.snapshot_cost_ms = 0.0  # how long the last snapshot took (real time)
         self.counters = TransactionStats()
         # Told the id of every EndTransaction (any source, any resolution): the check sender
         # clears the producer's outstanding check with it. Must be cheap and not raise.
         self.on_end: Callable[[str], None] | None = None
         self._latency = [0] * (len(LATENCY_BUCKETS_MS) + 1)
+        # The message trace (halfmoon/broker/trace.py): (message id, topic, event, **fields).
+        self.trace: Callable[..., None] | None = None
+
+    def _trace(self, entry: PendingTxn, event: str, **fields: object) -> None:
+        """Record a step of ``entry``'s history in the message trace (keyed by message id)."""
+        if self.trace is not None:
+            self.trace(
+                entry.message_id, entry.topic, event, transaction_id=entry.transaction_id, **fields
+            )
 
     # -- listing ---------------------------------------------------------------------
     def list(
-        self, *, topic: str | None = None, state: TxnState | None = None, limit: int = 1000
+        self,
+        *,
+        topic: str | None = None,
+        state: TxnState | None = None,
+        limit: int = 1000,
+        next_check: Callable[[PendingTxn], int | None] | None = None,
     ) -> builtins.list[TransactionInfo]:
-        """Undecided transactions, oldest first (optionally of one topic / one state)."""
+        """Undecided transactions, oldest first (optionally of one topic / one state);
+        ``next_check`` tells each one's next check time (the check service's schedule)."""
         now = self.clock.now_ms()
         with self._lock:
             chosen = [
@@ -109,10 +144,14 @@ class TransactionLedger:
                 if (topic is None or e.topic == topic) and (state is None or e.state is state)
             ]
         chosen.sort(key=lambda e: (e.stored_ms, e.half_offset))
-        return [self._info(e, now) for e in chosen[: max(0, limit)]]
+        return [self._info(e, now, next_check) for e in chosen[: max(0, limit)]]
 
     @staticmethod
-    def _info(entry: PendingTxn, now_ms: int) -> TransactionInfo:
+    def _info(
+        entry: PendingTxn,
+        now_ms: int,
+        next_check: Callable[[PendingTxn], int | None] | None = None,
+    ) -> TransactionInfo:
         return TransactionInfo(
             transaction_id=entry.transaction_id,
             topic=entry.topic,
@@ -125,6 +164,7 @@ class TransactionLedger:
             checks_sent=entry.checks,
             age_ms=max(0, now_ms - entry.stored_ms),
             stored_ms=entry.stored_ms,
+            next_check_ms=next_check(entry) if next_check is not None else None,
         )
 
     def stats(self) -> TransactionStats:
@@ -147,32 +187,46 @@ class TransactionLedger:
             )
 
     def snapshot(self) -> None:
-        """Write the pending set and the offsets it covers, once the store holds them durably."""
+        """Write the pending set and the offsets it covers, once the store holds them durably.
+
+        Only the list of entries is taken under the lock (a C-level copy): a
+        tick must not hold up decisions for a walk over 100,000 of them. The
+        entries' fields are read afterwards, so they may be newer than the
+        offsets; that is harmless, since everything that changes them after
+        the offsets (a check count, parking, resuming, a decision) is an op or
+        a commit record that recovery replays or looks up anyway, each setting
+        absolute values. Compact JSON: the C encoder, a tenth of the indented
+        one's time.
+        """
         if self._path is None:
             return
+        started = time.monotonic()
         with self._snapshot_lock:
             with self._lock:
                 if self._op_buffer:
                     self._append([])
                 if not self._dirty:
                     return
-                data = {
-                    "version": 1,
-                    "half_next": self.half_next,
-                    "op_next": self.op_next,
-                    "pending": [
-                        [e.half_offset, e.checks, 1 if e.state is TxnState.PARKED else 0]
-                        for e in self.pending.values()
-                    ],
-                }
-                end = self._max_end
+                half_next, op_next, end = self.half_next, self.op_next, self._max_end
+                entries = builtins.list(self.pending.values())
                 self._dirty = False
+            parked = TxnState.PARKED
+            data = {
+                "version": 1,
+                "half_next": half_next,
+                "op_next": op_next,
+                "pending": [
+                    [e.half_offset, e.checks, 1 if e.state is parked else 0] for e in entries
+                ],
+            }
             try:
                 self.store.wait_durable(end)
-                write_json_atomic(self._path, data)
+                self._path.parent.mkdir(parents=True, exist_ok=True)
+                replace_atomically(self._path, json.dumps(data, separators=(",", ":")).encode())
             except BaseException:
                 self._dirty = True
                 raise
+            self.snapshot_cost_ms = (time.monotonic() - started) * 1000
 
     def close(self) -> None:
         self.snapshot()
@@ -206,19 +260,55 @@ class TransactionLedger:
         self._dirty = True
         return results[len(buffered) :]
 
+    def keep_record(self, entry: PendingTxn, record: Message | StoredMessage) -> None:
+        """Hold ``record`` as the entry's half record while the cache has room. Locked."""
+        self.drop_record(entry)
+        if self._cached_bytes < RECORD_CACHE_BYTES:
+            entry.record = record
+            self._cached_bytes += len(record.body)
+
     def drop_record(self, entry: PendingTxn) -> None:
         """Forget the cached half record (decided, or old enough to be checked: read it then)."""
         if entry.record is not None:
             self._cached_bytes -= len(entry.record.body)
             entry.record = None
 
+    def drop_old_records(self, now_ms: int) -> int:
+        """Drop the cached records of entries ``timeout_ms`` old or more; how many were looked
+        at (each entry once: the cost follows what expires)."""
+        cutoff = now_ms - self.config.timeout_ms
+        young = self._young
+        looked = 0
+        with self._lock:
+            while young and young[0].stored_ms <= cutoff:
+                self.drop_record(young.popleft())
+                looked += 1
+        return looked
+
     def _add_pending(self, entry: PendingTxn) -> None:
         self.pending[entry.half_offset] = entry
         if entry.group is not None:
             self.groups.add_member(entry.group, entry.half_offset)
+        if entry.record is not None:
+            self._young.append(entry)
+        self._index_for_checks(entry)
 
     def _remove_pending(self, entry: PendingTxn) -> None:
         self.pending.pop(entry.half_offset, None)
         self.drop_record(entry)
+        self.due.discard(entry)
         if entry.group is not None:
             self.groups.remove_member(entry.group, entry.half_offset)
+
+    def _index_for_checks(self, entry: PendingTxn) -> None:
+        """Index a PREPARED transaction outside any group at the time it next wants a check
+        (group members are decided by their group; parked ones wait for an operator)."""
+        if entry.group is None and entry.state is TxnState.PREPARED:
+            self.due.add(entry, self.check_due_ms(entry))
+
+    def check_due_ms(self, entry: PendingTxn) -> int:
+        """When ``entry`` next wants a check: its first check time, and ``retry_ms`` after its
+        last counted check."""
+        if entry.last_check_ms is None:
+            return entry.due_ms
+        return max(entry.due_ms, entry.last_check_ms + self.config.retry_ms)

@@ -66,12 +66,16 @@ class PendingTxn:
     checks: int = 0
     state: TxnState = TxnState.PREPARED
     last_check_ms: int | None = None
-    # The half record as appended, while young: a commit then needs no read (see the service).
-    record: Message | None = None
+    # The half record as appended while young, or as read for its last check while the check
+    # is answered: a commit then needs no read (see the service and :mod:`check_state`).
+    record: Message | StoredMessage | None = None
+    # Its place in the check service's due index (None: not indexed); see :mod:`due_index`.
+    check_token: int | None = None
+    # Encoded once: checks, traces and pacing ask for it several times per check.
+    transaction_id: str = dataclasses.field(init=False, repr=False, compare=False)
 
-    @property
-    def transaction_id(self) -> str:
-        return encode_transaction_id(self.half_offset)
+    def __post_init__(self) -> None:
+        self.transaction_id = encode_transaction_id(self.half_offset)
 
 
 def make_half(
@@ -125,14 +129,19 @@ def pending_from_half(half: StoredMessage, stored_ms: int, timeout_ms: int) -> P
     )
 
 
-def real_from_half(half: StoredMessage | Message, half_offset: int) -> Message:
-    """The committed message: the half record (stored at ``half_offset``) back in its real queue."""
+def real_from_half(
+    half: StoredMessage | Message, half_offset: int, transaction_id: str | None = None
+) -> Message:
+    """The committed message: the half record (stored at ``half_offset``) back in its real queue.
+
+    ``transaction_id``: the half's, when the caller has it encoded already (a pending entry).
+    """
     props = dict(half.properties)
     topic = props.get(PROPERTY_REAL_TOPIC, "")
     queue_id = int(props.get(PROPERTY_REAL_QUEUE_ID, "0"))
     for name in _ROUTING:
         props.pop(name, None)
-    props[PROPERTY_TRANSACTION_ID] = encode_transaction_id(half_offset)
+    props[PROPERTY_TRANSACTION_ID] = transaction_id or encode_transaction_id(half_offset)
     return Message(
         topic=topic,
         body=half.body,

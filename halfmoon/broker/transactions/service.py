@@ -36,17 +36,18 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from halfmoon.broker.clock import Clock
 from halfmoon.broker.message import (
     PROPERTY_REAL_TOPIC,
     PROPERTY_TRANSACTION_GROUP,
     MessageType,
-    MessageView,
     OutgoingMessage,
 )
 from halfmoon.broker.produce import PlannedMessage
 from halfmoon.broker.transaction_state import TxnEvent, TxnState, next_state
+from halfmoon.broker.transactions.check_state import CheckLedger
 from halfmoon.broker.transactions.config import TransactionConfig
 from halfmoon.broker.transactions.errors import (
     InvalidTransactionId,
@@ -57,17 +58,14 @@ from halfmoon.broker.transactions.groups import check_group_id
 from halfmoon.broker.transactions.ids import decode_transaction_id
 from halfmoon.broker.transactions.ledger import (
     LATENCY_BUCKETS_MS,
+    SNAPSHOT_COST_FACTOR,
     TransactionInfo,
-    TransactionLedger,
     TransactionStats,
 )
 from halfmoon.broker.transactions.oplog import HALF_TOPIC, Op, OpKind, op_message
 from halfmoon.broker.transactions.records import (
     PendingTxn,
-    check_view,
-    immunity_ms_of,
     make_half,
-    parked_from_half,
     pending_from_half,
     real_from_half,
 )
@@ -77,7 +75,7 @@ from halfmoon.broker.transactions.recovery import (
     recover,
     stored_group_decision,
 )
-from halfmoon.errors import InvalidArgument, NotFound
+from halfmoon.errors import HalfmoonError, InvalidArgument, NotFound
 from halfmoon.store.api import AppendResult, Store
 from halfmoon.store.message import PROPERTY_UNIQUE_ID, Message
 
@@ -89,8 +87,19 @@ RESOLUTIONS = {
     "unknown": TxnEvent.UNKNOWN,
 }
 SOURCES = ("client", "check", "operator")
-# Half records are kept in memory (for a commit without a read) up to this many body bytes in all.
-RECORD_CACHE_BYTES = 64 * 1024 * 1024
+# Who made a decision, as the message trace says it.
+DECIDERS = {"client": "producer", "check": "check", "operator": "operator"}
+
+
+@dataclass(frozen=True, slots=True)
+class EndRequest:
+    """One decision for :meth:`TransactionService.end_many` (an EndTransaction's fields)."""
+
+    transaction_id: str
+    resolution: str  # commit, rollback or unknown
+    source: str = "client"  # client, check or operator
+    message_id: str = ""  # when given, must be the transaction's
+    topic: str = ""  # likewise
 
 
 @dataclass(frozen=True)
@@ -115,7 +124,7 @@ def _check_source(source: str) -> str:
     return source
 
 
-class TransactionService(TransactionLedger):
+class TransactionService(CheckLedger):
     def __init__(
         self,
         store: Store,
@@ -156,23 +165,30 @@ class TransactionService(TransactionLedger):
         for the non-transactional ones). All or nothing, like ``store.append``.
         """
         cap_s = self.config.max_immunity_ms // 1000
+        timeout_ms = self.config.timeout_ms
         records: list[Message] = []
         halves: list[int] = []
+        delays: list[int] = []  # per half: its first check, after its immunity or the timeout
+        groups: set[str] = set()
         for index, (msg, plan) in enumerate(zip(messages, planned, strict=True)):
             if msg.message_type is not MessageType.TRANSACTION:
                 records.append(plan.record)
                 continue
-            if msg.transaction_group is not None:
-                check_group_id(msg.transaction_group)
+            group = msg.transaction_group
+            if group is not None and group not in groups:
+                check_group_id(group)
+                groups.add(group)
             immunity = msg.check_immunity_seconds
             if immunity is not None:
                 immunity = min(max(immunity, 0), cap_s)
             records.append(make_half(plan.record, plan.topic, plan.queue_id, immunity))
             halves.append(index)
+            # What immunity_ms_of reads back from the half record, without parsing it again.
+            delays.append(immunity * 1000 if immunity else timeout_ms)
         ids: list[str | None] = [None] * len(records)
         with self._lock:
-            for group in {messages[i].transaction_group for i in halves} - {None}:
-                decided = self._group_state(group)  # type: ignore[arg-type]
+            for group in groups:
+                decided = self._group_state(group)
                 if decided is not None:
                     raise TransactionGroupEnded(
                         f"transaction group {group!r} is already "
@@ -181,31 +197,32 @@ class TransactionService(TransactionLedger):
                     )
             results = self._append(records)
             now = self.clock.now_ms()
-            for index in halves:
+            half_next = self.half_next
+            for index, delay in zip(halves, delays, strict=True):
                 result = results[index]
+                plan, msg = planned[index], messages[index]
                 entry = PendingTxn(
                     half_offset=result.commit_log_offset,
                     half_end=result.end_offset,
-                    topic=planned[index].topic,
-                    queue_id=planned[index].queue_id,
-                    message_id=planned[index].message_id,
-                    keys=tuple(messages[index].keys),
-                    producer_group=messages[index].producer_group,
-                    group=messages[index].transaction_group,
+                    topic=plan.topic,
+                    queue_id=plan.queue_id,
+                    message_id=plan.message_id,
+                    keys=tuple(msg.keys),
+                    producer_group=msg.producer_group,
+                    group=msg.transaction_group,
                     stored_ms=now,
-                    due_ms=now + self._first_check_delay(records[index]),
+                    due_ms=now + delay,
                 )
-                if self._cached_bytes < RECORD_CACHE_BYTES:
-                    entry.record = records[index]
-                    self._cached_bytes += len(entry.record.body)
+                self.keep_record(entry, records[index])
                 self._add_pending(entry)
-                self.half_next = max(self.half_next, result.queue_offset + 1)
+                half_next = max(half_next, result.queue_offset + 1)
                 ids[index] = entry.transaction_id
+                self._trace(
+                    entry, "half_stored", producer_group=entry.producer_group,
+                    transaction_group=entry.group,
+                )  # fmt: skip
+            self.half_next = half_next
         return results, ids
-
-    def _first_check_delay(self, half: Message) -> int:
-        immunity = immunity_ms_of(half.properties)
-        return immunity if immunity > 0 else self.config.timeout_ms
 
     # -- decisions -------------------------------------------------------------------
     def end(
@@ -218,37 +235,106 @@ class TransactionService(TransactionLedger):
         topic: str = "",
     ) -> EndResult:
         """Apply a producer's, a check answer's or an operator's decision (see the module docs)."""
-        event = _event(resolution)
-        _check_source(source)
-        half_offset = decode_transaction_id(transaction_id)
-        if self.on_end is not None:
-            self.on_end(transaction_id)
+        (result,) = self.end_many(
+            [EndRequest(transaction_id, resolution, source, message_id, topic)]
+        )
+        if isinstance(result, HalfmoonError):
+            raise result
+        return result
+
+    def end_many(self, requests: Sequence[EndRequest]) -> list[EndResult | HalfmoonError]:
+        """Apply many decisions with one store append: a group commit of decisions.
+
+        Each request is judged as :meth:`end` judges one, in order (a later
+        request for the same transaction sees the earlier one's decision); an
+        error is returned in the request's place and leaves the others alone.
+        The records of every decision that changes a state go to the store in
+        one append, which is all or nothing: when it fails the call raises and
+        nothing changed. Each result carries the end offset of its own record
+        (a repeat within the batch: the first one's), to wait for before
+        acknowledging.
+        """
+        judged: list[tuple[TxnEvent, int] | HalfmoonError] = []
+        for request in requests:
+            try:
+                event = _event(request.resolution)
+                _check_source(request.source)
+                judged.append((event, decode_transaction_id(request.transaction_id)))
+            except HalfmoonError as exc:
+                judged.append(exc)
+                continue
+            if self.on_end is not None:
+                self.on_end(request.transaction_id)
+        out: list[EndResult | HalfmoonError | None] = [None] * len(requests)
         with self._lock:
-            entry = self.pending.get(half_offset)
-            if entry is not None and entry.group in self.groups.unfinished:
-                self.finish_group(entry.group)  # its group is decided
-                entry = None
-            if entry is None:
-                state, end_offset = self._decision_of(half_offset, transaction_id)
-                return EndResult(
-                    next_state(state, event, transaction_id=transaction_id), end_offset, False
-                )
-            if (message_id and message_id != entry.message_id) or (topic and topic != entry.topic):
-                raise InvalidTransactionId(
-                    f"transaction {transaction_id!r} belongs to message {entry.message_id!r} "
-                    f"of topic {entry.topic!r}, not to {message_id or '?'!r} of {topic or '?'!r}"
-                )
-            if entry.group is not None and event is not TxnEvent.UNKNOWN:
-                raise TransactionGroupMember(
-                    f"transaction {transaction_id!r} is a member of transaction group "
-                    f"{entry.group!r}: "
-                    "it is committed or rolled back with its group (end the group instead)"
-                )
-            new = next_state(entry.state, event, transaction_id=transaction_id)
-            if new is entry.state:
-                return EndResult(new, 0, False)
-            end_offset = self._decide(entry, new, source)
-            return EndResult(new, end_offset, True)
+            records: list[Message] = []
+            deciding: list[tuple[int, PendingTxn, TxnState, str]] = []  # one per record
+            planned: dict[int, tuple[TxnState, int]] = {}  # half offset -> (state, its record)
+            repeats: list[tuple[int, TxnState, int]] = []  # (request, state, record)
+            for index, (request, parsed) in enumerate(zip(requests, judged, strict=True)):
+                if isinstance(parsed, HalfmoonError):
+                    out[index] = parsed
+                    continue
+                event, half_offset = parsed
+                tid = request.transaction_id
+                try:
+                    if half_offset in planned:
+                        state, record = planned[half_offset]
+                        repeats.append(
+                            (index, next_state(state, event, transaction_id=tid), record)
+                        )
+                        continue
+                    decision = self._judge(request, event, half_offset)
+                    if isinstance(decision, EndResult):
+                        out[index] = decision
+                        continue
+                    entry, new = decision
+                    records.append(self._decision_record(entry, new, request.source))
+                except HalfmoonError as exc:
+                    out[index] = exc
+                    continue
+                planned[half_offset] = (new, len(deciding))
+                deciding.append((index, entry, new, request.source))
+            if records:
+                results = self._append(records)
+                for (index, entry, new, source), result in zip(deciding, results, strict=True):
+                    self._settle(entry, new, result.end_offset)
+                    self._trace(entry, new.value, source=DECIDERS[source])
+                    out[index] = EndResult(new, result.end_offset, True)
+                for index, state, record in repeats:
+                    out[index] = EndResult(state, results[record].end_offset, False)
+        return cast(list[EndResult | HalfmoonError], out)
+
+    def _judge(
+        self, request: EndRequest, event: TxnEvent, half_offset: int
+    ) -> EndResult | tuple[PendingTxn, TxnState]:
+        """What ``request`` does: an answer that changes nothing, or (entry, its new state).
+        Raises the request's error. Locked."""
+        tid = request.transaction_id
+        entry = self.pending.get(half_offset)
+        if entry is not None and entry.group in self.groups.unfinished:
+            self.finish_group(entry.group)  # its group is decided
+            entry = None
+        if entry is None:
+            state, end_offset = self._decision_of(half_offset, tid)
+            return EndResult(next_state(state, event, transaction_id=tid), end_offset, False)
+        message_id, topic = request.message_id, request.topic
+        if (message_id and message_id != entry.message_id) or (topic and topic != entry.topic):
+            raise InvalidTransactionId(
+                f"transaction {tid!r} belongs to message {entry.message_id!r} "
+                f"of topic {entry.topic!r}, not to {message_id or '?'!r} of {topic or '?'!r}"
+            )
+        if entry.group is not None and event is not TxnEvent.UNKNOWN:
+            raise TransactionGroupMember(
+                f"transaction {tid!r} is a member of transaction group {entry.group!r}: "
+                "it is committed or rolled back with its group (end the group instead)"
+            )
+        new = next_state(entry.state, event, transaction_id=tid)
+        if request.source == "check":
+            self._trace(entry, "check_answered", resolution=request.resolution.lower())
+        if new is entry.state:
+            return EndResult(new, 0, False)
+        return entry, new
 
     def ends_cheaply(self, transaction_id: str) -> bool:
         """True when :meth:`end` for this id needs no index lookup: pending (not a group member)
@@ -264,16 +350,12 @@ class TransactionService(TransactionLedger):
             return entry.group is None
         return half_offset in self._decided
 
-    def _decide(self, entry: PendingTxn, state: TxnState, source: str) -> int:
-        """Append the decision of one transaction (and its real message); forget it. Locked."""
-        if state is TxnState.COMMITTED:  # the real message is the commit record: one append
-            batch = [real_from_half(self._half_of(entry), entry.half_offset)]
-        else:
-            batch = [op_message(Op(OpKind.ROLLBACK, entry.half_offset, source=source))]
-        results = self._append(batch)
-        end_offset = results[-1].end_offset
-        self._settle(entry, state, end_offset)
-        return end_offset
+    def _decision_record(self, entry: PendingTxn, state: TxnState, source: str) -> Message:
+        """The record of a decision: a commit's real message (the commit record), or a
+        rollback's op. Locked."""
+        if state is TxnState.COMMITTED:
+            return real_from_half(self._half_of(entry), entry.half_offset)
+        return op_message(Op(OpKind.ROLLBACK, entry.half_offset, source=source))
 
     def _settle(self, entry: PendingTxn, state: TxnState, end_offset: int) -> None:
         self._remove_pending(entry)
@@ -353,20 +435,49 @@ class TransactionService(TransactionLedger):
             return count, max(end_offset, result.end_offset)
 
     def finish_group(self, group: str) -> tuple[int, int]:
-        """Complete the members of a decided group still pending. Locked."""
+        """Complete the members of a decided group still pending. Locked.
+
+        Per member only what is its own: its real message (one store append per
+        ``group_batch_size``), leaving the pending set and the decided cache, a trace event.
+        The group's bookkeeping (its member set, counters, latency) is done once per batch.
+        """
         state = self.groups.unfinished[group]
         members = sorted(self.groups.members.get(group, ()))
         size = self.config.group_batch_size
         end_offset = 0
+        committed = state is TxnState.COMMITTED
         for start in range(0, len(members), size):
             entries = [self.pending[h] for h in members[start : start + size]]
-            if state is TxnState.COMMITTED:
-                batch = [real_from_half(self._half_of(e), e.half_offset) for e in entries]
+            if committed:
+                batch = [
+                    real_from_half(self._half_of(e), e.half_offset, e.transaction_id)
+                    for e in entries
+                ]
                 end_offset = self._append(batch)[-1].end_offset
-            for entry in entries:
-                self._settle(entry, state, end_offset)
+            self._settle_members(group, entries, state, end_offset)
         del self.groups.unfinished[group]
         return len(members), end_offset
+
+    def _settle_members(
+        self, group: str, entries: list[PendingTxn], state: TxnState, end_offset: int
+    ) -> None:
+        """:meth:`_settle` for a batch of one group's members (their records are appended)."""
+        pending, decided, now = self.pending, self._decided, self.clock.now_ms()
+        latency = self._latency
+        for entry in entries:
+            del pending[entry.half_offset]
+            self.drop_record(entry)
+            self.due.discard(entry)  # members are not checked: a no-op unless indexed
+            decided[entry.half_offset] = (state, end_offset)
+            latency[bisect.bisect_left(LATENCY_BUCKETS_MS, now - entry.stored_ms)] += 1
+            self._trace(entry, state.value, source="group", group=group)
+        self.groups.remove_members(group, [e.half_offset for e in entries])
+        while len(decided) > self.config.decided_cache_entries:
+            decided.popitem(last=False)
+        if state is TxnState.COMMITTED:
+            self.counters.committed_total += len(entries)
+        else:
+            self.counters.rolled_back_total += len(entries)
 
     def undecided_groups(self, min_age_ms: int) -> list[str]:
         """Groups with a pending member stored at least ``min_age_ms`` ago, by name."""
@@ -439,111 +550,7 @@ class TransactionService(TransactionLedger):
         self.groups.remember(group, state, 0)
         return state, 0
 
-    # -- checks and parking (called by the check service) -----------------------------
-    def check_candidates(self, now_ms: int) -> list[int]:
-        """Half offsets of PREPARED, non-group transactions due for a check at ``now_ms``."""
-        with self._lock:
-            due = []
-            retry_ms = self.config.retry_ms
-            for h, e in self.pending.items():
-                if e.due_ms <= now_ms:
-                    self.drop_record(
-                        e
-                    )  # an orphan, most likely: no need to keep its body in memory
-                    if (
-                        e.state is TxnState.PREPARED
-                        and e.group is None
-                        and (e.last_check_ms is None or e.last_check_ms + retry_ms <= now_ms)
-                    ):
-                        due.append(h)
-            return due
-
-    def checkable(self, half_offset: int, now_ms: int) -> PendingTxn | None:
-        """The entry if it still wants a check now (decisions may have arrived meanwhile)."""
-        with self._lock:
-            entry = self.pending.get(half_offset)
-            if entry is None or entry.state is not TxnState.PREPARED or entry.due_ms > now_ms:
-                return None
-            if (
-                entry.last_check_ms is not None
-                and entry.last_check_ms + self.config.retry_ms > now_ms
-            ):
-                return None  # its last check may still be answered: do not spend another
-            return entry
-
-    def check_view(self, entry: PendingTxn) -> MessageView:
-        return check_view(self.read_half(entry.half_offset, entry.half_end), entry)
-
-    def record_check(self, half_offset: int, now_ms: int) -> int | None:
-        """Count a check that reached a producer; the new count (None if decided meanwhile).
-
-        The next check waits ``config.retry_ms`` from when this one was taken
-        (the later of ``now_ms`` and the clock: a long scan hands checks over
-        after its start time).
-        """
-        with self._lock:
-            entry = self.pending.get(half_offset)
-            if entry is None or entry.state is not TxnState.PREPARED:
-                return None
-            entry.state = next_state(entry.state, TxnEvent.CHECK_SENT)
-            entry.checks += 1
-            entry.last_check_ms = max(now_ms, self.clock.now_ms())
-            self._op_buffer.append(Op(OpKind.CHECKED, half_offset, checks=entry.checks))
-            self.counters.checks_sent_total += 1
-            self._dirty = True
-            return entry.checks
-
-    def forget_lost(self, half_offset: int) -> None:
-        """Drop a pending transaction whose half record retention removed (it can never commit)."""
-        with self._lock:
-            entry = self.pending.get(half_offset)
-            if entry is None:
-                return
-            self._remove_pending(entry)
-            self.counters.lost_total += 1
-            self._dirty = True
-            log.error(
-                "event=half_message_lost transaction_id=%s topic=%s message_id=%s: removed by "
-                "retention before any decision; raise the store's retention or decide "
-                "transactions sooner",
-                entry.transaction_id,
-                entry.topic,
-                entry.message_id,
-            )
-
-    def flush_ops(self) -> None:
-        """Append buffered check counts now (the check service calls it after each scan)."""
-        with self._lock:
-            if self._op_buffer:
-                self._append([])
-
-    def park(self, half_offset: int) -> bool:
-        """Move a transaction that ran out of checks to the check-max topic; False if decided."""
-        with self._lock:
-            entry = self.pending.get(half_offset)
-            if entry is None or entry.state is not TxnState.PREPARED:
-                return False
-            new = next_state(entry.state, TxnEvent.PARK, transaction_id=entry.transaction_id)
-            half = self.read_half(entry.half_offset, entry.half_end)
-            self._append(
-                [
-                    op_message(Op(OpKind.PARKED, half_offset, checks=entry.checks)),
-                    parked_from_half(half),
-                ]
-            )
-            entry.state = new
-            self.counters.parked_total += 1
-            log.warning(
-                "event=transaction_parked transaction_id=%s topic=%s message_id=%s checks=%d "
-                "producer_group=%s: no answer after the check limit; resume or decide it by hand",
-                entry.transaction_id,
-                entry.topic,
-                entry.message_id,
-                entry.checks,
-                entry.producer_group,
-            )
-            return True
-
+    # -- parked transactions (the check service side: :mod:`check_state`) --------------
     def resume(self, transaction_id: str) -> TransactionInfo:
         """Put a parked transaction back under checks, its count reset; checked at the next scan."""
         half_offset = decode_transaction_id(transaction_id)
@@ -560,6 +567,8 @@ class TransactionService(TransactionLedger):
             entry.checks = 0
             entry.last_check_ms = None
             entry.due_ms = self.clock.now_ms()
+            self._index_for_checks(entry)
+            self._trace(entry, "resumed", source="operator")
             return self._info(entry, self.clock.now_ms())
 
     # -- persistence -----------------------------------------------------------------
@@ -571,12 +580,16 @@ class TransactionService(TransactionLedger):
                         self.finish_group(group)
                     except Exception:
                         log.exception("event=group_finish_failed group=%s", group)
-        if now_ms - self._last_snapshot_ms >= self.config.snapshot_interval_ms:
+        wait_ms = max(
+            self.config.snapshot_interval_ms, SNAPSHOT_COST_FACTOR * self.snapshot_cost_ms
+        )
+        if now_ms - self._last_snapshot_ms >= wait_ms:
             self._last_snapshot_ms = now_ms
             self.snapshot()
 
 
 __all__ = [
+    "EndRequest",
     "EndResult",
     "TransactionInfo",
     "TransactionService",

@@ -148,6 +148,66 @@ function sumSeries(rows) {
 
 // -- pages -----------------------------------------------------------------------------
 
+// A broker's name: "broker" from a single broker, "name" from a cluster's member list.
+const brokerName = (b) => b.broker || b.name;
+
+// In a cluster (a proxy's member list from etcd): a broker whose lease is gone holds queues
+// nobody can reach; one this proxy cannot reach is down or cut off, even while its lease
+// still runs; one late renewing its lease is stopping, paused or cut off from etcd.
+function brokerWarnings(brokers) {
+  const warnings = [];
+  for (const b of brokers) {
+    const role = b.role === "replica" ? "replica " : "";
+    const queues = b.queues ? ` (${b.queues} queue(s) unavailable)` : "";
+    if (b.state === "gone" || b.state === "expired") {
+      warnings.push(`${role}broker ${brokerName(b)} is down: its lease is gone${queues}`);
+    } else if (b.reachable === false) {
+      warnings.push(`${role}broker ${brokerName(b)} is unreachable from this proxy${queues}`);
+    } else if (b.state === "late") {
+      warnings.push(`${role}broker ${brokerName(b)} is late renewing its lease ` +
+        `(it expires in ${b.expires_in_s} s)`);
+    }
+  }
+  return warnings;
+}
+
+// Replicated broker groups: a replica of the in-sync set whose lease is gone is down; fewer
+// in-sync replicas than the group's minimum means sync sends are refused; a group without a
+// master takes no sends; a live replica outside the set is catching up.
+function groupWarnings(groups) {
+  const warnings = [];
+  for (const g of groups) {
+    const live = new Set(g.members);
+    const isr = g.isr || [];
+    for (const name of isr) {
+      if (!live.has(name)) warnings.push(`replica ${name} of broker group ${g.group} is down: its lease is gone`);
+    }
+    if (g.min_insync_replicas !== null && g.min_insync_replicas !== undefined && isr.length < g.min_insync_replicas) {
+      warnings.push(`broker group ${g.group} has ${isr.length} in-sync replica(s), fewer than its minimum ` +
+        `${g.min_insync_replicas}${g.mode === "sync" ? ": sync sends are refused" : ""}`);
+    }
+    if (!g.master) warnings.push(`broker group ${g.group} has no master`);
+    for (const name of g.members) {
+      if (name !== g.master && g.min_insync_replicas !== undefined && !isr.includes(name)) {
+        warnings.push(`replica ${name} of broker group ${g.group} is not in sync (catching up or lagging)`);
+      }
+    }
+  }
+  return warnings;
+}
+
+// Each replica's lag behind its master, in bytes of commit log, as the master reports it.
+function replicationLag(group) {
+  const replicas = Object.entries(group.replicas || {}).sort(([a], [b]) => a.localeCompare(b));
+  return replicas.map(([name, p]) => `${name}: ${fmtBytes(p.lag_bytes || 0)}`).join(", ");
+}
+
+function brokerState(b) {
+  if (b.state === "gone" || b.state === "expired" || b.reachable === false) return ["down", false];
+  if (b.state === "late") return ["late", false];
+  return [b.state || "up", true];
+}
+
 async function overviewPage(root) {
   const [status, cluster, stats, pending, config, dlq] = await Promise.all([
     get("/v1/broker/status"), get("/v1/cluster"), get("/v1/statistics"),
@@ -172,9 +232,7 @@ async function overviewPage(root) {
     const growing = history.length >= 3 && history.every((v, i) => i === 0 || v > history[i - 1]);
     if (growing) warnings.push(`group ${group}: lag growing (${history.join(" → ")})`);
   }
-  for (const broker of cluster.brokers) {
-    if (broker.state && broker.state !== "up") warnings.push(`broker ${broker.broker} is ${broker.state}`);
-  }
+  warnings.push(...brokerWarnings(cluster.brokers), ...groupWarnings(cluster.broker_groups || []));
   if (status.parked_transactions) warnings.push(`${status.parked_transactions} parked transaction(s) need an operator`);
   const inRows = stats.rows.filter((r) => !r.group);
   const outRows = stats.rows.filter((r) => r.group);
@@ -194,12 +252,22 @@ async function overviewPage(root) {
       warnings.length ? el("ul", {}, warnings.map((w) => el("li", { class: "warning" }, w)))
         : el("p", { class: "muted" }, "none")),
     el("section", {}, el("h2", {}, "Traffic"), chart(sumSeries(inRows), sumSeries(outRows))),
+    // In a cluster, the proxies too (each the endpoint clients reach; this page is served by one).
+    ...((cluster.proxies || []).length ? [el("section", { id: "proxies" }, el("h2", {}, "Proxies"),
+      table(["proxy", "state", "endpoint", "workers", "uptime"],
+        cluster.proxies.map((p) => [p.name,
+          el("span", { class: p.state === "live" ? "state-ok" : "state-down" }, p.state || ""),
+          p.endpoint || "", p.workers ?? 1, p.uptime_ms ? fmtAge(p.uptime_ms) : ""])))] : []),
     el("section", {}, el("h2", {}, "Brokers"),
       table(["broker", "role", "state", "gRPC", "admin", "version", "uptime", "in/s", "out/s"],
-        cluster.brokers.map((b) => [b.broker, b.role,
-          el("span", { class: b.state && b.state !== "up" ? "state-down" : "state-ok" }, b.state || "up"),
-          b.grpc, b.admin, b.version, fmtAge(b.uptime_ms || 0),
-          (b.tps_in || 0).toFixed(2), (b.tps_out || 0).toFixed(2)]))));
+        cluster.brokers.map((b) => [brokerName(b), b.role || "",
+          el("span", { class: brokerState(b)[1] ? "state-ok" : "state-down" }, brokerState(b)[0]),
+          b.grpc || b.endpoint || "", b.admin || "", b.version || "", b.uptime_ms ? fmtAge(b.uptime_ms) : "",
+          (b.tps_in || 0).toFixed(2), (b.tps_out || 0).toFixed(2)]))),
+    ...((cluster.broker_groups || []).length ? [el("section", { id: "broker-groups" }, el("h2", {}, "Broker groups"),
+      table(["group", "master", "epoch", "live members", "in-sync replicas", "minimum", "mode", "replication lag"],
+        cluster.broker_groups.map((g) => [g.group, g.master || "", g.epoch ?? "", g.members.join(", "),
+          (g.isr || []).join(", "), g.min_insync_replicas ?? "", g.mode || "", replicationLag(g)])))] : []));
 }
 
 function pager(total, offset, go) {
@@ -406,43 +474,82 @@ function bodyView(m) {
     el("button", { onclick: () => { shown.textContent = views[k]; }, id: `view-${k}` }, k))), shown);
 }
 
-// What the broker can tell about a message today: where it is stored, which groups'
-// committed offsets passed it, and its dead-letter copies (see docs/dashboard.md).
-async function traceOf(message, copies) {
-  const events = [[message.store_timestamp, `stored in ${message.topic} queue ${message.queue_id} at offset ${message.queue_offset}`]];
+// One line of the timeline for each event the broker recorded (docs/dashboard.md).
+const DECIDERS = { producer: "its producer", check: "a check answer", operator: "an operator" };
+
+function describe(e) {
+  const attempt = e.attempt ? ` (attempt ${e.attempt})` : "";
+  const decider = e.source === "group" ? `its transaction group ${e.group}` : DECIDERS[e.source] || e.source;
+  switch (e.event) {
+    case "stored": return `stored in ${e.topic} queue ${e.queue_id} at offset ${e.queue_offset}`;
+    case "delivered": return e.mode === "pull"
+      ? `pulled by group ${e.group} at offset ${e.queue_offset}`
+      : `delivered to group ${e.group}${attempt}${e.client ? ` to client ${e.client}` : ""}, invisible for ${fmtAge(e.invisible_ms || 0)}`;
+    case "acked": return `acked by group ${e.group}${attempt}`;
+    case "invisible_changed": return `retried: group ${e.group} put it back, visible again in ${fmtAge(e.invisible_ms || 0)}${attempt}`;
+    case "dead_lettered": return `dead-lettered by group ${e.group} after ${e.attempts} deliveries (to ${e.dead_letter_topic})`;
+    case "resent": return `resent from the dead-letter topic as message ${e.message_id} to ${e.to_topic}`;
+    case "resent_from": return `a resend of dead letter ${e.message_id}`;
+    case "half_stored": return `half message stored (transaction ${e.transaction_id}, producer group ${e.producer_group || "none"})`;
+    case "check_sent": return `check ${e.check} sent to a producer of its group`;
+    case "check_answered": return `check answered: ${e.resolution}`;
+    case "committed": return `committed by ${decider}`;
+    case "rolled_back": return `rolled back by ${decider}`;
+    case "parked": return `parked after ${e.checks} unanswered checks`;
+    case "resumed": return "resumed by an operator";
+    default: return e.event;
+  }
+}
+
+// Pull consumers commit offsets rather than acking each message: say whose offset passed it.
+async function committedBy(message) {
   const stats = await get(`/v1/statistics?topic=${q(message.topic)}`);
   const groups = [...new Set(stats.rows.filter((r) => r.group).map((r) => r.group))];
+  const lines = [];
   for (const group of groups) {
     const progress = await get(`/v1/groups/${q(group)}/progress?topic=${q(message.topic)}`);
     const queue = progress.queues.find((x) => x.queue_id === message.queue_id);
     if (!queue) continue;
-    events.push([null, queue.committed_offset > message.queue_offset
-      ? `consumed by group ${group} (its committed offset ${queue.committed_offset} is past it)`
-      : `not yet consumed by group ${group} (committed offset ${queue.committed_offset})`]);
+    lines.push(queue.committed_offset > message.queue_offset
+      ? `group ${group}'s committed offset (${queue.committed_offset}) is past it`
+      : `group ${group}'s committed offset (${queue.committed_offset}) is not past it yet`);
   }
-  for (const copy of copies) {
-    events.push([copy.store_timestamp, `dead-lettered by group ${copy.dead_letter_group} after ${copy.dead_letter_attempts} deliveries (copy in ${copy.topic})`]);
-  }
-  if (message.transaction_id) events.push([null, `committed transaction ${message.transaction_id}`]);
-  return events;
+  return lines;
 }
 
 async function messagePage(root, params) {
-  const found = (await get(`/v1/messages/${q(params.get("id"))}`)).messages;
-  if (!found.length) { root.replaceChildren(el("p", {}, "no such message")); return; }
+  const id = params.get("id");
+  const [trace, found] = await Promise.all([get(`/v1/messages/${q(id)}/trace`),
+    get(`/v1/messages/${q(id)}`).then((r) => r.messages, (err) => {
+      if (err.status === 404) return [];  // a rolled-back transaction leaves only its trace
+      throw err;
+    })]);
   const original = found.find((m) => !m.dead_letter_group) || found[0];
   const message = found.find((m) => m.topic === params.get("topic")) || original;
-  const copies = found.filter((m) => m.dead_letter_group);
-  const trace = await traceOf(original, copies);
-  root.replaceChildren(el("h2", {}, `Message ${message.message_id}`),
-    el("section", {}, el("h2", {}, "Properties"), table(["field", "value"], Object.entries(message)
+  const offsets = original ? await committedBy(original) : [];
+  const timeline = el("ol", { class: "timeline" }, trace.events.map((e) =>
+    el("li", { "data-event": e.event }, el("span", { class: "when" }, fmtTime(e.time_ms)),
+      ` ${describe(e)}${e.broker ? ` — on ${e.broker}` : ""}`)));
+  root.replaceChildren(el("h2", {}, `Message ${id}`),
+    message ? el("section", {}, el("h2", {}, "Properties"), table(["field", "value"], Object.entries(message)
       .filter(([k]) => !["body", "properties"].includes(k))
       .map(([k, v]) => [k, v === null ? "" : typeof v === "object" ? JSON.stringify(v) : String(v)])
-      .concat(Object.entries(message.properties).map(([k, v]) => [`property ${k}`, v])))),
-    el("section", {}, el("h2", {}, "Body"), bodyView(message)),
-    el("section", { id: "trace" }, el("h2", {}, "Trace"),
-      el("ol", {}, trace.map(([when, what]) => el("li", {}, when ? `${fmtTime(when)} — ${what}` : what))),
-      el("p", { class: "muted" }, "Per-delivery attempts and transaction checks are not recorded by the broker yet (see docs/dashboard.md).")));
+      .concat(Object.entries(message.properties).map(([k, v]) => [`property ${k}`, v]))))
+      : el("p", { class: "muted" }, "no stored copy (rolled back, or removed by retention): its trace follows"),
+    message ? el("section", {}, el("h2", {}, "Body"), bodyView(message)) : null,
+    el("section", { id: "trace" }, el("h2", {}, "Trace"), timeline,
+      offsets.length ? el("ul", { class: "muted", id: "offsets" }, offsets.map((line) => el("li", {}, line))) : null,
+      el("p", { class: "muted" }, "Recorded by the broker for topics with trace on; pull consumers commit offsets instead of acking each message.")));
+}
+
+// The check service's own schedule (next_check_ms), not an estimate.
+function nextCheck(t, isParked, checkMax) {
+  if (isParked) return "parked: operator decides";
+  if (t.transaction_group) return `decided with transaction group ${t.transaction_group}`;
+  if (t.next_check_ms === null || t.next_check_ms === undefined) return "";
+  const when = `${fmtTime(t.next_check_ms)} (in ${fmtAge(Math.max(0, t.next_check_ms - Date.now()))})`;
+  return el("span", { class: "next-check", "data-ms": t.next_check_ms },
+    t.checks_sent >= checkMax ? `parked at the scan of ${when}` : when);
 }
 
 async function transactionsPage(root) {
@@ -457,9 +564,7 @@ async function transactionsPage(root) {
     writable(el("input", { type: "checkbox", "data-id": t.transaction_id, checked: selected.has(t.transaction_id),
       onchange: (e) => (e.target.checked ? selected.add(t.transaction_id) : selected.delete(t.transaction_id)) })),
     t.transaction_id, t.topic, t.producer_group || "", fmtAge(t.age_ms), t.checks_sent,
-    isParked ? "parked: operator decides" : t.checks_sent === 0
-      ? `first check ${fmtAge(Math.max(0, txn.timeout_ms - t.age_ms))} from now`
-      : `every ${fmtAge(txn.check_interval_ms)} until ${txn.check_max} checks`,
+    nextCheck(t, isParked, txn.check_max),
     (t.keys || []).join(", ")]);
   const decide = (verb) => () => {
     const ids = [...selected];
@@ -483,7 +588,8 @@ async function clusterPage(root) {
   const cluster = await get("/v1/cluster");
   root.replaceChildren(el("h2", {}, `Cluster ${cluster.cluster}`),
     table(["broker", "role", "state", "gRPC", "admin", "version", "uptime"], cluster.brokers.map((b) =>
-      [b.broker, b.role, b.state || "up", b.grpc, b.admin, b.version, fmtAge(b.uptime_ms || 0)])),
+      [brokerName(b), b.role || "", brokerState(b)[0], b.grpc || b.endpoint || "", b.admin || "",
+        b.version || "", b.uptime_ms ? fmtAge(b.uptime_ms) : ""])),
     el("p", { class: "notice" }, "Masters with their replicas, epochs and replication lag arrive with " +
       "broker replication, a later issue; this page shows what the cluster reports today."));
 }

@@ -1,0 +1,243 @@
+"""Failover time: from a master's SIGKILL to the first send acknowledged through the proxy.
+
+    .venv/bin/python -m bench.failover_bench [--kills 20] [--lease-ttl 2] [--senders 2]
+
+A broker group in etcd (a master and two replicas, ``--replication sync
+--min-insync-replicas 1``, ``--lease-ttl`` seconds, flush sync) behind one
+``halfmoon proxy``; ``--senders`` threads send without pause through the proxy
+with the official Python client (``rocketmq``). Each round:
+
+1. wait until the group's master has both replicas in its in-sync set;
+2. SIGKILL the master, note the time;
+3. wait for the first send acknowledged after it (the controller sees the
+   lease expire, appoints the most caught-up in-sync replica, which opens its
+   broker; the proxy follows the routing entry; the client retries);
+4. restart the killed member on an emptied data directory (a returning master
+   is not truncated yet, so it copies the new master's log from zero) and let
+   it rejoin.
+
+Printed: each round's time, then min / p50 / p90 / max over the rounds. The
+floor is the lease TTL (etcd must expire the dead master's key); the rest is
+the controller's poll (0.5 s), the appointed replica opening its broker, and
+the client's retry backoff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.cluster_procs import ProxyServer
+from bench.load import machine_info, percentile
+from bench.replication_bench import READY, etcd, replication_status
+from bench.server_proc import REPO_ROOT, free_port
+
+CLUSTER = "failover-bench"
+GROUP = "g1"
+TOPIC = "FailoverBench"
+MEMBERS = 3
+ROUND_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Member:
+    name: str
+    data_dir: Path
+    port: int
+    flags: tuple[str, ...]
+    proc: subprocess.Popen[str] | None = None
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "halfmoon", "broker", "--name", self.name,
+             "--data-dir", str(self.data_dir), "--listen", self.address, "--flush", "sync",
+             *self.flags],
+            cwd=REPO_ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        ready = threading.Event()
+
+        def drain(stream: Any) -> None:  # reads on, so a chatty broker never blocks
+            for line in stream:
+                self.lines.append(line)
+                del self.lines[:-200]
+                if READY.search(line):
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=drain, args=(self.proc.stderr,), daemon=True).start()
+        if not ready.wait(30) or self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} did not start:\n{''.join(self.lines[-30:])}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def role(member: Member) -> dict[str, Any] | None:
+    try:
+        return replication_status(member.address)
+    except Exception:  # noqa: BLE001 - starting, stopping or dead
+        return None
+
+
+def wait_for(condition: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)  # polling the processes' state, with a deadline
+
+
+def healthy_master(members: list[Member]) -> Member | None:
+    """The master, once both replicas are in its in-sync set."""
+    for member in members:
+        status = role(member)
+        if status and status.get("role") == "master" and len(status.get("isr", [])) == 2:
+            return member
+    return None
+
+
+class Senders:
+    """Threads sending through the proxy with the official client; when each send was acked."""
+
+    def __init__(self, proxy: str, count: int) -> None:
+        self.proxy = proxy
+        self.acked: list[float] = []
+        self.failed = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(count)]
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(60)
+
+    def run(self, index: int) -> None:
+        from rocketmq import ClientConfiguration, Credentials, Message, Producer
+
+        producer = Producer(
+            ClientConfiguration(self.proxy, Credentials(), request_timeout=3), (TOPIC,)
+        )
+        producer.startup()
+        try:
+            sent = 0
+            while not self.stop.is_set():
+                message = Message()
+                message.topic = TOPIC
+                message.body = f"{index}-{sent}".encode()
+                sent += 1
+                try:
+                    producer.send(message)
+                except Exception:  # noqa: BLE001 - not acknowledged: the client gave up
+                    with self.lock:
+                        self.failed += 1
+                    self.stop.wait(0.05)  # keeps a refused sender from spinning
+                    continue
+                with self.lock:
+                    self.acked.append(time.monotonic())
+        finally:
+            producer.shutdown()
+
+    def first_after(self, moment: float) -> float | None:
+        with self.lock:
+            later = [t for t in self.acked[-1000:] if t > moment]
+        return min(later) if later else None
+
+
+def run(kills: int, lease_ttl: int, senders_count: int, root: Path) -> list[float]:
+    with etcd(root) as coordinator:
+        flags = (
+            "--cluster", CLUSTER, "--coordinator", coordinator, "--group", GROUP,
+            "--replication", "sync", "--min-insync-replicas", "1",
+            "--lease-ttl", str(lease_ttl), "--set", "store.segment_size=1048576",
+        )  # fmt: skip
+        members = [Member(f"b{i}", root / f"b{i}", free_port(), flags) for i in range(MEMBERS)]
+        proxy = ProxyServer(None, cluster=("--cluster", CLUSTER, "--coordinator", coordinator))  # type: ignore[arg-type]
+        proxy.settings = ("store.segment_size=1048576",)
+        senders: Senders | None = None
+        times: list[float] = []
+        try:
+            for member in members:  # in order: the first is the master
+                member.start()
+            wait_for(lambda: healthy_master(members), 30, "both replicas in sync")
+            proxy.start()
+            proxy.create_topic(TOPIC, queues=4)
+            senders = Senders(proxy.grpc, senders_count)
+            senders.start()
+            wait_for(lambda: len(senders.acked) >= 50, 60, "sends acknowledged")
+            for round_ in range(kills):
+                master = wait_for(lambda: healthy_master(members), ROUND_TIMEOUT_S, "a master")
+                master.kill()
+                killed = time.monotonic()
+                first = wait_for(
+                    lambda at=killed: senders.first_after(at),
+                    ROUND_TIMEOUT_S,
+                    "a send acknowledged",
+                )
+                times.append(first - killed)
+                print(f"kill {round_ + 1:>2}: {master.name} → first ack {first - killed:.2f}s",
+                      flush=True)  # fmt: skip
+                shutil.rmtree(master.data_dir)
+                master.start()
+            return times
+        finally:
+            if senders is not None:
+                senders.close()
+            proxy.stop()
+            for member in members:
+                member.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--lease-ttl", type=int, default=2)
+    parser.add_argument("--senders", type=int, default=2)
+    args = parser.parse_args()
+    print(f"# {json.dumps(machine_info())} kills={args.kills} lease_ttl={args.lease_ttl}s "
+          f"senders={args.senders}", flush=True)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="halfmoon-failover-bench-") as tmp:
+        times = run(args.kills, args.lease_ttl, args.senders, Path(tmp))
+    ordered = sorted(times)
+    print(
+        f"failover_s min={ordered[0]:.2f} p50={percentile(ordered, 0.5):.2f} "
+        f"p90={percentile(ordered, 0.9):.2f} max={ordered[-1]:.2f} kills={len(times)}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Automatic failover with real processes: etcd, a master and two replicas, a proxy.
+
+Sync replication (``min_insync_replicas=1``), the official Python client
+sending from several threads through the proxy. The master is SIGKILLed and
+its data directory deleted; a controller (run by every member) sees its lease
+expire and appoints the in-sync replica whose log ends furthest, in a new
+epoch; that replica opens its broker, the other follows it, and the proxy
+routes to it. Checked: a send is acknowledged by the new master within 10 s
+of the kill, every acknowledged message is delivered afterwards, and no
+message that was never acknowledged is delivered twice.
+"""
+
+from __future__ import annotations
+
+import collections
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.replication.group_cluster import GroupCluster, receive_all, status, wait_for
+from tests.replication.send_load import SendLoad
+from tests.replication.test_group_replication import message, producer
+
+SENDERS = 4
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[GroupCluster]:
+    cluster = GroupCluster(tmp_path / "group", mode="sync", min_insync=1).start()
+    try:
+        yield cluster
+    finally:
+        cluster.kill()
+        for broker in cluster.brokers:  # what each member said (shown when the test fails)
+            print(f"--- {broker.name}\n" + "".join(broker.output[-40:]))
+        if cluster.proxy is not None:
+            print("--- proxy\n" + cluster.proxy.log_tail())
+
+
+def test_a_killed_master_is_replaced_within_10_s_and_no_acknowledged_message_is_lost(
+    group: GroupCluster,
+) -> None:
+    wait_for(lambda: status(group.master)["isr"] == ["b1", "b2"], 15, "both replicas in sync")
+    assert group.proxy is not None
+    group.proxy.create_topic("orders", "normal", queues=2)
+    group.proxy.create_group("readers")
+    with SendLoad(group, SENDERS) as load:
+        wait_for(lambda: len(load.acked) >= 100, 60, "100 acknowledged sends before the kill")
+        group.master.kill()
+        killed = time.monotonic()
+        shutil.rmtree(group.master.data_dir)
+        new_master = wait_for(
+            lambda: next(
+                (b for b in group.replicas if _role(b) == "master"),
+                None,
+            ),
+            15,
+            "a replica to take office",
+        )
+        wait_for(
+            lambda: any(t > killed for t in list(load.acked_at)), 20, "a send acknowledged after"
+        )
+        first_after = min(t for t in list(load.acked_at) if t > killed)
+        assert first_after - killed < 10.0, f"first acknowledged send {first_after - killed:.1f}s"
+        count_after = len(load.acked)
+        wait_for(lambda: len(load.acked) >= count_after + 50, 30, "50 more sends to the new master")
+    assert status(new_master)["epoch"] == 2
+    other = next(b for b in group.replicas if b is not new_master)
+    wait_for(lambda: status(other)["master"] == new_master.name, 10, "the other to follow")
+
+    delivered = receive_all(group.proxy.address, len(load.acked), timeout=60)
+    counts = collections.Counter(delivered)
+    missing = load.acked - counts.keys()
+    assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
+    twice = {body for body, n in counts.items() if n > 1 and body in load.failed - load.acked}
+    assert not twice, f"never acknowledged yet delivered twice: {sorted(twice)[:5]}"
+    print(
+        f"acked={len(load.acked)} failed={len(load.failed)} delivered={len(delivered)} "
+        f"failover_s={first_after - killed:.2f} new_master={new_master.name}"
+    )
+
+
+def _role(broker: object) -> str | None:
+    try:
+        return str(status(broker)["role"])  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001 - a member being promoted may not answer for a moment
+        return None
+
+
+def test_a_master_cut_off_from_etcd_stops_acknowledging_then_gives_its_key_up(
+    group: GroupCluster,
+) -> None:
+    """etcd paused (SIGSTOP): the master cannot renew its lease, so it deposes itself within
+    the TTL (2 s) without hearing from etcd: it must stop before a controller could appoint
+    another master. etcd resumed, it revokes its lease so a controller appoints a replica,
+    and follows that one."""
+    wait_for(lambda: status(group.master)["isr"] == ["b1", "b2"], 15, "both replicas in sync")
+    group.etcd.pause()
+    paused = time.monotonic()
+    try:
+        wait_for(lambda: status(group.master)["deposed"], 5, "the master to depose itself")
+        assert time.monotonic() - paused < 2.5  # TTL 2 s, polled every 50 ms
+    finally:
+        group.etcd.resume()
+    new_master = wait_for(
+        lambda: next((b for b in group.replicas if _role(b) == "master"), None),
+        15,
+        "a replica appointed master",
+    )
+    assert status(new_master)["epoch"] == 2
+    # Back in etcd, the old master starts over as a replica of the new one (it never takes
+    # office again on its own). It may cut records its broker wrote after the replicas' last
+    # fetch (its own bookkeeping, acknowledged to nobody), never below the new master's start.
+    start = status(new_master)["epochs"][-1][1]
+    wait_for(
+        lambda: _role(group.master) == "replica" and status(group.master)["connected"],
+        15,
+        "the old master following the new one",
+    )
+    old = status(group.master)
+    assert old["master"] == status(new_master)["member"] and old["epoch"] == 2
+    assert old["truncated_to"] is None or old["truncated_to"] == start, (old, start)
+
+
+def test_a_master_restarted_with_an_empty_data_directory_does_not_take_office_again(
+    group: GroupCluster,
+) -> None:
+    """Restarted within its lease's TTL with its data gone, the old master would find the key
+    naming itself and take it over with an empty log; it must wait for the controller, which
+    appoints an in-sync replica, and then follow that one."""
+    wait_for(lambda: status(group.master)["isr"] == ["b1", "b2"], 15, "both replicas in sync")
+    assert group.proxy is not None
+    group.proxy.create_topic("orders", "normal", queues=1)
+    client = producer(group, "orders")
+    try:
+        for i in range(5):
+            client.send(message("orders", i))
+    finally:
+        client.shutdown()
+    group.master.kill()
+    shutil.rmtree(group.master.data_dir)
+    group.master.start()  # the same member and port, at once: its old lease still lives
+    assert status(group.master)["role"] == "replica"
+    new_master = wait_for(
+        lambda: next((b for b in group.replicas if _role(b) == "master"), None),
+        15,
+        "a replica appointed master",
+    )
+    wait_for(
+        lambda: status(group.master)["visible_offset"] >= status(new_master)["end_offset"] > 0,
+        15,
+        "the old master to copy the new one's log",
+    )
