@@ -154,6 +154,7 @@ class Broker(TransactionOperations):
             metadata_dir,
             max_delivery_attempts=lambda group: self.get_group(group).max_delivery_attempts,
             dead_letter=self._dead_letter,
+            journal_positions=journal_offsets,
         )
         self.lite.trace_with(self.trace)
         txn_config = transaction_config if transaction_config is not None else TransactionConfig()

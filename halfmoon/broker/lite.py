@@ -65,6 +65,7 @@ from halfmoon.broker.lite_names import (
 )
 from halfmoon.broker.message import MessageView
 from halfmoon.broker.pop import DeadLetter, PopGroupSettings, PopService
+from halfmoon.broker.pop_journal import LITE_POP_QUEUE, PopJournal
 from halfmoon.broker.receipt import InvalidReceiptHandle
 from halfmoon.broker.trace import TraceRecorder
 from halfmoon.errors import InvalidArgument, NotFound
@@ -118,7 +119,10 @@ class LiteTopics:
         *,
         max_delivery_attempts: Callable[[str], int],
         dead_letter: DeadLetter,
+        journal_positions: bool = False,
     ) -> None:
+        """``journal_positions``: in a broker group, the lite pop state also goes to the
+        commit log (:mod:`pop_journal`, a queue of its own), so it moves to a new master."""
         self._store = store
         self._clock = clock
         self._config = config
@@ -142,6 +146,7 @@ class LiteTopics:
             state_path=metadata_dir / self.STATE_FILE if metadata_dir is not None else None,
             min_receive_invisible_ms=config.min_receive_invisible_ms,
             hot_data_bytes=config.hot_data_bytes,
+            journal=PopJournal(store, LITE_POP_QUEUE) if journal_positions else None,
         )
         self._last_tick_ms = clock.now_ms()
 

@@ -3,7 +3,7 @@
 A broker group's master keeps its pop state (:mod:`pop_state`) in
 ``consumption.json``, which is not replicated. So that a new master neither
 loses messages nor starts a group over, each queue's state is appended as a
-record of the internal topic ``%HM_POP%`` (queue 0), a JSON body
+record of the internal topic ``%HM_POP%``, a JSON body
 ``{"g": group, "t": topic, "q": queue id, "s": state}``. The state is the
 queue's snapshot form (committed position, cursor, the offsets in flight
 with their delivery attempts) while at most ``MAX_INFLIGHT_JOURNALED`` are in
@@ -24,6 +24,9 @@ offsets of one group and topic, per queue) is recorded as ``{"g": group,
 only once that record is durable as the store acknowledges writes (under a
 sync-replicated broker group: once the in-sync replicas hold it), as offset
 commits do. The per-queue state records stay the compaction points.
+
+Each pop service has its journal in a queue of its own: the broker's in queue
+``POP_QUEUE`` (0), the lite topics' (:mod:`lite`) in ``LITE_POP_QUEUE`` (1).
 
 Records are appended under the (group, topic) state's lock, so their order is
 the order the state changed in. Replayed when a broker opens (after its
@@ -52,13 +55,16 @@ FULL_EVERY_S = 3600.0
 WAIT_TIMEOUT_S = 30.0
 MAX_INFLIGHT_JOURNALED = 1024  # more in flight: only the committed position is recorded
 _REPLAY_BATCH = 256
+POP_QUEUE = 0  # the broker's pop service
+LITE_POP_QUEUE = 1  # the lite topics' pop service
 
 QueueKey = tuple[str, str, int]  # (group, topic, queue id)
 
 
 class PopJournal:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, queue_id: int = POP_QUEUE) -> None:
         self.store = store
+        self.queue_id = queue_id
         # Past the last record appended here: the store's consume queue may show a record
         # a moment after its append returned.
         self._appended_end = 0
@@ -66,14 +72,14 @@ class PopJournal:
     def record(self, states: Iterable[tuple[QueueKey, dict[str, Any]]]) -> None:
         """Append the state of each queue (one append; nothing waits on it: an
         unreplicated record only means more is delivered again)."""
-        messages = [_message({"g": g, "t": t, "q": q, "s": s}) for (g, t, q), s in states]
+        messages = [self._message({"g": g, "t": t, "q": q, "s": s}) for (g, t, q), s in states]
         if messages:
             self._appended(self.store.append(messages))
 
     def record_acks(self, group: str, topic: str, acks: dict[int, list[int]]) -> int:
         """Append one ack batch (queue id -> acked offsets); the end offset to :meth:`wait` for."""
         body = {"g": group, "t": topic, "acks": [[q, offsets] for q, offsets in acks.items()]}
-        results = self.store.append([_message(body)])
+        results = self.store.append([self._message(body)])
         self._appended(results)
         return results[-1].end_offset
 
@@ -83,7 +89,7 @@ class PopJournal:
         self.store.durable(end_offset).result(WAIT_TIMEOUT_S)
 
     def record_drop(self, group: str) -> None:
-        self._appended(self.store.append([_message({"drop": group})]))
+        self._appended(self.store.append([self._message({"drop": group})]))
 
     def _appended(self, results: list[AppendResult]) -> None:
         self._appended_end = max(self._appended_end, results[-1].queue_offset + 1)
@@ -91,7 +97,7 @@ class PopJournal:
     @property
     def end(self) -> int:
         """The queue offset the next record will have."""
-        return max(self._appended_end, self.store.max_offset(POP_TOPIC, 0))
+        return max(self._appended_end, self.store.max_offset(POP_TOPIC, self.queue_id))
 
     def replay(
         self,
@@ -101,9 +107,9 @@ class PopJournal:
         apply_acks: Callable[[QueueKey, list[int]], None],
     ) -> int:
         """Apply the records from queue offset ``start`` on, in order; where the journal ends."""
-        offset = max(start, self.store.min_offset(POP_TOPIC, 0))
+        offset = max(start, self.store.min_offset(POP_TOPIC, self.queue_id))
         while True:
-            got = self.store.get(POP_TOPIC, 0, offset, _REPLAY_BATCH)
+            got = self.store.get(POP_TOPIC, self.queue_id, offset, _REPLAY_BATCH)
             if got.status is not GetStatus.FOUND:
                 return offset
             for stored in got.messages:
@@ -124,6 +130,5 @@ class PopJournal:
                     continue  # not written by this module: skip it
             offset = got.next_offset
 
-
-def _message(body: dict[str, Any]) -> Message:
-    return Message(topic=POP_TOPIC, body=json.dumps(body).encode(), queue_id=0)
+    def _message(self, body: dict[str, Any]) -> Message:
+        return Message(topic=POP_TOPIC, body=json.dumps(body).encode(), queue_id=self.queue_id)

@@ -11,7 +11,7 @@ import pytest
 
 from halfmoon.broker import Broker, BrokerConfig, FakeClock
 from halfmoon.broker.filter_spec import FilterSpec
-from halfmoon.broker.message import OutgoingMessage
+from halfmoon.broker.message import MessageType, OutgoingMessage
 from halfmoon.broker.topics import POP_TOPIC
 from halfmoon.cluster.errors import NotEnoughReplicas
 from halfmoon.store.store import MessageStore
@@ -218,3 +218,49 @@ def test_local_mode_journals_no_acks(tmp_path: Path) -> None:
     assert broker.ack_nowait("workers", "jobs", [v.receipt_handle for v in got]) == [None, None]
     assert broker.store.max_offset(POP_TOPIC, 0) == 0
     crash(broker)
+
+
+def _lite_broker(data: Path, meta: Path, clock: FakeClock, *, journal: bool) -> Broker:
+    broker = open_broker(data, meta, clock, journal=journal)
+    broker.create_topic("chat", MessageType.LITE, queue_count=1)
+    broker.create_group("bots")
+    broker.sync_lite_subscription("c1", "bots", "chat", "complete_add", ["s1"])
+    return broker
+
+
+def _lite_bodies(broker: Broker) -> list[str]:
+    out: list[str] = []
+    while got := broker.receive("bots", "chat", FilterSpec(), 16, 60_000, "c1"):
+        for view in got:
+            broker.ack("bots", "chat", view.receipt_handle, lite_topic="s1")
+            out.append(view.body.decode())
+    return out
+
+
+@pytest.mark.parametrize("journal", [True, False], ids=["journaled", "not-journaled"])
+def test_lite_consumption_moves_to_a_new_master_with_the_log(tmp_path: Path, journal: bool) -> None:
+    """Lite topics have a pop service of their own; its positions are journaled too (a
+    queue of their own): acked ones are not delivered again, the rest are."""
+    clock = FakeClock()
+    broker = _lite_broker(tmp_path / "d", tmp_path / "m1", clock, journal=journal)
+    lite = MessageType.LITE
+    broker.send(
+        [
+            OutgoingMessage("chat", f"m{i}".encode(), message_type=lite, lite_topic="s1")
+            for i in range(4)
+        ]
+    )
+    first = broker.receive("bots", "chat", FilterSpec(), 2, 60_000, "c1")
+    assert [v.body for v in first] == [b"m0", b"m1"]
+    broker.ack("bots", "chat", first[0].receipt_handle, lite_topic="s1")  # m1 in flight
+    crash(broker)
+    again = _lite_broker(tmp_path / "d", tmp_path / "m2", clock, journal=journal)
+    try:
+        if journal:
+            assert _lite_bodies(again) == ["m1", "m2", "m3"]  # m0 acked: not again
+        else:
+            assert _lite_bodies(again) == ["m0", "m1", "m2", "m3"]  # starts over
+        assert POP_TOPIC not in [t.name for t in again.list_topics()]
+    finally:
+        again.close()
+        again.store.close()
