@@ -2,9 +2,10 @@
 
 Algorithm:
 
-- Each replica holds one ``Stream``; the master ships its visible log from
-  where the replica's log ends, at most ``window`` bytes unacknowledged, and
-  the replica acknowledges what is durable on its disk.
+- Each replica holds one ``Stream``; the master ships its log as written
+  (before its own fsync, which then overlaps the replica's) from where the
+  replica's log ends, at most ``window`` bytes unacknowledged, and the
+  replica acknowledges what is durable on its disk.
 - **In-sync set (ISR)**, Kafka's rule: a replica is in sync while it caught up
   within the last ``max_lag_ms`` (an acknowledgement reaching the master's
   end as it stood at the replica's previous acknowledgement) and lags by at
@@ -130,8 +131,9 @@ class ReplicationLeader:
         self._seq = itertools.count()
         self._deposed = False
         self._closed = threading.Event()
-        self._data = threading.Condition()  # new visible data for the streams
+        self._data = threading.Condition()  # new data for the streams
         store.add_listener(self._on_visible)
+        store.add_write_listener(self._on_written)
         self._checker = threading.Thread(
             target=self._check_isr_forever, name="halfmoon-isr", daemon=True
         )
@@ -386,6 +388,10 @@ class ReplicationLeader:
         with self._data:
             self._data.notify_all()
 
+    def _on_written(self) -> None:
+        with self._data:
+            self._data.notify_all()
+
     def stream(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         try:
             hello = protocol.field(protocol.decode(next(requests)), "hello", dict)
@@ -500,7 +506,7 @@ class ReplicationLeader:
             with self._data:
                 if self.settings.replica_reads and self.committed_offset() != told:
                     continue
-                if self.store.visible_offset <= position or position - progress.acked >= window:
+                if self.store.end_offset <= position or position - progress.acked >= window:
                     self._data.wait(protocol.HEARTBEAT_S)
 
     def _read_acks(self, progress: ReplicaProgress, requests: Iterator[bytes]) -> None:

@@ -120,6 +120,7 @@ class MessageStore:
         self._lock = threading.Lock()  # the append lock: offsets, writes, dispatch
         self._checkpoint_lock = threading.Lock()
         self._listeners: list[Callable[[AppendResult], None]] = []
+        self._write_listeners: list[Callable[[], None]] = []
         self._closed = False
         self._sync = config.flush == "sync"
         self._appends = 0
@@ -303,6 +304,8 @@ class MessageStore:
                 self._pending.extend(results)
         if self._sync:
             self._flusher.written()
+            for written in self._write_listeners:
+                written()
         else:
             self._visible_position = self._commitlog.write_position
             if self._listeners:
@@ -401,9 +404,15 @@ class MessageStore:
         return offset
 
     def read_shipment(self, position: int, max_bytes: int) -> bytes:
-        """The next chunk of this (a master's) log to ship from ``position``: visible bytes
-        only, cut as ``shipping.read_chunk`` says. Empty when nothing new is visible."""
-        return read_chunk(self._commitlog, position, self._visible_position, max_bytes)
+        """The next chunk of this (a master's) log to ship from ``position``, cut as
+        ``shipping.read_chunk`` says; empty when nothing new was written.
+
+        Written bytes, not only durable ones (as Kafka's and RocketMQ's replication do): a
+        replica's fsync then runs while the master's does instead of after it. Nothing is
+        acknowledged before both are durable. A replica holding bytes its master lost (a
+        power failure) cuts them when it follows again: a master appointed anew always
+        starts a new epoch, and the replica asks where its epoch ended."""
+        return read_chunk(self._commitlog, position, self._commitlog.write_position, max_bytes)
 
     @property
     def segment_size(self) -> int:
@@ -452,6 +461,12 @@ class MessageStore:
 
     def add_listener(self, listener: Callable[[AppendResult], None]) -> None:
         self._listeners = [*self._listeners, listener]
+
+    def add_write_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after each append is written, before it is durable (under
+        ``sync``; under ``async`` a write is visible at once and :meth:`add_listener`'s
+        listeners are told)."""
+        self._write_listeners = [*self._write_listeners, listener]
 
     def _notify(self, results: list[AppendResult]) -> None:
         for listener in self._listeners:
