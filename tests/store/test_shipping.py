@@ -3,6 +3,7 @@ dispatched to consume queues and the key index, bad chunks refused whole."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,30 @@ def test_below_the_retained_log_is_gone(tmp_path: Path) -> None:
         master._commitlog.delete_oldest()
         with pytest.raises(OffsetGone):
             master.read_shipment(0, 1000)
+
+
+def test_written_bytes_ship_before_the_masters_fsync_completes(tmp_path: Path) -> None:
+    """Under sync flush the master ships what it wrote, so a replica's fsync overlaps its
+    own; the write stays invisible (and unacknowledged) on the master until its fsync."""
+    with open_store(tmp_path / "m", flush="sync") as master, open_store(tmp_path / "r") as replica:
+        disk_free = threading.Event()
+        real_sync = master._commitlog.sync
+
+        def slow_sync(up_to: int | None = None) -> int:
+            disk_free.wait(10)  # a slow disk: this fsync takes until the test says
+            return real_sync(up_to)
+
+        master._commitlog.sync = slow_sync  # type: ignore[method-assign]
+        written = threading.Event()
+        master.add_write_listener(written.set)
+        (result,) = master.append([message(0)])
+        try:
+            assert written.is_set()
+            durable = master.durable(result.end_offset)
+            assert not durable.done() and master.visible_offset == 0
+            assert ship_all(master, replica) == 1  # shipped while the master's fsync runs
+            assert replica.end_offset == result.end_offset
+        finally:
+            disk_free.set()
+        durable.result(10)
+        assert master.visible_offset == result.end_offset
