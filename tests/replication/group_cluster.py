@@ -7,8 +7,9 @@ its replication ``Status`` over the replication service.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,34 @@ def status(
         call = channel.unary_unary(protocol.STATUS)
         request = {"queues": [list(q) for q in queues]}
         return protocol.decode(call(protocol.encode(request), timeout=timeout))
+
+
+def role(broker: BrokerProcess, timeout: float = 5.0) -> str | None:
+    """The member's role; None while it does not answer (being promoted or restarted)."""
+    try:
+        return str(status(broker, timeout=timeout)["role"])
+    except Exception:  # noqa: BLE001 - not answering for a moment is what this asks about
+        return None
+
+
+def acting_master(group: GroupCluster) -> BrokerProcess | None:
+    """The replica that has taken office, if one has."""
+    return next((b for b in group.replicas if role(b) == "master"), None)
+
+
+@contextlib.contextmanager
+def running(cluster: GroupCluster) -> Iterator[GroupCluster]:
+    """Start ``cluster``; afterwards kill it and print what each process said last (pytest
+    shows it when the test fails)."""
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.kill()
+        for broker in cluster.brokers:
+            print(f"--- {broker.name}\n" + "".join(broker.output[-40:]))
+        if cluster.proxy is not None:
+            print("--- proxy\n" + cluster.proxy.log_tail())
 
 
 def held(broker: BrokerProcess, topic: str, queues: int) -> int:

@@ -20,7 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.replication.group_cluster import GroupCluster, receive_all, status, wait_for
+from tests.replication.group_cluster import (
+    GroupCluster,
+    acting_master,
+    receive_all,
+    role,
+    running,
+    status,
+    wait_for,
+)
 from tests.replication.send_load import SendLoad
 from tests.replication.test_group_replication import message, producer
 
@@ -29,15 +37,8 @@ SENDERS = 4
 
 @pytest.fixture
 def group(tmp_path: Path) -> Iterator[GroupCluster]:
-    cluster = GroupCluster(tmp_path / "group", mode="sync", min_insync=1).start()
-    try:
+    with running(GroupCluster(tmp_path / "group", mode="sync", min_insync=1)) as cluster:
         yield cluster
-    finally:
-        cluster.kill()
-        for broker in cluster.brokers:  # what each member said (shown when the test fails)
-            print(f"--- {broker.name}\n" + "".join(broker.output[-40:]))
-        if cluster.proxy is not None:
-            print("--- proxy\n" + cluster.proxy.log_tail())
 
 
 def test_a_killed_master_is_replaced_within_10_s_and_no_acknowledged_message_is_lost(
@@ -53,10 +54,7 @@ def test_a_killed_master_is_replaced_within_10_s_and_no_acknowledged_message_is_
         killed = time.monotonic()
         shutil.rmtree(group.master.data_dir)
         new_master = wait_for(
-            lambda: next(
-                (b for b in group.replicas if _role(b) == "master"),
-                None,
-            ),
+            lambda: acting_master(group),
             15,
             "a replica to take office",
         )
@@ -83,13 +81,6 @@ def test_a_killed_master_is_replaced_within_10_s_and_no_acknowledged_message_is_
     )
 
 
-def _role(broker: object) -> str | None:
-    try:
-        return str(status(broker)["role"])  # type: ignore[arg-type]
-    except Exception:  # noqa: BLE001 - a member being promoted may not answer for a moment
-        return None
-
-
 def test_a_master_cut_off_from_etcd_stops_acknowledging_then_gives_its_key_up(
     group: GroupCluster,
 ) -> None:
@@ -106,7 +97,7 @@ def test_a_master_cut_off_from_etcd_stops_acknowledging_then_gives_its_key_up(
     finally:
         group.etcd.resume()
     new_master = wait_for(
-        lambda: next((b for b in group.replicas if _role(b) == "master"), None),
+        lambda: acting_master(group),
         15,
         "a replica appointed master",
     )
@@ -116,7 +107,7 @@ def test_a_master_cut_off_from_etcd_stops_acknowledging_then_gives_its_key_up(
     # fetch (its own bookkeeping, acknowledged to nobody), never below the new master's start.
     start = status(new_master)["epochs"][-1][1]
     wait_for(
-        lambda: _role(group.master) == "replica" and status(group.master)["connected"],
+        lambda: role(group.master) == "replica" and status(group.master)["connected"],
         15,
         "the old master following the new one",
     )
@@ -145,7 +136,7 @@ def test_a_master_restarted_with_an_empty_data_directory_does_not_take_office_ag
     group.master.start()  # the same member and port, at once: its old lease still lives
     assert status(group.master)["role"] == "replica"
     new_master = wait_for(
-        lambda: next((b for b in group.replicas if _role(b) == "master"), None),
+        lambda: acting_master(group),
         15,
         "a replica appointed master",
     )

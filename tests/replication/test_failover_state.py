@@ -47,7 +47,14 @@ from halfmoon.broker.message import MessageType, OutgoingMessage
 from halfmoon.broker.topics import POP_TOPIC, TIMER_PROGRESS_TOPIC
 from halfmoon.cluster.remote_broker import RemoteBroker
 from tests.cluster.broker_processes import BrokerProcess
-from tests.replication.group_cluster import GroupCluster, held, status, wait_for
+from tests.replication.group_cluster import (
+    GroupCluster,
+    acting_master,
+    held,
+    running,
+    status,
+    wait_for,
+)
 from tests.replication.test_group_replication import message, producer
 from tests.server.test_lite_priority_python import lite_message, manager_of, subscribe
 
@@ -56,23 +63,9 @@ INVISIBLE_S = 20
 
 @pytest.fixture
 def group(tmp_path: Path) -> Iterator[GroupCluster]:
-    cluster = GroupCluster(tmp_path / "group", mode="sync", min_insync=1).start()
-    try:
+    with running(GroupCluster(tmp_path / "group", mode="sync", min_insync=1)) as cluster:
         wait_for(lambda: status(cluster.master)["isr"] == ["b1", "b2"], 15, "replicas in sync")
         yield cluster
-    finally:
-        cluster.kill()
-        for broker in cluster.brokers:  # what each member said (shown when the test fails)
-            print(f"--- {broker.name}\n" + "".join(broker.output[-40:]))
-        if cluster.proxy is not None:
-            print("--- proxy\n" + cluster.proxy.log_tail())
-
-
-def _role(broker: BrokerProcess) -> str | None:
-    try:
-        return str(status(broker)["role"])
-    except Exception:  # noqa: BLE001 - a member being promoted may not answer for a moment
-        return None
 
 
 def fail_over(group: GroupCluster) -> BrokerProcess:
@@ -80,7 +73,7 @@ def fail_over(group: GroupCluster) -> BrokerProcess:
     group.master.kill()
     shutil.rmtree(group.master.data_dir)
     new_master = wait_for(
-        lambda: next((b for b in group.replicas if _role(b) == "master"), None),
+        lambda: acting_master(group),
         20,
         "a replica to take office",
     )

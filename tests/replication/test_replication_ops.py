@@ -20,24 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.replication.group_cluster import CLUSTER, GroupCluster, status, wait_for
+from tests.replication.group_cluster import CLUSTER, GroupCluster, role, running, status, wait_for
 from tests.replication.test_group_replication import message, producer
-from tests.replication.test_switchover import failover, halfmoon, role
+from tests.replication.test_switchover import failover, halfmoon
 
 SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$")
 
 
 @pytest.fixture
 def group(tmp_path: Path) -> Iterator[GroupCluster]:
-    cluster = GroupCluster(tmp_path / "group", mode="async", min_insync=0).start()
-    try:
+    with running(GroupCluster(tmp_path / "group", mode="async", min_insync=0)) as cluster:
         yield cluster
-    finally:
-        cluster.kill()
-        for broker in cluster.brokers:
-            print(f"--- {broker.name}\n" + "".join(broker.output[-30:]))
-        if cluster.proxy is not None:
-            print("--- proxy\n" + cluster.proxy.log_tail())
 
 
 def scrape(group: GroupCluster) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -142,7 +135,9 @@ def test_lag_epoch_in_sync_and_failovers_are_exported_and_listed(group: GroupClu
     assert metric(planned, "halfmoon_replication_epoch", group="g1") == 2
     assert failovers(planned, "automatic") == 0
 
-    wait_for(lambda: role(group.brokers[0]) == "replica", 30, "b0 to rejoin as a replica")
+    wait_for(
+        lambda: role(group.brokers[0], timeout=1.0) == "replica", 30, "b0 to rejoin as a replica"
+    )
     wait_for(lambda: sorted(status(group.brokers[1])["isr"]) == ["b0", "b2"], 30, "all in sync")
     group.brokers[1].kill()  # the new master SIGKILLed: its lease expires, a controller acts
     automatic = wait_for(

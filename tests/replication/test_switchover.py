@@ -21,7 +21,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -30,6 +29,8 @@ from tests.replication.group_cluster import (
     GROUP,
     GroupCluster,
     receive_all,
+    role,
+    running,
     status,
     wait_for,
 )
@@ -44,15 +45,8 @@ MAX_PAUSE_S = 5.0
 
 @pytest.fixture
 def group(tmp_path: Path) -> Iterator[GroupCluster]:
-    cluster = GroupCluster(tmp_path / "group", mode="sync", min_insync=1).start()
-    try:
+    with running(GroupCluster(tmp_path / "group", mode="sync", min_insync=1)) as cluster:
         yield cluster
-    finally:
-        cluster.kill()
-        for broker in cluster.brokers:  # what each member said (shown when the test fails)
-            print(f"--- {broker.name}\n" + "".join(broker.output[-40:]))
-        if cluster.proxy is not None:
-            print("--- proxy\n" + cluster.proxy.log_tail())
 
 
 def halfmoon(*args: str) -> subprocess.CompletedProcess[str]:
@@ -71,13 +65,6 @@ def failover(group: GroupCluster, *extra: str) -> subprocess.CompletedProcess[st
         "cluster", "failover", GROUP, "--coordinator", group.etcd.url,
         "--cluster", CLUSTER, "--json", *extra,
     )  # fmt: skip
-
-
-def role(broker: Any) -> str | None:
-    try:
-        return str(status(broker, timeout=1.0)["role"])
-    except Exception:  # noqa: BLE001 - restarting or not answering yet
-        return None
 
 
 def test_switchover_under_load_loses_nothing_and_the_old_master_follows(
@@ -109,7 +96,11 @@ def test_switchover_under_load_loses_nothing_and_the_old_master_follows(
     new_master, old_master, other = group.brokers[2], group.brokers[0], group.brokers[1]
     assert status(new_master)["role"] == "master"
     assert status(new_master)["epoch"] == 2
-    wait_for(lambda: role(old_master) == "replica", 30, "the old master to rejoin as a replica")
+    wait_for(
+        lambda: role(old_master, timeout=1.0) == "replica",
+        30,
+        "the old master to rejoin as a replica",
+    )
     wait_for(
         lambda: sorted(status(new_master)["isr"]) == ["b0", "b1"],
         30,
@@ -158,14 +149,18 @@ def test_a_target_outside_the_in_sync_set_is_refused_and_nothing_changes(
     with urllib.request.urlopen(request, timeout=30) as answer:
         outcome = json.loads(answer.read())
     assert (outcome["master"], outcome["epoch"]) == ("b1", 2)
-    wait_for(lambda: role(group.brokers[1]) == "master", 15, "b1 to take office")
-    wait_for(lambda: role(group.brokers[0]) == "replica", 30, "b0 to rejoin as a replica")
+    wait_for(lambda: role(group.brokers[1], timeout=1.0) == "master", 15, "b1 to take office")
+    wait_for(
+        lambda: role(group.brokers[0], timeout=1.0) == "replica", 30, "b0 to rejoin as a replica"
+    )
     # And back: b1, a replica promoted in this process's life, steps down in its turn.
     wait_for(lambda: status(group.brokers[1])["isr"] == ["b0"], 30, "b0 in b1's in-sync set")
     back = failover(group)
     assert back.returncode == 0, back.stderr
     assert (json.loads(back.stdout)["master"], json.loads(back.stdout)["epoch"]) == ("b0", 3)
-    wait_for(lambda: role(group.brokers[1]) == "replica", 30, "b1 to rejoin as a replica")
+    wait_for(
+        lambda: role(group.brokers[1], timeout=1.0) == "replica", 30, "b1 to rejoin as a replica"
+    )
     wait_for(lambda: status(group.brokers[0])["isr"] == ["b1"], 30, "b1 in b0's in-sync set")
     bad = urllib.request.Request(
         f"http://127.0.0.1:{group.proxy.admin_port}/v1/cluster/groups/nogroup/failover",
@@ -183,11 +178,11 @@ def test_a_target_that_cannot_catch_up_times_out_and_the_master_takes_writes_aga
 ) -> None:
     # Async, and a lag bound and a lease long enough that a stopped replica stays in the
     # in-sync set, and a member, while the switchover (2 s to catch up) asks for it.
-    group = GroupCluster(
-        tmp_path / "group", mode="async", min_insync=0, max_lag_ms=30_000, lease_ttl_s=15
-    )
-    group.start()
-    try:
+    with running(
+        GroupCluster(
+            tmp_path / "group", mode="async", min_insync=0, max_lag_ms=30_000, lease_ttl_s=15
+        )
+    ) as group:
         wait_for(lambda: status(group.master)["isr"] == ["b1", "b2"], 15, "both replicas in sync")
         assert group.proxy is not None
         group.proxy.create_topic("orders", "normal", queues=1)
@@ -207,7 +202,3 @@ def test_a_target_that_cannot_catch_up_times_out_and_the_master_takes_writes_aga
             client.send(message("orders", 2))  # the master takes writes again
         finally:
             client.shutdown()
-    finally:
-        group.kill()
-        for broker in group.brokers:
-            print(f"--- {broker.name}\n" + "".join(broker.output[-30:]))
