@@ -132,8 +132,8 @@ class ReplicationLeader:
         self._deposed = False
         self._closed = threading.Event()
         self._data = threading.Condition()  # new data for the streams
-        store.add_listener(self._on_visible)
-        store.add_write_listener(self._on_written)
+        store.add_listener(self._wake_streams)  # visible
+        store.add_write_listener(self._wake_streams)  # written, not yet durable
         self._checker = threading.Thread(
             target=self._check_isr_forever, name="halfmoon-isr", daemon=True
         )
@@ -384,11 +384,7 @@ class ReplicationLeader:
 
     # -- the Stream ----------------------------------------------------------------------
 
-    def _on_visible(self, _result: object) -> None:
-        with self._data:
-            self._data.notify_all()
-
-    def _on_written(self) -> None:
+    def _wake_streams(self, _result: object = None) -> None:
         with self._data:
             self._data.notify_all()
 
