@@ -4,12 +4,16 @@ playwright's own browser download does not work everywhere this suite runs, so t
 browser is the system's ``/usr/bin/chromium`` (``./run test`` installs Debian's
 package when it is missing). Without it the tests skip, and under ``CI=true`` they
 fail instead. Every page a test opens fails the test on a JavaScript console error
-or an uncaught exception; screenshots go to the test's tmp dir.
+or an uncaught exception. Screenshots are the tests' artifacts: they go to
+``artifacts/dashboard/<test>/`` at the repository's root (git-ignored; ``$HALFMOON_ARTIFACTS``
+names another root), kept after the run for a person or a CI job to look at.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +33,9 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 ACTION_TIMEOUT_MS = 15_000
+ARTIFACTS = Path(
+    os.environ.get("HALFMOON_ARTIFACTS", Path(__file__).resolve().parents[2] / "artifacts")
+)
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +113,17 @@ def dashboard_in(browser: Any, server: ServerProcess, shots: Path) -> Iterator[D
 
 
 @pytest.fixture
-def dashboard(browser: Any, server: ServerProcess, tmp_path: Path) -> Iterator[DashboardPage]:
-    yield from dashboard_in(browser, server, tmp_path)
+def shots(request: pytest.FixtureRequest) -> Path:
+    """This test's screenshot directory under the artifacts root, emptied first."""
+    path = ARTIFACTS / "dashboard" / re.sub(r"[^\w.-]+", "_", request.node.name)
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+@pytest.fixture
+def dashboard(browser: Any, server: ServerProcess, shots: Path) -> Iterator[DashboardPage]:
+    yield from dashboard_in(browser, server, shots)
 
 
 SUPER = ("root", "root-secret-key")
@@ -146,9 +162,9 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
 
 
 @pytest.fixture
-def page(browser: Any, secured: ServerProcess, tmp_path: Path) -> Iterator[DashboardPage]:
+def page(browser: Any, secured: ServerProcess, shots: Path) -> Iterator[DashboardPage]:
     """A dashboard page on the server with authentication on (log in with log_in)."""
-    yield from dashboard_in(browser, secured, tmp_path)
+    yield from dashboard_in(browser, secured, shots)
 
 
 def log_in(dashboard: DashboardPage, credentials: tuple[str, str]) -> Any:

@@ -30,7 +30,7 @@ def cluster(tmp_path: Path) -> Iterator[ClusterServer]:
 
 
 def test_trace_through_a_proxy_and_a_killed_broker_on_the_overview(
-    cluster: ClusterServer, browser: Any, tmp_path: Path
+    cluster: ClusterServer, browser: Any, shots: Path
 ) -> None:
     topic, group = f"spread-{uuid.uuid4().hex[:6]}", f"g-{uuid.uuid4().hex[:6]}"
     cluster.create_topic(topic, queues=4)  # two queues on each broker
@@ -71,7 +71,7 @@ def test_trace_through_a_proxy_and_a_killed_broker_on_the_overview(
     status, trace = cluster.admin_call("GET", f"/v1/messages/{quiet['message_id']}/trace")
     assert [e["event"] for e in trace["events"]] == ["stored"]
 
-    pages = dashboard_in(browser, cluster, tmp_path)
+    pages = dashboard_in(browser, cluster, shots)
     dashboard = next(pages)
     page = dashboard.open("overview", "overview")
     assert "broker-b" in page.locator("main table").last.inner_text()
@@ -95,13 +95,15 @@ def test_trace_through_a_proxy_and_a_killed_broker_on_the_overview(
         next(pages)  # closes the context; fails on any console error
 
 
-def test_a_killed_replica_is_warned_about_on_the_overview(browser: Any, tmp_path: Path) -> None:
+def test_a_killed_replica_is_warned_about_on_the_overview(
+    browser: Any, tmp_path: Path, shots: Path
+) -> None:
     """A broker group (master, two replicas, sync, at least two in sync) behind a proxy: a
     SIGKILLed replica leaves the in-sync set, and the Overview says sync sends are refused."""
     group = GroupCluster(tmp_path / "group", mode="sync", min_insync=2).start()
     try:
         assert group.proxy is not None
-        pages = dashboard_in(browser, group.proxy, tmp_path)  # type: ignore[arg-type]
+        pages = dashboard_in(browser, group.proxy, shots)  # type: ignore[arg-type]
         dashboard = next(pages)
         page = dashboard.open("overview", "overview")
         page.wait_for_selector("#broker-groups td:has-text('b1, b2')", timeout=30_000)
@@ -116,6 +118,26 @@ def test_a_killed_replica_is_warned_about_on_the_overview(browser: Any, tmp_path
         lag = page.locator("#broker-groups tbody tr").first.inner_text().split("\t")[7]
         assert "b1: " in lag and "b2: " in lag, lag
         assert "broker group" not in page.locator("#warnings").inner_text()
+        # The Cluster page: the group's master and replicas, its epoch, each replica's lag.
+        page = dashboard.open("cluster", "cluster")
+        section = page.locator("section.broker-group[data-group='g1']")
+        # Each replica's lag as the master reports it (the page redraws every 5 s).
+        page.wait_for_function(
+            """() => [...document.querySelectorAll("section.broker-group tbody tr")]
+                .filter((tr) => tr.cells[1].textContent === "replica" && tr.cells[5].textContent)
+                .length === 2"""
+        )
+        facts = section.locator("p").inner_text()
+        assert f"master b0, epoch {shown['epoch']}" in facts and "sync replication" in facts, facts
+        assert "at least 2 in sync" in facts, facts
+        members = cluster_members(section)
+        assert members["b0"][:2] == ["master", "live"], members
+        for replica in ("b1", "b2"):
+            role, state, in_sync, connected, lag_bytes = members[replica][:5]
+            assert (role, state, in_sync, connected) == ("replica", "live", "yes", "yes"), members
+            assert lag_bytes.endswith("B"), members  # e.g. "0 KiB"
+        dashboard.screenshot("cluster-broker-group")
+        page = dashboard.open("overview", "overview")
         group.replicas[1].kill()  # SIGKILL
         page.wait_for_selector(
             "#warnings li:has-text('broker group g1 has 1 in-sync replica(s), fewer than its "
@@ -125,7 +147,29 @@ def test_a_killed_replica_is_warned_about_on_the_overview(browser: Any, tmp_path
         row = page.locator("#broker-groups tbody tr").first.inner_text()
         assert "b2" not in row.split("\t")[4]  # no longer in the in-sync set
         dashboard.screenshot("overview-replica-down")
+        # The Cluster page says the same: b2 out of the in-sync set, and the warning.
+        page = dashboard.open("cluster", "cluster")
+        page.wait_for_selector("#cluster-warnings li:has-text('sync sends are refused')")
+        # b2 stays listed while its master still reports on it: down, out of sync, cut off.
+        section = page.locator("section.broker-group[data-group='g1']")
+        page.wait_for_function(
+            """() => [...document.querySelectorAll("section.broker-group tbody tr")].some((tr) =>
+                tr.cells[0].textContent === "b2" && tr.cells[2].textContent === "down"
+                && tr.cells[3].textContent === "no")""",
+            timeout=30_000,
+        )
+        members = cluster_members(section)
+        assert members["b2"][:4] == ["replica", "down", "no", "no"], members
+        assert members["b1"][:4] == ["replica", "live", "yes", "yes"], members
         with pytest.raises(StopIteration):
             next(pages)  # closes the context; fails on any console error
     finally:
         group.kill()
+
+
+def cluster_members(section: Any) -> dict[str, list[str]]:
+    """A broker group's table on the Cluster page: member -> role, state, in sync,
+    connected, replication lag, lag in time."""
+    rows = section.locator("tbody tr")
+    cells = [rows.nth(i).locator("td").all_inner_texts() for i in range(rows.count())]
+    return {row[0]: row[1:] for row in cells}

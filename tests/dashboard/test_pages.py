@@ -234,10 +234,16 @@ def test_messages_page_finds_by_key_and_opens_the_trace(dashboard, server):
     dashboard.screenshot("message")
 
 
-def test_cluster_page_says_what_is_not_there_yet(dashboard, server):
+def test_cluster_page_shows_the_single_broker(dashboard, server):
     page = dashboard.open("cluster", "cluster")
-    assert server.grpc in page.locator("main table").inner_text()
-    assert "replicas" in page.locator(".notice").inner_text()
+    brokers = page.locator("#cluster-brokers tbody tr")
+    assert brokers.count() == 1
+    cells = brokers.first.locator("td").all_inner_texts()
+    name = api(server, "GET", "/v1/broker/status")["name"]
+    assert cells[:4] == [name, "master", "up", server.grpc], cells
+    # One broker on its own has no replicas, and the page says where they would be shown.
+    assert "no replicas" in page.locator("#no-replication").inner_text()
+    assert page.locator("section.broker-group").count() == 0
 
 
 def test_an_unreachable_broker_is_said_plainly(dashboard, server):

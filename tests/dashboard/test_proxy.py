@@ -24,7 +24,7 @@ def proxied(tmp_path: Path) -> Iterator[ProxiedServer]:
 
 
 def test_a_proxy_serves_the_overview_with_the_brokers_traffic(
-    proxied: ProxiedServer, browser: Any, tmp_path: Path
+    proxied: ProxiedServer, browser: Any, shots: Path
 ) -> None:
     proxied.create_topic("through-proxy", queues=1)
     for i in range(3):
@@ -41,7 +41,7 @@ def test_a_proxy_serves_the_overview_with_the_brokers_traffic(
 
     context = browser.new_context()
     try:
-        page = DashboardPage(context.new_page(), proxied.admin, tmp_path)
+        page = DashboardPage(context.new_page(), proxied.admin, shots)
         page.open("overview", "overview")
         assert page.page.locator("#dead-letters .value").inner_text() == "0"
         page.open("topics?search=through", "topics")

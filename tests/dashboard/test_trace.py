@@ -40,8 +40,8 @@ def checked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
 
 
 @pytest.fixture
-def dashboard(browser: Any, checked: ServerProcess, tmp_path: Path) -> Iterator[DashboardPage]:
-    yield from dashboard_in(browser, checked, tmp_path)
+def dashboard(browser: Any, checked: ServerProcess, shots: Path) -> Iterator[DashboardPage]:
+    yield from dashboard_in(browser, checked, shots)
 
 
 def unique(prefix: str) -> str:

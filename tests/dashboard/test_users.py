@@ -12,9 +12,7 @@ from tests.dashboard.conftest import READER, SUPER, dashboard_in, log_in
 USER_CONTROLS = "#create-user, #update-user, #create-policy, main button.danger"
 
 
-def test_a_super_user_manages_users_and_policies_and_a_reader_cannot(
-    page, secured, browser, tmp_path
-):
+def test_a_super_user_manages_users_and_policies_and_a_reader_cannot(page, secured, browser, shots):
     browser_page = log_in(page, SUPER)
     page.wait_loaded("overview")
     page.open("users", "users")
@@ -61,7 +59,7 @@ def test_a_super_user_manages_users_and_policies_and_a_reader_cannot(
     assert browser_page.locator(USER_CONTROLS).count() > 0
 
     # The reader in a browser of its own: its console must show nothing but the refusals.
-    with contextmanager(dashboard_in)(browser, secured, tmp_path) as reader:
+    with contextmanager(dashboard_in)(browser, secured, shots) as reader:
         reader_page = log_in(reader, READER)
         reader.wait_loaded("overview")
         for route in ("users", f"user?name={name}"):

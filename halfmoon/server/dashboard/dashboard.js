@@ -536,7 +536,7 @@ async function messagePage(root, params) {
       .map(([k, v]) => [k, v === null ? "" : typeof v === "object" ? JSON.stringify(v) : String(v)])
       .concat(Object.entries(message.properties).map(([k, v]) => [`property ${k}`, v]))))
       : el("p", { class: "muted" }, "no stored copy (rolled back, or removed by retention): its trace follows"),
-    message ? el("section", {}, el("h2", {}, "Body"), bodyView(message)) : null,
+    ...(message ? [el("section", {}, el("h2", {}, "Body"), bodyView(message))] : []),
     el("section", { id: "trace" }, el("h2", {}, "Trace"), timeline,
       offsets.length ? el("ul", { class: "muted", id: "offsets" }, offsets.map((line) => el("li", {}, line))) : null,
       el("p", { class: "muted" }, "Recorded by the broker for topics with trace on; pull consumers commit offsets instead of acking each message.")));
@@ -584,14 +584,57 @@ async function transactionsPage(root) {
       table(["", "transaction", "topic", "producer group", "age", "checks", "next check", "keys"], rows(parked.transactions, true))));
 }
 
+// One broker group: its master and each replica, with the replica's progress as the master
+// reports it (lag in bytes of commit log and in milliseconds, in the in-sync set or not).
+function brokerGroupSection(g) {
+  const isr = new Set(g.isr || []);
+  const live = new Set(g.members || []);
+  const progress = g.replicas || {};
+  const names = [...new Set([...(g.master ? [g.master] : []), ...(g.members || []), ...(g.isr || []),
+    ...Object.keys(progress)])]
+    .sort((a, b) => (a === g.master ? -1 : b === g.master ? 1 : a.localeCompare(b)));
+  const rows = names.map((name) => {
+    const p = progress[name] || {};
+    const master = name === g.master;
+    return [name, master ? "master" : "replica",
+      el("span", { class: live.has(name) ? "state-ok" : "state-down" }, live.has(name) ? "live" : "down"),
+      master ? "" : isr.has(name) ? "yes" : "no",
+      master || p.connected === undefined ? "" : p.connected ? "yes" : "no",
+      master || p.lag_bytes === undefined ? "" : fmtBytes(p.lag_bytes),
+      master || p.lag_ms === undefined ? "" : `${p.lag_ms} ms`];
+  });
+  const facts = [`master ${g.master || "none"}`, `epoch ${g.epoch ?? ""}`,
+    g.mode ? `${g.mode} replication` : null,
+    g.min_insync_replicas !== undefined && g.min_insync_replicas !== null ? `at least ${g.min_insync_replicas} in sync` : null,
+    g.failovers !== undefined ? `${g.failovers} failover(s)` : null,
+    g.switchovers !== undefined ? `${g.switchovers} switchover(s)` : null].filter(Boolean);
+  return el("section", { class: "broker-group", "data-group": g.group },
+    el("h2", {}, `Broker group ${g.group}`), el("p", { class: "muted" }, facts.join(", ")),
+    table(["member", "role", "state", "in sync", "connected", "replication lag", "lag (time)"], rows));
+}
+
 async function clusterPage(root) {
   const cluster = await get("/v1/cluster");
+  const groups = cluster.broker_groups || [];
+  const warnings = [...brokerWarnings(cluster.brokers), ...groupWarnings(groups)];
   root.replaceChildren(el("h2", {}, `Cluster ${cluster.cluster}`),
-    table(["broker", "role", "state", "gRPC", "admin", "version", "uptime"], cluster.brokers.map((b) =>
-      [brokerName(b), b.role || "", brokerState(b)[0], b.grpc || b.endpoint || "", b.admin || "",
-        b.version || "", b.uptime_ms ? fmtAge(b.uptime_ms) : ""])),
-    el("p", { class: "notice" }, "Masters with their replicas, epochs and replication lag arrive with " +
-      "broker replication, a later issue; this page shows what the cluster reports today."));
+    ...(warnings.length ? [el("section", { id: "cluster-warnings" }, el("h2", {}, "Warnings"),
+      el("ul", {}, warnings.map((w) => el("li", { class: "warning" }, w))))] : []),
+    el("section", { id: "cluster-brokers" }, el("h2", {}, "Brokers"),
+      table(["broker", "role", "state", "gRPC", "admin", "version", "uptime", "queues"], cluster.brokers.map((b) =>
+        [brokerName(b), b.role || "",
+          el("span", { class: brokerState(b)[1] ? "state-ok" : "state-down" }, brokerState(b)[0]),
+          b.grpc || b.endpoint || "", b.admin || "", b.version || "", b.uptime_ms ? fmtAge(b.uptime_ms) : "",
+          b.queues ?? ""]))),
+    ...((cluster.proxies || []).length ? [el("section", { id: "cluster-proxies" }, el("h2", {}, "Proxies"),
+      table(["proxy", "state", "endpoint", "uptime"], cluster.proxies.map((p) => [p.name,
+        el("span", { class: p.state === "live" ? "state-ok" : "state-down" }, p.state || ""),
+        p.endpoint || "", p.uptime_ms ? fmtAge(p.uptime_ms) : ""])))] : []),
+    ...(groups.length ? groups.map(brokerGroupSection)
+      : [el("p", { class: "notice", id: "no-replication" }, cluster.proxies === undefined
+        ? "One broker on its own (halfmoon serve): no replicas. In cluster mode this page lists " +
+          "each broker group's master, replicas, epoch and replication lag (docs/replication.md)."
+        : "No broker group is replicated in this cluster (docs/replication.md).")]));
 }
 
 // -- routing and live refresh -------------------------------------------------------------
