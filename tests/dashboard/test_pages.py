@@ -100,6 +100,27 @@ def test_topics_search_pages_and_create_delete(dashboard, server):
     assert status == 404
 
 
+def test_topics_list_refreshes_live_and_keeps_what_is_typed(dashboard, server):
+    topic = unique("lively")
+    server.create_topic(topic, queues=1)
+    page = dashboard.open(f"topics?search={topic}", "topics")
+    rate = page.locator("#topic-list tbody tr").first.locator("td").nth(4)
+    assert rate.inner_text() == "0.00"
+    typing = page.locator("#create-topic input[name=name]")
+    typing.fill("half-typed")
+    for i in range(20):
+        send(server, topic, f"m{i}")
+    # The list redraws itself every few seconds (no reload, no click)...
+    page.wait_for_function(
+        "() => document.querySelector('#topic-list tbody tr td:nth-child(5)').textContent"
+        " !== '0.00'"
+    )
+    assert float(rate.inner_text()) > 0
+    # ...and leaves the forms alone: what the user was typing is still there.
+    assert typing.input_value() == "half-typed"
+    assert page.locator("main").get_attribute("data-loaded") == "topics"
+
+
 def test_topics_list_shows_rate_and_backlog(dashboard, server):
     topic, group = unique("busy"), unique("slow")
     server.create_topic(topic, queues=1)
@@ -128,6 +149,21 @@ def test_topic_page_sends_a_test_message_and_shows_queues(dashboard, server):
     found = api(server, "GET", f"/v1/topics/{topic}/messages?key=test-key")["messages"]
     assert [m["message_id"] for m in found] == [sent_id]
     assert messages_in(server, topic) == 1
+    # The queues table refreshes by itself: the test message shows without a reload.
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#queues tbody tr')]"
+        ".some((tr) => tr.cells[3].textContent === '1')"
+    )
+    assert '"queue_id"' in page.locator("#route pre").inner_text()
+
+    # Change the topic (confirmed by the fixture): four queues, read-only.
+    form = page.locator("#update-topic")
+    form.locator("input[name=queue_count]").fill("4")
+    form.locator("select[name=perm]").select_option("r")
+    form.get_by_role("button", name="update").click()
+    page.wait_for_selector("main p:has-text('4 queues, perm r')")
+    shown = api(server, "GET", f"/v1/topics/{topic}")
+    assert (shown["queue_count"], shown["perm"]) == (4, "r")
 
 
 def test_group_page_resets_an_offset_to_a_time(dashboard, server):
@@ -156,6 +192,28 @@ def test_group_page_resets_an_offset_to_a_time(dashboard, server):
     progress = api(server, "GET", f"/v1/groups/{group}/progress")["queues"]
     assert [(q["committed_offset"], q["lag"]) for q in progress] == [(0, 3)]
     dashboard.screenshot("group")
+
+
+def test_group_page_shows_the_grpc_clients_connected_now(dashboard, server):
+    topic, group = unique("watched"), unique("watchers")
+    server.create_topic(topic, queues=1)
+    server.create_group(group)
+    page = dashboard.open(f"group?name={group}", "group")
+    assert "no client of this group is connected" in page.locator("#clients").inner_text()
+    selector = {topic: MessageSelector.by_tag("red || blue")}
+    with SyncSimpleConsumer(server.grpc, group, selector) as consumer:
+        consumer.receive(1, 10, wait=0)  # settings and telemetry reach the broker
+        clients = api(server, "GET", f"/v1/groups/{group}/clients")["clients"]
+        assert len(clients) == 1
+        # The clients section refreshes by itself: the consumer shows without a reload.
+        row = page.locator("#clients tbody tr")
+        row.wait_for()
+        cells = row.locator("td").all_inner_texts()
+        assert cells[0] == clients[0]["client_id"]
+        assert cells[2] == f"{topic} (tag red || blue)"
+        dashboard.screenshot("group-clients")
+    # Gone once the consumer closes.
+    page.wait_for_selector("#clients:has-text('no client of this group is connected')")
 
 
 def test_group_page_resends_a_dead_letter(dashboard, server):
@@ -232,6 +290,46 @@ def test_messages_page_finds_by_key_and_opens_the_trace(dashboard, server):
     assert f"delivered to group {group} (attempt 1)" in trace
     assert f"acked by group {group} (attempt 1)" in trace
     dashboard.screenshot("message")
+
+
+def test_messages_page_finds_by_id_and_by_time_range_with_a_filter(dashboard, server):
+    topic = unique("ranged")
+    server.create_topic(topic, queues=1)
+    red = api(server, "POST", f"/v1/topics/{topic}/messages", {"body": "r", "tag": "red"})
+    blue = api(server, "POST", f"/v1/topics/{topic}/messages", {"body": "b", "tag": "blue"})
+    page = dashboard.open("messages", "messages")
+    by_id = page.locator("#by-id")
+    by_id.locator("input[name=id]").fill(blue["message_id"])
+    by_id.get_by_role("button", name="find by id").click()
+    page.wait_for_selector(f"#results a:text-is('{blue['message_id']}')")
+    assert page.locator("#results tbody tr").count() == 1
+
+    def found() -> list[list[str]]:
+        rows = page.locator("#results tbody tr")
+        return [rows.nth(i).locator("td").all_inner_texts() for i in range(rows.count())]
+
+    form = page.locator("#by-time")
+    form.locator("input[name=topic]").fill(topic)
+    form.locator("input[name=begin]").fill(
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 600))
+    )
+    form.locator("select[name=filter_type]").select_option("tag")
+    form.locator("input[name=filter]").fill("red")
+    form.get_by_role("button", name="find in time range").click()
+    page.wait_for_selector(f"#results a:text-is('{red['message_id']}')")
+    assert [(r[0], r[4]) for r in found()] == [(red["message_id"], "red")]
+    # The same range with an SQL92 filter on the tag.
+    form.locator("select[name=filter_type]").select_option("sql92")
+    form.locator("input[name=filter]").fill("TAGS = 'blue'")
+    form.get_by_role("button", name="find in time range").click()
+    page.wait_for_selector(f"#results a:text-is('{blue['message_id']}')")
+    assert [(r[0], r[4]) for r in found()] == [(blue["message_id"], "blue")]
+    # A range that ends before both: nothing.
+    form.locator("input[name=end]").fill(
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 300))
+    )
+    form.get_by_role("button", name="find in time range").click()
+    page.wait_for_selector("#results:has-text('no message found')")
 
 
 def test_cluster_page_shows_the_single_broker(dashboard, server):

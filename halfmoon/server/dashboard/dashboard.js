@@ -306,20 +306,20 @@ async function topicsPage(root, params) {
   el("input", { name: "queue_count", type: "number", min: 1, value: 8, style: "width:5em" }),
   el("button", { type: "submit" }, "create topic"));
   root.replaceChildren(el("h2", {}, "Topics"), searchForm, ...writable(createForm),
-    pager(found.total, offset, go),
+    el("div", { id: "topic-list", "data-live": true }, pager(found.total, offset, go),
     table(["name", "type", "queues", "perm", "in/s", "backlog", "created", ""], found.topics.map((t) => [
       el("a", { href: `#/topic?name=${q(t.name)}` }, t.name), t.message_type, t.queue_count,
       t.perm, (rate.get(t.name) || 0).toFixed(2), backlog.has(t.name) ? backlog.get(t.name) : "",
       fmtTime(t.created_ms),
       writable(el("button", { class: "danger", onclick: () => act(
-        () => api("DELETE", `/v1/topics/${q(t.name)}`), `Delete topic ${t.name} and its messages?`) }, "delete"))])));
+        () => api("DELETE", `/v1/topics/${q(t.name)}`), `Delete topic ${t.name} and its messages?`) }, "delete"))]))));
 }
 
 async function topicPage(root, params) {
   const name = params.get("name");
   const [topic, status, route] = await Promise.all([get(`/v1/topics/${q(name)}`),
     get(`/v1/topics/${q(name)}/status`), get(`/v1/topics/${q(name)}/route`)]);
-  const updateForm = el("form", { class: "inline", onsubmit: (e) => {
+  const updateForm = el("form", { class: "inline", id: "update-topic", onsubmit: (e) => {
     e.preventDefault();
     act(() => api("PATCH", `/v1/topics/${q(name)}`, { queue_count: Number(formValue(e.target, "queue_count")),
       perm: formValue(e.target, "perm") }), `Change topic ${name}?`);
@@ -345,10 +345,10 @@ async function topicPage(root, params) {
     el("p", {}, `type ${topic.message_type}, ${topic.queue_count} queues, perm ${topic.perm}`),
     ...writable(el("section", {}, el("h2", {}, "Change"), updateForm),
       el("section", {}, el("h2", {}, "Send a test message"), sendForm, result)),
-    el("section", {}, el("h2", {}, "Queues"),
+    el("section", { id: "queues", "data-live": true }, el("h2", {}, "Queues"),
       table(["queue", "min offset", "max offset", "messages"],
         status.queues.map((x) => [x.queue_id, x.min_offset, x.max_offset, x.max_offset - x.min_offset]))),
-    el("section", {}, el("h2", {}, "Route"), el("pre", {}, JSON.stringify(route, null, 2))));
+    el("section", { id: "route", "data-live": true }, el("h2", {}, "Route"), el("pre", {}, JSON.stringify(route, null, 2))));
 }
 
 async function groupsPage(root, params) {
@@ -365,11 +365,11 @@ async function groupsPage(root, params) {
     el("form", { class: "inline", onsubmit: (e) => { e.preventDefault(); go(0, formValue(e.target, "search")); } },
       el("input", { name: "search", placeholder: "search groups", value: search }),
       el("button", { type: "submit" }, "search")),
-    pager(found.total, offset, go),
+    el("div", { id: "group-list", "data-live": true }, pager(found.total, offset, go),
     table(["name", "fifo", "max attempts", "lag (consumed in 24 h)", "dead letters", "consume from"], found.groups.map((g) => [
       el("a", { href: `#/group?name=${q(g.name)}` }, g.name), g.fifo ? "yes" : "no",
       g.max_delivery_attempts, lag.has(g.name) ? lag.get(g.name) : "", deadLetters.get(g.name) || 0,
-      g.consume_from])));
+      g.consume_from]))));
 }
 
 async function groupPage(root, params) {
@@ -394,17 +394,17 @@ async function groupPage(root, params) {
   el("button", { type: "submit" }, "reset offset"));
   const retries = progress.queues.reduce((s, x) => s + x.inflight, 0);
   root.replaceChildren(el("h2", {}, `Consumer group ${name}`),
-    el("p", {}, `fifo ${group.fifo ? "yes" : "no"}, at most ${group.max_delivery_attempts} deliveries, ` +
+    el("p", { id: "group-summary", "data-live": true }, `fifo ${group.fifo ? "yes" : "no"}, at most ${group.max_delivery_attempts} deliveries, ` +
       `${retries} in flight (delivered, awaiting ack or retry), ${letters.length} dead letter(s) shown`),
-    el("section", {}, el("h2", {}, "Lag per queue"),
+    el("section", { id: "lag", "data-live": true }, el("h2", {}, "Lag per queue"),
       table(["topic", "queue", "committed", "max", "lag", "in flight"], progress.queues.map((x) =>
         [x.topic, x.queue_id, x.committed_offset, x.max_offset, x.lag, x.inflight]))),
     ...writable(el("section", {}, el("h2", {}, "Reset offset to a time"), resetForm)),
-    el("section", { id: "clients" }, el("h2", {}, "Connected gRPC clients"),
+    el("section", { id: "clients", "data-live": true }, el("h2", {}, "Connected gRPC clients"),
       clients.clients.length ? table(["client", "address", "subscriptions"], clients.clients.map((c) =>
         [c.client_id, c.address || c.peer || "", c.subscriptions.map((s) => `${s.topic} (${s.filter_type} ${s.filter})`).join(", ")]))
         : el("p", { class: "muted" }, "no client of this group is connected")),
-    el("section", { id: "dead-letters" }, el("h2", {}, `Dead letters (${dlqTopic})`),
+    el("section", { id: "dead-letters", "data-live": true }, el("h2", {}, `Dead letters (${dlqTopic})`),
       letters.length ? table(["message", "from topic", "attempts", "stored", "body", ""], letters.map((m) => [
         el("a", { href: `#/message?id=${q(m.message_id)}` }, m.message_id), m.dead_letter_topic || "",
         m.dead_letter_attempts, fmtTime(m.store_timestamp), (m.body || "").slice(0, 60),
@@ -639,9 +639,12 @@ async function clusterPage(root) {
 
 // -- routing and live refresh -------------------------------------------------------------
 
+// How a page refreshes: true, all of it; PARTS, only its elements marked data-live (each with
+// an id), leaving its forms alone; false, only after an action.
+const PARTS = "parts";
 const PAGES = {
-  overview: [overviewPage, true], topics: [topicsPage, false], topic: [topicPage, false],
-  groups: [groupsPage, false], group: [groupPage, false], messages: [messagesPage, false],
+  overview: [overviewPage, true], topics: [topicsPage, PARTS], topic: [topicPage, PARTS],
+  groups: [groupsPage, PARTS], group: [groupPage, PARTS], messages: [messagesPage, false],
   message: [messagePage, false], transactions: [transactionsPage, true], cluster: [clusterPage, true],
 };
 
@@ -658,22 +661,29 @@ async function route() {
   }
   const root = document.getElementById("page");
   const serial = ++renderSerial;
-  const draw = async () => {
+  const draw = async (refresh) => {
     const next = el("div", {});
     try {
       await render(next, params);
       if (serial !== renderSerial) return;  // the user moved on meanwhile
-      root.replaceChildren(...next.childNodes);
+      const parts = [...next.querySelectorAll("[data-live]")];
+      const shown = parts.map((part) => document.getElementById(part.id));
+      if (refresh && live === PARTS && root.dataset.loaded === name && shown.every(Boolean)) {
+        parts.forEach((part, i) => shown[i].replaceWith(part));
+      } else {
+        root.replaceChildren(...next.childNodes);
+      }
       root.dataset.loaded = name;
+      root.dataset.drawn = String(Number(root.dataset.drawn || 0) + 1);
       clearError();
     } catch (err) {
       if (serial === renderSerial) showError(err);
     }
   };
-  await draw();
-  // Live pages redraw every few seconds; pages with forms redraw only after an action,
-  // so a refresh never wipes what the user is typing.
-  if (live) session.timers.push(setInterval(draw, REFRESH_MS));
+  await draw(false);
+  // Live pages redraw every few seconds. Pages with forms redraw only their figures (the
+  // elements marked data-live), so a refresh never wipes what the user is typing.
+  if (live) session.timers.push(setInterval(() => draw(true), REFRESH_MS));
 }
 
 // -- login --------------------------------------------------------------------------------
