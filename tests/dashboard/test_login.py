@@ -6,7 +6,19 @@ from __future__ import annotations
 
 from tests.dashboard.conftest import READER, SUPER, log_in
 
-MUTATING = "#create-topic, #send-test, #reset-offset, #commit, #rollback, #resume, button.danger"
+MUTATING = (
+    "#create-topic, #update-topic, #send-test, #reset-offset, #commit, #rollback, #resume,"
+    " button.danger, main input[type=checkbox]"
+)
+# The only buttons a read-only user may see: searching, paging and the body views.
+READ_ONLY_BUTTONS = {
+    "search",
+    "previous",
+    "next",
+    "find by id",
+    "find by key",
+    "find in time range",
+}
 
 
 def test_a_read_only_user_sees_everything_and_no_mutating_control(page, secured):
@@ -14,13 +26,19 @@ def test_a_read_only_user_sees_everything_and_no_mutating_control(page, secured)
     page.wait_loaded("overview")
     assert page.page.locator("#user").inner_text().startswith("reader (read-only)")
     for route, name in [
+        ("overview", "overview"),
         ("topics", "topics"),
         ("topic?name=visible", "topic"),
+        ("groups", "groups"),
         ("group?name=watchers", "group"),
+        ("messages", "messages"),
         ("transactions", "transactions"),
+        ("cluster", "cluster"),
     ]:
         page.open(route, name)
         assert browser_page.locator(MUTATING).count() == 0, route
+        buttons = set(browser_page.locator("main button").all_inner_texts())
+        assert buttons <= READ_ONLY_BUTTONS, (route, buttons - READ_ONLY_BUTTONS)
     page.open("topics", "topics")
     assert browser_page.locator("main tbody a:text-is('visible')").count() == 1
     page.screenshot("read-only-topics")
@@ -45,6 +63,13 @@ def test_a_wrong_secret_is_refused_and_a_super_user_gets_the_controls(page, secu
     browser_page.fill("#login input[name=secret_key]", SUPER[1])
     browser_page.click("#login button")
     page.wait_loaded("overview")
+    for route, name, control in [
+        ("topic?name=visible", "topic", "#update-topic"),
+        ("group?name=watchers", "group", "#reset-offset"),
+        ("transactions", "transactions", "#commit"),
+    ]:
+        page.open(route, name)
+        assert browser_page.locator(control).count() == 1, route
     page.open("topics", "topics")
     form = browser_page.locator("#create-topic")
     form.locator("input[name=name]").fill("made-by-root")

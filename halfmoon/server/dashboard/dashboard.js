@@ -215,7 +215,8 @@ async function overviewPage(root) {
   const txn = config.transaction;
   const window = txn.timeout_ms + txn.check_interval_ms;
   const warnings = [];
-  const stale = pending.transactions.filter((t) => t.age_ms > window);
+  // Parked transactions have their own warning: these are the ones still under checks.
+  const stale = pending.transactions.filter((t) => t.state !== "parked" && t.age_ms > window);
   if (stale.length) {
     warnings.push(`${stale.length} half message(s) older than the check window ` +
       `(${fmtAge(window)}): their producers do not answer checks`);
@@ -519,11 +520,15 @@ async function committedBy(message) {
 
 async function messagePage(root, params) {
   const id = params.get("id");
-  const [trace, found] = await Promise.all([get(`/v1/messages/${q(id)}/trace`),
-    get(`/v1/messages/${q(id)}`).then((r) => r.messages, (err) => {
-      if (err.status === 404) return [];  // a rolled-back transaction leaves only its trace
+  const trace = await get(`/v1/messages/${q(id)}/trace`);
+  // The trace has a "stored" event for each stored copy: without one (a rolled-back
+  // transaction, or a message removed by retention) there is nothing to read, and asking
+  // would only earn a 404.
+  const found = !trace.events.some((e) => e.event === "stored") ? []
+    : await get(`/v1/messages/${q(id)}`).then((r) => r.messages, (err) => {
+      if (err.status === 404) return [];  // removed meanwhile
       throw err;
-    })]);
+    });
   const original = found.find((m) => !m.dead_letter_group) || found[0];
   const message = found.find((m) => m.topic === params.get("topic")) || original;
   const offsets = original ? await committedBy(original) : [];
@@ -556,6 +561,8 @@ async function transactionsPage(root) {
   const [pending, parked, config] = await Promise.all([get("/v1/transactions?limit=1000"),
     get("/v1/transactions/parked?limit=1000"), get("/v1/config")]);
   const txn = config.transaction;
+  // /v1/transactions lists every undecided transaction, parked ones too: they have their table.
+  const underChecks = pending.transactions.filter((t) => t.state !== "parked");
   // The selection survives the live refresh (and is pruned to what still exists).
   const selected = session.selected;
   const known = new Set([...pending.transactions, ...parked.transactions].map((t) => t.transaction_id));
@@ -578,8 +585,8 @@ async function transactionsPage(root) {
       el("button", { id: "commit", onclick: decide("commit") }, "commit selected"),
       el("button", { id: "rollback", class: "danger", onclick: decide("rollback") }, "roll back selected"),
       el("button", { id: "resume", onclick: decide("resume") }, "resume selected (parked)"))),
-    el("section", { id: "pending" }, el("h2", {}, `Pending (${pending.transactions.length})`),
-      table(["", "transaction", "topic", "producer group", "age", "checks", "next check", "keys"], rows(pending.transactions, false))),
+    el("section", { id: "pending" }, el("h2", {}, `Pending (${underChecks.length})`),
+      table(["", "transaction", "topic", "producer group", "age", "checks", "next check", "keys"], rows(underChecks, false))),
     el("section", { id: "parked" }, el("h2", {}, `Parked after ${txn.check_max} checks (${parked.transactions.length})`),
       table(["", "transaction", "topic", "producer group", "age", "checks", "next check", "keys"], rows(parked.transactions, true))));
 }
