@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -29,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.cluster_procs import BrokerServer
 from bench.load import body, machine_info
-from bench.server_proc import free_port
 from halfmoon.broker.broker import Broker as InProcessBroker
 from halfmoon.broker.config import BrokerConfig
 from halfmoon.broker.message import OutgoingMessage
@@ -111,29 +109,16 @@ def bench_in_process(data_dir: Path, flush: str, threads: int, seconds: float) -
         store.close()
 
 
-def start_broker(data_dir: Path, flush: str) -> tuple[subprocess.Popen[bytes], str]:
-    address = f"127.0.0.1:{free_port()}"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "halfmoon", "broker", "--name", "bench", "--data-dir",
-         str(data_dir), "--listen", address, "--flush", flush],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    return process, address
-
-
-def bench_remote(data_dir: Path, flush: str, threads: int, seconds: float, in_flight: int) -> Row:
-    process, address = start_broker(data_dir, flush)
+def bench_remote(flush: str, threads: int, seconds: float, in_flight: int) -> Row:
+    broker = BrokerServer(flush=flush, name="bench").start()  # returns once it is ready
     try:
-        remote = RemoteBroker(
-            address, timeout_s=30, max_in_flight_sends=in_flight
-        )  # the handshake waits for the port
+        remote = RemoteBroker(broker.address, timeout_s=30, max_in_flight_sends=in_flight)
         try:
             if remote.find_topic(TOPIC) is None:
                 remote.create_topic(TOPIC, queue_count=8)
             run_load(remote.send, threads, 0.3)  # warm-up
             requests_before = remote.sender.requests
-            broker_cpu, cpu, start = cpu_seconds(process.pid), cpu_seconds(), time.monotonic()
+            broker_cpu, cpu, start = cpu_seconds(broker.pid), cpu_seconds(), time.monotonic()
             messages = run_load(remote.send, threads, seconds)
             elapsed = time.monotonic() - start
             return Row(
@@ -142,14 +127,13 @@ def bench_remote(data_dir: Path, flush: str, threads: int, seconds: float, in_fl
                 messages,
                 elapsed,
                 remote.sender.requests - requests_before,
-                cpu_seconds(process.pid) - broker_cpu,
+                cpu_seconds(broker.pid) - broker_cpu,
                 cpu_seconds() - cpu,
             )
         finally:
             remote.close()
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        broker.stop()
 
 
 def main() -> None:
@@ -169,9 +153,7 @@ def main() -> None:
                 Path(tmp) / f"local-{threads}", args.flush, threads, args.seconds
             )
             print(local.line(), flush=True)
-            remote = bench_remote(
-                Path(tmp) / f"remote-{threads}", args.flush, threads, args.seconds, args.in_flight
-            )
+            remote = bench_remote(args.flush, threads, args.seconds, args.in_flight)
             print(remote.line(), flush=True)
             ratio = (remote.messages / remote.seconds) / (local.messages / local.seconds)
             print(f"{'':<11} {'':>7} remote/in-process throughput {ratio:.2f}", flush=True)

@@ -18,13 +18,18 @@ with ``[internal]``), which costs the broker several times less per request
 than the stream (docs/cluster.md). Everything below holds for both.
 
 A send alone goes out in the next turn of the loop (so the sends decoded in
-one turn share a request). Under load, when sends are waiting as an answer
-arrives, the next request lingers after it for more (Kafka's ``linger.ms``,
-bounded and only under load): :data:`LINGER_S` once the previous request
-carried :data:`LINGER_FULL_AT` messages, proportionally less below that, so
-two producers taking turns wait a quarter of a millisecond, not two. At most
-``max_in_flight`` requests are unanswered at a time, and a request carries
-at most ``max_messages`` messages or ``max_bytes`` of bodies.
+one turn share a request). Under load the next request gathers (Kafka's
+``linger.ms``, bounded and only under load): when an answer releases several
+callers, or finds others waiting, the senders just answered are expected
+back (each producer has one send outstanding and sends its next on the
+answer), so the next request goes out once as many callers wait as the
+answered request carried plus those already waiting, or after the linger,
+whichever comes first. The linger is :data:`LINGER_S` from
+:data:`LINGER_FULL_AT` expected callers, proportionally less below that
+(two producers taking turns wait at most half a millisecond for each other),
+and nothing at all for a lone sender. At most ``max_in_flight`` requests are
+unanswered at a time, and a request carries at most ``max_messages``
+messages or ``max_bytes`` of bodies.
 
 Failures:
 
@@ -61,17 +66,13 @@ from halfmoon.errors import HalfmoonError
 log = logging.getLogger("halfmoon.cluster")
 
 DEFAULT_STREAM_IN_FLIGHT = 1
-# Under load (sends waiting as an answer arrives), the next request waits up to this long for
-# more sends after the previous answer: LINGER_S * min(1, last request's messages / LINGER_FULL_AT).
-# Measured over the gRPC stream with 64 producers through one proxy (noisy machine): messages
-# per request 1.8 -> 4.3 (2 ms) and 4.8-8.9 (5 ms), the broker's CPU per message 180-210 ->
-# 97-116 µs (2 ms) and 76-94 µs (5 ms), throughput not lower. Over the send listener, answers
-# come back faster and the old rule (linger only after a request of several messages) settled
-# at 1.2-1.5 messages per request with 16 producers; lingering 2 ms whenever sends wait reached
-# 2.5-5.2 but cost 2 producers 13-37 % of their throughput; the proportional linger leaves 2
-# producers' requests at one message and carries 1.3-3.7 (16) and 2.6-6.6 (64) per request
-# (docs/benchmarks.md). A lone sender never waits (nothing is waiting at its answers).
-LINGER_S = 0.002
+# Gathering after an answer (module docstring): the next request waits for the callers just
+# answered plus those already waiting, at most LINGER_S * min(1, expected / LINGER_FULL_AT).
+# Measured through one proxy (bench/proxy_bench.py, two alternated runs each, load 5-12 on the
+# 2 cores): with the previous rule (linger only when sends wait at an answer, scaled by the last
+# request's size) requests carried 1.5-4.2 messages at 16-64 producers; gathering, 2.8-13.6,
+# with 2 producers at 1.0-1.5 and their p50 unchanged. A lone sender never waits.
+LINGER_S = 0.005
 LINGER_FULL_AT = 8
 
 # Called after each request with (messages, callers' batches): the proxy's metrics.
@@ -120,7 +121,11 @@ class StreamSender:
         self._flush_scheduled = False
         self._closed = False
         self._linger_s = linger_s
-        self._last_count = 0  # messages the last request carried
+        # Gathering after an answer: the next request waits (until ``_gather_until``, a loop
+        # time) for ``_gather_target`` callers, the ones just answered coming back.
+        self._gather_target = 0
+        self._gather_until = 0.0
+        self._gather_timer: asyncio.TimerHandle | None = None
         self.requests = 0  # requests sent
         self.sends = 0  # callers' batches they carried
         self.messages = 0  # messages they carried
@@ -135,9 +140,18 @@ class StreamSender:
             raise wire.BrokerUnavailable(f"the connection to the broker at {self.target} is closed")
         future: asyncio.Future[list[SendResult]] = self._loop.create_future()
         self._waiting.append((list(messages), future))
-        if not self._flush_scheduled and len(self._in_flight) < self._max_in_flight:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        if len(self._in_flight) < self._max_in_flight:
+            if self._gather_timer is not None:
+                if len(self._waiting) >= self._gather_target:
+                    self._flush()  # everyone expected is here: no need to wait out the linger
+            elif not self._flush_scheduled:
+                self._flush_scheduled = True
+                if len(self._waiting) < self._gather_target and (
+                    self._loop.time() < self._gather_until
+                ):
+                    self._gather_timer = self._loop.call_at(self._gather_until, self._flush)
+                else:
+                    self._loop.call_soon(self._flush)
         return await future
 
     @property
@@ -158,6 +172,10 @@ class StreamSender:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self._gather_timer is not None:
+            self._gather_timer.cancel()
+            self._gather_timer = None
+        self._gather_target = 0
         while self._waiting and len(self._in_flight) < self._max_in_flight:
             self._write(self._take())
 
@@ -193,7 +211,6 @@ class StreamSender:
         self.requests += 1
         self.sends += len(taken)
         count = sum(len(b) for b in batches)
-        self._last_count = count
         self.messages += count
         if self._observer is not None:
             self._observer(count, len(taken))
@@ -254,13 +271,26 @@ class StreamSender:
                     future.set_exception(answer)
                 else:
                     future.set_result(answer)
-        if self._waiting and not self._flush_scheduled:
-            if self._linger_s:
-                linger = self._linger_s * min(1.0, self._last_count / LINGER_FULL_AT)
-                self._flush_scheduled = True
-                self._loop.call_later(linger, self._flush)
-            else:
+        self._gather(len(taken))
+
+    def _gather(self, answered: int) -> None:
+        """After an answer to ``answered`` callers: send what waits now, or gather first."""
+        if self._flush_scheduled or len(self._in_flight) >= self._max_in_flight:
+            return  # a flush is on its way, or the next answer decides
+        expected = answered + len(self._waiting)
+        if not self._linger_s or expected < 2:
+            if self._waiting:
                 self._flush()
+            return  # a lone sender never waits
+        self._gather_target = expected
+        self._gather_until = self._loop.time() + self._linger_s * min(
+            1.0, expected / LINGER_FULL_AT
+        )
+        if len(self._waiting) >= expected:
+            self._flush()
+        elif self._waiting:
+            self._flush_scheduled = True
+            self._gather_timer = self._loop.call_at(self._gather_until, self._flush)
 
     def _expire(self, request_id: int) -> None:
         entry = self._in_flight.pop(request_id, None)
