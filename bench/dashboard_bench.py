@@ -32,12 +32,18 @@ PAGES: dict[str, Sequence[str]] = {
         "/v1/config",
         "/v1/dead-letters",
     ),
-    "topics (page of 50)": ("/v1/topics?search=&offset=0&limit=50",),
-    "topics (search)": ("/v1/topics?search=t-0999&offset=0&limit=50",),
-    "groups (page of 50)": ("/v1/groups?search=&offset=0&limit=50", "/v1/statistics"),
+    # topicsPage: the page of topics, and rates and backlog from the statistics
+    "topics (page of 50)": ("/v1/topics?search=&offset=0&limit=50", "/v1/statistics"),
+    "topics (search)": ("/v1/topics?search=t-0999&offset=0&limit=50", "/v1/statistics"),
+    # groupsPage: the page of groups, lag from the statistics, dead letters per group
+    "groups (page of 50)": (
+        "/v1/groups?search=&offset=0&limit=50",
+        "/v1/statistics",
+        "/v1/dead-letters",
+    ),
     # peers: the whole list, as a page without server-side paging would fetch it
-    "topics (whole list)": ("/v1/topics",),
-    "groups (whole list)": ("/v1/groups", "/v1/statistics"),
+    "topics (whole list)": ("/v1/topics", "/v1/statistics"),
+    "groups (whole list)": ("/v1/groups", "/v1/statistics", "/v1/dead-letters"),
 }
 
 

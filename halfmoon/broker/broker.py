@@ -352,7 +352,9 @@ class Broker(TransactionOperations):
         self.groups.get(group)
         names = [topic] if topic is not None else [t.name for t in self.list_topics()]
         pulled = self.offsets.of_group(group, topic)
-        return reports.group_progress(self.store, group, names, pulled, self._pop.progress)
+        return reports.group_progress(
+            self.store, group, names, pulled, self._pop.progress, self._pop.retrying
+        )
 
     # -- produce -----------------------------------------------------------------
     def send(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:

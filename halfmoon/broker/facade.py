@@ -115,6 +115,7 @@ class QueueProgress:
     max_offset: int
     lag: int
     inflight: int
+    retrying: int = 0  # of those in flight, the ones delivered more than once
 
 
 @dataclass(frozen=True)

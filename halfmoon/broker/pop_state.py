@@ -204,6 +204,18 @@ class PopStates:
                 for queue_id, queue in sorted(state.queues.items())
             ]
 
+    def retrying(self, group: str, topic: str) -> dict[int, int]:
+        """Per queue the group has touched: its in-flight messages past their first delivery
+        (handed out again after a nack, a timeout or a consumer's change of invisible time)."""
+        state = self._states.get((group, topic))
+        if state is None:
+            return {}
+        with state.lock:
+            return {
+                queue_id: sum(1 for entry in queue.inflight.values() if entry.attempt > 1)
+                for queue_id, queue in state.queues.items()
+            }
+
     def drop_group(self, group: str) -> None:
         """Forget everything about ``group`` (its handles stop working)."""
         with self._states_lock:

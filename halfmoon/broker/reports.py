@@ -12,6 +12,8 @@ from halfmoon.store.api import Store, StoreStats
 
 # (queue id, committed offset, cursor, messages in flight) of a group's pop consumption.
 PopProgress = Callable[[str, str], Iterable[tuple[int, int, int, int]]]
+# Per queue id, the messages in flight delivered more than once.
+PopRetrying = Callable[[str, str], Mapping[int, int]]
 
 
 def topic_status(store: Store, topic: TopicConfig) -> list[QueueStatus]:
@@ -34,10 +36,12 @@ def group_progress(
     topics: Iterable[str],
     pulled: Mapping[tuple[str, int], int],
     pop_progress: PopProgress,
+    pop_retrying: PopRetrying | None = None,
 ) -> list[QueueProgress]:
     """Per queue: what pop consumption committed, else the offset a pull consumer stored."""
     out = []
     for name in topics:
+        retrying = pop_retrying(group, name) if pop_retrying is not None else {}
         seen: dict[int, tuple[int, int]] = {
             queue_id: (committed, inflight)
             for queue_id, committed, _cursor, inflight in pop_progress(group, name)
@@ -49,7 +53,14 @@ def group_progress(
             high = store.max_offset(name, queue_id)
             out.append(
                 QueueProgress(
-                    group, name, queue_id, committed, high, max(0, high - committed), inflight
+                    group,
+                    name,
+                    queue_id,
+                    committed,
+                    high,
+                    max(0, high - committed),
+                    inflight,
+                    retrying.get(queue_id, 0),
                 )
             )
     return out

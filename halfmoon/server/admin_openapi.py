@@ -180,6 +180,10 @@ SCHEMAS: dict[str, Any] = {
             "max_offset": _INT,
             "lag": {**_INT, "description": "max_offset - committed_offset"},
             "inflight": {**_INT, "description": "delivered, not yet acknowledged"},
+            "retrying": {
+                **_INT,
+                "description": "of those in flight, delivered more than once (being retried)",
+            },
         },
     },
     "GroupProgress": {

@@ -216,12 +216,14 @@ async def get_statistics(request: web.Request) -> web.Response:
         if group is not None:
             existing_group(broker, group)
         rows = [jsonable(r) for r in broker.traffic(topic=topic, group=group)]
+        # One progress question per (topic, group) row, for that topic only: asking for all
+        # of a group's topics would walk every topic of the broker once per group.
         lags: dict[tuple[str, str], int] = {}
         for row in rows:
-            if row["group"] is not None and (row["topic"], row["group"]) not in lags:
-                progress = broker.group_progress(row["group"], None)
-                for q in progress:
-                    lags[(q.topic, q.group)] = lags.get((q.topic, q.group), 0) + q.lag
+            pair = (row["topic"], row["group"])
+            if row["group"] is not None and pair not in lags:
+                progress = broker.group_progress(row["group"], row["topic"])
+                lags[pair] = sum(q.lag for q in progress)
         for row in rows:
             row["direction"] = "in" if row["group"] is None else "out"
             if row["group"] is not None:

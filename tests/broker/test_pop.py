@@ -173,6 +173,23 @@ def test_ack_advances_committed_over_out_of_order_acks(broker: Broker) -> None:
         broker.pop.ack(GROUP, TOPIC, handles[3])  # twice
 
 
+def test_retrying_counts_the_in_flight_messages_delivered_more_than_once(broker: Broker) -> None:
+    assert broker.pop.retrying(GROUP, TOPIC) == {}
+    broker.send("a", "b", "c")
+    first = broker.receive(batch=3)
+    assert broker.pop.retrying(GROUP, TOPIC) == {0: 0}  # in flight, first delivery each
+    broker.pop.ack(GROUP, TOPIC, first[2].receipt_handle)
+    broker.clock.advance(INVISIBLE)
+    again = broker.receive(batch=3)
+    assert sorted(v.delivery_attempt for v in again) == [2, 2]
+    assert broker.pop.retrying(GROUP, TOPIC) == {0: 2}
+    broker.pop.ack(GROUP, TOPIC, again[0].receipt_handle)
+    assert broker.pop.retrying(GROUP, TOPIC) == {0: 1}
+    broker.pop.ack(GROUP, TOPIC, again[1].receipt_handle)
+    assert broker.pop.retrying(GROUP, TOPIC) == {0: 0}
+    assert broker.pop.progress(GROUP, TOPIC) == [(0, 3, 3, 0)]
+
+
 def test_unacked_message_reappears_after_invisible_time(broker: Broker) -> None:
     broker.send("a")
     (first,) = broker.receive()

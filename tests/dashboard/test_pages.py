@@ -194,15 +194,34 @@ def test_group_page_resets_an_offset_to_a_time(dashboard, server):
     dashboard.screenshot("group")
 
 
-def test_group_page_shows_the_grpc_clients_connected_now(dashboard, server):
+def test_group_page_shows_the_grpc_clients_connected_now_and_retries(dashboard, server):
     topic, group = unique("watched"), unique("watchers")
     server.create_topic(topic, queues=1)
     server.create_group(group)
+    api(server, "POST", f"/v1/topics/{topic}/messages", {"body": "again", "tag": "red"})
     page = dashboard.open(f"group?name={group}", "group")
     assert "no client of this group is connected" in page.locator("#clients").inner_text()
     selector = {topic: MessageSelector.by_tag("red || blue")}
     with SyncSimpleConsumer(server.grpc, group, selector) as consumer:
-        consumer.receive(1, 10, wait=0)  # settings and telemetry reach the broker
+        got: list = []
+        deadline = time.monotonic() + 20
+        while not got and time.monotonic() < deadline:
+            got = consumer.receive(1, 30, wait=2)
+        assert len(got) == 1
+        consumer.change_invisible_duration(got[0], 1)  # a nack: back in 1 s
+        again: list = []
+        deadline = time.monotonic() + 20
+        while not again and time.monotonic() < deadline:
+            again = consumer.receive(1, 30, wait=2)
+        assert [m.delivery_attempt for m in again] == [2]
+        (queue,) = api(server, "GET", f"/v1/groups/{group}/progress")["queues"]
+        assert (queue["inflight"], queue["retrying"]) == (1, 1)
+        # The lag table and the summary refresh by themselves: one in flight, being retried.
+        page.wait_for_function(
+            "() => document.querySelector('#lag tbody tr')?.cells[6].textContent === '1'"
+        )
+        summary = page.locator("#group-summary").inner_text()
+        assert "1 in flight" in summary and "1 of them being retried" in summary, summary
         clients = api(server, "GET", f"/v1/groups/{group}/clients")["clients"]
         assert len(clients) == 1
         # The clients section refreshes by itself: the consumer shows without a reload.

@@ -380,8 +380,11 @@ async function groupPage(root, params) {
   const dlqTopic = `%DLQ%${name}`;
   // The dead-letter topic exists once the group gave up on a message: look before reading.
   const dlqFound = await get(`/v1/topics?search=${q(dlqTopic)}&limit=1000`);
-  const letters = dlqFound.topics.some((t) => t.name === dlqTopic)
-    ? (await get(`/v1/topics/${q(dlqTopic)}/scan?limit=50`)).messages : [];
+  const [letters, deadLetters] = dlqFound.topics.some((t) => t.name === dlqTopic)
+    ? await Promise.all([get(`/v1/topics/${q(dlqTopic)}/scan?limit=50`).then((r) => r.messages),
+      get(`/v1/topics/${q(dlqTopic)}/status`).then((r) =>
+        r.queues.reduce((n, x) => n + x.max_offset - x.min_offset, 0))])
+    : [[], 0];
   const topics = [...new Set(progress.queues.map((x) => x.topic))];
   const resetForm = el("form", { class: "inline", id: "reset-offset", onsubmit: (e) => {
     e.preventDefault();
@@ -393,13 +396,16 @@ async function groupPage(root, params) {
   } }, "topic", el("select", { name: "topic" }, topics.map((t) => el("option", {}, t))),
   "time", el("input", { name: "time", value: new Date().toISOString().slice(0, 19) + "Z" }),
   el("button", { type: "submit" }, "reset offset"));
-  const retries = progress.queues.reduce((s, x) => s + x.inflight, 0);
+  const inflight = progress.queues.reduce((s, x) => s + x.inflight, 0);
+  const retrying = progress.queues.reduce((s, x) => s + (x.retrying || 0), 0);
   root.replaceChildren(el("h2", {}, `Consumer group ${name}`),
     el("p", { id: "group-summary", "data-live": true }, `fifo ${group.fifo ? "yes" : "no"}, at most ${group.max_delivery_attempts} deliveries, ` +
-      `${retries} in flight (delivered, awaiting ack or retry), ${letters.length} dead letter(s) shown`),
+      `${inflight} in flight (delivered, awaiting ack or retry), ${retrying} of them being retried ` +
+      `(delivered more than once), ${deadLetters} dead letter(s)` +
+      (deadLetters > letters.length ? ` (the first ${letters.length} below)` : "")),
     el("section", { id: "lag", "data-live": true }, el("h2", {}, "Lag per queue"),
-      table(["topic", "queue", "committed", "max", "lag", "in flight"], progress.queues.map((x) =>
-        [x.topic, x.queue_id, x.committed_offset, x.max_offset, x.lag, x.inflight]))),
+      table(["topic", "queue", "committed", "max", "lag", "in flight", "retrying"], progress.queues.map((x) =>
+        [x.topic, x.queue_id, x.committed_offset, x.max_offset, x.lag, x.inflight, x.retrying || 0]))),
     ...writable(el("section", {}, el("h2", {}, "Reset offset to a time"), resetForm)),
     el("section", { id: "clients", "data-live": true }, el("h2", {}, "Connected gRPC clients"),
       clients.clients.length ? table(["client", "address", "subscriptions"], clients.clients.map((c) =>
