@@ -6,7 +6,12 @@ topic or group list as a page without them would. A real ``halfmoon serve`` on
 loopback; wall time per page load (median and p90 of ``--rounds`` loads) and the
 server's CPU per load from /proc.
 
-    .venv/bin/python -m bench.dashboard_bench [--topics 1000] [--groups 1000] [--rounds 30]
+Every tenth topic holds a message, and ``--consuming`` of the groups have each received
+and acked one (through the gRPC client), so the statistics the pages read have rows for
+messages in and out, and lags to compute.
+
+    .venv/bin/python -m bench.dashboard_bench [--topics 1000] [--groups 1000] [--consuming 200]
+                                              [--rounds 30]
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bench.cluster_bench import cpu_seconds
 from bench.server_proc import HalfmoonServer
+from halfmoon.client.selector import MessageSelector
+from halfmoon.client.sync import SyncSimpleConsumer
 
 PAGES: dict[str, Sequence[str]] = {
     # overviewPage: six requests in parallel
@@ -67,10 +74,23 @@ def load_page(pool: ThreadPoolExecutor, base: str, paths: Sequence[str]) -> int:
     return sum(pool.map(lambda p: fetch(base, p), paths))
 
 
+def consume_one(address: str, group: str, topic: str) -> None:
+    """``group`` receives and acks the one message of ``topic``."""
+    with SyncSimpleConsumer(address, group, {topic: MessageSelector.all()}) as consumer:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            got = consumer.receive(1, 30, wait=1)
+            if got:
+                consumer.ack(got[0])
+                return
+    raise RuntimeError(f"{group} received nothing from {topic}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--topics", type=int, default=1000)
     parser.add_argument("--groups", type=int, default=1000)
+    parser.add_argument("--consuming", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
     with HalfmoonServer(flush="async") as server, ThreadPoolExecutor(6) as pool:
@@ -79,9 +99,15 @@ def main() -> None:
             post(base, "/v1/topics", {"name": f"t-{i:04d}", "queue_count": 1})
         for i in range(args.groups):
             post(base, "/v1/groups", {"name": f"g-{i:04d}"})
-        for i in range(0, args.topics, 10):
-            post(base, f"/v1/topics/t-{i:04d}/messages", {"body": "x"})
-        print(f"{args.topics} topics, {args.groups} groups, {args.rounds} loads per page\n")
+        sent = [f"t-{i:04d}" for i in range(0, args.topics, 10)]
+        for topic in sent:
+            post(base, f"/v1/topics/{topic}/messages", {"body": "x"})
+        for i in range(min(args.consuming, args.groups)):
+            consume_one(server.grpc, f"g-{i:04d}", sent[i % len(sent)])
+        print(
+            f"{args.topics} topics, {args.groups} groups ({args.consuming} consuming), "
+            f"{args.rounds} loads per page\n"
+        )
         print(f"{'page':<22} {'median ms':>10} {'p90 ms':>8} {'KiB':>7} {'server CPU ms':>14}")
         medians: dict[str, float] = {}
         for name, paths in PAGES.items():

@@ -28,21 +28,34 @@ SeriesKey = tuple[str, str | None]  # (topic, consumer group or None for message
 
 
 class MinuteRing:
-    """Counts per minute for the last ``size`` minutes (not thread-safe: the owner locks)."""
+    """Counts per minute for the last ``size`` minutes (not thread-safe: the owner locks).
 
-    __slots__ = ("counts", "minutes", "last_minute")
+    The whole window's total is kept as a running sum (``_sum``): a write adds to it, and a
+    bucket leaves it when its minute falls out of the window, found by walking only the
+    minutes that passed since the last total (the dashboard asks for every series' total
+    every few seconds; summing 1,440 buckets per series each time cost ~80 µs a series).
+    """
+
+    __slots__ = ("counts", "minutes", "last_minute", "_sum", "_expired")
 
     def __init__(self, size: int = WINDOW_MINUTES) -> None:
         self.counts = array("q", [0]) * size
         self.minutes = array("q", [-1]) * size
         self.last_minute = -1
+        self._sum = 0  # the counts of every bucket stamped after _expired
+        self._expired = -(2**62)  # buckets stamped at or before this minute are out of _sum
 
     def add(self, minute: int, count: int) -> None:
         slot = minute % len(self.counts)
-        if self.minutes[slot] != minute:
+        stamped = self.minutes[slot]
+        if stamped != minute:
+            if stamped > self._expired:
+                self._sum -= self.counts[slot]
             self.minutes[slot] = minute
             self.counts[slot] = 0
         self.counts[slot] += count
+        if minute > self._expired:
+            self._sum += count
         self.last_minute = max(self.last_minute, minute)
 
     def at(self, minute: int) -> int:
@@ -51,8 +64,32 @@ class MinuteRing:
 
     def total(self, now_minute: int, minutes: int | None = None) -> int:
         """The count over the ``minutes`` (default: all) minutes ending with ``now_minute``."""
-        span = len(self.counts) if minutes is None else min(minutes, len(self.counts))
+        size = len(self.counts)
+        span = size if minutes is None else min(minutes, size)
+        if span < size:
+            return sum(self.at(m) for m in range(now_minute - span + 1, now_minute + 1))
         oldest = now_minute - span
+        if oldest < self._expired or self.last_minute > now_minute:
+            return self._scan(oldest, now_minute)  # the clock went back: no running sum
+        if oldest > self._expired:
+            self._expire(oldest)
+        return self._sum
+
+    def _expire(self, oldest: int) -> None:
+        """Take every bucket stamped in (``_expired``, ``oldest``] out of the running sum."""
+        size = len(self.counts)
+        if oldest - self._expired >= size:
+            for slot, stamped in enumerate(self.minutes):
+                if self._expired < stamped <= oldest:
+                    self._sum -= self.counts[slot]
+        else:
+            for minute in range(self._expired + 1, oldest + 1):
+                slot = minute % size
+                if self.minutes[slot] == minute:
+                    self._sum -= self.counts[slot]
+        self._expired = oldest
+
+    def _scan(self, oldest: int, now_minute: int) -> int:
         return sum(
             c for c, m in zip(self.counts, self.minutes, strict=True) if oldest < m <= now_minute
         )

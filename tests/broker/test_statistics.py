@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from halfmoon.broker import FakeClock
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import OutgoingMessage
@@ -86,3 +89,34 @@ def test_the_broker_counts_sends_pops_and_pulls(broker, clock):
     broker.pull("billing", "orders", 0, 0, 2, FilterSpec())
     rows = {(r.topic, r.group): r.total_24h for r in broker.statistics.rows()}
     assert rows == {("orders", None): 4, ("orders", "billing"): 5}
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "total"]),
+            st.integers(min_value=-3, max_value=12),  # mostly forward, now and then back
+            st.integers(min_value=1, max_value=5),
+        ),
+        max_size=60,
+    )
+)
+@settings(max_examples=300, deadline=None)
+def test_the_running_total_is_the_sum_of_the_buckets_in_the_window(steps):
+    """Whatever the order of writes and reads (the clock may even step back), the running
+    window total equals the plain sum of the buckets whose minute is in the window."""
+    ring = MinuteRing(size=8)
+    minute = 100
+    for kind, step, count in steps:
+        minute = max(0, minute + step)
+        if kind == "add":
+            ring.add(minute, count)
+        else:
+            plain = sum(
+                c
+                for c, m in zip(ring.counts, ring.minutes, strict=True)
+                if minute - 8 < m <= minute
+            )
+            assert ring.total(minute) == plain
+            last_three = sum(ring.at(m) for m in range(minute - 2, minute + 1))
+            assert ring.total(minute, 3) == last_three

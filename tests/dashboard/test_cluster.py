@@ -6,6 +6,7 @@ or when a replica of a replicated broker group is."""
 from __future__ import annotations
 
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,6 +72,11 @@ def test_trace_through_a_proxy_and_a_killed_broker_on_the_overview(
     status, trace = cluster.admin_call("GET", f"/v1/messages/{quiet['message_id']}/trace")
     assert [e["event"] for e in trace["events"]] == ["stored"]
 
+    # Every proxy serves the dashboard, each on its own admin listener.
+    for proxy in cluster.proxies:
+        with urllib.request.urlopen(proxy.admin + "/dashboard/", timeout=10) as response:
+            assert response.headers.get_content_type() == "text/html"
+            assert b"/dashboard/dashboard.js" in response.read()
     pages = dashboard_in(browser, cluster, shots)
     dashboard = next(pages)
     page = dashboard.open("overview", "overview")

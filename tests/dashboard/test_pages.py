@@ -57,8 +57,15 @@ def test_overview_shows_the_broker_and_refreshes_live(dashboard, server):
     assert page.locator("#nav a.active").inner_text() == "Overview"
     assert page.locator("svg.chart polyline.in").count() == 1
     assert "127.0.0.1" in page.locator("main table").first.inner_text()
-    shown = page.locator("#pending .value").inner_text()
-    assert shown == str(api(server, "GET", "/v1/broker/status")["pending_transactions"])
+    status = api(server, "GET", "/v1/broker/status")
+    assert page.locator("#pending .value").inner_text() == str(status["pending_transactions"])
+    assert page.locator("#parked .value").inner_text() == str(status["parked_transactions"])
+    dead = api(server, "GET", "/v1/dead-letters")["total"]
+    assert page.locator("#dead-letters .value").inner_text() == str(dead)
+    disk = page.locator("#disk .value").inner_text()
+    assert disk.endswith(("KiB", "MiB", "GiB")) and float(disk.split()[0]) > 0, disk
+    volume = page.locator("#volume .value").inner_text()
+    assert volume == f"{round(status['disk_used_ratio'] * 100)} %", volume
     before = page.locator("#tps-in .value").inner_text()
     for i in range(30):
         send(server, topic, f"more {i}")
@@ -82,8 +89,17 @@ def test_topics_search_pages_and_create_delete(dashboard, server):
     page.wait_for_function("() => document.querySelector('.pager').textContent.includes('51–60')")
     assert page.locator("main tbody tr").count() == 10
 
-    created = unique("made-in-browser")
+    # A call that fails says so: the API's code and message in the banner.
     form = page.locator("#create-topic")
+    form.locator("input[name=name]").fill("no spaces allowed")
+    form.get_by_role("button", name="create topic").click()
+    page.wait_for_selector("#banner:not([hidden])")
+    banner = page.locator("#banner").inner_text()
+    assert banner.startswith("ILLEGAL_TOPIC: illegal topic name 'no spaces allowed'"), banner
+    assert server.admin_call("GET", "/v1/topics/no%20spaces%20allowed")[0] == 404
+    dashboard.errors[:] = [e for e in dashboard.errors if "status of 400" not in e]  # expected
+
+    created = unique("made-in-browser")
     form.locator("input[name=name]").fill(created)
     form.locator("select[name=message_type]").select_option("fifo")
     form.locator("input[name=queue_count]").fill("3")
@@ -304,6 +320,8 @@ def test_messages_page_finds_by_key_and_opens_the_trace(dashboard, server):
     assert json.loads(body) == {"order": 7, "items": [1, 2]} and "\n" in body  # pretty JSON
     page.click("#view-hex")
     assert page.locator("#body").inner_text().startswith("00000000  7b 22")
+    page.click("#view-text")
+    assert page.locator("#body").inner_text() == json.dumps({"order": 7, "items": [1, 2]})
     trace = page.locator("#trace").inner_text()
     assert f"stored in {topic} queue 0 at offset 0" in trace
     assert f"delivered to group {group} (attempt 1)" in trace

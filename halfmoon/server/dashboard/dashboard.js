@@ -243,8 +243,8 @@ async function overviewPage(root) {
       card("messages in / s", status.tps_in.toFixed(2), "tps-in"),
       card("messages out / s", status.tps_out.toFixed(2), "tps-out"),
       card("topics", status.topics), card("groups", status.groups),
-      card("disk used by the store", fmtBytes(status.disk_bytes)),
-      card("disk used (volume)", `${Math.round((status.disk_used_ratio || 0) * 100)} %`),
+      card("disk used by the store", fmtBytes(status.disk_bytes), "disk"),
+      card("disk used (volume)", `${Math.round((status.disk_used_ratio || 0) * 100)} %`, "volume"),
       card("pending transactions", status.pending_transactions, "pending"),
       card("parked transactions", status.parked_transactions, "parked"),
       card("dead letters", dlq.total, "dead-letters"),
@@ -300,7 +300,9 @@ async function topicsPage(root, params) {
     const f = e.target;
     const name = formValue(f, "name");
     act(() => api("POST", "/v1/topics", { name, message_type: formValue(f, "message_type"),
-      queue_count: Number(formValue(f, "queue_count")) }), null, `#/topics?search=${q(name)}&offset=0`);
+      queue_count: Number(formValue(f, "queue_count")) }),
+    `Create ${formValue(f, "message_type")} topic ${name} with ${formValue(f, "queue_count")} queue(s)?`,
+    `#/topics?search=${q(name)}&offset=0`);
   } },
   el("input", { name: "name", placeholder: "new topic name", required: true }),
   el("select", { name: "message_type" }, ["normal", "fifo", "delay", "transaction", "priority", "lite"].map((t) => el("option", {}, t))),
