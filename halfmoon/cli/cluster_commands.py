@@ -23,7 +23,7 @@ from typing import Any
 
 from halfmoon.cli import cluster_config_commands
 from halfmoon.cli.admin_client import CliError
-from halfmoon.cli.parser import UsageError, add_command, client, emit
+from halfmoon.cli.parser import UsageError, add_command, client, emit, subject
 from halfmoon.cli.table import cell, format_duration_ms, format_size, render_record, render_table
 from halfmoon.cluster.etcd_json import parse_coordinator
 from halfmoon.cluster.keys import check_name
@@ -113,7 +113,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         failover_group,
         "hand a broker group's master over to an in-sync replica (planned switchover)",
     )
-    failover.add_argument("group", metavar="GROUP", help="the broker group")
+    # ``--group G``, the spelling the replication design first gave, parses too (with the
+    # usual one-line warning: the group is this command's subject).
+    subject(failover, "group", "GROUP", "the broker group", deprecated_flag="--group")
     failover.add_argument(
         "--to",
         metavar="MEMBER",

@@ -96,3 +96,12 @@ def test_a_flag_that_is_not_the_deprecated_one_is_left_alone() -> None:
         ["consumer", "reset-offset", "billing", "--topic", "orders", "--time", "now"]
     )
     assert (args.group, args.topic) == ("billing", "orders")
+
+
+def test_cluster_failover_takes_its_group_as_a_flag_too(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["cluster", "failover", "--group", "g1", "--to", "b2"])
+    assert (args.group, args.to) == ("g1", "b2")
+    assert "write 'halfmoon cluster failover GROUP'" in capsys.readouterr().err
+    args = build_parser().parse_args(["cluster", "failover", "g1"])
+    assert (args.group, args.to) == ("g1", None)
+    assert capsys.readouterr().err == ""

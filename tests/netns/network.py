@@ -34,6 +34,7 @@ import shutil
 import signal
 import subprocess
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import pytest
 
@@ -64,18 +65,22 @@ def run(*command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return done
 
 
+def unavailable(reason: str) -> NoReturn:
+    """Skip the test, saying why the network cannot be built; under ``CI=true`` fail it."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason}; CI must run the partition tests")
+    pytest.skip(reason)
+
+
 def require_tools() -> None:
     """Skip (fail under ``CI=true``) where the network cannot be built, saying why."""
-    reason = None
     missing = [tool for tool in ("ip", "nft") if shutil.which(tool) is None]
     if os.geteuid() != 0:
-        reason = "network namespaces need root"
-    elif missing:
-        reason = f"{', '.join(missing)} not installed (./run test installs iproute2 and nftables)"
-    if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason + "; CI must run the partition tests")
-        pytest.skip(reason)
+        unavailable("network namespaces need root")
+    if missing:
+        unavailable(
+            f"{', '.join(missing)} not installed (./run test installs iproute2 and nftables)"
+        )
 
 
 def netem_available() -> bool:

@@ -3,11 +3,14 @@ loss that really drops, and nothing left behind (also after a run that was SIGKI
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.netns.network import Host, VirtualNetwork, remove_leftovers, run
 
@@ -145,9 +148,59 @@ def test_leftovers_of_a_killed_run_are_removed(network_available: None) -> None:
         time.sleep(0.05)
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
 def _running(pid: str) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().split(") ")[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+# A test run in a child pytest where namespaces cannot be made: without root (``os.geteuid``
+# answering a user's id), or ``ip netns add`` refused (``VirtualNetwork`` raising).
+CANNOT_CONFTEST = """
+import os
+from tests.netns import conftest as netns
+from tests.netns.conftest import network, network_available
+from tests.netns.network import NetworkUnavailable
+
+def refused():
+    raise NetworkUnavailable("ip netns add hm0000n0-a: Operation not permitted")
+
+if os.environ["HM_CANNOT"] == "root":
+    os.geteuid = lambda: 1000
+else:
+    netns.VirtualNetwork = refused
+"""
+
+
+@pytest.mark.parametrize(
+    ("cannot", "reason"),
+    [
+        ("root", "network namespaces need root"),
+        ("netns", "cannot build a virtual network: ip netns add hm0000n0-a: Operation not"),
+    ],
+)
+@pytest.mark.parametrize("ci", [True, False], ids=["CI", "local"])
+def test_without_namespaces_a_test_skips_saying_why_and_fails_under_ci(
+    tmp_path: Path, cannot: str, reason: str, ci: bool
+) -> None:
+    (tmp_path / "conftest.py").write_text(CANNOT_CONFTEST)
+    (tmp_path / "test_partition.py").write_text("def test_cut(network):\n    pass\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env |= {"HM_CANNOT": cannot, "PYTHONPATH": str(ROOT), **({"CI": "true"} if ci else {})}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-rfs", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert reason in done.stdout, done.stdout
+    if ci:
+        # pytest.fail in a fixture counts as an error: the run fails (exit status 1) either way.
+        assert done.returncode == 1 and "1 error" in done.stdout, done.stdout
+        assert "CI must run the partition tests" in done.stdout
+    else:
+        assert done.returncode == 0 and "1 skipped" in done.stdout, done.stdout

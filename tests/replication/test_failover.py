@@ -32,7 +32,7 @@ from tests.replication.group_cluster import (
 from tests.replication.send_load import SendLoad
 from tests.replication.test_group_replication import message, producer
 
-SENDERS = 4
+SENDERS = 8  # official-client producer threads sending without pause
 
 
 @pytest.fixture

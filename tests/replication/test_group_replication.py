@@ -198,8 +198,14 @@ def test_a_killed_replica_leaves_the_isr_and_sync_sends_are_refused_until_it_is_
         )
         with pytest.raises(Exception) as refused:
             client.send(message("orders", 100))
-        # Refused before any write. (The end offset is no measure: the broker's own journal
-        # records, such as the delay timer's progress, keep being appended meanwhile.)
+        # Refused before any write: its topic's queues did not grow. (The log's end is no
+        # measure: the broker's own journal records, such as the delay timer's progress, keep
+        # being appended meanwhile.) A queue counts what is flushed, so wait until the master
+        # made visible everything written by now: a refused send written would be counted.
+        written = status(group.master)["end_offset"]
+        wait_for(
+            lambda: status(group.master)["visible_offset"] >= written, 10, "the master's flush"
+        )
         assert held(group.master, "orders", 2) == 5
         # NOT_ENOUGH_REPLICAS reaches a RocketMQ client as HA_NOT_AVAILABLE (50002).
         assert str(refused.value).startswith(f"{Code.HA_NOT_AVAILABLE}, "), refused.value
@@ -209,7 +215,10 @@ def test_a_killed_replica_leaves_the_isr_and_sync_sends_are_refused_until_it_is_
         group.replicas[1].start()
         wait_isr(group, ["b1", "b2"])
         client.send(message("orders", 5))
-        assert held(group.replicas[1], "orders", 2) == 6  # 0-4 and 5: the refused one never written
+        # 0-4 and 5: the refused one never written (a written one would precede 5 in the log,
+        # so both would hold it once 5 is acknowledged).
+        assert held(group.master, "orders", 2) == 6
+        assert held(group.replicas[1], "orders", 2) == 6
     finally:
         client.shutdown()
     end = status(group.replicas[1])["end_offset"]

@@ -144,6 +144,28 @@ def test_a_replica_rejoins_only_holding_every_acknowledged_write(
     assert lead.isr == ["a", "b"]
 
 
+def test_a_replica_too_many_bytes_behind_leaves_and_rejoins_once_within_them(
+    store: MessageStore, tmp_path: Path
+) -> None:
+    """Lag in bytes alone: the replica answers in time (its time lag is nil) but holds less
+    than the master's end minus ``max_lag_bytes``; it leaves, and rejoins once within."""
+    clock, published = Clock(), Published()
+    lead = leader(store, tmp_path, clock, published, min_insync=1, max_lag_bytes=500)
+    a, b = lead.connect("a", 0), lead.connect("b", 0)
+    lead.acknowledge(a, 0)
+    lead.acknowledge(b, 0)
+    assert lead.check_isr() and lead.isr == ["a", "b"]
+    end = write(store, 20)
+    assert store.visible_offset == end > 500
+    lead.acknowledge(a, end)
+    lead.acknowledge(b, end - 501)  # at once (no time lag), but 501 bytes short
+    assert lead.check_isr() and lead.isr == ["a"] and published.sets[-1] == ["a"]
+    lead.acknowledge(b, end - 500)  # within the bound again (and past every acknowledged write)
+    assert lead.check_isr() and lead.isr == ["a", "b"] and published.sets[-1] == ["a", "b"]
+    lead.acknowledge(b, end)
+    assert not lead.check_isr()  # nothing changes while it stays within
+
+
 def test_async_mode_acknowledges_on_the_local_flush(store: MessageStore, tmp_path: Path) -> None:
     lead = leader(store, tmp_path, Clock(), Published(), mode="async")
     local = done_now()

@@ -6,7 +6,9 @@ replicas (each replica's ``reads_served`` in its Status counts them) and
 return exactly the acknowledged messages; a message the master wrote but the
 group never acknowledged (one replica SIGSTOPped under
 ``min_insync_replicas=2``) is held by the other replica and never returned
-by it. With the setting off the replicas refuse every read
+by it. Pops never go to a replica: a simple consumer's receives and acks
+through the proxy are the master's, and a replica refuses any operation but
+pull and bulk read. With the setting off the replicas refuse every read
 (``REPLICA_READ_REFUSED``) and the proxy reads from the master.
 """
 
@@ -29,7 +31,7 @@ from halfmoon.cluster import wire
 from halfmoon.cluster.replica_reads import READ
 from halfmoon.spark.wire import Wire
 from tests.cluster.broker_processes import BrokerProcess
-from tests.replication.group_cluster import GroupCluster, status, wait_for
+from tests.replication.group_cluster import GroupCluster, receive_all, status, wait_for
 
 TOPIC = "events"
 READER = "replica-readers"
@@ -176,6 +178,31 @@ def test_replicas_serve_exactly_what_the_group_acknowledged(reads_group: GroupCl
         assert status(b1)["reads_served"] >= served_b1 + 2, "b1 answered, not the master"
     finally:
         b2.resume()
+
+
+def test_pops_are_never_served_by_a_replica(reads_group: GroupCluster) -> None:
+    group = reads_group
+    wait_isr(group, ["b1", "b2"])
+    assert group.proxy is not None
+    group.proxy.create_topic("orders", "normal", queues=2)
+    group.proxy.create_group("readers")
+    with SyncProducer(group.proxy.address) as producer:
+        producer.send_batch([Message("orders", f"pop-{i}".encode()) for i in range(20)])
+    before, counted = served(group), proxy_reads(group)
+    # Receive (a pop) and ack every message through the proxy, with the official client.
+    got = receive_all(group.proxy.address, at_least=20, timeout=60)
+    assert sorted(got) == sorted(f"pop-{i}" for i in range(20))
+    assert served(group) == before, "a replica answered a pop"
+    assert proxy_reads(group) == counted  # no read of the group was sent to a replica
+    # Asked directly, a replica serves pull and bulk_read only.
+    request = wire.encode(["pop", [READER, "orders", 0, 32, 30_000], 0])
+    with (
+        grpc.insecure_channel(group.replicas[0].address) as channel,
+        pytest.raises(grpc.RpcError) as refused,
+    ):
+        channel.unary_unary(READ)(request, timeout=5)
+    details = str(refused.value.details())  # type: ignore[attr-defined]
+    assert "BAD_REQUEST" in details and "not 'pop'" in details, details
 
 
 def test_with_the_setting_off_replicas_serve_nothing(tmp_path: Path) -> None:
