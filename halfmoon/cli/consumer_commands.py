@@ -28,6 +28,7 @@ PROGRESS_COLUMNS = [
     ("committed_offset", "CONSUMER OFFSET"),
     ("lag", "LAG"),
     ("inflight", "IN FLIGHT"),
+    ("retrying", "RETRYING"),
 ]
 CLIENT_COLUMNS = [
     ("client_id", "CLIENT ID"),

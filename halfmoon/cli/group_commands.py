@@ -29,6 +29,7 @@ PROGRESS_COLUMNS = [
     ("max_offset", "MAX OFFSET"),
     ("lag", "LAG"),
     ("inflight", "IN FLIGHT"),
+    ("retrying", "RETRYING"),
 ]
 
 

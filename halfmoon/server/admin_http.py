@@ -60,8 +60,14 @@ class ApiError(InvalidArgument):
 # -- JSON --------------------------------------------------------------------
 
 
+# Values that are JSON already (exact types: an enum deriving from str or int is not).
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
 def jsonable(value: Any) -> Any:
     """Broker objects as plain JSON: ``to_dict()`` when they have one, else their fields."""
+    if type(value) in _PLAIN:  # most values: answered before the probes below
+        return value
     if hasattr(value, "to_dict") and callable(value.to_dict):
         return jsonable(value.to_dict())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

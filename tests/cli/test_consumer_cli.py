@@ -92,7 +92,7 @@ def test_progress_shows_lag_per_queue_clients_and_rate(server):
         out = ok(cli(server, "consumer", "progress", group))
         sections = out.strip().split("\n\n")
         assert table(sections[0])[0][:3] == ["TOPIC", "QUEUE", "BROKER"]
-        assert table(sections[0])[1] == [topic, "0", "6", "2", "4", "0"]
+        assert table(sections[0])[1] == [topic, "0", "6", "2", "4", "0", "0"]
         assert table(sections[1])[1][0] == consumer.client.client_id
         tps_line, lag_line = sections[2].splitlines()
         # 2 messages in the last 60 s (a minute boundary in between prorates it a little)
