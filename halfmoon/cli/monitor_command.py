@@ -1,4 +1,4 @@
-"""``halfmoon monitor``: print dead letters and stuck half messages as they happen.
+"""``halfmoon monitor``: print dead letters, retries and stuck half messages as they happen.
 
 RocketMQ's startMonitoring. It polls the admin API every ``--interval``
 (default 2 s) and prints one line per event that happened since the previous
@@ -9,6 +9,10 @@ poll (one JSON object per line with ``--json``):
   offsets of every dead-letter queue are read at start; what was already
   there is not printed, and a dead-letter topic created later is read from
   its first message.
+- ``retrying``: more of a group's in-flight messages on a queue are being
+  delivered again (after a nack, an expired invisible time or a changed one)
+  than at the previous poll, with the count now and before. What was retrying
+  at start is the baseline, not news.
 - ``stuck-half``: a half message has waited ``--stuck-after`` (default 1 min)
   without a decision, once per transaction.
 - ``parked``: a transaction was parked after the check limit, once per
@@ -16,7 +20,8 @@ poll (one JSON object per line with ``--json``):
 
 Each poll costs one topic listing, one status read per dead-letter topic, a
 scan of the new dead-letter entries only (at most ``SCAN_LIMIT`` per queue
-per poll; the rest on the next poll) and two transaction listings of at most
+per poll; the rest on the next poll), one group listing and one progress
+read per group, and two transaction listings of at most
 ``TRANSACTION_LIMIT`` entries. It runs until interrupted, for ``--duration``,
 or until ``--count`` events were printed.
 """
@@ -30,13 +35,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from halfmoon.cli.admin_client import AdminClient, quote
+from halfmoon.cli.admin_client import AdminClient, CliError, quote
 from halfmoon.cli.parser import add_command, client, positive_int
 from halfmoon.cli.timearg import duration
 
 DLQ_MARK = "%DLQ%"
 SCAN_LIMIT = 256
 TRANSACTION_LIMIT = 1000
+GROUP_NOT_FOUND = "CONSUMER_GROUP_NOT_FOUND"  # halfmoon.broker.errors.GroupNotFound's code
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -44,7 +50,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         commands,
         "monitor",
         run_monitor,
-        "print dead letters and stuck or parked half messages as they happen",
+        "print dead letters, retries and stuck or parked half messages as they happen",
     )
     monitor.add_argument(
         "--interval", type=duration, default=2.0, help="poll this often (default 2s)"
@@ -74,10 +80,14 @@ class Monitor:
         self.known_dlq_topics: set[str] | None = None  # None until the first poll
         self.reported_stuck: set[str] = set()
         self.reported_parked: set[str] = set()
+        # (group, topic, queue) -> in-flight messages past their first delivery; None until
+        # the first poll took the baseline.
+        self.retrying: dict[tuple[str, str, int], int] | None = None
 
     def poll(self) -> Iterator[dict[str, Any]]:
         """The events since the previous poll (the first poll only takes the baseline)."""
         yield from self._dead_letters()
+        yield from self._retries()
         yield from self._transactions()
 
     def _dead_letters(self) -> Iterator[dict[str, Any]]:
@@ -124,6 +134,35 @@ class Monitor:
         self.dlq_offsets[(topic, queue_id)] = int(
             answer.get("next_offsets", {}).get(str(queue_id), high)
         )
+
+    def _retries(self) -> Iterator[dict[str, Any]]:
+        now: dict[tuple[str, str, int], int] = {}
+        for group in self.api.get("/v1/groups")["groups"]:
+            name = group["name"]
+            try:
+                queues = self.api.get(f"/v1/groups/{quote(name)}/progress")["queues"]
+            except CliError as error:
+                if error.code == GROUP_NOT_FOUND:  # deleted since the listing
+                    continue
+                raise
+            for queue in queues:
+                count = int(queue.get("retrying") or 0)
+                if count:
+                    now[(name, queue["topic"], int(queue["queue_id"]))] = count
+        before, self.retrying = self.retrying, now
+        if before is None:
+            return
+        for (group_name, topic, queue_id), count in sorted(now.items()):
+            was = before.get((group_name, topic, queue_id), 0)
+            if count > was:
+                yield {
+                    "event": "retrying",
+                    "group": group_name,
+                    "topic": topic,
+                    "queue_id": queue_id,
+                    "retrying": count,
+                    "was": was,
+                }
 
     def _transactions(self) -> Iterator[dict[str, Any]]:
         pending = self.api.get("/v1/transactions", limit=TRANSACTION_LIMIT)["transactions"]

@@ -90,6 +90,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     delete = add_command(sub, "delete", delete_topic, "delete a topic")
     delete.add_argument("name", metavar="NAME")
 
+    clean = add_command(
+        sub,
+        "clean-unused",
+        clean_unused_topics,
+        "cluster mode: delete the topics brokers hold that etcd does not route "
+        "(mqadmin's cleanUnusedTopic)",
+    )
+    clean.add_argument("--dry-run", action="store_true", help="only list them, delete nothing")
+
     status = add_command(
         sub, "status", topic_status, "min/max offset and last store time per queue"
     )
@@ -272,6 +281,22 @@ def update_topic(args: argparse.Namespace) -> None:
 def delete_topic(args: argparse.Namespace) -> None:
     result = client(args).delete(f"/v1/topics/{quote(args.name)}")
     emit(args, result, lambda: f"deleted topic '{args.name}'")
+
+
+def clean_unused_topics(args: argparse.Namespace) -> None:
+    api = client(args)
+    path = "/v1/cluster/unused-topics"
+    answer = api.get(path) if args.dry_run else api.delete(path)
+    rows = answer["topics"]
+
+    def human() -> str:
+        if not rows:
+            return "no broker holds a topic etcd does not route"
+        verb = "deleted" if answer["deleted"] else "would delete (--dry-run)"
+        table = render_table(rows, [("broker", "BROKER"), ("topic", "TOPIC")])
+        return f"{table}\n\n{verb}: {len(rows)}"
+
+    emit(args, answer, human)
 
 
 LITE_COLUMNS = [

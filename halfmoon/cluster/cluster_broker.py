@@ -230,6 +230,32 @@ class ClusterBroker(NetworkHop, ClusterReads):
                 self.broker(broker).delete_topic(name)
         self.on_loop(self.metadata.delete_topic(name))
 
+    def unused_topics(self, *, delete: bool = False) -> list[tuple[str, str]]:
+        """RocketMQ's cleanUnusedTopic: the (broker, topic) pairs a reachable broker holds
+        though etcd has no record of the topic (a broker's own topics, ``%DLQ%``, ``%RETRY%``
+        and the system ones, are never unused); with ``delete``, each is deleted there.
+
+        etcd is read after the brokers were listed: a topic is written to etcd before any
+        broker creates it and leaves etcd only after every broker deleted it, so a topic
+        being created or deleted meanwhile is never taken for an unused one."""
+        held = self.fan_out(
+            sorted(self.connected()),
+            lambda b: [t.name for t in b.list_topics()],
+            skip_missing=True,
+        )
+        known = {t.name for t in self.on_loop(self.metadata.list_topics())}
+        unused = [
+            (broker, name)
+            for broker, names in held
+            for name in sorted(names)
+            if name not in known and not is_reserved(name)
+        ]
+        if delete:
+            for broker, name in unused:
+                with contextlib.suppress(TopicNotFound):
+                    self.broker(broker).delete_topic(name)
+        return unused
+
     def get_topic(self, name: str) -> TopicConfig:
         found = self.find_topic(name) or self._auto_create(name)
         if found is None:

@@ -85,6 +85,14 @@ class ProxyMembers:
         add_progress(answer.get("broker_groups", []))
         return answer
 
+    def unused_topics(self, delete: bool) -> dict[str, Any]:
+        """The topics brokers hold that etcd does not route (deleted with ``delete``)."""
+        found = self.broker.unused_topics(delete=delete)
+        return {
+            "deleted": delete,
+            "topics": [{"broker": broker, "topic": topic} for broker, topic in found],
+        }
+
     def switchover(self, group: str, to: str | None) -> dict[str, Any]:
         endpoints = parse_coordinator(self.identity.coordinator)
         return request_switchover(endpoints, self.identity.cluster, group, to)

@@ -49,6 +49,11 @@ class ClusterMembers(Protocol):
         the outcome, or ``SwitchoverRefused`` with a stable code."""
         ...
 
+    def unused_topics(self, delete: bool) -> dict[str, Any]:
+        """Topics brokers hold that etcd does not route, per broker (``topic clean-unused``,
+        mqadmin's cleanUnusedTopic); with ``delete``, deleted from those brokers."""
+        ...
+
 
 CLUSTER_KEY: web.AppKey[ClusterMembers] = web.AppKey("cluster")
 

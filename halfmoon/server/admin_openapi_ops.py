@@ -288,6 +288,19 @@ SCHEMAS: dict[str, Any] = {
             },
         },
     },
+    "UnusedTopics": {
+        "type": "object",
+        "properties": {
+            "deleted": _BOOL,
+            "topics": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"broker": _STR, "topic": _STR},
+                },
+            },
+        },
+    },
     "SwitchoverResult": {
         "type": "object",
         "properties": {
@@ -461,6 +474,20 @@ def paths() -> dict[str, Any]:
                 409,
                 body="Switchover",
                 params=[_path_param("group", "Broker group")],
+            ),
+        },
+        "/v1/cluster/unused-topics": {
+            "get": _op(
+                "Topics brokers hold that etcd does not route (cluster mode)",
+                "listUnusedTopics",
+                (200, _ref("UnusedTopics"), "per broker"),
+                404,
+            ),
+            "delete": _op(
+                "Delete the topics brokers hold that etcd does not route (cleanUnusedTopic)",
+                "deleteUnusedTopics",
+                (200, _ref("UnusedTopics"), "what was deleted, per broker"),
+                404,
             ),
         },
         "/v1/broker/status": {

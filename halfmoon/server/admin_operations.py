@@ -2,11 +2,14 @@
 statistics, routes, connected clients, offset moves and re-consumption (RocketMQ's clusterList,
 brokerStatus, getBrokerConfig / updateBrokerConfig, statsAll, topicRoute,
 consumerStatus / consumerConnection, producerConnection, resetOffsetByTime,
-cloneGroupOffset, and queryMsgByUniqueKey -g -d: consumeMessageDirectly).
+cloneGroupOffset, cleanUnusedTopic, and queryMsgByUniqueKey -g -d: consumeMessageDirectly).
 
     GET   /v1/cluster                       the brokers (one: this process) and their addresses
     POST  /v1/cluster/groups/{group}/failover  {"to"?}: a planned switchover of the broker
                                             group's master (a proxy of a cluster only)
+    GET   /v1/cluster/unused-topics         topics brokers hold that etcd does not route
+    DELETE /v1/cluster/unused-topics        deletes them from those brokers (cleanUnusedTopic;
+                                            both a proxy of a cluster only)
     GET   /v1/broker/status                 TPS, disk, store, pending transactions, clients
     GET   /v1/runtime-config                keys that may change while running, with values
     PATCH /v1/runtime-config                {"changes": {"broker.max_body_size": "8MiB", ...}}
@@ -43,6 +46,7 @@ from halfmoon.server.admin_http import (
     CLUSTER_KEY,
     CONFIG_KEY,
     ApiError,
+    ClusterMembers,
     broker_of,
     call,
     existing_group,
@@ -102,6 +106,24 @@ async def failover_group(request: web.Request) -> web.Response:
     reject_unknown(body, {"to"})
     to = take(body, "to", str)
     return reply(await call(cluster.switchover, request.match_info["group"], to))
+
+
+async def list_unused_topics(request: web.Request) -> web.Response:
+    return reply(await call(_cluster_of(request, "unused topics").unused_topics, False))
+
+
+async def delete_unused_topics(request: web.Request) -> web.Response:
+    return reply(await call(_cluster_of(request, "unused topics").unused_topics, True))
+
+
+def _cluster_of(request: web.Request, what: str) -> ClusterMembers:
+    cluster = request.app.get(CLUSTER_KEY)
+    if cluster is None:
+        raise NotInCluster(
+            f"{what} exist in cluster mode only (a broker holding a topic etcd does not "
+            "route): ask a proxy of the cluster"
+        )
+    return cluster
 
 
 class NotInCluster(NotFound):
@@ -408,6 +430,8 @@ def add_routes(app: web.Application, clients: ClientRegistry | None = None) -> N
         app[CLIENTS_KEY] = clients
     app.router.add_get("/v1/cluster", get_cluster)
     app.router.add_post("/v1/cluster/groups/{group}/failover", failover_group)
+    app.router.add_get("/v1/cluster/unused-topics", list_unused_topics)
+    app.router.add_delete("/v1/cluster/unused-topics", delete_unused_topics)
     app.router.add_get("/v1/broker/status", get_broker_status)
     app.router.add_get("/v1/runtime-config", get_runtime_config)
     app.router.add_patch("/v1/runtime-config", set_runtime_config)

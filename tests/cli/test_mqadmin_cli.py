@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -225,6 +226,66 @@ def test_monitor_human_lines_and_duration(admin):
         "monitor", "--interval", "20ms", "--stuck-after", "1h", "--duration", "100ms", admin=admin
     )
     assert ok(quiet) == ""  # nothing new happened: nothing printed, exit 0
+
+
+def deliver_again(admin: AdminServer, group: str, topic: str) -> str:
+    """Receive a new message of ``topic`` for ``group``, make it visible at once and receive
+    it again: it stays in flight at its second attempt. Its message id."""
+    (first,) = admin.broker.receive(group, topic, FilterSpec("TAG", "*"), 1, 60_000)
+    admin.broker.change_invisible_duration(group, topic, first.receipt_handle or "", 0)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for view in admin.broker.receive(group, topic, FilterSpec("TAG", "*"), 1, 60_000):
+            assert view.message_id == first.message_id
+            assert view.delivery_attempt == 2
+            return view.message_id
+        time.sleep(0.01)
+    raise AssertionError(f"{first.message_id} was not delivered again within 10 s")
+
+
+def test_monitor_prints_a_group_retrying_more_messages(admin):
+    topic, txn_topic, group = unique("orders"), unique("txn"), unique("g")
+    admin.broker.create_topic(topic, queue_count=1)
+    admin.broker.create_topic(txn_topic, MessageType.TRANSACTION, 1)
+    admin.broker.create_group(group, consume_from="earliest")
+    send(admin, topic, 3)
+    deliver_again(admin, group, topic)  # retrying before the monitor starts: the baseline
+    (half,) = admin.broker.send(
+        [OutgoingMessage(topic=txn_topic, body=b"x", message_type=MessageType.TRANSACTION)]
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "halfmoon", "monitor", "--admin", admin.url, "--json",
+            "--interval", "50ms", "--stuck-after", "1ms", "--count", "2", "--duration", "60s",
+        ],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        first = read_event(proc)  # the first poll's: the retry already there is not news
+        assert first["event"] == "stuck-half"
+        assert first["transaction_id"] == half.transaction_id
+        deliver_again(admin, group, topic)
+        event = read_event(proc)
+        assert event == {
+            "event": "retrying",
+            "group": group,
+            "topic": topic,
+            "queue_id": 0,
+            "retrying": 2,
+            "was": 1,
+        }
+        assert proc.wait(timeout=30) == 0
+        assert proc.stderr is not None and proc.stderr.read() == ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_clean_unused_is_for_a_cluster_only(admin):
+    for args in (("--dry-run",), ()):
+        result = failed(halfmoon("topic", "clean-unused", *args, admin=admin))
+        assert "NOT_IN_CLUSTER" in result and "cluster mode only" in result
 
 
 # -- cluster write-perm (wipeWritePerm / addWritePerm) -----------------------------------------

@@ -7,6 +7,7 @@ endpoints.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import subprocess
@@ -26,6 +27,8 @@ from rocketmq import (
     SimpleConsumer,
 )
 
+from halfmoon.cluster.etcd import EtcdClient
+from halfmoon.cluster.metadata import ClusterMetadata
 from tests.cluster.cluster_server import ClusterProxy, ClusterServer, wait_until
 from tests.server.conftest import ROOT
 
@@ -275,6 +278,45 @@ def test_wiping_write_perm_drains_one_broker_while_the_other_takes_the_sends(
     for q in body["queues"]:  # type: ignore[index]
         stored[owners[q["queue_id"]]] += q["max_offset"]
     assert stored == {"broker-a": 0, "broker-b": 12}, body
+
+
+def forget_in_etcd(server: ClusterServer, topic: str) -> None:
+    """Delete ``topic``'s record from etcd only: its brokers still hold it, nothing routes it."""
+
+    async def main() -> None:
+        async with EtcdClient.from_url(server.own_etcd.url) as client:
+            assert await ClusterMetadata(client, server.cluster).delete_topic(topic)
+
+    asyncio.run(main())
+
+
+def test_clean_unused_deletes_the_topics_brokers_hold_that_etcd_does_not_route(
+    cluster: ClusterServer,
+) -> None:
+    kept, orphan = unique("kept"), unique("orphan")
+    cluster.create_topic(kept, "normal", queues=4)
+    cluster.create_topic(orphan, "normal", queues=4)
+    forget_in_etcd(cluster, orphan)
+    expected = [{"broker": "broker-a", "topic": orphan}, {"broker": "broker-b", "topic": orphan}]
+
+    dry = cli(cluster, "topic", "clean-unused", "--dry-run", "--json", "--admin", cluster.admin)
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout) == {"deleted": False, "topics": expected}
+    _, listing = cluster.admin_call("GET", "/v1/topics")
+    assert orphan in {t["name"] for t in listing["topics"]}  # type: ignore[index]  # kept by dry run
+
+    done = cli(cluster, "topic", "clean-unused", "--json", "--admin", cluster.proxies[1].admin)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"deleted": True, "topics": expected}
+    _, listing = cluster.admin_call("GET", "/v1/topics")
+    names = {t["name"] for t in listing["topics"]}  # type: ignore[index]
+    assert orphan not in names and kept in names
+    again = cli(cluster, "topic", "clean-unused", "--admin", cluster.admin)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == "no broker holds a topic etcd does not route"
+    # The routed topic and the brokers' own topics are untouched.
+    status, body = route(cluster, 1, kept)
+    assert status == 200 and {q["broker"] for q in body["queues"]} == {"broker-a", "broker-b"}  # type: ignore[index]
 
 
 # -- failures ----------------------------------------------------------------------------------
