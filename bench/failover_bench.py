@@ -1,6 +1,7 @@
 """Failover time: from a master's SIGKILL to the first send acknowledged through the proxy.
 
     .venv/bin/python -m bench.failover_bench [--kills 20] [--lease-ttl 2] [--senders 2]
+        [--switchovers N]
 
 A broker group in etcd (a master and two replicas, ``--replication sync
 --min-insync-replicas 1``, ``--lease-ttl`` seconds, flush sync) behind one
@@ -20,6 +21,14 @@ Printed: each round's time, then min / p50 / p90 / max over the rounds. The
 floor is the lease TTL (etcd must expire the dead master's key); the rest is
 the controller's poll (0.5 s), the appointed replica opening its broker, and
 the client's retry backoff.
+
+``--switchovers N`` then runs N planned switchovers (``halfmoon cluster
+failover G``, no target: the most caught-up in-sync replica) under the same
+load, each once both replicas are in the master's in-sync set, and prints for
+each the command's time and the clients' pause: the longest gap between
+consecutive acknowledged sends (of all senders together) from the last one
+before the command to the first one after it answered; then the pauses' min /
+p50 / p90 / max.
 """
 
 from __future__ import annotations
@@ -177,8 +186,36 @@ class Senders:
             later = [t for t in self.acked[-1000:] if t > moment]
         return min(later) if later else None
 
+    def longest_gap(self, start: float, end: float) -> float:
+        """The longest gap between consecutive acknowledgements from the last one before
+        ``start`` through the first one at or after ``end``."""
+        with self.lock:
+            times = sorted(self.acked)
+        before = [t for t in times if t < start][-1:]
+        between = [t for t in times if start <= t < end]
+        after = [t for t in times if t >= end][:1]
+        window = before + between + after
+        return max((b - a for a, b in zip(window, window[1:], strict=False)), default=0.0)
 
-def run(kills: int, lease_ttl: int, senders_count: int, root: Path) -> list[float]:
+
+def switchover(coordinator: str) -> tuple[float, float, dict[str, Any]]:
+    """A planned switchover through etcd: when asked, when answered, the answer."""
+    asked = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "halfmoon", "cluster", "failover", GROUP,
+         "--coordinator", coordinator, "--cluster", CLUSTER, "--json"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    answered = time.monotonic()
+    if done.returncode != 0:
+        raise RuntimeError(f"cluster failover failed: {done.stderr.strip()}")
+    return asked, answered, json.loads(done.stdout)
+
+
+def run(
+    kills: int, lease_ttl: int, senders_count: int, root: Path, switchovers: int = 0
+) -> tuple[list[float], list[float]]:
+    """The failover times of ``kills`` rounds, then the clients' pauses of ``switchovers``."""
     with etcd(root) as coordinator:
         flags = (
             "--cluster", CLUSTER, "--coordinator", coordinator, "--group", GROUP,
@@ -213,7 +250,21 @@ def run(kills: int, lease_ttl: int, senders_count: int, root: Path) -> list[floa
                       flush=True)  # fmt: skip
                 shutil.rmtree(master.data_dir)
                 master.start()
-            return times
+            pauses: list[float] = []
+            for round_ in range(switchovers):
+                master = wait_for(lambda: healthy_master(members), ROUND_TIMEOUT_S, "a master")
+                asked, answered, outcome = switchover(coordinator)
+                wait_for(
+                    lambda at=answered: senders.first_after(at),
+                    ROUND_TIMEOUT_S,
+                    "a send acknowledged after the switchover",
+                )
+                pause = senders.longest_gap(asked, answered)
+                pauses.append(pause)
+                print(f"switchover {round_ + 1:>2}: {master.name} → {outcome.get('master')} "
+                      f"command {answered - asked:.2f}s, clients paused {pause:.2f}s, "
+                      f"fenced {outcome.get('fenced_ms')} ms", flush=True)  # fmt: skip
+            return times, pauses
         finally:
             if senders is not None:
                 senders.close()
@@ -227,16 +278,19 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--lease-ttl", type=int, default=2)
     parser.add_argument("--senders", type=int, default=2)
+    parser.add_argument("--switchovers", type=int, default=0)
     args = parser.parse_args()
     print(f"# {json.dumps(machine_info())} kills={args.kills} lease_ttl={args.lease_ttl}s "
-          f"senders={args.senders}", flush=True)  # fmt: skip
+          f"senders={args.senders} switchovers={args.switchovers}", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="halfmoon-failover-bench-") as tmp:
-        times = run(args.kills, args.lease_ttl, args.senders, Path(tmp))
-    ordered = sorted(times)
-    print(
-        f"failover_s min={ordered[0]:.2f} p50={percentile(ordered, 0.5):.2f} "
-        f"p90={percentile(ordered, 0.9):.2f} max={ordered[-1]:.2f} kills={len(times)}"
-    )
+        times, pauses = run(args.kills, args.lease_ttl, args.senders, Path(tmp), args.switchovers)
+    for name, values, count in (("failover_s", times, "kills"), ("pause_s", pauses, "switchovers")):
+        if values:
+            ordered = sorted(values)
+            print(
+                f"{name} min={ordered[0]:.2f} p50={percentile(ordered, 0.5):.2f} "
+                f"p90={percentile(ordered, 0.9):.2f} max={ordered[-1]:.2f} {count}={len(values)}"
+            )
 
 
 if __name__ == "__main__":
