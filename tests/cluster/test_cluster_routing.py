@@ -29,6 +29,7 @@ from rocketmq import (
 
 from halfmoon.cluster.etcd import EtcdClient
 from halfmoon.cluster.metadata import ClusterMetadata
+from halfmoon.cluster.placement import ClusterTopic
 from tests.cluster.cluster_server import ClusterProxy, ClusterServer, wait_until
 from tests.server.conftest import ROOT
 
@@ -114,14 +115,21 @@ def test_topic_created_through_one_proxy_is_routable_through_the_other_within_a_
     topic = unique("spread")
     cluster.create_topic(topic, "normal", queues=4)
     created = time.monotonic()
-    wait_until(lambda: route(cluster, 1, topic)[0] == 200, 1.0, "the route on the other proxy")
+    placed = [q.broker for q in sorted(placement(cluster, topic).queues, key=lambda q: q.queue_id)]
+    # Spread over both brokers, two queues each, alternating (round-robin). A proxy that has
+    # not seen etcd's record yet lays the topic out from the brokers instead, in broker order
+    # (a, a, b, b): routing as etcd placed it is routing from the watched record.
+    assert sorted(placed) == ["broker-a", "broker-a", "broker-b", "broker-b"], placed
+    assert placed[0] != placed[1], placed
+
+    def routed_as_placed() -> bool:
+        status, body = route(cluster, 1, topic)
+        return status == 200 and [q["broker"] for q in body["queues"]] == placed  # type: ignore[index]
+
+    wait_until(routed_as_placed, 1.0, "the other proxy routing the topic as etcd placed it")
     assert time.monotonic() - created < 1.0
     _, body = route(cluster, 1, topic)
-    queues = body["queues"]  # type: ignore[index]
-    assert [q["queue_id"] for q in queues] == [0, 1, 2, 3]
-    # Spread over both brokers, two queues each; every queue reached through a proxy.
-    owners = [q["broker"] for q in queues]
-    assert sorted(owners) == ["broker-a", "broker-a", "broker-b", "broker-b"], owners
+    assert [q["queue_id"] for q in body["queues"]] == [0, 1, 2, 3]  # type: ignore[index]
 
 
 def test_pinned_topic_lives_on_the_named_broker_only(cluster: ClusterServer) -> None:
@@ -278,6 +286,18 @@ def test_wiping_write_perm_drains_one_broker_while_the_other_takes_the_sends(
     for q in body["queues"]:  # type: ignore[index]
         stored[owners[q["queue_id"]]] += q["max_offset"]
     assert stored == {"broker-a": 0, "broker-b": 12}, body
+
+
+def placement(server: ClusterServer, topic: str) -> ClusterTopic:
+    """``topic``'s record in etcd."""
+
+    async def main() -> ClusterTopic:
+        async with EtcdClient.from_url(server.own_etcd.url) as client:
+            found = await ClusterMetadata(client, server.cluster).get_topic(topic)
+            assert found is not None, topic
+            return found
+
+    return asyncio.run(main())
 
 
 def forget_in_etcd(server: ClusterServer, topic: str) -> None:
