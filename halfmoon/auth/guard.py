@@ -18,6 +18,7 @@ import base64
 import binascii
 import hmac
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,10 @@ from halfmoon.auth.policy import Resource, User, decide
 from halfmoon.auth.store import AuthStore
 
 audit = logging.getLogger("halfmoon.audit")
+# An audit field printed as is; anything else (an attacker's access key with spaces, quotes
+# or a newline, an admin operation "GET /v1/…") is quoted, so one denial stays one line
+# whose key=value fields cannot be forged.
+_PLAIN_FIELD = re.compile(r"[A-Za-z0-9_.@:/{}*%\[\]-]{1,128}")
 # Verified headers remembered (one per client and second); cleared whole when full.
 _VERIFIED_CACHE = 10_000
 
@@ -190,10 +195,17 @@ class Guard:
 
     def _deny(self, reason: str, access_key: str, peer: str, operation: str, what: str) -> None:
         audit.warning(
-            "event=access_denied reason=%s user=%s peer=%s operation=%s detail=%r",
+            "event=access_denied reason=%s user=%s peer=%s operation=%s detail=%s",
             reason,
-            access_key[:128] or "-",
-            peer or "-",
-            operation,
-            what,
+            audit_field(access_key[:128]),
+            audit_field(peer),
+            audit_field(operation),
+            ascii(what),
         )
+
+
+def audit_field(value: str) -> str:
+    """``value`` as one audit log field: bare when plain, else quoted with escapes (ASCII)."""
+    if not value:
+        return "-"
+    return value if _PLAIN_FIELD.fullmatch(value) else ascii(value)

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 ROOT_USER = ("root", "root-secret-key")
 NODE_USER = ("nodeuser", "node-secret-key")
 READER = ("nodereader", "reader-secret-key")  # Sub on node-*, Pub nowhere
+DISABLED = ("nodeoff", "nodeoff-secret-key")  # granted Pub on node-ok*, but disabled
 CHECK_MAX = 3
 QUICK_CHECKS = (
     "transaction.timeout_ms=400ms",
@@ -42,8 +43,8 @@ def _start(
         env={"HALFMOON_BOOTSTRAP_SECRET_KEY": ROOT_USER[1]},
         credentials=ROOT_USER,
     ).start()
-    for ak, sk in (NODE_USER, READER):
-        user = {"access_key": ak, "secret_key": sk}
+    for ak, sk in (NODE_USER, READER, DISABLED):
+        user = {"access_key": ak, "secret_key": sk, "enabled": ak != DISABLED[0]}
         assert server.admin_call("POST", "/v1/users", user)[0] == 201
     grants = {
         "nodeuser": [{"resource": "Topic:node-ok*", "actions": ["Pub"]},
@@ -51,6 +52,7 @@ def _start(
                      {"resource": "Group:node-group*", "actions": ["Sub"]}],
         "nodereader": [{"resource": "Topic:node-*", "actions": ["Sub"]},
                        {"resource": "Group:node-*", "actions": ["Sub"]}],
+        "nodeoff": [{"resource": "Topic:node-ok*", "actions": ["Pub"]}],
     }  # fmt: skip
     for subject, policies in grants.items():
         acl = {"subject": f"User:{subject}", "policies": policies}
@@ -96,7 +98,9 @@ def test_send_without_pub_is_forbidden(server: ServerProcess, scripts: Any) -> N
 
 
 @pytest.mark.parametrize(
-    "ak, sk", [(NODE_USER[0], "wrong-secret-key"), ("nobody", "nobody-secret-key")]
+    "ak, sk",
+    [(NODE_USER[0], "wrong-secret-key"), ("nobody", "nobody-secret-key"), DISABLED],
+    ids=["wrong-secret", "unknown-user", "disabled-user"],
 )
 def test_bad_credentials_are_refused(server: ServerProcess, scripts: Any, ak: str, sk: str) -> None:
     seen = len(server.lines)

@@ -21,6 +21,7 @@ from rocketmq import (
     Message,
     Producer,
     SimpleConsumer,
+    TransactionResolution,
 )
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
@@ -29,11 +30,13 @@ from rocketmq.v5.exception import ForbiddenException
 
 from halfmoon.auth import signature
 from tests.server.conftest import ServerProcess
+from tests.server.test_transactions_official_python import TRANSACTION_SETTINGS, StatusChecker
 
 pytestmark = pytest.mark.slow
 
 ROOT = ("root", "root-secret-key")
 ALICE = ("alice", "alice-secret-key")
+MALLORY = ("mallory", "mallory-secret-key")  # Sub on allowed-*, Pub nowhere
 _names = itertools.count()
 
 
@@ -45,7 +48,7 @@ def unique(prefix: str) -> str:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     proc = ServerProcess(
         tmp_path_factory.mktemp("halfmoon-auth"),
-        settings=("auth.enabled=true", "auth.bootstrap_access_key=root"),
+        settings=("auth.enabled=true", "auth.bootstrap_access_key=root", *TRANSACTION_SETTINGS),
         env={"HALFMOON_BOOTSTRAP_SECRET_KEY": ROOT[1]},
         credentials=ROOT,
     ).start()
@@ -62,6 +65,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     ]
     code, body = proc.admin_call(
         "POST", "/v1/acls", {"subject": "User:alice", "policies": policies}
+    )
+    assert code == 201, body
+    proc.admin_call("POST", "/v1/users", {"access_key": MALLORY[0], "secret_key": MALLORY[1]})
+    policies = [{"resource": "Topic:allowed-*", "actions": ["Sub"]}]
+    code, body = proc.admin_call(
+        "POST", "/v1/acls", {"subject": "User:mallory", "policies": policies}
     )
     assert code == 201, body
     try:
@@ -235,3 +244,55 @@ def test_fuzzed_authorization_headers_are_refused_and_harmless(server: ServerPro
         attempt()
     assert server.alive()
     assert not [line for line in server.lines if "Traceback" in line]
+
+
+class Committing(StatusChecker):
+    """Commits every transaction it is asked about (and counts the asks)."""
+
+    def check(self, message: Message) -> TransactionResolution:
+        super().check(message)
+        return TransactionResolution.COMMIT
+
+
+def test_transaction_check_back_only_to_the_producer_allowed_to_pub(
+    server: ServerProcess,
+) -> None:
+    topic, group = unique("allowed-txn"), unique("alice")
+    server.create_topic(topic, "transaction")
+    server.create_group(group)
+    # Mallory may Sub on the topic, not Pub: her producer declares it and is up first, yet
+    # must never be asked about alice's transaction (a check carries the message).
+    spy, checker = Committing(), Committing()
+    mallory = Producer(config(server, *MALLORY), topics=(topic,), checker=spy)
+    mallory.startup()
+    try:
+        alice = Producer(config(server, *ALICE), topics=(topic,), checker=checker)
+        alice.startup()
+        try:
+            # Sent, never committed by the sender: only a check-back can decide it.
+            receipt = alice.send(message(topic, "decided by check"), alice.begin_transaction())
+            deadline = time.monotonic() + 30
+            with checker.changed:
+                while not checker.asked:
+                    assert time.monotonic() < deadline, "alice was never asked a check"
+                    checker.changed.wait(0.5)
+            assert list(checker.asked) == [receipt.message_id]
+        finally:
+            alice.shutdown()
+    finally:
+        mallory.shutdown()
+    assert not spy.asked, "a producer without Pub on the topic was asked a check"
+    # The check's COMMIT (an EndTransaction signed by alice's client) made it visible.
+    consumer = SimpleConsumer(
+        config(server, *ALICE), group, {topic: FilterExpression()}, await_duration=2
+    )
+    consumer.startup()
+    try:
+        got: list = []
+        deadline = time.monotonic() + 15
+        while not got and time.monotonic() < deadline:
+            got = consumer.receive(8, 15)
+        assert [m.message_id for m in got] == [receipt.message_id]
+    finally:
+        consumer.shutdown()
+    assert ALICE[1] not in "\n".join(server.lines) and MALLORY[1] not in "\n".join(server.lines)
