@@ -3,6 +3,8 @@
 Each client sends two delay messages due at the same time, recalls one with the
 recall handle of its SendReceipt, and a consumer then sees only the other.
 Recalling after delivery fails with a clear error; a forged handle is refused.
+Each scenario runs against ``halfmoon serve`` and against a cluster (etcd, two
+brokers, two proxies: the recall handle names the broker holding the message).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tests.server.test_official_node_client import (  # noqa: F401 - fixtures
     _fail,
     node,
     scripts,
+    server,
 )
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,13 @@ from typing import Any
 import pytest
 
 from tests.server.conftest import ServerProcess, wait_until
-from tests.server.test_official_node_client import _fail, _server_errors, node, scripts  # noqa: F401 - fixtures
+from tests.server.test_official_node_client import (  # noqa: F401 - fixtures
+    OneProxyCluster,
+    _fail,
+    _server_errors,
+    node,
+    scripts,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -35,9 +41,16 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(tmp_path_factory.mktemp("halfmoon-txn-node"), settings=SETTINGS).start()
+@pytest.fixture(scope="module", params=["local", "cluster"])
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """``halfmoon serve``, or a cluster (etcd, two brokers, two proxies; the Node.js client
+    given one of them): the same scenario through both."""
+    kind = {"local": ServerProcess, "cluster": OneProxyCluster}[request.param]
+    proc = kind(
+        tmp_path_factory.mktemp(f"halfmoon-txn-node-{request.param}"), settings=SETTINGS
+    ).start()
     try:
         yield proc
     finally:

@@ -27,6 +27,7 @@ from rocketmq import (
 )
 from rocketmq.grpc_protocol import TransactionSource
 
+from tests.cluster.cluster_server import ClusterServer
 from tests.server.conftest import ServerProcess, wait_until
 
 pytestmark = pytest.mark.slow
@@ -50,10 +51,13 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    proc = ServerProcess(
-        tmp_path_factory.mktemp("halfmoon-txn"), settings=TRANSACTION_SETTINGS
+@pytest.fixture(scope="module", params=["local", "cluster"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """``halfmoon serve``, or a cluster (etcd, two brokers, two proxies; the brokers take the
+    transaction settings and ask for checks through the proxies): the same scenarios."""
+    kind = {"local": ServerProcess, "cluster": ClusterServer}[request.param]
+    proc = kind(
+        tmp_path_factory.mktemp(f"halfmoon-txn-{request.param}"), settings=TRANSACTION_SETTINGS
     ).start()
     try:
         yield proc
