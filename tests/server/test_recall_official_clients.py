@@ -51,7 +51,9 @@ def _delay_message(topic: str, body: str, deliver_at_s: int) -> Message:
     return msg
 
 
-def test_python_client_recalls_a_delay_message_before_its_time(server: ServerProcess) -> None:
+def test_python_client_recalls_a_delay_message_before_its_time(
+    server: ServerProcess,  # noqa: F811 - fixture
+) -> None:
     topic, group = unique("recall-py"), unique("g")
     server.create_topic(topic, "delay", queues=2)
     server.create_group(group)
@@ -94,7 +96,7 @@ def test_python_client_recalls_a_delay_message_before_its_time(server: ServerPro
 
 
 def test_node_client_recalls_a_delay_message_before_its_time(
-    server: ServerProcess,
+    server: ServerProcess,  # noqa: F811 - fixture
     scripts: Any,  # noqa: F811 - fixture
 ) -> None:
     topic, group = unique("recall-node"), unique("g")
