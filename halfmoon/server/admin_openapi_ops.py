@@ -231,6 +231,10 @@ SCHEMAS: dict[str, Any] = {
                             "description": "per-minute counts, last 60 minutes, oldest first",
                         },
                         "lag": {**_INT, "description": "out rows: messages not yet consumed"},
+                        "retrying": {
+                            **_INT,
+                            "description": "out rows: in flight and delivered more than once",
+                        },
                     },
                 },
             },

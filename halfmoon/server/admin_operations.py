@@ -240,16 +240,16 @@ async def get_statistics(request: web.Request) -> web.Response:
         rows = [jsonable(r) for r in broker.traffic(topic=topic, group=group)]
         # One progress question per (topic, group) row, for that topic only: asking for all
         # of a group's topics would walk every topic of the broker once per group.
-        lags: dict[tuple[str, str], int] = {}
+        lags: dict[tuple[str, str], tuple[int, int]] = {}
         for row in rows:
             pair = (row["topic"], row["group"])
             if row["group"] is not None and pair not in lags:
                 progress = broker.group_progress(row["group"], row["topic"])
-                lags[pair] = sum(q.lag for q in progress)
+                lags[pair] = (sum(q.lag for q in progress), sum(q.retrying for q in progress))
         for row in rows:
             row["direction"] = "in" if row["group"] is None else "out"
             if row["group"] is not None:
-                row["lag"] = lags.get((row["topic"], row["group"]), 0)
+                row["lag"], row["retrying"] = lags.get((row["topic"], row["group"]), (0, 0))
         return rows
 
     rows = await call(collect)

@@ -238,6 +238,12 @@ def test_group_page_shows_the_grpc_clients_connected_now_and_retries(dashboard, 
         )
         summary = page.locator("#group-summary").inner_text()
         assert "1 in flight" in summary and "1 of them being retried" in summary, summary
+        (row,) = api(server, "GET", f"/v1/statistics?group={group}")["rows"]
+        assert (row["lag"], row["retrying"]) == (1, 1)
+        groups = dashboard.open(f"groups?search={group}", "groups")
+        cells = groups.locator("#group-list tbody tr").first.locator("td").all_inner_texts()
+        assert (cells[0], cells[3], cells[6]) == (group, "1", "1"), cells  # lag, retrying
+        page = dashboard.open(f"group?name={group}", "group")
         clients = api(server, "GET", f"/v1/groups/{group}/clients")["clients"]
         assert len(clients) == 1
         # The clients section refreshes by itself: the consumer shows without a reload.

@@ -361,18 +361,21 @@ async function groupsPage(root, params) {
     get(`/v1/groups?search=${q(search)}&offset=${offset}&limit=${PAGE_SIZE}`), get("/v1/statistics"),
     get("/v1/dead-letters")]);
   const deadLetters = new Map(dead.groups.map((g) => [g.group, g.messages]));
-  const lag = new Map();
-  for (const row of stats.rows.filter((r) => r.group)) lag.set(row.group, (lag.get(row.group) || 0) + row.lag);
+  const lag = new Map(), retrying = new Map();
+  for (const row of stats.rows.filter((r) => r.group)) {
+    lag.set(row.group, (lag.get(row.group) || 0) + row.lag);
+    retrying.set(row.group, (retrying.get(row.group) || 0) + (row.retrying || 0));
+  }
   const go = (o, s = search) => { location.hash = `#/groups?search=${q(s)}&offset=${o}`; };
   root.replaceChildren(el("h2", {}, "Consumer groups"),
     el("form", { class: "inline", onsubmit: (e) => { e.preventDefault(); go(0, formValue(e.target, "search")); } },
       el("input", { name: "search", placeholder: "search groups", value: search }),
       el("button", { type: "submit" }, "search")),
     el("div", { id: "group-list", "data-live": true }, pager(found.total, offset, go),
-    table(["name", "fifo", "max attempts", "lag (consumed in 24 h)", "dead letters", "consume from"], found.groups.map((g) => [
+    table(["name", "fifo", "max attempts", "lag (consumed in 24 h)", "dead letters", "consume from", "retrying"], found.groups.map((g) => [
       el("a", { href: `#/group?name=${q(g.name)}` }, g.name), g.fifo ? "yes" : "no",
       g.max_delivery_attempts, lag.has(g.name) ? lag.get(g.name) : "", deadLetters.get(g.name) || 0,
-      g.consume_from]))));
+      g.consume_from, retrying.has(g.name) ? retrying.get(g.name) : ""]))));
 }
 
 async function groupPage(root, params) {
