@@ -1,10 +1,12 @@
 """PullConsumer against a real server: poll/seek/commit, and group rebalancing as members come and
-go."""
+go. Each scenario runs against ``halfmoon serve`` and against a cluster (etcd, two brokers, two
+proxies): queues, offsets and commits address (broker, queue, offset) there."""
 
 from __future__ import annotations
 
 import asyncio
 import urllib.request
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -15,6 +17,20 @@ from halfmoon.client.membership import MEMBERS_TOPIC
 from halfmoon.client.pull_consumer import PullConsumer
 from halfmoon.client.selector import MessageSelector
 from tests.client.conftest import ServerProcess, eventually, run, unique
+from tests.cluster.cluster_server import ClusterServer
+
+
+@pytest.fixture(scope="module", params=["local", "cluster"])
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    kind = {"local": ServerProcess, "cluster": ClusterServer}[request.param]
+    proc = kind(tmp_path_factory.mktemp(f"halfmoon-pull-{request.param}")).start()
+    try:
+        yield proc
+    finally:
+        if proc.alive():
+            proc.stop()
 
 
 @pytest.mark.parametrize("strategy", [allocate_average, allocate_consistent_hash])
