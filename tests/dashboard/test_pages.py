@@ -75,6 +75,11 @@ def test_overview_shows_the_broker_and_refreshes_live(dashboard, server):
         arg=before,
         timeout=15_000,
     )
+    # The chart of the last hour has the messages in: the in-line leaves the baseline.
+    page.wait_for_function(
+        "() => document.querySelector('svg.chart polyline.in').getAttribute('points')"
+        ".split(' ').some((p) => Number(p.split(',')[1]) < 100)"
+    )
     dashboard.screenshot("overview")
 
 
@@ -284,6 +289,13 @@ def test_group_page_resends_a_dead_letter(dashboard, server):
     page = dashboard.open(f"groups?search={group}", "groups")
     cells = page.locator("main tbody tr").first.locator("td").all_inner_texts()
     assert cells[0] == group and cells[4] == "1"
+    # The original's trace: delivered once, dead-lettered, resent as a new message.
+    page = dashboard.open(f"message?id={sent['message_id']}&topic={topic}", "message")
+    page.wait_for_selector("#trace li[data-event='resent']")
+    kinds = page.locator("#trace li").evaluate_all("items => items.map((i) => i.dataset.event)")
+    assert kinds.index("delivered") < kinds.index("dead_lettered") < kinds.index("resent"), kinds
+    dead = page.locator("#trace li[data-event='dead_lettered']").inner_text()
+    assert f"dead-lettered by group {group} after 1 deliveries (to %DLQ%{group})" in dead, dead
 
 
 def test_transactions_page_commits_a_pending_transaction(dashboard, server):
