@@ -8,7 +8,11 @@ with. What a route needs (:func:`route_needs`), in ACL 2.0's terms:
   listings and status: List or Get on Cluster;
 - writes: the action (Create for POST to a collection, Update for POST/PATCH
   to a resource, Delete for DELETE) on the named topic or group, or the same
-  action on Cluster;
+  action on Cluster; creating a topic or group, Create on the name the body
+  gives (``Topic:orders-*`` with Create may create ``orders-eu``), or on Cluster;
+- names are the stored ones, ``?namespace=NS`` applied, as the handler will
+  act on them (:func:`stored_path_names`), so ``Namespace:NS`` policies see
+  them and a ``Topic:orders-*`` policy does not reach ``NS%orders-1``;
 - ``/v1/users`` and ``/v1/acls``: super users only.
 
 So a *read-only* dashboard user is a normal user with ``Cluster: Get, List``
@@ -25,6 +29,7 @@ from aiohttp import web
 
 from halfmoon.auth import CLUSTER, Guard, Need, Resource, Unauthenticated, group, topic
 from halfmoon.server.admin_http import error_reply
+from halfmoon.server.admin_namespace import created_name, stored_path_names
 
 GUARD_KEY: web.AppKey[Guard] = web.AppKey("guard", Guard)
 # The dashboard's page, script and style sheet hold no data, and /v1/whoami only says
@@ -45,8 +50,13 @@ _WRITE_ACTIONS = {"PATCH": "Update", "PUT": "Update", "DELETE": "Delete", "POST"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def route_needs(method: str, template: str, names: dict[str, str]) -> list[Need] | None:
-    """What ``method`` on route ``template`` with path ``names`` needs; None: super users only."""
+def route_needs(
+    method: str, template: str, names: dict[str, str], created: str | None = None
+) -> list[Need] | None:
+    """What ``method`` on route ``template`` with path ``names`` needs; None: super users only.
+
+    ``created``: the name a POST to ``/v1/topics`` or ``/v1/groups`` creates, when known.
+    """
     if template.startswith(SUPER_ONLY):
         return None
     resource: Resource | None = None
@@ -61,6 +71,9 @@ def route_needs(method: str, template: str, names: dict[str, str]) -> list[Need]
     action = _WRITE_ACTIONS.get(method, "Update")
     if resource is None:
         if method == "POST" and template in ("/v1/topics", "/v1/groups"):
+            if created:
+                made = topic(created) if template == "/v1/topics" else group(created)
+                return [Need(((made, "Create"), (CLUSTER, "Create")))]
             action = "Create"
         return [Need.of(CLUSTER, action)]
     return [Need(((resource, action), (CLUSTER, action)))]
@@ -84,7 +97,8 @@ async def admin_auth(request: web.Request, handler: Handler) -> web.StreamRespon
         answer = error_reply(exc.http_status, exc.code, exc.message)
         answer.headers["WWW-Authenticate"] = 'Basic realm="halfmoon", charset="UTF-8"'
         return answer
-    needs = route_needs(request.method, template, dict(request.match_info))
+    names = stored_path_names(request)
+    needs = route_needs(request.method, template, names, await created_name(request))
     if needs is None:
         guard.require_super(user, peer, operation)
     else:

@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from halfmoon.server.admin_http import BODY_KEY, read_body
+from halfmoon.server.admin_http import BODY_KEY, ApiError, read_body
 from halfmoon.server.namespace import check_namespace, in_namespace, stored_name
 
 PARAM = "namespace"
@@ -51,6 +51,36 @@ def _template(request: web.Request) -> str:
     return route.canonical if route is not None else ""
 
 
+def stored_path_names(request: web.Request) -> dict[str, str]:
+    """The request's path names as its handler will see them: stored, namespace applied.
+
+    What admin_auth authorizes (it runs before this module's middleware, so that
+    nothing is read or parsed for a caller without credentials).
+    """
+    names = dict(request.match_info)
+    namespace = request.query.get(PARAM, "")
+    if namespace:
+        if "topic" in names:
+            names["topic"] = stored_name(namespace, names["topic"], "topic")
+        if "group" in names and _template(request).startswith("/v1/groups/"):
+            names["group"] = stored_name(namespace, names["group"], "group")
+    return names
+
+
+async def created_name(request: web.Request) -> str | None:
+    """The stored name a ``POST /v1/topics`` or ``/v1/groups`` creates; None when unreadable."""
+    kind = _BODY_NAMES.get((request.method, _template(request)), {}).get("name")
+    if kind is None:
+        return None
+    try:
+        name = (await read_body(request)).get("name")  # the bytes stay for the handler
+    except ApiError:
+        return None
+    if not isinstance(name, str) or not name:
+        return None
+    return stored_name(request.query.get(PARAM, ""), name, kind)
+
+
 @web.middleware
 async def namespaced_names(request: web.Request, handler: Handler) -> web.StreamResponse:
     namespace = request.query.get(PARAM, "")
@@ -58,11 +88,7 @@ async def namespaced_names(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     check_namespace(namespace)
     template = _template(request)
-    info = request.match_info
-    if "topic" in info:
-        info["topic"] = stored_name(namespace, info["topic"], "topic")
-    if "group" in info and template.startswith("/v1/groups/"):
-        info["group"] = stored_name(namespace, info["group"], "group")
+    request.match_info.update(stored_path_names(request))
     renamed = {
         key: stored_name(namespace, request.query[key], key)
         for key in ("topic", "group")

@@ -8,6 +8,7 @@ and cannot be left unprotected.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import subprocess
@@ -172,3 +173,47 @@ def test_credentials_file_must_be_private(server: ServerProcess, tmp_path: Path)
     path.chmod(0o600)
     private = _cli(server, "topic", "list", env=env)
     assert private.returncode == 0, private.stderr
+
+
+def _as(server: ServerProcess, user, method: str, path: str, body=None) -> tuple[int, str]:
+    headers = {"content-type": "application/json", "authorization": "Bearer " + ":".join(user)}
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(server.admin + path, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_create_on_a_name_and_namespaces_are_authorized_by_the_stored_name(
+    server: ServerProcess,
+) -> None:
+    bob = ("bob", "bob-secret-key")
+    assert (
+        server.admin_call("POST", "/v1/users", {"access_key": bob[0], "secret_key": bob[1]})[0]
+        == 201
+    )
+    grants = [
+        {"resource": "Topic:orders-*", "actions": ["Create", "Get", "Delete"]},
+        {"resource": "Group:orders-*", "actions": ["Create"]},
+    ]
+    acl = {"subject": "User:bob", "policies": grants}
+    assert server.admin_call("POST", "/v1/acls", acl)[0] == 201
+    # ACL 2.0: Create on Topic:orders-* creates orders-…, not anything else.
+    assert _as(server, bob, "POST", "/v1/topics", {"name": "orders-1"})[0] == 201
+    assert _as(server, bob, "POST", "/v1/groups", {"name": "orders-readers"})[0] == 201
+    code, answer = _as(server, bob, "POST", "/v1/topics", {"name": "payments-1"})
+    assert code == 403 and "Create on Topic:payments-1" in answer, answer
+    assert _as(server, bob, "POST", "/v1/groups", {"name": "payments"})[0] == 403
+    # A namespace's topic is stored as ns1%orders-2: bob's Topic:orders-* does not reach it,
+    # whether he names it with ?namespace= or not.
+    made = server.admin_call("POST", "/v1/topics?namespace=ns1", {"name": "orders-2"})
+    assert made[0] == 201, made
+    for method in ("GET", "DELETE"):
+        code, answer = _as(server, bob, method, "/v1/topics/orders-2?namespace=ns1")
+        assert code == 403 and "Topic:ns1%orders-2" in answer, (method, answer)
+    code, answer = _as(server, bob, "POST", "/v1/topics?namespace=ns1", {"name": "orders-3"})
+    assert code == 403 and "Create on Topic:ns1%orders-3" in answer, answer
+    assert server.admin_call("GET", "/v1/topics/ns1%25orders-2")[0] == 200  # still there
+    assert _as(server, bob, "DELETE", "/v1/topics/orders-1")[0] == 200
