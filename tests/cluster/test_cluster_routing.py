@@ -180,6 +180,39 @@ def test_messages_spread_over_both_brokers_and_acks_find_their_broker(
     )
 
 
+def test_clone_offset_copies_each_queues_offset_on_every_broker(cluster: ClusterServer) -> None:
+    topic, source, target = unique("clone"), unique("clone-src"), unique("clone-dst")
+    cluster.create_topic(topic, "normal", queues=4)
+    cluster.create_group(source)
+    cluster.create_group(target)
+    producer = started(Producer(config(cluster)))
+    consumer = started(
+        SimpleConsumer(config(cluster), source, {topic: FilterExpression()}, await_duration=2)
+    )
+    try:
+        for i in range(16):
+            producer.send(message(topic, f"m{i}"))
+        assert len(receive_bodies(consumer, 16, 30)) == 16
+    finally:
+        producer.shutdown()
+        consumer.shutdown()
+
+    def committed(group: str) -> dict[int, int]:
+        _, body = cluster.admin_call("GET", f"/v1/groups/{group}/progress?topic={topic}")
+        return {q["queue_id"]: q["committed_offset"] for q in body["queues"]}  # type: ignore[index]
+
+    wait_until(lambda: sum(committed(source).values()) == 16, 10, "the source's acks committed")
+    done = cli(cluster, "consumer", "clone-offset", source, "--to", target, "--topic", topic,
+               "--json", "--admin", cluster.proxies[1].admin)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    cloned = committed(target)
+    assert cloned == committed(source), cloned
+    _, body = route(cluster, 0, topic)
+    owners = {q["queue_id"]: q["broker"] for q in body["queues"]}  # type: ignore[index]
+    # Queues of both brokers carried offsets over.
+    assert {owners[q] for q, offset in cloned.items() if offset > 0} == {"broker-a", "broker-b"}
+
+
 def test_a_proxy_with_two_workers_serves_from_both_on_one_port(
     cluster: ClusterServer, tmp_path: Path
 ) -> None:
