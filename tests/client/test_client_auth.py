@@ -142,3 +142,48 @@ def test_spark_wire_and_outbox_target_sign_their_requests(
     monkeypatch.setenv("HALFMOON_SECRET_KEY", ALICE.secret_key)
     target = HalfmoonTarget(f"halfmoon://{server.grpc}")
     assert target._options["credentials"] == ALICE  # noqa: SLF001
+
+
+def test_the_transactional_sender_signs_with_its_producers_credentials(
+    server: ServerProcess, tmp_path
+) -> None:
+    import time
+
+    from sqlalchemy import create_engine
+
+    from halfmoon.client import MessageSelector, SyncSimpleConsumer, SyncTransactionProducer
+    from halfmoon.outbox.checker import TransactionLogChecker
+    from halfmoon.outbox.txlog import TransactionalSender, TransactionLog
+
+    topic, group = unique("cl-outbox"), unique("og")
+    server.create_topic(topic, message_type="transaction")
+    server.create_group(group)
+    engine = create_engine(f"sqlite:///{tmp_path / 'app.db'}")
+    log = TransactionLog(table_prefix="app_")
+    log.metadata.create_all(engine)
+    checker = TransactionLogChecker(engine, log, lock_timeout=2)
+    for user, allowed in ((ALICE, True), (BOB, False)):  # bob may Sub on cl-*, not Pub
+        with SyncTransactionProducer(
+            server.grpc, unique("op"), checker, topics=[topic], credentials=user
+        ) as producer:
+            sender = TransactionalSender(producer, log)
+            if allowed:
+                with sender.transaction(engine) as tx:
+                    tx.send(Message(topic, b"committed"))
+                assert tx.outcome == "committed"
+            else:
+                refused = pytest.raises(Forbidden, match=f"Pub on Topic:{topic}")
+                with refused, sender.transaction(engine) as tx:
+                    tx.send(Message(topic, b"refused"))
+                assert tx.outcome == "rolled_back"  # the database's side undone too
+    root = Credentials(*ROOT)
+    with SyncSimpleConsumer(
+        server.grpc, group, {topic: MessageSelector.all()}, credentials=root
+    ) as consumer:
+        got: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while not got:
+            assert time.monotonic() < deadline, "the committed message never arrived"
+            got += [m.body for m in consumer.receive(8, 20, wait=0.5)]
+    assert got == [b"committed"]
+    assert ALICE.secret_key not in "\n".join(server.lines)
