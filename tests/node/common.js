@@ -60,7 +60,24 @@ async function withTimeout(promise, ms, what) {
 
 // The spec's accessKey/accessSecret (sign every request) and sslEnabled (TLS; the client
 // trusts GRPC_DEFAULT_SSL_ROOTS_FILE_PATH's roots) as the clients' options.
+// spec.clockSkewSeconds: this process's clock runs that far ahead (negative: behind), as
+// on a machine with a wrong clock; the client stamps x-mq-date-time from it.
+function skewClock(seconds) {
+  const RealDate = Date;
+  const skewMs = seconds * 1000;
+  class SkewedDate extends RealDate {
+    constructor(...args) {
+      super(...(args.length ? args : [ RealDate.now() + skewMs ]));
+    }
+    static now() {
+      return RealDate.now() + skewMs;
+    }
+  }
+  globalThis.Date = SkewedDate;
+}
+
 function connectionOptions(spec) {
+  if (spec.clockSkewSeconds) skewClock(spec.clockSkewSeconds);
   return {
     sslEnabled: spec.sslEnabled === true,
     sessionCredentials: spec.accessKey === undefined ? undefined

@@ -111,6 +111,21 @@ def test_bad_credentials_are_refused(server: ServerProcess, scripts: Any, ak: st
     assert sk not in "\n".join(server.lines)
 
 
+@pytest.mark.parametrize("skew", [3600, -600, 90], ids=["hour-ahead", "ten-min-behind", "90s"])
+def test_a_skewed_clock_is_refused_beyond_the_window(
+    server: ServerProcess, scripts: Any, skew: int
+) -> None:
+    seen = len(server.lines)
+    run = _send(scripts, server, "node-ok", *NODE_USER, clockSkewSeconds=skew)
+    if abs(skew) <= 300:  # auth.signature_window: a clock a little off still works
+        assert run.returncode == 0 and len(run.events("sent")) == 1, run.explain()
+        return
+    assert run.returncode != 0 and not run.events("sent"), run.explain()
+    denials = [line for line in server.lines[seen:] if "event=access_denied" in line]
+    assert denials and all("reason=unauthenticated" in d for d in denials), denials
+    assert "detail='stale signature'" in denials[0], denials
+
+
 def test_node_client_over_tls_with_credentials(
     node: str, scripts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
