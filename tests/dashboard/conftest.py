@@ -96,6 +96,7 @@ class DashboardPage:
         self.page.wait_for_selector(f"main[data-loaded='{name}']")
 
     def screenshot(self, name: str) -> Path:
+        self.shots.mkdir(parents=True, exist_ok=True)
         path = self.shots / f"{name}.png"
         self.page.screenshot(path=str(path), full_page=True)
         return path
@@ -114,10 +115,10 @@ def dashboard_in(browser: Any, server: ServerProcess, shots: Path) -> Iterator[D
 
 @pytest.fixture
 def shots(request: pytest.FixtureRequest) -> Path:
-    """This test's screenshot directory under the artifacts root, emptied first."""
+    """This test's screenshot directory under the artifacts root, emptied first (made by
+    the first screenshot)."""
     path = ARTIFACTS / "dashboard" / re.sub(r"[^\w.-]+", "_", request.node.name)
     shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
     return path
 
 
