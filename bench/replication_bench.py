@@ -23,6 +23,7 @@ the replicas' CPU competes with the master's.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import re
 import shutil
@@ -103,6 +104,11 @@ def etcd(root: Path) -> Iterator[str]:
         process.wait(30)
 
 
+# Each broker's last log lines, by pid: shown when one does not stop when asked.
+LOG_TAILS: dict[int, collections.deque[str]] = {}
+STOP_TIMEOUT_S = 30.0
+
+
 def start_broker(args: list[str]) -> tuple[subprocess.Popen[str], str]:
     process = subprocess.Popen(
         [sys.executable, "-m", "halfmoon", "broker", "--listen", "127.0.0.1:0",
@@ -110,18 +116,41 @@ def start_broker(args: list[str]) -> tuple[subprocess.Popen[str], str]:
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert process.stderr is not None
+    tail = LOG_TAILS.setdefault(process.pid, collections.deque(maxlen=40))
     for line in process.stderr:
+        tail.append(line)
         found = READY.search(line)
         if found:
-            threading.Thread(target=drain, args=(process.stderr,), daemon=True).start()
+            threading.Thread(target=drain, args=(process.stderr, tail), daemon=True).start()
             return process, found.group(1)
-    raise RuntimeError("a broker did not start")
+    raise RuntimeError("a broker did not start:\n" + "".join(tail))
 
 
-def drain(stream: Iterator[str]) -> None:
-    """Read a child's log to its end, so its pipe never fills."""
-    for _ in stream:
-        pass
+def drain(stream: Iterator[str], tail: collections.deque[str]) -> None:
+    """Read a child's log to its end, so its pipe never fills; keep its last lines."""
+    for line in stream:
+        tail.append(line)
+
+
+def stop_brokers(processes: list[subprocess.Popen[str]]) -> None:
+    """SIGTERM each broker; one still running after STOP_TIMEOUT_S is SIGKILLed and reported
+    (with its last log lines) on stderr, and the measurement already taken is kept."""
+    for process in processes:
+        process.terminate()
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for process in processes:
+        try:
+            process.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+            tail = "".join(LOG_TAILS.get(process.pid, ()))
+            print(
+                f"# warning: broker pid {process.pid} ({' '.join(process.args[3:])}) did not "
+                f"stop within {STOP_TIMEOUT_S:.0f} s of SIGTERM; killed. Its last lines:\n{tail}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def replication_status(address: str) -> dict[str, object]:
@@ -203,10 +232,7 @@ def bench_target(
         target = "none" if replicas == 0 else f"sync-{replicas}"
         return measure(target, master, [p.pid for p in processes], threads, batch, seconds)
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(30)
+        stop_brokers(processes)
 
 
 def main() -> None:
