@@ -521,7 +521,14 @@ def paths() -> dict[str, Any]:
                 "getStatistics",
                 (200, _ref("Statistics"), "rows"),
                 404,
-                params=[_query("topic", "only this topic"), _query("group", "only this group")],
+                params=[
+                    _query("topic", "only this topic"),
+                    _query("group", "only this group"),
+                    _query(
+                        "last_hour",
+                        "false: rows without their per-minute counts (a list needs only rates)",
+                    ),
+                ],
             ),
         },
         "/v1/topics/{topic}/route": {

@@ -231,6 +231,7 @@ async def get_statistics(request: web.Request) -> web.Response:
     broker = broker_of(request)
     topic = request.query.get("topic") or None
     group = request.query.get("group") or None
+    per_minute = request.query.get("last_hour", "true").lower() != "false"
 
     def collect() -> list[dict[str, Any]]:
         if topic is not None:
@@ -247,6 +248,8 @@ async def get_statistics(request: web.Request) -> web.Response:
                 progress = broker.group_progress(row["group"], row["topic"])
                 lags[pair] = (sum(q.lag for q in progress), sum(q.retrying for q in progress))
         for row in rows:
+            if not per_minute:
+                del row["last_hour"]
             row["direction"] = "in" if row["group"] is None else "out"
             if row["group"] is not None:
                 row["lag"], row["retrying"] = lags.get((row["topic"], row["group"]), (0, 0))

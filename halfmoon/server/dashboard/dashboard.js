@@ -283,7 +283,7 @@ async function topicsPage(root, params) {
   const search = params.get("search") || "";
   const offset = Number(params.get("offset") || 0);
   const [found, stats] = await Promise.all([
-    get(`/v1/topics?search=${q(search)}&offset=${offset}&limit=${PAGE_SIZE}`), get("/v1/statistics")]);
+    get(`/v1/topics?search=${q(search)}&offset=${offset}&limit=${PAGE_SIZE}`), get("/v1/statistics?last_hour=false")]);
   // Rates and backlog per topic from one statistics answer: messages in per second,
   // and the lag of the groups that consumed the topic in the last 24 h.
   const rate = new Map(), backlog = new Map();
@@ -358,7 +358,7 @@ async function groupsPage(root, params) {
   const search = params.get("search") || "";
   const offset = Number(params.get("offset") || 0);
   const [found, stats, dead] = await Promise.all([
-    get(`/v1/groups?search=${q(search)}&offset=${offset}&limit=${PAGE_SIZE}`), get("/v1/statistics"),
+    get(`/v1/groups?search=${q(search)}&offset=${offset}&limit=${PAGE_SIZE}`), get("/v1/statistics?last_hour=false"),
     get("/v1/dead-letters")]);
   const deadLetters = new Map(dead.groups.map((g) => [g.group, g.messages]));
   const lag = new Map(), retrying = new Map();
@@ -515,7 +515,7 @@ function describe(e) {
 
 // Pull consumers commit offsets rather than acking each message: say whose offset passed it.
 async function committedBy(message) {
-  const stats = await get(`/v1/statistics?topic=${q(message.topic)}`);
+  const stats = await get(`/v1/statistics?topic=${q(message.topic)}&last_hour=false`);
   const groups = [...new Set(stats.rows.filter((r) => r.group).map((r) => r.group))];
   const lines = [];
   for (const group of groups) {
