@@ -53,7 +53,14 @@ def _pub(topic_resource: pb.Resource, header: str, *actions: str) -> Needs:
 
 
 def _send(request: Any, header: str) -> Needs:
-    names = {_topic(m.topic, header) for m in request.messages if m.topic.name}
+    # A batch names one topic, 32 times over: each distinct (name, namespace) is resolved once.
+    distinct: dict[tuple[str, str], pb.Resource] = {}
+    for m in request.messages:
+        resource = m.topic
+        key = (resource.name, resource.resource_namespace)
+        if key[0] and key not in distinct:
+            distinct[key] = resource
+    names = {_topic(resource, header) for resource in distinct.values()}
     return [Need.of(topic(name), "Pub") for name in sorted(names)]
 
 

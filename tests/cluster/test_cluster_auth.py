@@ -31,6 +31,7 @@ from rocketmq.v5.exception import ForbiddenException
 
 from halfmoon.auth import signature
 from tests.cluster.cluster_server import ClusterProxy, ClusterServer
+from tests.server.conftest import audit_denials
 from tests.server.test_transactions_official_python import (
     CHECK_MAX,
     TRANSACTION_SETTINGS,
@@ -159,7 +160,7 @@ def test_denied_send_and_receive_through_a_proxy(cluster: ClusterServer, users: 
             consumer.receive(1, 15)
         finally:
             consumer.shutdown()
-    denials = [line for line in cluster.lines if "event=access_denied" in line and topic in line]
+    denials = audit_denials(cluster.lines, containing=topic)
     assert denials and "reason=forbidden" in denials[0] and "user=alice" in denials[0]
     assert ALICE[1] not in "\n".join(cluster.lines + proxy(cluster, 1).lines)
 

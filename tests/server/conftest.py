@@ -242,3 +242,16 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def audit_denials(lines: list[str], seen: int = 0, containing: str = "") -> list[str]:
+    """The ``event=access_denied`` lines after the first ``seen`` of ``lines`` (a server's
+    output, read by a thread) that contain ``containing``; waits up to 10 s for one."""
+
+    def found() -> list[str]:
+        return [
+            line for line in lines[seen:] if "event=access_denied" in line and containing in line
+        ]
+
+    wait_until(found, 10, f"an audit line (event=access_denied) containing {containing!r}")
+    return found()

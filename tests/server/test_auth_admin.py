@@ -148,6 +148,27 @@ def test_cli_user_and_acl_commands_and_no_secret_in_output(server: ServerProcess
     assert granted.returncode == 0, granted.stderr
     shown = server.cli("acl", "get", "User:dave", "--json")
     assert '"Topic:d-*"' in shown.stdout
+    # updateAcl replaces the entry for that resource; listAcl shows it.
+    changed = server.cli(
+        "acl", "update", "User:dave", "--resource", "Topic:d-*", "--actions", "Sub"
+    )
+    assert changed.returncode == 0, changed.stderr
+    listed_acls = json.loads(server.cli("acl", "list", "--subject", "User:dave", "--json").stdout)
+    assert '"Pub"' not in json.dumps(listed_acls) and '"Sub"' in json.dumps(listed_acls)
+    # updateUser: a new secret (from stdin) replaces the old one; --disabled locks dave out.
+    rotated = subprocess.run(
+        [sys.executable, "-m", "halfmoon", "user", "update", "dave", "--user-secret-stdin",
+         "--admin", server.admin],
+        input="dave-new-secret-key\n", cwd=ROOT, capture_output=True, text=True, timeout=30,
+        env={**os.environ, "HALFMOON_ACCESS_KEY": SUPER[0], "HALFMOON_SECRET_KEY": SUPER[1]},
+    )  # fmt: skip
+    assert rotated.returncode == 0, rotated.stderr
+    assert "dave-new-secret-key" not in rotated.stdout + rotated.stderr
+    assert call(server, "get", "/v1/topics", ("dave", "dave-secret-key")) == 401
+    assert call(server, "get", "/v1/topics", ("dave", "dave-new-secret-key")) == 403
+    off = server.cli("user", "update", "dave", "--disabled", "--json")
+    assert off.returncode == 0 and json.loads(off.stdout)["enabled"] is False, off.stderr
+    assert call(server, "get", "/v1/topics", ("dave", "dave-new-secret-key")) == 401
     assert server.cli("acl", "delete", "User:dave").returncode == 0
     assert server.cli("user", "delete", "dave").returncode == 0
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.server import test_official_node_client as node_client
-from tests.server.conftest import ServerProcess, wait_until
+from tests.server.conftest import ServerProcess, audit_denials, wait_until
 
 node = node_client.node
 scripts = node_client.scripts
@@ -106,7 +106,7 @@ def test_bad_credentials_are_refused(server: ServerProcess, scripts: Any, ak: st
     seen = len(server.lines)
     run = _send(scripts, server, "node-ok", ak, sk)
     assert run.returncode != 0 and not run.events("sent"), run.explain()
-    denials = [line for line in server.lines[seen:] if "event=access_denied" in line]
+    denials = audit_denials(server.lines, seen)
     assert denials and "reason=unauthenticated" in denials[0]
     assert sk not in "\n".join(server.lines)
 
@@ -121,7 +121,7 @@ def test_a_skewed_clock_is_refused_beyond_the_window(
         assert run.returncode == 0 and len(run.events("sent")) == 1, run.explain()
         return
     assert run.returncode != 0 and not run.events("sent"), run.explain()
-    denials = [line for line in server.lines[seen:] if "event=access_denied" in line]
+    denials = audit_denials(server.lines, seen)
     assert denials and all("reason=unauthenticated" in d for d in denials), denials
     assert "detail='stale signature'" in denials[0], denials
 
@@ -184,7 +184,7 @@ def test_receive_without_sub_is_forbidden(server: ServerProcess, scripts: Any) -
     assert denied.returncode != 0 and errors and not denied.events("received"), denied.explain()
     assert "ForbiddenException" in errors[0]["error"], denied.explain()
     assert "Sub on Topic:node-ok" in errors[0]["error"], denied.explain()
-    audit = [line for line in server.lines[seen:] if "event=access_denied" in line]
+    audit = audit_denials(server.lines, seen)
     assert audit and "reason=forbidden user=nodeuser" in audit[0], audit
 
 

@@ -29,7 +29,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from rocketmq.v5.exception import ForbiddenException
 
 from halfmoon.auth import signature
-from tests.server.conftest import ServerProcess
+from tests.server.conftest import ServerProcess, audit_denials
 from tests.server.test_transactions_official_python import TRANSACTION_SETTINGS, StatusChecker
 
 pytestmark = pytest.mark.slow
@@ -130,7 +130,7 @@ def test_denied_send_is_forbidden_and_names_the_permission(server: ServerProcess
             p.send(message(topic, "nope"))
     finally:
         p.shutdown()
-    denials = [line for line in server.lines if "event=access_denied" in line and topic in line]
+    denials = audit_denials(server.lines, containing=topic)
     assert denials and "reason=forbidden" in denials[0] and "user=alice" in denials[0]
     assert ALICE[1] not in "\n".join(server.lines)
 
@@ -171,7 +171,7 @@ def test_bad_credentials_are_unauthorized(server: ServerProcess, ak: str, sk: st
             p.send(message(topic, "nope"))
     finally:
         p.shutdown()
-    denials = [line for line in server.lines[seen:] if "event=access_denied" in line]
+    denials = audit_denials(server.lines, seen)
     assert denials and all("reason=unauthenticated" in line for line in denials)
     assert all(f"user={ak or '-'} " in line for line in denials)
     if sk:
