@@ -238,3 +238,14 @@ def test_create_on_a_name_and_namespaces_are_authorized_by_the_stored_name(
     assert code == 403 and "Create on Topic:ns1%orders-3" in answer, answer
     assert server.admin_call("GET", "/v1/topics/ns1%25orders-2")[0] == 200  # still there
     assert _as(server, bob, "DELETE", "/v1/topics/orders-1")[0] == 200
+
+
+def test_no_secret_in_metrics_config_or_listings(server: ServerProcess) -> None:
+    # Refusals first, so that whatever counts or describes them has had its chance.
+    assert call(server, "get", "/v1/topics", ("reader", "not-the-reader-secret")) == 401
+    for path in ("/metrics", "/v1/config", "/v1/users", "/v1/acls", "/v1/status"):
+        code, text = _as(server, SUPER, "GET", path)
+        assert code == 200, (path, text)
+        for secret in (SUPER[1], READER[1], "not-the-reader-secret"):
+            assert secret not in text, f"{path} shows a secret key"
+    assert not [line for line in server.lines if SUPER[1] in line or READER[1] in line]
