@@ -142,6 +142,25 @@ def test_spark_wire_and_outbox_target_sign_their_requests(
     monkeypatch.setenv("HALFMOON_SECRET_KEY", ALICE.secret_key)
     target = HalfmoonTarget(f"halfmoon://{server.grpc}")
     assert target._options["credentials"] == ALICE  # noqa: SLF001
+    from halfmoon.outbox.outbox import OutboxRecord
+
+    other = unique("other")
+    server.create_topic(other)
+
+    def record(n: int, to: str) -> OutboxRecord:
+        return OutboxRecord(
+            id=n, message_id=f"m-{n}", aggregate_type="order", aggregate_id=str(n), topic=to,
+            routing_key="", keys=[], tag=None, message_group=None, headers={},
+            payload=b"row", attempts=0, created_at=0,
+        )  # fmt: skip
+
+    try:
+        sent, refused = target.publish([record(1, topic), record(2, other)])
+    finally:
+        target.close()
+    assert sent is None  # alice may Pub on cl-*
+    assert isinstance(refused, Forbidden) and f"Pub on Topic:{other}" in str(refused)
+    assert ALICE.secret_key not in str(refused)
 
 
 def test_the_transactional_sender_signs_with_its_producers_credentials(
