@@ -54,7 +54,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterServer]
 @pytest.fixture
 def own_cluster(tmp_path: Path) -> Iterator[ClusterServer]:
     """A cluster of the test's own, for tests that kill its parts."""
-    server = ClusterServer(tmp_path / "cluster").start()
+    server = ClusterServer(tmp_path / "cluster", broker_lease_ttl=2).start()  # leases expire
     try:
         yield server
     finally:

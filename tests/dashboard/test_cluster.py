@@ -23,7 +23,7 @@ from tests.replication.group_cluster import GroupCluster
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[ClusterServer]:
-    server = ClusterServer(tmp_path / "cluster").start()
+    server = ClusterServer(tmp_path / "cluster", broker_lease_ttl=2).start()  # a lease runs out
     try:
         yield server
     finally:

@@ -105,6 +105,13 @@ for i in range(400):
 def test_close_removes_namespaces_bridge_table_and_processes(network: VirtualNetwork) -> None:
     a = network.add_host("a")
     sleeper = subprocess.Popen(a.wrap(["sleep", "600"]))
+    # `ip netns exec` joins the namespace, then execs sleep: only then is it the namespace's
+    # to kill (a process still on its way in is not listed by `ip netns pids`).
+    deadline = time.monotonic() + 30
+    while str(sleeper.pid) not in run("ip", "netns", "pids", a.namespace).stdout.split():
+        assert sleeper.poll() is None, "sleep ended before it was killed"
+        assert time.monotonic() < deadline, "sleep never entered the namespace"
+        time.sleep(0.01)
     network.close()
     assert sleeper.wait(timeout=10) != 0  # killed
     assert a.namespace not in run("ip", "netns", "list").stdout
