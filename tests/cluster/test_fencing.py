@@ -3,6 +3,7 @@ the internal service applies it to sends: a refused request stores nothing."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 from halfmoon.broker.facade import Written
 from halfmoon.broker.message import OutgoingMessage
 from halfmoon.cluster import fencing
-from halfmoon.cluster.broker_pool import group_epoch
+from halfmoon.cluster.broker_pool import BrokerPool, group_epoch
 from halfmoon.cluster.errors import EpochStale, MasterDeposed
 from halfmoon.cluster.internal_service import InternalService
 from halfmoon.cluster.wire import MalformedRequest
@@ -124,3 +125,53 @@ def test_a_broker_outside_a_group_checks_no_epoch() -> None:
     service = InternalService(broker, "b", fence=None)  # type: ignore[arg-type]
     assert service.store_batches(BATCHES, 9)[0] == [["m1"], ["m2"]]
     service.check_epoch(9)
+
+
+class FakeRemote:
+    """What the pool calls on a connection it opens."""
+
+    def __init__(self, endpoint: str, epoch: int | None) -> None:
+        self.endpoint = endpoint
+        self.epoch = epoch
+        self.closed = threading.Event()
+
+    def watch_arrivals(self, topics: object) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+class FakeView:
+    def __init__(self) -> None:
+        self.brokers: dict[str, dict[str, Any]] = {}
+        self.groups: dict[str, Any] = {}
+        self.topics: dict[str, Any] = {}
+        self.group_keys: dict[str, Any] = {}
+
+
+def test_the_pool_connects_to_a_groups_master_for_the_epoch_its_routing_entry_names() -> None:
+    view = FakeView()
+    opened: list[FakeRemote] = []
+
+    def connect(endpoint: str, epoch: int | None) -> Any:
+        opened.append(FakeRemote(endpoint, epoch))
+        return opened[-1]
+
+    pool = BrokerPool(view, None, None, connect=connect)  # type: ignore[arg-type]
+    view.brokers = {
+        "g1": {"endpoint": "h:1", "member": "b0", "epoch": 1},
+        "solo": {"endpoint": "h:9"},
+    }
+    pool.sync_connections()
+    assert sorted((r.endpoint, r.epoch) for r in opened) == [("h:1", 1), ("h:9", None)]
+    # A master restarted in place takes office in a new epoch at the same endpoint: the
+    # connection for epoch 1 is closed and one for epoch 2 opened.
+    view.brokers["g1"] = {"endpoint": "h:1", "member": "b0", "epoch": 2}
+    pool.sync_connections()
+    assert [(r.endpoint, r.epoch) for r in opened[2:]] == [("h:1", 2)]
+    first = next(r for r in opened if r.epoch == 1)
+    assert first.closed.wait(5)
+    assert pool.broker("g1") is opened[2]  # type: ignore[comparison-overlap]
+    pool.sync_connections()  # nothing changed: nothing reopened
+    assert len(opened) == 3
