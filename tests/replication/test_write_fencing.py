@@ -21,10 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rocketmq import Producer
 
 from halfmoon.broker import OutgoingMessage
 from halfmoon.cluster.errors import EpochStale, MasterDeposed
 from halfmoon.cluster.etcd import EtcdClient
+from halfmoon.cluster.keys import ClusterKeys
 from halfmoon.cluster.remote_broker import RemoteBroker
 from halfmoon.errors import HalfmoonError
 from halfmoon.replication.keys import GroupKeys
@@ -160,3 +162,55 @@ def test_a_master_another_was_appointed_over_refuses_writes_meant_for_the_new_ep
     assert [type(e) for e in errors] == [MasterDeposed] * 4, errors
     assert all(e.code == "MASTER_DEPOSED" and e.protocol_code == "HA_NOT_AVAILABLE" for e in errors)
     assert held(old_master, "orders", 1) == before  # it acknowledged and stored none of them
+
+
+def test_a_proxy_tags_its_writes_with_the_epoch_the_groups_routing_entry_names(
+    long_lease_group: GroupCluster,
+) -> None:
+    """The official client through the proxy: once the group's routing entry names an epoch
+    the master does not have, the master refuses what the proxy sends it (the proxy carries
+    the epoch from etcd); named again with the master's own, sends go through."""
+    group = long_lease_group
+    wait_for(lambda: status(group.master)["isr"] == ["b1"], 15, "the replica in sync")
+    assert group.proxy is not None
+    group.proxy.create_topic("orders", "normal", queues=1)
+    key = ClusterKeys(CLUSTER).broker(GROUP)
+
+    async def route(epoch: int) -> None:
+        async with EtcdClient.from_url(group.etcd.url) as etcd:
+            entry = await etcd.get(key)
+            assert entry is not None
+            record = json.loads(entry.value)
+            await etcd.put(key, json.dumps({**record, "epoch": epoch}).encode())
+
+    client = producer(group, "orders")
+    try:
+        client.send(message("orders", 0))
+        asyncio.run(route(2))
+        # The proxy reconnects for epoch 2 once its view shows the entry (meanwhile the group
+        # is unreachable for a moment); from then on the master, in epoch 1, refuses every
+        # send, and stores none.
+        wait_for(lambda: deposed(send_error(client, 1)), 30, "a send refused as deposed")
+        before = held(group.master, "orders", 1)
+        for i in range(2, 4):
+            assert deposed(send_error(client, i))
+        assert held(group.master, "orders", 1) == before
+        asyncio.run(route(1))
+        wait_for(lambda: client_sends(client, 4), 30, "a send through the proxy")
+    finally:
+        client.shutdown()
+    assert held(group.master, "orders", 1) == before + 1
+
+
+def deposed(error: str) -> bool:
+    """A refusal as ``MASTER_DEPOSED``, as the client sees it: HA_NOT_AVAILABLE (50002)."""
+    return "50002" in error and "is no longer the master of group" in error
+
+
+def send_error(client: Producer, i: int) -> str:
+    """What the official client's send of message ``i`` failed with ("" when it was sent)."""
+    try:
+        client.send(message("orders", i))
+    except Exception as error:  # noqa: BLE001 - the client's exceptions have no common base
+        return f"{type(error).__name__}: {error}"
+    return ""
