@@ -5,9 +5,9 @@ the :class:`ClusterView` (so arrival wake-ups and transaction checks flow
 from every broker before any client asks) and reopened when it re-registers
 at another endpoint, or when a broker group's routing entry names another
 epoch (a connection to a group's master is for one epoch, which its requests
-carry: :mod:`halfmoon.cluster.fencing`). Listeners a front end adds (arrivals, check sender,
-lite notices) are installed on every connection, present and future, with
-the broker's queue ids translated to the cluster's.
+carry: :mod:`halfmoon.cluster.fencing`). Listeners a front end adds
+(arrivals, check sender, lite notices) are installed on every connection,
+present and future, with the broker's queue ids translated to the cluster's.
 
 The view lives on the proxy's event loop; the facade's operations run on
 worker threads. Reads of the view from a thread are plain dict reads; writes
