@@ -351,6 +351,7 @@ def _run_broker_once(
         name,
         clock if isinstance(clock, FakeClock) else None,
         groups.operations() if groups is not None else None,
+        fence=role.check_epoch if role is not None else None,
     )
     server.add_generic_rpc_handlers([service.handler()])
     listener: SendListener | None = None

@@ -3,9 +3,11 @@
 One :class:`RemoteBroker` per live broker, opened when the broker appears in
 the :class:`ClusterView` (so arrival wake-ups and transaction checks flow
 from every broker before any client asks) and reopened when it re-registers
-at another endpoint. Listeners a front end adds (arrivals, check sender,
-lite notices) are installed on every connection, present and future, with
-the broker's queue ids translated to the cluster's.
+at another endpoint, or when a broker group's routing entry names another
+epoch (a connection to a group's master is for one epoch, which its requests
+carry: :mod:`halfmoon.cluster.fencing`). Listeners a front end adds
+(arrivals, check sender, lite notices) are installed on every connection,
+present and future, with the broker's queue ids translated to the cluster's.
 
 The view lives on the proxy's event loop; the facade's operations run on
 worker threads. Reads of the view from a thread are plain dict reads; writes
@@ -45,7 +47,8 @@ WRITABLE_TTL_S = 1.0
 # Asking a broker whether it is writable waits this long: a send waits on the answer.
 WRITABLE_TIMEOUT_S = 2.0
 
-Connect = Callable[[str], RemoteBroker]
+# (endpoint, the group epoch the connection is for: None for a standalone broker) -> connection
+Connect = Callable[[str, int | None], RemoteBroker]
 
 
 class QualifyingCheckSender:
@@ -80,7 +83,7 @@ class BrokerPool:
         self.view = view
         self.metadata = metadata
         self.loop = loop
-        self._connect = connect or (lambda target: RemoteBroker(target))
+        self._connect = connect or (lambda target, epoch: RemoteBroker(target, epoch=epoch))
         self._lock = threading.Lock()
         self._brokers: dict[str, tuple[str, RemoteBroker]] = {}  # name -> (endpoint, broker)
         self._arrival_listeners: list[Callable[[str, int], None]] = []
@@ -104,14 +107,14 @@ class BrokerPool:
         A broker whose lease expired is forgotten: its queues are unavailable until it
         registers again. Runs on a worker thread (connecting blocks).
         """
-        live = {
-            name: str(record.get("endpoint", ""))
-            for name, record in self.view.brokers.items()
-            if record.get("endpoint")
-        }
+        live = _endpoints(self.view)
         self._groups.update(n for n, r in self.view.brokers.items() if r.get("member"))
         with self._lock:
-            gone = [n for n, (endpoint, _) in self._brokers.items() if live.get(n) != endpoint]
+            gone = [
+                n
+                for n, (endpoint, b) in self._brokers.items()
+                if live.get(n) != (endpoint, b.epoch)
+            ]
             stale = [self._brokers.pop(n)[1] for n in gone]
             missing = {n: e for n, e in live.items() if n not in self._brokers}
         if stale:
@@ -120,9 +123,11 @@ class BrokerPool:
             threading.Thread(
                 target=_close_all, args=(stale,), name="halfmoon-broker-close", daemon=True
             ).start()
-        for name, endpoint in missing.items():
+        for name, (endpoint, epoch) in missing.items():
             try:
-                remote = self._connect(endpoint)
+                # A group's master is reached for the epoch its routing entry names: its
+                # requests carry it, and a member of another epoch refuses them (fencing.py).
+                remote = self._connect(endpoint, epoch)
             except HalfmoonError as error:
                 log.warning(
                     "event=broker_unreachable broker=%s endpoint=%s %s", name, endpoint, error
@@ -153,9 +158,9 @@ class BrokerPool:
                     RECONNECT_S * 10,
                 )
 
-    def _connected_endpoints(self) -> dict[str, str]:
+    def _connected_endpoints(self) -> dict[str, tuple[str, int | None]]:
         with self._lock:
-            return {n: e for n, (e, _) in self._brokers.items()}
+            return {n: (e, b.epoch) for n, (e, b) in self._brokers.items()}
 
     def _install(self, name: str, remote: RemoteBroker) -> None:
         remote.watch_arrivals(sorted(self._watched))
@@ -350,9 +355,19 @@ def _close_all(brokers: Sequence[RemoteBroker]) -> None:
             broker.close()
 
 
-def _endpoints(view: ClusterView) -> dict[str, str]:
+def _endpoints(view: ClusterView) -> dict[str, tuple[str, int | None]]:
+    """Each live broker's endpoint and, for a broker group's master, the group's epoch."""
     return {
-        name: str(record.get("endpoint", ""))
+        name: (str(record.get("endpoint", "")), group_epoch(record))
         for name, record in view.brokers.items()
         if record.get("endpoint")
     }
+
+
+def group_epoch(record: dict[str, Any]) -> int | None:
+    """The epoch a routing entry names for a broker group's master (None: a standalone
+    broker, or an entry without one)."""
+    epoch = record.get("epoch")
+    if not record.get("member") or type(epoch) is not int or epoch <= 0:
+        return None
+    return epoch

@@ -22,6 +22,10 @@ transport within 7 s. What gRPC reports becomes a
 
 An error the broker raised on purpose comes back encoded in the answer and is
 raised here as the same class.
+
+A connection to a member of a broker group is made for one epoch of the group
+(``epoch``): every call's metadata names it, and the broker refuses calls
+meant for another epoch than its own (:mod:`halfmoon.cluster.fencing`).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import grpc.aio
 
 from halfmoon.broker.message import OutgoingMessage
 from halfmoon.broker.produce import SendResult
-from halfmoon.cluster import internal_tls, wire
+from halfmoon.cluster import fencing, internal_tls, wire
 from halfmoon.errors import HalfmoonError
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -80,8 +84,10 @@ class BrokerConnection:
         peer: str = "",
         timeout_s: float = DEFAULT_TIMEOUT_S,
         version_token: str | None = None,
+        epoch: int | None = None,
     ) -> None:
         self.target = target
+        self.epoch = epoch  # the group epoch every call is meant for (fencing.py); None: none
         self.timeout_s = timeout_s
         # When a call last found the broker unreachable (monotonic), None once one succeeded.
         self.failed_at: float | None = None
@@ -95,6 +101,8 @@ class BrokerConnection:
             (wire.VERSION_HEADER, version_token or wire.version_token()),
             ("hm-peer", peer),
         )
+        if epoch is not None:
+            self.metadata += ((fencing.EPOCH_HEADER, fencing.header_value(epoch)),)
         self._hello = self._channel.unary_unary(_method("Hello"))
         self._call = self._channel.unary_unary(_method("Call"))
         self._send = self._channel.unary_unary(_method("Send"))

@@ -98,3 +98,13 @@ class SwitchoverRefused(Conflict):
 
     code = "SWITCHOVER_REFUSED"
     protocol_code = "PRECONDITION_FAILED"
+
+
+class EpochStale(HalfmoonError):
+    """A proxy's write names an older epoch of the broker group than its master's own: the
+    proxy has not seen the last change of master yet. Nothing of it is stored; clients retry
+    and reach the group through the proxy's refreshed route."""
+
+    code = "EPOCH_STALE"
+    protocol_code = "HA_NOT_AVAILABLE"
+    http_status = 500

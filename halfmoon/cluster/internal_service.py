@@ -37,6 +37,12 @@ thread pool and ``maximum_concurrent_rpcs`` (beyond it: RESOURCE_EXHAUSTED).
 A request that cannot be decoded, or names an unknown operation, is answered
 with ``MALFORMED_REQUEST``; nothing a peer sends is executed beyond the
 listed operations, and no failure of one call takes the broker down.
+
+On a member of a broker group, a proxy's ``Call``, ``Send`` and ``SendStream``
+carry the group epoch the proxy routes for (:mod:`halfmoon.cluster.fencing`):
+each request is checked by the ``fence`` given (the group role's) before
+anything is done, and refused as a whole (``EPOCH_STALE``,
+``MASTER_DEPOSED``) when the epoch is not the master's own.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ from halfmoon.broker.clock import FakeClock
 from halfmoon.broker.facade import Broker, Written
 from halfmoon.broker.message import MessageType, OutgoingMessage
 from halfmoon.broker.transactions.check import CheckRequest
-from halfmoon.cluster import wire
+from halfmoon.cluster import fencing, wire
 from halfmoon.errors import HalfmoonError
 
 log = logging.getLogger("halfmoon.cluster")
@@ -156,8 +162,11 @@ class InternalService:
         name: str,
         clock: FakeClock | None = None,
         operations: Mapping[str, Callable[..., Any]] | None = None,
+        fence: Callable[[int], None] | None = None,
     ) -> None:
         self._broker = broker
+        # A group member's check of a request's epoch (raises the refusal); None: no check.
+        self._fence = fence
         # Operations served by another part of the process, before the facade's (cluster mode's
         # transaction groups decide across brokers: txn_groups.py).
         self._operations = dict(operations or {})
@@ -200,8 +209,10 @@ class InternalService:
 
     # -- unary methods ---------------------------------------------------------------------------
 
-    def _check_version(self, context: grpc.ServicerContext) -> None:
-        sent = dict(context.invocation_metadata()).get(wire.VERSION_HEADER)
+    def _check_version(self, context: grpc.ServicerContext) -> dict[str, Any]:
+        """The call's metadata, once its version token is checked."""
+        headers = dict(context.invocation_metadata())
+        sent = headers.get(wire.VERSION_HEADER)
         if sent != self._token:
             context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -209,6 +220,13 @@ class InternalService:
                 f"{self._token}, the peer {sent or 'sent no version'}; run the same halfmoon "
                 "release on proxies and brokers",
             )
+        return headers
+
+    def check_epoch(self, sent: int | None) -> None:
+        """Refuse (raise) a request meant for epoch ``sent`` when this broker's group fence
+        does; nothing to check without an epoch or outside a group."""
+        if sent is not None and self._fence is not None:
+            self._fence(sent)
 
     def _hello(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         self._check_version(context)
@@ -231,8 +249,9 @@ class InternalService:
         )
 
     def _call(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        self._check_version(context)
+        headers = self._check_version(context)
         try:
+            self.check_epoch(fencing.parse_epoch(headers.get(fencing.EPOCH_HEADER)))
             operation, args, kwargs = _call_parts(wire.decode(request))
             _check_deadline(context)
             return wire.encode(self._invoke(operation, args, kwargs, context))
@@ -267,14 +286,15 @@ class InternalService:
         return result
 
     def _send(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        self._check_version(context)
+        headers = self._check_version(context)
         try:
+            epoch = fencing.parse_epoch(headers.get(fencing.EPOCH_HEADER))
             batches = _send_batches(wire.decode(request))
             _check_deadline(context)
         except HalfmoonError as error:
             return wire.encode(error)
-        peer = dict(context.invocation_metadata()).get("hm-peer")
-        return wire.encode(self._store_and_wait(batches, context.time_remaining(), peer))
+        peer = headers.get("hm-peer")
+        return wire.encode(self._store_and_wait(batches, context.time_remaining(), peer, epoch))
 
     def _send_stream(
         self, requests: Iterator[bytes], context: grpc.ServicerContext
@@ -282,9 +302,14 @@ class InternalService:
         """Requests ``[request_id, timeout_ms, batches]``, answered in order with
         ``[request_id, answers]`` (or ``[request_id, error]`` for a request that does not
         decode; the stream goes on). Each request waits for its durability within its own
-        timeout, as a ``Send`` within its deadline."""
-        self._check_version(context)
-        peer = dict(context.invocation_metadata()).get("hm-peer")
+        timeout, as a ``Send`` within its deadline. The stream's epoch (its metadata) is
+        checked at every request: the broker may be deposed while the stream lasts."""
+        headers = self._check_version(context)
+        peer = headers.get("hm-peer")
+        try:
+            epoch = fencing.parse_epoch(headers.get(fencing.EPOCH_HEADER))
+        except HalfmoonError as error:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{error.code}: {error.message}")
         for raw in requests:
             request_id: object = None
             try:
@@ -292,7 +317,7 @@ class InternalService:
             except HalfmoonError as error:
                 yield wire.encode([request_id, error])
                 continue
-            answers = self._store_and_wait(batches, timeout_ms / 1000, peer)
+            answers = self._store_and_wait(batches, timeout_ms / 1000, peer, epoch)
             yield wire.encode([request_id, answers])
 
     def _store_and_wait(
@@ -300,9 +325,10 @@ class InternalService:
         batches: list[list[OutgoingMessage]],
         timeout_s: float | None,
         peer: str | None,
+        epoch: int | None = None,
     ) -> list[object]:
         """Store the batches, wait until durable within ``timeout_s``; an answer per batch."""
-        answers, durable = self.store_batches(batches)
+        answers, durable = self.store_batches(batches, epoch)
         try:
             _wait_durable(durable, timeout_s)
         except HalfmoonError as error:
@@ -311,10 +337,17 @@ class InternalService:
         return answers
 
     def store_batches(
-        self, batches: list[list[OutgoingMessage]]
+        self, batches: list[list[OutgoingMessage]], epoch: int | None = None
     ) -> tuple[list[object], list[Future[None]]]:
         """Store the batches of one send request (counted in ``send_stats``), not waiting:
-        an answer per batch and the futures that complete once they are durable."""
+        an answer per batch and the futures that complete once they are durable. A request
+        meant for an ``epoch`` the group fence refuses stores nothing: that refusal is every
+        batch's answer."""
+        if epoch is not None and self._fence is not None:
+            try:
+                self._fence(epoch)
+            except HalfmoonError as refusal:
+                return [refusal] * len(batches), []
         stats = self._send_stats
         stats["requests"] += 1  # unlocked: a statistic, one lost increment is harmless
         stats["calls"] += len(batches)

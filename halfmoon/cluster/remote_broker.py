@@ -21,6 +21,9 @@ as the same ``HalfmoonError`` subclass), except:
   arrivals of the topics they wait on only.
 - ``close`` closes the connection only: the broker process persists its
   state when it stops.
+- ``epoch``: a broker group's master is reached for one epoch of the group;
+  every call and send carries it and the broker refuses them when it is not
+  its own (``EPOCH_STALE``, ``MASTER_DEPOSED``: :mod:`halfmoon.cluster.fencing`).
 
 After a broker restart the gRPC channel reconnects by itself and calls wait
 for it within their deadline; the Events stream is reopened.
@@ -113,9 +116,13 @@ class RemoteBroker(NetworkHop):
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_in_flight_sends: int = DEFAULT_MAX_IN_FLIGHT,
         handshake: bool = True,
+        epoch: int | None = None,
     ) -> None:
         self.peer = f"proxy-{uuid.uuid4().hex[:12]}"
-        self.connection = BrokerConnection(target, peer=self.peer, timeout_s=timeout_s)
+        # A broker group's master is reached for one epoch of the group, which every call and
+        # send names (halfmoon.cluster.fencing); the pool reconnects when the epoch changes.
+        self.epoch = epoch
+        self.connection = BrokerConnection(target, peer=self.peer, timeout_s=timeout_s, epoch=epoch)
         try:
             # The version handshake: a peer of another version is refused here, not later.
             hello = self.connection.hello() if handshake else {}

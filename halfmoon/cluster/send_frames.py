@@ -4,14 +4,16 @@ Grammar (every frame is a 4-byte big-endian length, then that many bytes of
 :mod:`halfmoon.cluster.wire` encoding)::
 
     connection := hello hello-answer (request | answer)*
-    hello      := {"version": "<WIRE_VERSION>:<fingerprint>", "peer": "<peer name>"}
+    hello      := {"version": "<WIRE_VERSION>:<fingerprint>", "peer": "<peer name>"[, "epoch": N]}
     hello-answer := {"broker": "<name>", "version": "<token>"} | WireVersionMismatch
     request    := [request_id, timeout_ms, [[OutgoingMessage, ...], ...]]
     answer     := [request_id, [[SendResult, ...] | HalfmoonError, ...] | HalfmoonError]
 
 The requests and answers are exactly those of the gRPC ``SendStream``
 (:mod:`halfmoon.cluster.internal_service`); answers may come in any order
-(each names its request). A peer writes its hello and its first requests
+(each names its request). ``epoch``, sent to a member of a broker group, is
+the group epoch every request of the connection is meant for
+(:mod:`halfmoon.cluster.fencing`). A peer writes its hello and its first requests
 without waiting for the hello's answer; the broker reads the hello first and,
 on a version mismatch, answers the error and closes the connection.
 

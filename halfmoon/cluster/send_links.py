@@ -118,7 +118,7 @@ class TcpLink:
         self,
         host: str,
         port: int,
-        hello: dict[str, str],
+        hello: dict[str, object],
         on_frame: OnFrame,
         on_end: OnEnd,
     ) -> None:

@@ -16,6 +16,9 @@ The rules of the gRPC port hold here too:
   certificate the internal CA signed never gets past the handshake;
 - the version token is checked once, in the hello; a mismatch is answered
   with ``WIRE_VERSION_MISMATCH`` and the connection closed;
+- on a member of a broker group, the epoch the hello names (the group epoch
+  the proxy routes for) is checked at every request, as on the stream
+  (:mod:`halfmoon.cluster.fencing`): a refused request stores nothing;
 - each request waits for its durability within its own ``timeout_ms``
   (``BROKER_DEADLINE_EXCEEDED`` beyond it), as on the stream;
 - in-flight work is bounded: at most :data:`MAX_IN_FLIGHT_PER_CONNECTION`
@@ -37,7 +40,7 @@ import ssl
 import threading
 from typing import Any
 
-from halfmoon.cluster import internal_tls, wire
+from halfmoon.cluster import fencing, internal_tls, wire
 from halfmoon.cluster.internal_service import InternalService, stream_request
 from halfmoon.cluster.send_frames import frame, read_frame
 from halfmoon.errors import HalfmoonError
@@ -138,6 +141,7 @@ class _Connection:
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT_PER_CONNECTION)
         self._waiting: set[asyncio.Task[None]] = set()
         self._peer: str | None = None
+        self._epoch: int | None = None  # the group epoch the peer's requests are meant for
 
     async def serve(self) -> None:
         try:
@@ -168,7 +172,12 @@ class _Connection:
         sent = hello.get("version") if isinstance(hello, dict) else None
         refusal: HalfmoonError | None = self._service.version_refusal(sent)
         if refusal is None and not isinstance(hello, dict):
-            refusal = wire.MalformedRequest("the hello is {version, peer}")
+            refusal = wire.MalformedRequest("the hello is {version, peer[, epoch]}")
+        if refusal is None:
+            try:
+                self._epoch = fencing.parse_epoch(hello.get("epoch"))
+            except HalfmoonError as error:
+                refusal = error
         if refusal is not None:
             self._writer.write(frame(wire.encode(refusal)))
             with contextlib.suppress(ConnectionError, ssl.SSLError):
@@ -183,7 +192,7 @@ class _Connection:
     def _request(self, raw: bytes) -> None:
         """Store one request now (on the loop) and answer it once durable."""
         request_id, timeout_ms, batches = stream_request(wire.decode(raw))
-        answers, durable = self._service.store_batches(batches)
+        answers, durable = self._service.store_batches(batches, self._epoch)
         pending = [f for f in durable if not f.done()]
         if not pending:
             self._answer(request_id, batches, answers, durable)

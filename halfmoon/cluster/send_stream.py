@@ -56,7 +56,7 @@ import grpc.aio
 
 from halfmoon.broker.message import OutgoingMessage
 from halfmoon.broker.produce import SendResult
-from halfmoon.cluster import internal_tls, wire
+from halfmoon.cluster import fencing, internal_tls, wire
 from halfmoon.cluster.coalescer import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES
 from halfmoon.cluster.connection import channel_options
 from halfmoon.cluster.send_frames import too_large
@@ -224,10 +224,13 @@ class StreamSender:
                 )
             else:
                 headers = dict(self._metadata)
-                hello = {
+                hello: dict[str, object] = {
                     "version": headers.get(wire.VERSION_HEADER, ""),
                     "peer": headers.get("hm-peer", ""),
                 }
+                epoch = headers.get(fencing.EPOCH_HEADER)
+                if epoch is not None:  # the group epoch (connection metadata): fencing.py
+                    hello["epoch"] = int(epoch)
                 host = self.target.rpartition(":")[0].strip("[]")
                 self._link = TcpLink(host, self.send_port, hello, self._answered, self._ended)
         return self._link

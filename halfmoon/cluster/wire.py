@@ -48,7 +48,7 @@ from halfmoon.broker.transactions.check import CheckRequest
 from halfmoon.errors import Conflict, HalfmoonError, InvalidArgument
 from halfmoon.store.api import GetStatus, StoreStats
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2  # 2: requests to a broker group member carry the group epoch
 SERVICE = "halfmoon.internal.v1.Broker"
 VERSION_HEADER = "hm-wire-version"  # gRPC metadata on every call: "<version>:<fingerprint>"
 

@@ -22,6 +22,10 @@ the group as a replica, following the new master from its log's end, which is
 the new master's start); if nobody is named within the hold time it rewrites
 its own key (so a late appointment fails) and takes writes again.
 
+As master it fences proxies' requests (:meth:`GroupRole.check_epoch`, called by
+the internal service for every request that names an epoch): only those meant
+for its own epoch are served, and none once it is deposed.
+
 A master deposed and back in touch with etcd (``GroupMember.on_demoted``)
 sets :attr:`GroupRole.demoted` too: it starts over as a replica whose follower
 cuts the unreplicated tail (``follower``) before following the new master.
@@ -39,6 +43,7 @@ from typing import Any
 
 import grpc
 
+from halfmoon.cluster import fencing
 from halfmoon.cluster.replica_reads import ReplicaReadService
 from halfmoon.errors import HalfmoonError
 from halfmoon.replication import protocol
@@ -178,6 +183,22 @@ class GroupRole:
             store, options, member, epochs, won, acknowledged=acknowledged,
             on_truncate=on_truncate,
         )  # fmt: skip
+
+    def check_epoch(self, sent: int) -> None:
+        """The fence of a proxy's request meant for epoch ``sent`` (``InternalService``):
+        raises ``EPOCH_STALE`` when it is older than this master's epoch, ``MASTER_DEPOSED``
+        when newer (another master was appointed) or when this member is not, or no longer,
+        the master."""
+        leader = self.leader
+        refusal = fencing.epoch_refusal(
+            sent,
+            None if leader is None else leader.epoch,
+            deposed=leader is None or leader.deposed or self.demoted.is_set(),
+            group=self.options.group,
+            member=self.options.member,
+        )
+        if refusal is not None:
+            raise refusal
 
     @property
     def is_master(self) -> bool:
