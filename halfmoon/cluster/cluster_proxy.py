@@ -38,6 +38,7 @@ from halfmoon.cluster.metadata import ClusterMetadata
 from halfmoon.cluster.registration import register_member
 from halfmoon.cluster.remote_broker import RemoteBroker
 from halfmoon.cluster.replication_view import add_progress, replication_collector
+from halfmoon.cluster.session_directory import SessionDirectory
 from halfmoon.cluster.switchover import request_switchover
 from halfmoon.cluster.view import ClusterView
 from halfmoon.config import Config
@@ -45,6 +46,7 @@ from halfmoon.errors import HalfmoonError
 from halfmoon.metrics import default_registry
 from halfmoon.server.app import configure_logging, serve_front_end
 from halfmoon.server.edge_security import check_exposure
+from halfmoon.server.telemetry import ClientRegistry
 
 log = logging.getLogger("halfmoon.cluster")
 
@@ -67,9 +69,15 @@ class ProxyIdentity:
 class ProxyMembers:
     """The cluster's members for the proxy's admin API."""
 
-    def __init__(self, broker: ClusterBroker, identity: ProxyIdentity) -> None:
+    def __init__(
+        self, broker: ClusterBroker, identity: ProxyIdentity, directory: SessionDirectory
+    ) -> None:
+        self.directory = directory
         self.broker = broker
         self.identity = identity
+
+    async def sessions(self) -> list[dict[str, Any]]:
+        return await self.directory.all_sessions()
 
     def member(self, name: str) -> Broker:
         return self.broker.broker(name)
@@ -134,6 +142,8 @@ async def serve_cluster_proxy(
         else None
     )
     broker = ClusterBroker(view, ClusterMetadata(client, identity.cluster), loop)
+    registry = ClientRegistry()  # published for every proxy's admin API (session_directory)
+    directory = SessionDirectory(client, identity.cluster, identity.name, registry, identity.ttl_s)
     replication = replication_collector(client.endpoints, identity.cluster)
     default_registry().add_collector(replication)
     try:
@@ -152,6 +162,7 @@ async def serve_cluster_proxy(
                 ttl_s=identity.ttl_s,
             )
             await member.start()
+        await directory.start()
         await serve_front_end(
             config,
             broker,
@@ -160,7 +171,8 @@ async def serve_cluster_proxy(
             started=started,
             source=f"cluster={identity.cluster} proxy={identity.name}",
             reuse_port=reuse_port,
-            cluster=ProxyMembers(broker, identity),
+            cluster=ProxyMembers(broker, identity, directory),
+            registry=registry,
             guard=guard,
             on_reload=peer_tls.reload,
         )
@@ -168,6 +180,7 @@ async def serve_cluster_proxy(
         default_registry().remove_collector(replication)
         if auth_follower is not None:
             auth_follower.cancel()
+        await directory.stop()
         if member is not None:
             await member.stop()
         if follower is not None:

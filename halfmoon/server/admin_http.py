@@ -36,6 +36,11 @@ CLIENTS_KEY: web.AppKey[ClientRegistry] = web.AppKey("clients", ClientRegistry)
 class ClusterMembers(Protocol):
     """What a cluster proxy's admin API adds: every member of the cluster."""
 
+    async def sessions(self) -> list[dict[str, Any]]:
+        """Every proxy worker's connected clients (:meth:`ClientSession.listing`, each with
+        the ``worker`` it is connected to): a client's session lives on one worker only."""
+        ...
+
     def member(self, name: str) -> Broker:
         """One member broker by name (``?broker=NAME``)."""
         ...

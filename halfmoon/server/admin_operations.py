@@ -59,7 +59,7 @@ from halfmoon.server.admin_http import (
 )
 from halfmoon.server.client_commands import ClientNotConnected
 from halfmoon.server.convert import wire_message
-from halfmoon.server.telemetry import ClientRegistry, ClientSession
+from halfmoon.server.telemetry import LISTING_FIELDS, ClientRegistry, consumers_of, producers_of
 
 # Keys the broker reads each time it uses them, so a change takes effect at once.
 # (Others are copied into long-lived objects at startup and need a restart.)
@@ -179,12 +179,28 @@ async def get_broker_status(request: web.Request) -> web.Response:
         return data
 
     data = await call(collect)
-    clients = request.app.get(CLIENTS_KEY)
-    if clients is not None:
-        sessions = clients.sessions()
+    sessions = await _listed_sessions(request)
+    if sessions is not None:
         data["clients"] = len(sessions)
-        data["producers"] = sum(1 for s in sessions if s.is_producer)
+        data["producers"] = sum(1 for s in sessions if s["is_producer"])
     return reply(data)
+
+
+async def _listed_sessions(request: web.Request) -> list[dict[str, Any]] | None:
+    """The connected clients, listed: every proxy worker's in cluster mode, this server's
+    otherwise; None for an admin app without a gRPC server."""
+    cluster = request.app.get(CLUSTER_KEY)
+    if cluster is not None:
+        return await cluster.sessions()
+    clients = request.app.get(CLIENTS_KEY)
+    return None if clients is None else [s.listing() for s in clients.sessions()]
+
+
+def _shown(session: dict[str, Any], *, subscriptions: bool) -> dict[str, Any]:
+    shown = {k: v for k, v in session.items() if k not in LISTING_FIELDS}
+    if not subscriptions:
+        shown.pop("subscriptions", None)
+    return shown
 
 
 def _runtime_values(broker: Broker) -> list[dict[str, Any]]:
@@ -281,19 +297,14 @@ async def get_group_clients(request: web.Request) -> web.Response:
     broker = broker_of(request)
     name = request.match_info["group"]
     group = jsonable(await call(existing_group, broker, name))
-    clients = request.app.get(CLIENTS_KEY)
-    described: list[dict[str, Any]] = []
-    if clients is not None:
-        for session in clients.consumers(name):
-            info = session.describe()
-            info["subscriptions"] = _subscriptions(session)
-            described.append(info)
+    sessions = await _listed_sessions(request)
+    described = [_shown(s, subscriptions=True) for s in consumers_of(sessions or [], name)]
     described.sort(key=lambda c: c["client_id"])
     return reply(
         {
             "group": name,
             "broadcast": group.get("broadcast"),
-            "registry": clients is not None,
+            "registry": sessions is not None,
             "clients": described,
         }
     )
@@ -307,33 +318,12 @@ async def get_topic_producers(request: web.Request) -> web.Response:
     name = request.match_info["topic"]
     group = request.query.get("group") or None
     await call(existing_topic, broker, name)
-    clients = request.app.get(CLIENTS_KEY)
-    described: list[dict[str, Any]] = []
-    if clients is not None:
-        described = [s.describe() for s in clients.producers(topic=name, group=group)]
+    sessions = await _listed_sessions(request)
+    described = [_shown(s, subscriptions=False) for s in producers_of(sessions or [], name, group)]
     described.sort(key=lambda c: c["client_id"])
     return reply(
-        {"topic": name, "group": group, "registry": clients is not None, "clients": described}
+        {"topic": name, "group": group, "registry": sessions is not None, "clients": described}
     )
-
-
-def _subscriptions(session: ClientSession) -> list[dict[str, str]]:
-    """What the client said it subscribes to (topic and filter), from its settings."""
-    settings = session.settings
-    subs = []
-    if settings is not None and settings.HasField("subscription"):
-        for entry in settings.subscription.subscriptions:
-            kind = {1: "tag", 2: "sql92"}.get(int(entry.expression.type), "tag")
-            subs.append(
-                {
-                    "topic": entry.topic.name,
-                    "filter_type": kind,
-                    "filter": entry.expression.expression or "*",
-                }
-            )
-    if not subs:
-        subs = [{"topic": t, "filter_type": "tag", "filter": "*"} for t in sorted(session.topics)]
-    return subs
 
 
 async def reset_offset(request: web.Request) -> web.Response:

@@ -212,6 +212,7 @@ async def serve_front_end(
     reuse_port: bool = False,
     cluster: ClusterMembers | None = None,
     on_reload: Callable[[], object] | None = None,
+    registry: ClientRegistry | None = None,
 ) -> None:
     """The gRPC endpoint and the admin API in front of ``broker`` until stopped; the caller
     opened the broker and closes it. ``tick``: run the broker's tick thread here (False when
@@ -221,14 +222,15 @@ async def serve_front_end(
     the cluster's members, for the admin API (``?broker=NAME``, ``cluster list``).
     ``guard`` authenticates and authorizes every request at both edges (when enabled).
     ``on_reload``: called on SIGHUP beside the listeners' certificate reload (a cluster
-    proxy re-reads its etcd and internal-protocol certificates)."""
+    proxy re-reads its etcd and internal-protocol certificates). ``registry``: the connected
+    clients' sessions, when the caller publishes them (a cluster proxy's session directory)."""
     server_config: ServerConfig = config.server
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     force = asyncio.Event()
     host, port = parse_host_port(server_config.listen, what="listen address")
     started = time.monotonic() if started is None else started
-    registry = ClientRegistry()
+    registry = registry or ClientRegistry()
     registry.bind_loop(loop)
     if isinstance(broker, WatchesArrivals):  # a network hop away: only topics polled on
         notifier = ArrivalNotifier(loop, watcher=broker)

@@ -72,6 +72,37 @@ class ClientSession:
     def has_stream(self) -> bool:
         return self.outbox is not None
 
+    def subscriptions(self) -> list[dict[str, str]]:
+        """What the client said it subscribes to (topic and filter), from its settings; the
+        topics it touched, unfiltered, when its settings name none."""
+        subs = []
+        if self.settings is not None and self.settings.HasField("subscription"):
+            for entry in self.settings.subscription.subscriptions:
+                kind = {1: "tag", 2: "sql92"}.get(int(entry.expression.type), "tag")
+                subs.append(
+                    {
+                        "topic": entry.topic.name,
+                        "filter_type": kind,
+                        "filter": entry.expression.expression or "*",
+                    }
+                )
+        if not subs:
+            subs = [{"topic": t, "filter_type": "tag", "filter": "*"} for t in sorted(self.topics)]
+        return subs
+
+    def listing(self) -> dict[str, Any]:
+        """:meth:`describe`, what listings filter on (``LISTING_FIELDS``: the admin API's
+        producer and consumer listings, here or published for other proxy workers) and
+        the subscriptions."""
+        info: dict[str, Any] = dict(self.describe())
+        allowed = self.may_publish
+        info["is_producer"] = self.is_producer
+        info["is_consumer"] = self.client_type in CONSUMER_TYPES
+        # The topics it is listed as a producer of (checks never reach it for the others).
+        info["publishes"] = sorted(t for t in self.topics if allowed is None or allowed(t))
+        info["subscriptions"] = self.subscriptions()
+        return info
+
     def describe(self) -> dict[str, object]:
         """A JSON-ready summary (admin API, logs)."""
         return {
@@ -87,6 +118,30 @@ class ClientSession:
             "stream": self.has_stream,
             "idle_seconds": round(time.monotonic() - self.last_seen, 3),
         }
+
+
+# Fields of a session's listing that are for choosing, not for showing.
+LISTING_FIELDS = ("is_producer", "is_consumer", "publishes")
+
+
+def consumers_of(sessions: list[dict[str, Any]], group: str) -> list[dict[str, Any]]:
+    """The consumers of ``group`` among listed sessions (:meth:`ClientSession.listing`)."""
+    return [s for s in sessions if s.get("is_consumer") and s.get("group") == group]
+
+
+def producers_of(
+    sessions: list[dict[str, Any]], topic: str | None, group: str | None
+) -> list[dict[str, Any]]:
+    """Producers with a live stream that published to ``topic`` / belong to ``group``, as
+    :meth:`ClientRegistry.producers` chooses them, among listed sessions."""
+    return [
+        s
+        for s in sessions
+        if s.get("is_producer")
+        and s.get("stream")
+        and (topic is None or topic in s.get("publishes", ()))
+        and (group is None or s.get("group") == group)
+    ]
 
 
 class ClientRegistry:
