@@ -1,12 +1,13 @@
 """Spark connector benchmark: reads into Spark beside Spark reading Parquet, and the sink.
 
-    .venv/bin/python -m bench.spark_bench                  # 200,000 messages of 256 B, local[2]
+    .venv/bin/python -m bench.spark_bench                  # 400,000 messages of 256 B, local[2]
     .venv/bin/python -m bench.spark_bench --messages 50000 --json out.json
     .venv/bin/python -m bench.spark_bench --sink-only      # the sink rows alone
 
 One ``halfmoon serve`` (async flush, its own temporary directory) and one
-local Spark in the same run. The topic is filled once; then, over the same
-messages:
+local Spark in the same run. A topic is filled once with ``--messages``
+messages, and a second one with ``--sink-messages`` (100,000) for the sink
+and the PullMessage row; then, over the same messages:
 
 * **python client**: the project's :class:`~halfmoon.client.PullConsumer`
   (asyncio), all queues assigned, polling until every message was read. The
@@ -15,32 +16,44 @@ messages:
   (``read_range``: BulkRead calls, Arrow batches) over every queue in turn
   in this process; separates the wire from Spark's own overhead. Also run
   once through PullMessage (**before**: the path the source took before
-  BulkRead, one stream response per message), for the before/after.
-* **spark read → noop**: ``readStream.format("halfmoon")`` with
-  ``Trigger.AvailableNow`` into Spark's ``noop`` sink; messages over the
-  query's wall time (start to termination; the session is warm: a first
-  query runs before the timed one, so JVM start is not counted).
-* **spark batch read → count**: ``spark.read.format("halfmoon")...count()``.
-* **spark sink**: the same messages copied topic → topic through the
-  exactly-once sink (``Trigger.AvailableNow``, one transaction group per
-  micro-batch, commit markers included).
+  BulkRead, one stream response per message; over the smaller topic).
+* **spark read -> noop**: ``readStream.format("halfmoon")`` with
+  ``Trigger.AvailableNow`` and ``maxRecordsPerTrigger`` ``--batch-rows``
+  (100,000) into Spark's ``noop`` sink.
+* **spark batch read -> count**: ``spark.read.format("halfmoon")...count()``.
+* **spark sink**: the second topic copied topic -> topic through the
+  exactly-once sink (``Trigger.AvailableNow``, ``--batch-rows`` per
+  micro-batch, one transaction group per micro-batch, commit markers
+  included).
 * **sink task code, no Spark** (``--sink-only``): what a sink task and the
   driver run (``write_group`` then ``CommitProtocol.commit``) over the same
   rows in this process, one transaction group per 100,000 messages;
   separates the sink's wire and broker costs from Spark's.
-* **peer: spark parquet read → noop**: the same rows (the connector's
-  schema, written once with pyarrow to a local Parquet file) read by Spark's
-  own file source the same way (``readStream``, ``AvailableNow``, noop):
-  what Spark does with data that needs no broker at all. The ratio column
-  compares every Spark scenario with it.
+* **peer: spark parquet read -> noop**: the same rows (the connector's
+  schema, written with pyarrow to local Parquet files of a quarter of
+  ``--batch-rows`` each) read by Spark's own file source the same way
+  (``readStream``, ``AvailableNow``, ``maxFilesPerTrigger`` 4: micro-batches
+  of as many rows as the source's, noop): what Spark does with data that
+  needs no broker at all. The ratio columns compare every Spark scenario
+  with it.
+
+Two rates per streaming query: **msgs/s**, messages over the query's wall
+time (start to termination, so it includes starting the query: the Python
+processes Spark starts for the source's planning, the first batch's
+planning); and **steady/s**, rows over the execution time Spark reports for
+each micro-batch after the first (offsets, planning, the batch, the
+commit): the rate a backlog drains at, which is what the targets are about.
+The session is warm (JVM started and a first query of each kind run before
+the timed ones), so neither counts JVM start-up.
 
 Each scenario also reports the server's CPU (user + system, every thread,
 from /proc) per message it moved.
 
 Spark reads with one task per queue range, each a Python worker reading by
 offset through ``halfmoon.v1.BulkRead`` (thousands of messages per call,
-columnar) and handing Arrow record batches to the JVM. Every number depends on
-the machine's load: the table says the load average at the end.
+columnar, one call in flight while the previous answer is converted) and
+handing Arrow record batches to the JVM. Every number depends on the
+machine's load: the table says the load average at the end.
 """
 
 from __future__ import annotations
