@@ -185,12 +185,45 @@ class MessageView:
     @classmethod
     def of(cls, stored: StoredMessage) -> MessageView:
         props = stored.properties
-        delivery = props.get(PROPERTY_DELIVERY_TIME)
-        type_name = props.get(PROPERTY_MESSAGE_TYPE)
-        priority = props.get(PROPERTY_PRIORITY)
-        lite_topic = props.get(PROPERTY_LITE_TOPIC)
-        attempts = props.get(PROPERTY_DELIVERY_ATTEMPT)
-        topic = props.get(PROPERTY_REAL_TOPIC, stored.topic)
+        user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
+        get = props.get
+        message_id = get(PROPERTY_UNIQUE_ID)
+        tag = get(PROPERTY_TAGS)
+        type_name = get(PROPERTY_MESSAGE_TYPE)
+        message_group = get(PROPERTY_MESSAGE_GROUP)
+        common = (
+            (message_id is not None)
+            + (tag is not None)
+            + (type_name is not None)
+            + (message_group is not None)
+            + (PROPERTY_KEYS in props)
+        )
+        if len(props) - len(user) == common:
+            # Most messages carry no other system property (every read decodes one view per
+            # message, so the rarer ones are looked up only when there are some).
+            return cls(
+                stored.topic,
+                stored.queue_id,
+                stored.queue_offset,
+                message_id or "",
+                stored.body,
+                tag,
+                stored.keys,
+                user,
+                MessageType(type_name) if type_name else MessageType.NORMAL,
+                message_group,
+                None,
+                stored.born_timestamp,
+                stored.born_host,
+                stored.store_timestamp,
+                stored.store_host,
+                stored.commit_log_offset,
+            )
+        delivery = get(PROPERTY_DELIVERY_TIME)
+        priority = get(PROPERTY_PRIORITY)
+        lite_topic = get(PROPERTY_LITE_TOPIC)
+        attempts = get(PROPERTY_DELIVERY_ATTEMPT)
+        topic = get(PROPERTY_REAL_TOPIC, stored.topic)
         if lite_topic is not None:
             # A lite topic's queue is a store topic of its own; consumers see the parent.
             topic = parent_topic_of(topic) or topic
@@ -198,27 +231,27 @@ class MessageView:
             topic=topic,
             queue_id=stored.queue_id,
             queue_offset=stored.queue_offset,
-            message_id=props.get(PROPERTY_UNIQUE_ID, ""),
+            message_id=message_id or "",
             body=stored.body,
-            tag=props.get(PROPERTY_TAGS),
+            tag=tag,
             keys=stored.keys,
-            properties={k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES},
+            properties=user,
             message_type=MessageType(type_name) if type_name else MessageType.NORMAL,
-            message_group=props.get(PROPERTY_MESSAGE_GROUP),
+            message_group=message_group,
             delivery_timestamp=int(delivery) if delivery else None,
             born_timestamp=stored.born_timestamp,
             born_host=stored.born_host,
             store_timestamp=stored.store_timestamp,
             store_host=stored.store_host,
             commit_log_offset=stored.commit_log_offset,
-            transaction_group=props.get(PROPERTY_TRANSACTION_GROUP),
-            transaction_id=props.get(PROPERTY_TRANSACTION_ID),
+            transaction_group=get(PROPERTY_TRANSACTION_GROUP),
+            transaction_id=get(PROPERTY_TRANSACTION_ID),
             priority=int(priority) if priority and priority.isdigit() else None,
             lite_topic=lite_topic,
-            dead_letter_group=props.get(PROPERTY_DLQ_ORIGIN_GROUP),
+            dead_letter_group=get(PROPERTY_DLQ_ORIGIN_GROUP),
             dead_letter_attempts=int(attempts) if attempts and attempts.isdigit() else None,
-            origin_message_id=props.get(PROPERTY_ORIGIN_MESSAGE_ID),
-            dead_letter_topic=props.get(PROPERTY_DLQ_ORIGIN_TOPIC),
+            origin_message_id=get(PROPERTY_ORIGIN_MESSAGE_ID),
+            dead_letter_topic=get(PROPERTY_DLQ_ORIGIN_TOPIC),
         )
 
 

@@ -53,7 +53,7 @@ from halfmoon.spark.options import (
 from halfmoon.spark.plan import Offsets, QueueRange, admit, resolve, split
 from halfmoon.spark.rows import SCHEMA_DDL, record_batch, record_batch_of_columns
 from halfmoon.spark.sink import HalfmoonBatchWriter, HalfmoonStreamWriter, sink_options
-from halfmoon.spark.wire import Code, Queue, Wire
+from halfmoon.spark.wire import Code, PendingBulkRead, Queue, Wire
 
 log = logging.getLogger("halfmoon.spark.source")
 
@@ -124,23 +124,45 @@ _NO_BULK_READ: set[str] = set()
 def _bulk_range(
     wire: Wire, options: SourceOptions, queue: Queue, offset: int, end: int
 ) -> Iterator[pa.RecordBatch]:
-    """``[offset, end)`` of ``queue`` through BulkRead: one record batch per answer."""
+    """``[offset, end)`` of ``queue`` through BulkRead: one record batch per answer.
+
+    The next read is sent as soon as an answer says where it starts, before that answer's
+    record batch is built and handed to Spark: the server reads while the task converts and
+    Spark consumes, instead of each waiting for the other.
+    """
     stalled = _Stall(queue, end)
-    while offset < end:
-        answer = wire.bulk_read(
-            options.group, queue, offset, end, options.pull_batch_size, READ_BYTES, options.filter
+
+    def start(at: int) -> PendingBulkRead:
+        return wire.bulk_read_started(
+            options.group, queue, at, end, options.pull_batch_size, READ_BYTES, options.filter
         )
-        if answer.code == Code.ILLEGAL_OFFSET and answer.next_offset > offset:
-            offset = _check_retention(wire, options, queue, offset, end)
-            continue
-        if answer.count:
-            yield record_batch_of_columns(answer.columns, queue.queue_id)
-        if answer.next_offset > offset:
-            offset = answer.next_offset
-            stalled.clear()
-            continue
-        stalled.check(offset)
-        wire.bulk_read(options.group, queue, offset, end, 1, READ_BYTES, options.filter, wait=1.0)
+
+    pending: PendingBulkRead | None = start(offset) if offset < end else None
+    try:
+        while pending is not None:
+            answer = pending.answer()
+            pending = None
+            if answer.code == Code.ILLEGAL_OFFSET and answer.next_offset > offset:
+                offset = _check_retention(wire, options, queue, offset, end)
+                pending = start(offset) if offset < end else None
+                continue
+            if answer.next_offset > offset:
+                offset = answer.next_offset
+                stalled.clear()
+                pending = start(offset) if offset < end else None
+                if answer.count:
+                    yield record_batch_of_columns(answer.columns, queue.queue_id)
+                continue
+            if answer.count:
+                yield record_batch_of_columns(answer.columns, queue.queue_id)
+            stalled.check(offset)
+            wire.bulk_read(
+                options.group, queue, offset, end, 1, READ_BYTES, options.filter, wait=1.0
+            )
+            pending = start(offset)
+    finally:
+        if pending is not None:  # the task stopped early (a limit, a failure): drop the read
+            pending.cancel()
 
 
 def _pull_range(

@@ -316,6 +316,24 @@ class Wire:
         (``halfmoon.v1.BulkRead``). Raises :class:`~halfmoon.client.errors.Unsupported` when
         the server does not have it; an answer's ILLEGAL_OFFSET (retention, bounds) is
         returned, not raised."""
+        return self.bulk_read_started(
+            group, queue, offset, end, max_messages, max_bytes, filter, wait
+        ).answer()
+
+    def bulk_read_started(
+        self,
+        group: str,
+        queue: Queue,
+        offset: int,
+        end: int | None,
+        max_messages: int,
+        max_bytes: int,
+        filter: tuple[str, str] | None = None,
+        wait: float = 0.0,
+    ) -> PendingBulkRead:
+        """:meth:`bulk_read`, sent now and answered later: the caller works on the previous
+        answer while the server reads this one (``answer()`` waits for it, ``cancel()`` drops
+        it)."""
         kind, expression = filter or ("TAG", "*")
         request = BulkRequest(
             group=group,
@@ -330,19 +348,10 @@ class Wire:
             wait_ms=int(wait * 1000),
         )
         call = _channel(queue.endpoint, self.tls).unary_unary(BULK_READ_METHOD)
-        try:
-            raw = call(
-                request.encode(), timeout=wait + self.timeout, metadata=_metadata(self.credentials)
-            )
-        except grpc.RpcError as exc:  # UNIMPLEMENTED: Unsupported
-            raise error_for_rpc_error(exc, "BulkRead", queue.endpoint) from None
-        try:
-            answer = BulkAnswer.decode(raw)
-        except FormatError as exc:
-            raise ClientError(f"{queue.endpoint}: {exc}", rpc="BulkRead") from None
-        if answer.code not in (Code.OK, Code.ILLEGAL_OFFSET):
-            raise error_for_status(pb.Status(code=answer.code, message=answer.message), "BulkRead")
-        return answer
+        future = call.future(
+            request.encode(), timeout=wait + self.timeout, metadata=_metadata(self.credentials)
+        )
+        return PendingBulkRead(future, queue.endpoint)
 
     # -- writing: half messages and group decisions ----------------------------------------------
 
@@ -427,3 +436,28 @@ def _duration(seconds: float) -> duration_pb2.Duration:
 def chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+class PendingBulkRead:
+    """A BulkRead in flight (:meth:`Wire.bulk_read_started`)."""
+
+    def __init__(self, future: Any, endpoint: str) -> None:
+        self._future = future
+        self._endpoint = endpoint
+
+    def answer(self) -> BulkAnswer:
+        """The answer (waits for it); raises as :meth:`Wire.bulk_read` does."""
+        try:
+            raw = self._future.result()
+        except grpc.RpcError as exc:  # UNIMPLEMENTED: Unsupported
+            raise error_for_rpc_error(exc, "BulkRead", self._endpoint) from None
+        try:
+            answer = BulkAnswer.decode(raw)
+        except FormatError as exc:
+            raise ClientError(f"{self._endpoint}: {exc}", rpc="BulkRead") from None
+        if answer.code not in (Code.OK, Code.ILLEGAL_OFFSET):
+            raise error_for_status(pb.Status(code=answer.code, message=answer.message), "BulkRead")
+        return answer
+
+    def cancel(self) -> None:
+        self._future.cancel()
