@@ -29,6 +29,7 @@ from halfmoon.broker.lite import UnsubscribeNotifier
 from halfmoon.broker.message import MessageType
 from halfmoon.broker.topics import is_reserved
 from halfmoon.broker.transactions.check import CheckRequest, CheckSender
+from halfmoon.cluster.fencing import group_epoch
 from halfmoon.cluster.metadata import ClusterMetadata
 from halfmoon.cluster.remote_broker import RemoteBroker
 from halfmoon.cluster.replica_reads import ReplicaReads
@@ -362,12 +363,3 @@ def _endpoints(view: ClusterView) -> dict[str, tuple[str, int | None]]:
         for name, record in view.brokers.items()
         if record.get("endpoint")
     }
-
-
-def group_epoch(record: dict[str, Any]) -> int | None:
-    """The epoch a routing entry names for a broker group's master (None: a standalone
-    broker, or an entry without one)."""
-    epoch = record.get("epoch")
-    if not record.get("member") or type(epoch) is not int or epoch <= 0:
-        return None
-    return epoch

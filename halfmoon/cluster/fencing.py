@@ -21,6 +21,8 @@ outside a group checks nothing.
 
 from __future__ import annotations
 
+from typing import Any
+
 from halfmoon.cluster.errors import EpochStale, MasterDeposed
 from halfmoon.cluster.wire import MalformedRequest
 from halfmoon.errors import HalfmoonError
@@ -61,3 +63,12 @@ def epoch_refusal(
             f"is in epoch {current}: retry, the proxy's route to the group is refreshed"
         )
     return None
+
+
+def group_epoch(record: dict[str, Any]) -> int | None:
+    """The epoch a routing entry names for a broker group's master (None: a standalone
+    broker, or an entry without one)."""
+    epoch = record.get("epoch")
+    if not record.get("member") or type(epoch) is not int or epoch <= 0:
+        return None
+    return epoch

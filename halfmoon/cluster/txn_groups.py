@@ -63,6 +63,7 @@ from halfmoon.broker.transactions.groups import check_group_id
 from halfmoon.cluster.errors import ConsumeActionNotOnCoordinator, NoLiveBrokers
 from halfmoon.cluster.etcd import Compare, delete_op, get_op, put_op
 from halfmoon.cluster.etcd_json import b64, call_sync, key_value, range_prefix_sync
+from halfmoon.cluster.fencing import group_epoch
 from halfmoon.cluster.keys import ClusterKeys
 from halfmoon.cluster.placement import ClusterTopic
 from halfmoon.cluster.remote_broker import RemoteBroker
@@ -139,6 +140,7 @@ class GroupCoordination:
         self._cleanup_interval_s = cleanup_interval_s
         self._record_retention_ms = record_retention_ms
         self._peers: dict[str, tuple[str, RemoteBroker]] = {}
+        self._epochs: dict[str, int | None] = {}  # a broker group's master epoch, by name
         # group -> (monotonic time to ask again, current delay) for groups found undecided
         self._backoff: dict[str, tuple[float, float]] = {}
         self._members_seen: dict[str, tuple[str, str]] = {}
@@ -213,13 +215,18 @@ class GroupCoordination:
         return {name: endpoint for name, (endpoint, _) in self._registered().items()}
 
     def _registered(self) -> dict[str, tuple[str, str]]:
-        """Registered brokers: name -> (endpoint, instance: which process registered)."""
+        """Registered brokers: name -> (endpoint, instance: which process registered). A
+        broker group's entry also names its master's epoch, which calls to it carry."""
         found, _ = range_prefix_sync(self._etcd, self._keys.kind_prefix("brokers"))
         brokers = {}
+        epochs = {}
         for kv in found:
             value = kv.json()
             name = kv.key.rsplit("/", 1)[-1]
             brokers[name] = (str(value.get("endpoint", "")), str(value.get("instance", "")))
+            epochs[name] = group_epoch(value)
+        with self._lock:
+            self._epochs = epochs
         return brokers
 
     def recorded_coordinator(self, group: str) -> str | None:
@@ -257,10 +264,12 @@ class GroupCoordination:
                 "decide the group again once it is back"
             )
         with self._lock:
+            epoch = self._epochs.get(name)
             known = self._peers.get(name)
-            if known is not None and known[0] == endpoint:
+            if known is not None and known[0] == endpoint and known[1].epoch == epoch:
                 return known[1]
-        peer = RemoteBroker(endpoint, timeout_s=PARTICIPANT_TIMEOUT_S)
+        # A group's master for the epoch etcd names (fencing.py): one deposed meanwhile refuses.
+        peer = RemoteBroker(endpoint, timeout_s=PARTICIPANT_TIMEOUT_S, epoch=epoch)
         with self._lock:
             stale = self._peers.get(name)
             self._peers[name] = (endpoint, peer)

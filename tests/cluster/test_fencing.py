@@ -13,8 +13,9 @@ import pytest
 from halfmoon.broker.facade import Written
 from halfmoon.broker.message import OutgoingMessage
 from halfmoon.cluster import fencing
-from halfmoon.cluster.broker_pool import BrokerPool, group_epoch
+from halfmoon.cluster.broker_pool import BrokerPool
 from halfmoon.cluster.errors import EpochStale, MasterDeposed
+from halfmoon.cluster.fencing import group_epoch
 from halfmoon.cluster.internal_service import InternalService
 from halfmoon.cluster.wire import MalformedRequest
 
