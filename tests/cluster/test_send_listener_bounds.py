@@ -41,7 +41,7 @@ class HeldService:
         return {"broker": "held", "version": wire.version_token()}
 
     def store_batches(
-        self, batches: list[list[OutgoingMessage]]
+        self, batches: list[list[OutgoingMessage]], epoch: int | None = None
     ) -> tuple[list[object], list[concurrent.futures.Future[None]]]:
         future: concurrent.futures.Future[None] = concurrent.futures.Future()
         with self.lock:
