@@ -14,9 +14,9 @@ before doing anything (:func:`epoch_refusal`):
   is not the group's master any more (``MASTER_DEPOSED``).
 
 Both codes are ``HA_NOT_AVAILABLE`` to RocketMQ clients, which retry. A
-request without an epoch (a standalone broker's proxy, tools talking to a
-broker directly, a broker's calls to another) is not checked, and a broker
-outside a group checks nothing.
+broker's calls to another for a transaction group carry the epoch etcd names
+for it too (``txn_groups``). A request without an epoch (tools talking to a
+broker directly) is not checked, and a broker outside a group checks nothing.
 """
 
 from __future__ import annotations
