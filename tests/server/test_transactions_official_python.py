@@ -250,12 +250,16 @@ class LongPoll(threading.Thread):
 
 
 def parked_polls(server: ServerProcess) -> float:
-    with urllib.request.urlopen(server.admin + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    for line in text.splitlines():
-        if line.startswith("halfmoon_grpc_long_polls "):
-            return float(line.split()[1])
-    return 0.0
+    """Long polls parked on the server, or on every proxy of a cluster (the client may be
+    connected to either)."""
+    parked = 0.0
+    for front in getattr(server, "proxies", [server]):
+        with urllib.request.urlopen(front.admin + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+        for line in text.splitlines():
+            if line.startswith("halfmoon_grpc_long_polls "):
+                parked += float(line.split()[1])
+    return parked
 
 
 def test_commits_wake_long_polling_consumers(server: ServerProcess) -> None:
