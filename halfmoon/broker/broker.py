@@ -210,7 +210,7 @@ class Broker(TransactionOperations):
             check_consumable=self._check_consumable,
         )
         self.consuming.recover()
-        store.add_listener(self._on_append)
+        store.add_batch_listener(self._on_appended)
 
     # -- lifecycle ---------------------------------------------------------------
     def close(self) -> None:
@@ -659,11 +659,15 @@ class Broker(TransactionOperations):
         self.offsets.persist()
         self._pop.snapshot()
 
-    def _on_append(self, result: AppendResult) -> None:
-        if is_internal_topic(result.topic):
-            return  # timer, half, op and parked records: no consumer waits on them
-        # lite consumers wait on the parent
-        self._wake(parent_topic_of(result.topic) or result.topic, result.queue_id)
+    def _on_appended(self, results: list[AppendResult]) -> None:
+        # One wake-up per queue that grew, not per message: a batch of a hundred sends to a
+        # topic of eight queues wakes each parked poll (and each proxy's watcher) once.
+        grown = dict.fromkeys((r.topic, r.queue_id) for r in results)
+        for topic, queue_id in grown:
+            if is_internal_topic(topic):
+                continue  # timer, half, op and parked records: no consumer waits on them
+            # lite consumers wait on the parent
+            self._wake(parent_topic_of(topic) or topic, queue_id)
 
     def _wake(self, topic: str, queue_id: int) -> None:
         for callback in list(self._listeners):

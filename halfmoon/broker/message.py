@@ -9,8 +9,8 @@ are the producer's own. Producers may not set reserved names.
 from __future__ import annotations
 
 import enum
+import itertools
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -108,8 +108,12 @@ class OutgoingMessage:
     # trace links the two. Not stored with the message.
     resent_from: str | None = None
 
-    def to_store(self, topic: str | None = None, queue_id: int = 0) -> Message:
-        """The store record for this message (user and system properties merged)."""
+    def to_store(
+        self, topic: str | None = None, queue_id: int = 0, message_id: str = ""
+    ) -> Message:
+        """The store record for this message (user and system properties merged); its unique
+        id is ``message_id`` when given (the broker's choice for a message sent without one),
+        else the message's own, else a new one."""
         for key in self.properties:
             if key in SYSTEM_PROPERTIES:
                 raise IllegalPropertyKey(
@@ -120,7 +124,7 @@ class OutgoingMessage:
             props[PROPERTY_TAGS] = self.tag
         if self.keys:
             props[PROPERTY_KEYS] = KEY_SEPARATOR.join(self.keys)
-        props[PROPERTY_UNIQUE_ID] = self.message_id or new_message_id()
+        props[PROPERTY_UNIQUE_ID] = message_id or self.message_id or new_message_id()
         if self.message_group:
             props[PROPERTY_MESSAGE_GROUP] = self.message_group
         if self.delivery_timestamp is not None:
@@ -255,19 +259,39 @@ class MessageView:
         )
 
 
-_id_lock = threading.Lock()
-_id_counter = 0
-_id_prefix = os.urandom(6).hex().upper()
+def _id_prefix_of_this_process() -> str:
+    return f"01{os.urandom(6).hex().upper()}{os.getpid() & 0xFFFF:04X}"
+
+
+_id_counter = itertools.count(1)
+_id_prefix = _id_prefix_of_this_process()
+_id_second: tuple[int, str] = (-1, "")  # the current second and its 8 hex digits
+
+
+def _new_id_prefix_after_fork() -> None:
+    # A forked child (a proxy's workers) must not repeat its parent's ids: the prefix holds
+    # the process id and random bytes, fixed at import.
+    global _id_prefix
+    _id_prefix = _id_prefix_of_this_process()
+
+
+os.register_at_fork(after_in_child=_new_id_prefix_after_fork)
 
 
 def new_message_id() -> str:
-    """A unique message id in the shape of RocketMQ 5's (version 01, 34 hex digits)."""
-    global _id_counter
-    with _id_lock:
-        _id_counter = (_id_counter + 1) & 0xFFFFFFFF
-        counter = _id_counter
+    """A unique message id in the shape of RocketMQ 5's (version 01, 34 hex digits).
+
+    Runs for every message sent without an id: ``next`` on a shared
+    ``itertools.count`` is atomic (no lock), and the seconds' digits are
+    formatted once a second.
+    """
+    global _id_second
+    counter = next(_id_counter) & 0xFFFFFFFF
     seconds = int(time.time()) & 0xFFFFFFFF
-    return f"01{_id_prefix}{os.getpid() & 0xFFFF:04X}{seconds:08X}{counter:08X}"
+    cached = _id_second
+    if cached[0] != seconds:
+        cached = _id_second = (seconds, f"{seconds:08X}")
+    return f"{_id_prefix}{cached[1]}{counter:08X}"
 
 
 @dataclass(frozen=True, slots=True)

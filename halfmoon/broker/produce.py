@@ -17,7 +17,7 @@ import hashlib
 import re
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from halfmoon.broker.config import BrokerConfig
 from halfmoon.broker.errors import (
@@ -222,16 +222,10 @@ def plan_send(
         message_id = msg.message_id or new_message_id()
         delayed = msg.delivery_timestamp is not None and msg.delivery_timestamp > now_ms
         if delayed:
-            record = _with_id(msg, message_id).to_store(TIMER_TOPIC, 0)
+            record = msg.to_store(TIMER_TOPIC, 0, message_id)
             record.properties[PROPERTY_REAL_TOPIC] = topic.name
             record.properties[PROPERTY_REAL_QUEUE_ID] = str(queue_id)
         else:
-            record = _with_id(msg, message_id).to_store(store_topic, queue_id)
+            record = msg.to_store(store_topic, queue_id, message_id)
         planned.append(PlannedMessage(record, message_id, topic.name, queue_id, delayed))
     return planned
-
-
-def _with_id(msg: OutgoingMessage, message_id: str) -> OutgoingMessage:
-    if msg.message_id == message_id:
-        return msg
-    return replace(msg, message_id=message_id)

@@ -66,7 +66,18 @@ def dead_letter_topic(group: str) -> str:
     return DLQ_PREFIX + group
 
 
+_legal_names: set[str] = set()  # names found legal and not reserved: a send checks each message's
+
+
 def check_topic_name(name: str, *, allow_reserved: bool = False) -> None:
+    if type(name) is str and name in _legal_names:
+        return
+    _check_topic_name(name, allow_reserved=allow_reserved)
+    if not allow_reserved and len(_legal_names) < 65_536:
+        _legal_names.add(name)
+
+
+def _check_topic_name(name: str, *, allow_reserved: bool) -> None:
     if not name or len(name) > MAX_TOPIC_LENGTH or not _NAME.match(name):
         raise IllegalTopic(
             f"illegal topic name {name!r}: use 1 to {MAX_TOPIC_LENGTH} letters, digits, '_' or '-'"

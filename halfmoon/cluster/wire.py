@@ -26,7 +26,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import operator
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
@@ -89,6 +91,19 @@ _FIELDS: dict[type, tuple[str, ...]] = {
 _ENUMS: dict[str, type[enum.Enum]] = {cls.__name__: cls for cls in ENUM_TYPES}
 
 
+# Every field of an object in one C call (an answer carries a SendResult per message). The
+# tuple is packed as a list: with strict types a tuple would be an extension of its own.
+def _fields_getter(fields: tuple[str, ...]) -> Callable[[object], tuple[Any, ...]]:
+    if len(fields) > 1:
+        return operator.attrgetter(*fields)  # type: ignore[return-value]
+    return lambda value: tuple(getattr(value, name) for name in fields)
+
+
+_GETTERS: dict[type, Callable[[object], tuple[Any, ...]]] = {
+    cls: _fields_getter(fields) for cls, fields in _FIELDS.items()
+}
+
+
 class WireVersionMismatch(Conflict):
     """The peer speaks another version of the internal protocol (or another type table)."""
 
@@ -132,11 +147,14 @@ def version_token() -> str:
 
 def _default(value: object) -> msgpack.ExtType:
     cls = type(value)
-    if cls in _FIELDS:
-        fields = [getattr(value, name) for name in _FIELDS[cls]]
-        return msgpack.ExtType(EXT_OBJECT, _pack([cls.__name__, fields]))
+    getter = _GETTERS.get(cls)
+    if getter is not None:
+        return msgpack.ExtType(EXT_OBJECT, _pack([cls.__name__, list(getter(value))]))
     if isinstance(value, enum.Enum) and cls.__name__ in _ENUMS:
-        return msgpack.ExtType(EXT_ENUM, _pack([cls.__name__, value.value]))
+        ext = _enum_exts.get(value)
+        if ext is None:  # members are few: each one's encoding is made once
+            ext = _enum_exts[value] = msgpack.ExtType(EXT_ENUM, _pack([cls.__name__, value.value]))
+        return ext
     if cls is tuple:
         return msgpack.ExtType(EXT_TUPLE, _pack(list(value)))  # type: ignore[call-overload]
     if isinstance(value, HalfmoonError):
@@ -173,7 +191,15 @@ def _pack(value: object) -> bytes:
     return packed
 
 
+_enum_exts: dict[enum.Enum, msgpack.ExtType] = {}
+_enum_members: dict[bytes, enum.Enum] = {}  # an enum's encoding → its member, once decoded
+
+
 def _ext_hook(code: int, data: bytes) -> object:
+    if code == EXT_ENUM:
+        member = _enum_members.get(data)
+        if member is not None:  # one per message on a send (its type): a dict lookup
+            return member
     if code not in (EXT_OBJECT, EXT_ENUM, EXT_TUPLE, EXT_ERROR):
         raise MalformedRequest(f"unknown extension type {code} on the wire")
     payload = _unpack(data)
@@ -188,7 +214,10 @@ def _ext_hook(code: int, data: bytes) -> object:
         enum_cls = _ENUMS.get(name)
         if enum_cls is None:
             raise MalformedRequest(f"unknown enum type {name!r} on the wire")
-        return enum_cls(raw)
+        member = enum_cls(raw)
+        if len(_enum_members) < 1024:  # bounded: a peer cannot grow it with odd encodings
+            _enum_members[data] = member
+        return member
     if code == EXT_TUPLE:
         return tuple(payload)
     return error_from_fields(payload)

@@ -132,7 +132,7 @@ class ReplicationLeader:
         self._deposed = False
         self._closed = threading.Event()
         self._data = threading.Condition()  # new data for the streams
-        store.add_listener(self._wake_streams)  # visible
+        store.add_batch_listener(self._wake_streams)  # visible
         store.add_write_listener(self._wake_streams)  # written, not yet durable
         self._checker = threading.Thread(
             target=self._check_isr_forever, name="halfmoon-isr", daemon=True

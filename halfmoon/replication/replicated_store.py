@@ -137,5 +137,8 @@ class ReplicatedStore:
     def add_listener(self, listener: Callable[[AppendResult], None]) -> None:
         self.inner.add_listener(listener)
 
+    def add_batch_listener(self, listener: Callable[[list[AppendResult]], None]) -> None:
+        self.inner.add_batch_listener(listener)
+
     def stats(self) -> StoreStats:
         return self.inner.stats()

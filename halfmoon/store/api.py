@@ -202,4 +202,13 @@ class Store(Protocol):
         it to wake long-polling consumers.
         """
 
+    def add_batch_listener(self, listener: Callable[[list[AppendResult]], None]) -> None:
+        """Call ``listener`` once for each batch of messages that become visible together
+        (one append, or one flush under ``sync``), with their results in log order.
+
+        The same rules as :meth:`add_listener`. For a listener that only needs
+        to know *which* queues grew, it costs one call per batch instead of one
+        per message.
+        """
+
     def stats(self) -> StoreStats: ...

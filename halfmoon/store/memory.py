@@ -97,6 +97,7 @@ class MemoryStore:
         self._records: dict[int, StoredMessage] = {}
         self._queues: dict[tuple[str, int], _Queue] = {}
         self._listeners: list[Callable[[AppendResult], None]] = []
+        self._batch_listeners: list[Callable[[list[AppendResult]], None]] = []
         self._next_offset = 0
         self._min_commit_log_offset = 0
         self._closed = False
@@ -150,6 +151,12 @@ class MemoryStore:
                     AppendResult(message.topic, message.queue_id, queue_offset, clo, size, now)
                 )
             listeners = list(self._listeners)
+            batch_listeners = list(self._batch_listeners)
+        for batch_listener in batch_listeners:
+            try:
+                batch_listener(results)
+            except Exception:  # a listener must not break appends; log and keep it
+                log.exception("store listener failed")
         for result in results:
             for listener in listeners:
                 try:
@@ -274,6 +281,10 @@ class MemoryStore:
     def add_listener(self, listener: Callable[[AppendResult], None]) -> None:
         with self._lock:
             self._listeners.append(listener)
+
+    def add_batch_listener(self, listener: Callable[[list[AppendResult]], None]) -> None:
+        with self._lock:
+            self._batch_listeners.append(listener)
 
     def stats(self) -> StoreStats:
         with self._lock:

@@ -120,6 +120,7 @@ class MessageStore:
         self._lock = threading.Lock()  # the append lock: offsets, writes, dispatch
         self._checkpoint_lock = threading.Lock()
         self._listeners: list[Callable[[AppendResult], None]] = []
+        self._batch_listeners: list[Callable[[list[AppendResult]], None]] = []
         self._write_listeners: list[Callable[[], None]] = []
         self._closed = False
         self._sync = config.flush == "sync"
@@ -308,7 +309,7 @@ class MessageStore:
                 written()
         else:
             self._visible_position = self._commitlog.write_position
-            if self._listeners:
+            if self._listeners or self._batch_listeners:
                 self._notify(results)
         return results
 
@@ -350,7 +351,7 @@ class MessageStore:
             self._flusher.written()
         else:
             self._visible_position = self._commitlog.write_position
-            if self._listeners:
+            if self._listeners or self._batch_listeners:
                 self._notify(results)
         return results
 
@@ -456,11 +457,14 @@ class MessageStore:
                     visible[key] = result.queue_offset + 1
                 ready.append(result)
             self._visible_position = position
-        if ready and self._listeners:
+        if ready and (self._listeners or self._batch_listeners):
             self._notify(ready)
 
     def add_listener(self, listener: Callable[[AppendResult], None]) -> None:
         self._listeners = [*self._listeners, listener]
+
+    def add_batch_listener(self, listener: Callable[[list[AppendResult]], None]) -> None:
+        self._batch_listeners = [*self._batch_listeners, listener]
 
     def add_write_listener(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` after each append is written, before it is durable (under
@@ -469,6 +473,11 @@ class MessageStore:
         self._write_listeners = [*self._write_listeners, listener]
 
     def _notify(self, results: list[AppendResult]) -> None:
+        for batch_listener in self._batch_listeners:
+            try:
+                batch_listener(results)
+            except Exception:
+                log.exception("event=listener_failed listener=%r", batch_listener)
         for listener in self._listeners:
             for result in results:
                 try:

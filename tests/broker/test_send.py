@@ -145,3 +145,27 @@ def test_body_digest_verification() -> None:
     with pytest.raises(BodyDigestMismatch) as info:
         verify_body_digest(body, "MD5", hashlib.md5(b"other").hexdigest())
     assert info.value.code == "MESSAGE_CORRUPTED"
+
+
+def test_a_batch_wakes_each_grown_queue_once(broker: Broker) -> None:
+    """One arrival per queue that grew in an append, not one per message: a proxy's request of
+    a hundred sends must not call every watcher a hundred times."""
+    broker.create_topic("t", queue_count=3)
+    broker.create_topic("u", queue_count=1)
+    woken: list[tuple[str, int]] = []
+    broker.add_arrival_listener(lambda topic, queue_id: woken.append((topic, queue_id)))
+    broker.send([out() for _ in range(12)] + [out("u") for _ in range(5)])
+    assert sorted(woken) == [("t", 0), ("t", 1), ("t", 2), ("u", 0)]
+    woken.clear()
+    broker.send([out("u")])
+    assert woken == [("u", 0)]
+
+
+def test_a_message_sent_without_an_id_gets_a_new_one_in_its_record(
+    broker: Broker, store: MemoryStore
+) -> None:
+    broker.create_topic("t", queue_count=1)
+    first, second = broker.send([out(), out()])
+    assert first.message_id != second.message_id
+    assert store.read_at(first.commit_log_offset).unique_id == first.message_id
+    assert store.read_at(second.commit_log_offset).unique_id == second.message_id

@@ -156,3 +156,20 @@ def test_the_parked_transactions_topic_is_reserved_and_hidden():
     assert is_internal_topic("TRANS_CHECK_MAX_TIME_TOPIC")
     assert is_internal_topic("RMQ_SYS_TRANS_HALF_TOPIC")
     assert not is_internal_topic("%DLQ%billing")  # dead letters are consumable
+
+
+def test_a_reserved_name_allowed_once_is_still_refused_without_leave() -> None:
+    """Legal names are remembered so each send does not match them again; a reserved one
+    checked with ``allow_reserved`` must not be remembered as legal for everyone."""
+    from halfmoon.broker.errors import IllegalTopic
+    from halfmoon.broker.topics import check_topic_name
+
+    check_topic_name("%RETRY%remembered-group", allow_reserved=True)
+    with pytest.raises(IllegalTopic):
+        check_topic_name("%RETRY%remembered-group")
+    check_topic_name("plain-remembered")
+    check_topic_name("plain-remembered")  # the remembered path
+    with pytest.raises(IllegalTopic):
+        check_topic_name("bad name")
+    with pytest.raises(IllegalTopic):
+        check_topic_name("bad name")

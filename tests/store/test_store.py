@@ -1,4 +1,5 @@
 import threading
+import time
 
 import pytest
 
@@ -171,3 +172,30 @@ def test_read_at_and_closed_store(tmp_path):
     store.close()
     with pytest.raises(StoreClosed):
         store.append([Message(topic="t", body=b"x")])
+
+
+@pytest.mark.parametrize("flush", ["async", "sync"])
+def test_a_batch_listener_hears_each_visible_batch_once_in_log_order(tmp_path, flush):
+    with open_store(tmp_path, flush=flush) as store:
+        batches: list[list] = []
+        each: list = []
+        store.add_batch_listener(batches.append)
+        store.add_batch_listener(lambda results: 1 / 0)  # logged, kept, others still called
+        store.add_listener(each.append)
+        results = store.append([message(0), message(1), message(2, topic="elsewhere")])
+        deadline = time.monotonic() + 10  # under sync, the flush thread tells the listeners
+        while len(each) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        heard = [r for batch in batches for r in batch]
+        assert heard == results == each  # every message heard, each once, in log order
+        assert len(batches) == 1  # one append, one flush: one call
+
+
+def test_the_memory_store_hears_batches_too():
+    from halfmoon.store.memory import MemoryStore
+
+    store = MemoryStore()
+    batches: list[list] = []
+    store.add_batch_listener(batches.append)
+    results = store.append([message(0), message(1)])
+    assert batches == [results]
