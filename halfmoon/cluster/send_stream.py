@@ -34,10 +34,15 @@ messages or ``max_bytes`` of bodies.
 Failures:
 
 - a request unanswered after ``timeout_s`` fails its callers with
-  ``BROKER_DEADLINE_EXCEEDED`` (the outcome is unknown), and the stream is
-  reset (a partition that drops packets leaves it open but dead): the other
-  requests in flight fail with ``BROKER_UNAVAILABLE``, the next send opens a
-  new stream;
+  ``BROKER_DEADLINE_EXCEEDED`` (the outcome is unknown). If nothing at all was
+  answered since it left, the broker is silent (a partition that drops
+  packets leaves the stream open but dead): the stream is reset, the other
+  requests in flight fail with ``BROKER_UNAVAILABLE``, the broker is reported
+  (suspect: sends steer elsewhere for a moment) and the next send opens a new
+  stream. If the broker answered other requests meanwhile it is alive, only
+  slow (overloaded): that request alone fails, and the stream, the requests
+  behind it and the broker's standing are left alone, so an overload does not
+  turn into a second of refused sends;
 - a stream (or connection) that breaks (broker gone, connection refused) fails every request
   in flight with ``BROKER_UNAVAILABLE`` at once, without waiting for the
   broker to come back (``wait_for_ready`` is off: a dead broker is reported,
@@ -118,6 +123,7 @@ class StreamSender:
         self._waiting: list[_Waiting] = []
         self._in_flight: dict[int, tuple[list[_Waiting], asyncio.TimerHandle]] = {}
         self._ids = itertools.count(1)
+        self._last_answer_at = float("-inf")  # loop time of the latest answer
         self._flush_scheduled = False
         self._closed = False
         self._linger_s = linger_s
@@ -255,6 +261,7 @@ class StreamSender:
             # The broker refused a request it could not read; it closes the link next.
             log.warning("event=send_refused broker=%s error=%s", self.target, answers)
             return
+        self._last_answer_at = self._loop.time()
         entry = self._in_flight.pop(request_id, None)
         if entry is None:
             return  # expired meanwhile: its callers were told
@@ -303,6 +310,9 @@ class StreamSender:
             f"the broker at {self.target} did not answer in time; the outcome is unknown"
         )
         _fail(entry[0], error)
+        sent_at = entry[1].when() - self._timeout_s
+        if self._last_answer_at >= sent_at:
+            return  # answered others since this one left: alive, only slow (see the docstring)
         # A silent broker (a partition drops packets, no reset) may leave the stream open but
         # dead: drop it, so the requests behind this one fail now and the next send opens a
         # fresh one, and report the broker (suspect: sends steer elsewhere meanwhile).

@@ -128,3 +128,63 @@ def test_gathering_gives_up_after_the_linger() -> None:
         assert await straggler == ["b0"]
 
     asyncio.run(scenario())
+
+
+def test_a_slow_but_answering_broker_fails_only_the_late_request() -> None:
+    """An overloaded broker answers late, not never: the request past its deadline fails
+    alone; the requests behind it stay in flight and the broker is not reported (which would
+    refuse every send to it for a moment)."""
+
+    async def scenario() -> None:
+        failures: list[object] = []
+        sender = StreamSender(
+            "127.0.0.1:1", (), timeout_s=0.3, send_port=1, linger_s=0.0, max_in_flight=2,
+            on_failure=failures.append,
+        )  # fmt: skip
+        link = FakeLink(sender)
+        sender._stream = lambda: link  # type: ignore[method-assign]
+        late = _send(sender, "late")
+        await _turns()
+        # Half its deadline later (time passing in the scenario, not a synchronisation), so
+        # the request sent after the answer below is due well after this one.
+        await asyncio.sleep(0.15)
+        quick = _send(sender, "quick")
+        await _turns()
+        assert link.sizes() == [1, 1]
+        link.answer(1)  # the broker answers the second request, not (yet) the first
+        assert await quick == ["quick"]
+        behind = _send(sender, "behind")
+        await _turns()
+        assert link.sizes() == [1, 1, 1]
+        try:
+            await late
+        except wire.BrokerDeadlineExceeded:
+            pass
+        else:
+            raise AssertionError("the unanswered request must fail with its deadline")
+        assert failures == []  # alive: not reported
+        assert not behind.done()  # still in flight: the stream was not reset
+        link.answer(2)
+        assert await behind == ["behind"]
+
+    asyncio.run(scenario())
+
+
+def test_a_silent_broker_is_reported_and_the_requests_behind_fail_at_once() -> None:
+    async def scenario() -> None:
+        failures: list[object] = []
+        sender = StreamSender(
+            "127.0.0.1:1", (), timeout_s=0.3, send_port=1, linger_s=0.0, max_in_flight=2,
+            on_failure=failures.append,
+        )  # fmt: skip
+        link = FakeLink(sender)
+        sender._stream = lambda: link  # type: ignore[method-assign]
+        first = _send(sender, "first")
+        await _turns()
+        second = _send(sender, "second")
+        results = await asyncio.gather(first, second, return_exceptions=True)
+        assert isinstance(results[0], wire.BrokerDeadlineExceeded)
+        assert isinstance(results[1], wire.BrokerUnavailable)  # failed with the reset
+        assert len(failures) == 1
+
+    asyncio.run(scenario())
