@@ -130,19 +130,26 @@ def test_gathering_gives_up_after_the_linger() -> None:
     asyncio.run(scenario())
 
 
+def _deadline_sender() -> tuple[StreamSender, FakeLink, list[object]]:
+    """A sender with a short deadline and two requests in flight; the list collects what it
+    reports to its ``on_failure`` (the broker found unreachable)."""
+    failures: list[object] = []
+    sender = StreamSender(
+        "127.0.0.1:1", (), timeout_s=0.3, send_port=1, linger_s=0.0, max_in_flight=2,
+        on_failure=failures.append,
+    )  # fmt: skip
+    link = FakeLink(sender)
+    sender._stream = lambda: link  # type: ignore[method-assign]
+    return sender, link, failures
+
+
 def test_a_slow_but_answering_broker_fails_only_the_late_request() -> None:
     """An overloaded broker answers late, not never: the request past its deadline fails
     alone; the requests behind it stay in flight and the broker is not reported (which would
     refuse every send to it for a moment)."""
 
     async def scenario() -> None:
-        failures: list[object] = []
-        sender = StreamSender(
-            "127.0.0.1:1", (), timeout_s=0.3, send_port=1, linger_s=0.0, max_in_flight=2,
-            on_failure=failures.append,
-        )  # fmt: skip
-        link = FakeLink(sender)
-        sender._stream = lambda: link  # type: ignore[method-assign]
+        sender, link, failures = _deadline_sender()
         late = _send(sender, "late")
         await _turns()
         # Half its deadline later (time passing in the scenario, not a synchronisation), so
@@ -172,13 +179,7 @@ def test_a_slow_but_answering_broker_fails_only_the_late_request() -> None:
 
 def test_a_silent_broker_is_reported_and_the_requests_behind_fail_at_once() -> None:
     async def scenario() -> None:
-        failures: list[object] = []
-        sender = StreamSender(
-            "127.0.0.1:1", (), timeout_s=0.3, send_port=1, linger_s=0.0, max_in_flight=2,
-            on_failure=failures.append,
-        )  # fmt: skip
-        link = FakeLink(sender)
-        sender._stream = lambda: link  # type: ignore[method-assign]
+        sender, link, failures = _deadline_sender()
         first = _send(sender, "first")
         await _turns()
         second = _send(sender, "second")
