@@ -28,6 +28,7 @@ from halfmoon.broker.access import check_consumable, routes
 from halfmoon.broker.clock import Clock, SystemClock
 from halfmoon.broker.config import BrokerConfig, apply_changes
 from halfmoon.broker.dead_letters import dead_letter_copy, write_dead_letter
+from halfmoon.broker.encoded import EncodedMessage
 from halfmoon.broker.errors import (
     IllegalTopic,
     TopicExists,
@@ -362,7 +363,10 @@ class Broker(TransactionOperations):
         written.durable.result()
         return written.result
 
-    def send_nowait(self, messages: Sequence[OutgoingMessage]) -> Written[list[SendResult]]:
+    def send_nowait(
+        self, messages: Sequence[OutgoingMessage | EncodedMessage]
+    ) -> Written[list[SendResult]]:
+        """Store ``messages`` (a proxy's plain ones arrive encoded: halfmoon.broker.encoded)."""
         return self._sender.send_nowait(messages)
 
     def sends_cheaply(self, messages: Sequence[OutgoingMessage]) -> bool:

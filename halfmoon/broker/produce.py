@@ -139,6 +139,22 @@ def _check_fields(
             f"delivery timestamp {msg.delivery_timestamp} is more than "
             f"{config.max_delay_ms // 1000} s ahead (or negative); pick an earlier time"
         )
+    if len(msg.body) > config.max_body_size:
+        raise MessageBodyTooLarge(
+            f"message body of {len(msg.body)} bytes exceeds the limit of {config.max_body_size}; "
+            "send a smaller body"
+        )
+    check_labels(msg)
+    if msg.queue_id is not None and not 0 <= msg.queue_id < topic.queue_count:
+        raise IllegalQueueId(
+            f"queue {msg.queue_id} is not a writable queue of topic {topic.name!r} "
+            f"(0 to {topic.queue_count - 1})"
+        )
+
+
+def check_labels(msg: OutgoingMessage) -> None:
+    """The checks of a message's tag, keys and id, which depend on no topic or setting (a
+    proxy that encodes a message for its broker runs them too: halfmoon.broker.encoded)."""
     if msg.tag is not None and (
         not msg.tag.strip() or "|" in msg.tag or len(msg.tag) > MAX_TAG_LENGTH
     ):
@@ -150,20 +166,10 @@ def _check_fields(
             raise IllegalMessageKey(
                 f"illegal message key {key!r}: keys are 1 to {MAX_KEY_LENGTH} characters, no spaces"
             )
-    if len(msg.body) > config.max_body_size:
-        raise MessageBodyTooLarge(
-            f"message body of {len(msg.body)} bytes exceeds the limit of {config.max_body_size}; "
-            "send a smaller body"
-        )
     if msg.message_id and (
         len(msg.message_id) > MAX_MESSAGE_ID_LENGTH or not msg.message_id.isprintable()
     ):
         raise IllegalMessageId(f"illegal message id {msg.message_id!r}")
-    if msg.queue_id is not None and not 0 <= msg.queue_id < topic.queue_count:
-        raise IllegalQueueId(
-            f"queue {msg.queue_id} is not a writable queue of topic {topic.name!r} "
-            f"(0 to {topic.queue_count - 1})"
-        )
 
 
 def _check_priority_and_lite(

@@ -9,6 +9,7 @@ from concurrent.futures import Future
 
 from halfmoon.broker.clock import Clock
 from halfmoon.broker.config import BrokerConfig
+from halfmoon.broker.encoded import EncodedMessage
 from halfmoon.broker.facade import Written
 from halfmoon.broker.lite import LiteTopics
 from halfmoon.broker.lite_names import split_lite_queue_topic
@@ -16,10 +17,10 @@ from halfmoon.broker.message import MessageType, OutgoingMessage
 from halfmoon.broker.produce import SendResult, plan_send
 from halfmoon.broker.queue_select import QueueSelector
 from halfmoon.broker.recall import recall_handle
-from halfmoon.broker.topics import TIMER_TOPIC, TopicConfig, TopicRegistry
+from halfmoon.broker.topics import TIMER_TOPIC, TopicConfig, TopicRegistry, check_topic_name
 from halfmoon.broker.trace import TraceRecorder
 from halfmoon.broker.transactions import TransactionService
-from halfmoon.store.api import Store
+from halfmoon.store.api import EncodedRecord, Store
 
 
 def _completed() -> Future[None]:
@@ -61,7 +62,9 @@ class SendPath:
         self._received = received  # the traffic counters, one topic name per message
         self._trace = trace
 
-    def send_nowait(self, messages: Sequence[OutgoingMessage]) -> Written[list[SendResult]]:
+    def send_nowait(
+        self, messages: Sequence[OutgoingMessage | EncodedMessage]
+    ) -> Written[list[SendResult]]:
         if self._admit is not None:
             self._admit()
         results = self._send(messages)
@@ -82,9 +85,14 @@ class SendPath:
             for m in messages
         )
 
-    def _send(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
-        if not messages:
+    def _send(self, sent: Sequence[OutgoingMessage | EncodedMessage]) -> list[SendResult]:
+        if not sent:
             return []
+        if any(type(m) is EncodedMessage for m in sent):
+            encoded = self._send_encoded(sent)
+            if encoded is not None:
+                return encoded
+        messages = [m.to_outgoing() if isinstance(m, EncodedMessage) else m for m in sent]
         planned = plan_send(
             list(messages), self._get_topic, self._selector, self._config, self._clock.now_ms()
         )
@@ -130,4 +138,66 @@ class SendPath:
                 else None,
             )
             for p, r, txn in zip(planned, appended, transaction_ids, strict=True)
+        ]
+
+    def _send_encoded(
+        self, messages: Sequence[OutgoingMessage | EncodedMessage]
+    ) -> list[SendResult] | None:
+        """Plain messages a proxy encoded (:mod:`halfmoon.broker.encoded`), stored as they
+        are; None, with nothing done, when any of them needs the full path (a message not
+        encoded, a topic to create, a refusal the full path words)."""
+        config = self._config
+        if not config.writable:
+            return None
+        find = self._topics.find
+        select = self._selector.select
+        max_body, max_group = config.max_body_size, config.max_message_group_length
+        records: list[EncodedRecord] = []
+        for m in messages:
+            if type(m) is not EncodedMessage:
+                return None
+            check_topic_name(m.topic)  # remembered once legal: reserved names are refused
+            topic = find(m.topic)
+            if (
+                topic is None
+                or not topic.writable
+                or not topic.accepts(m.message_type)
+                or len(m.body) > max_body
+            ):
+                return None
+            group = m.message_group
+            if group is not None:
+                if len(group) > max_group:
+                    return None
+                queue_id = select(topic.name, topic.queue_count, group)
+            elif m.queue_id is not None:
+                if not 0 <= m.queue_id < topic.queue_count:
+                    return None
+                queue_id = m.queue_id
+            else:
+                queue_id = select(topic.name, topic.queue_count)
+            records.append(
+                (
+                    topic.name,
+                    queue_id,
+                    m.born_timestamp,
+                    m.born_host,
+                    m.body,
+                    m.properties,
+                    m.tag,
+                    m.keys,
+                )
+            )
+        appended = self._store.append_encoded(records)
+        self._received([record[0] for record in records])
+        return [
+            SendResult(
+                message_id=m.message_id,
+                topic=r.topic,
+                queue_id=r.queue_id,
+                queue_offset=r.queue_offset,
+                commit_log_offset=r.commit_log_offset,
+                end_offset=r.end_offset,
+            )
+            for m, r in zip(messages, appended, strict=True)
         ]

@@ -37,7 +37,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from halfmoon.broker.message import OutgoingMessage
+from halfmoon.broker.encoded import SentMessage
 from halfmoon.broker.produce import SendResult
 from halfmoon.cluster import fencing, internal_tls, wire
 from halfmoon.errors import HalfmoonError
@@ -135,7 +135,7 @@ class BrokerConnection:
         return self._unary(self._call, request, timeout_s)
 
     def send(
-        self, batches: Sequence[Sequence[OutgoingMessage]], timeout_s: float | None = None
+        self, batches: Sequence[Sequence[SentMessage]], timeout_s: float | None = None
     ) -> list[list[SendResult] | HalfmoonError]:
         """Store many callers' batches in one request; per batch its results or its error."""
         request = wire.encode([list(b) for b in batches])

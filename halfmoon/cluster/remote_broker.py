@@ -42,6 +42,7 @@ from typing import Any
 
 from halfmoon.broker.browse import ScanResult
 from halfmoon.broker.config import BrokerConfig
+from halfmoon.broker.encoded import encode_for_broker
 from halfmoon.broker.facade import (
     PullResult,
     QueueProgress,
@@ -193,7 +194,7 @@ class RemoteBroker(NetworkHop):
     def send(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
         if not messages:
             return []
-        return self.sender.submit(messages).result()
+        return self.sender.submit(encode_for_broker(messages)).result()
 
     def send_nowait(self, messages: Sequence[OutgoingMessage]) -> Written[list[SendResult]]:
         return Written(self.send(messages), _done())
@@ -208,7 +209,9 @@ class RemoteBroker(NetworkHop):
             raise BrokerUnavailable(f"the broker at {self.connection.target} is unreachable")
         if self._send_port_stale:
             await self._relocate()
-        return await self._stream().send(messages)
+        # Plain messages are checked and encoded here, on the proxy, not on the one broker
+        # (halfmoon.broker.encoded): the broker then stores their records as they are.
+        return await self._stream().send(encode_for_broker(messages))
 
     async def _relocate(self) -> None:
         """Ask the broker again where its send listener is (its connection failed: the broker

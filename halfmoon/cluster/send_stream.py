@@ -59,7 +59,7 @@ from collections.abc import Callable, Sequence
 
 import grpc.aio
 
-from halfmoon.broker.message import OutgoingMessage
+from halfmoon.broker.encoded import SentMessage
 from halfmoon.broker.produce import SendResult
 from halfmoon.cluster import fencing, internal_tls, wire
 from halfmoon.cluster.coalescer import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES
@@ -82,7 +82,7 @@ LINGER_FULL_AT = 8
 
 # Called after each request with (messages, callers' batches): the proxy's metrics.
 RequestObserver = Callable[[int, int], None]
-_Waiting = tuple[list[OutgoingMessage], "asyncio.Future[list[SendResult]]"]
+_Waiting = tuple[list[SentMessage], "asyncio.Future[list[SendResult]]"]
 
 
 class StreamSender:
@@ -140,7 +140,7 @@ class StreamSender:
     def loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
 
-    async def send(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
+    async def send(self, messages: Sequence[SentMessage]) -> list[SendResult]:
         """Store ``messages`` (one caller's batch, all or nothing); their results once durable."""
         if self._closed:
             raise wire.BrokerUnavailable(f"the connection to the broker at {self.target} is closed")

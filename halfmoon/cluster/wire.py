@@ -35,6 +35,7 @@ import msgpack  # type: ignore[import-untyped]
 
 from halfmoon.broker.browse import ScanResult
 from halfmoon.broker.config import BrokerConfig
+from halfmoon.broker.encoded import EncodedMessage
 from halfmoon.broker.facade import PullResult, QueueProgress, QueueRoute, QueueStatus
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.groups import GroupConfig, RetryPolicy
@@ -50,7 +51,7 @@ from halfmoon.broker.transactions.check import CheckRequest
 from halfmoon.errors import Conflict, HalfmoonError, InvalidArgument
 from halfmoon.store.api import GetStatus, StoreStats
 
-WIRE_VERSION = 2  # 2: requests to a broker group member carry the group epoch
+WIRE_VERSION = 3  # 2: requests to a broker group member carry the group epoch; 3: EncodedMessage
 SERVICE = "halfmoon.internal.v1.Broker"
 VERSION_HEADER = "hm-wire-version"  # gRPC metadata on every call: "<version>:<fingerprint>"
 
@@ -63,6 +64,7 @@ OBJECT_TYPES: tuple[type, ...] = (
     BrokerConfig,
     BrokerStatus,
     CheckRequest,
+    EncodedMessage,
     EndResult,
     FilterSpec,
     GroupConfig,

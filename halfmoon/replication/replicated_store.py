@@ -24,6 +24,7 @@ from halfmoon.cluster.errors import MasterSwitching
 from halfmoon.replication.leader import ReplicationLeader
 from halfmoon.store.api import (
     AppendResult,
+    EncodedRecord,
     GetResult,
     MessagePredicate,
     StoreStats,
@@ -79,6 +80,13 @@ class ReplicatedStore:
         self._enter()
         try:
             return self.inner.append(messages)
+        finally:
+            self._leave()
+
+    def append_encoded(self, records: Sequence[EncodedRecord]) -> list[AppendResult]:
+        self._enter()
+        try:
+            return self.inner.append_encoded(records)
         finally:
             self._leave()
 

@@ -110,6 +110,12 @@ class StoreStats:
     extra: dict[str, int] = field(default_factory=dict)
 
 
+# A message to append with its properties already encoded (``append_encoded``): topic, queue
+# id, born timestamp, born host, body, encoded properties, tag (None: none) and the keys to
+# index it under (its KEYS and unique id). A tuple: one is built per message.
+EncodedRecord = tuple[str, int, int, str, bytes, bytes, str | None, Sequence[str]]
+
+
 @runtime_checkable
 class Store(Protocol):
     # -- lifecycle -----------------------------------------------------------
@@ -201,6 +207,12 @@ class Store(Protocol):
         must not raise (a raising listener is logged and kept). The broker uses
         it to wake long-polling consumers.
         """
+
+    def append_encoded(self, records: Sequence[EncodedRecord]) -> list[AppendResult]:
+        """:meth:`append` for messages whose properties are already encoded (a proxy
+        encoded and checked them): the same checks of what the store needs, the same
+        records byte for byte, all or nothing."""
+        ...
 
     def add_batch_listener(self, listener: Callable[[list[AppendResult]], None]) -> None:
         """Call ``listener`` once for each batch of messages that become visible together

@@ -29,6 +29,7 @@ from halfmoon.errors import InvalidArgument, NotFound
 from halfmoon.store import record
 from halfmoon.store.api import (
     AppendResult,
+    EncodedRecord,
     GetResult,
     GetStatus,
     MessagePredicate,
@@ -36,7 +37,7 @@ from halfmoon.store.api import (
     TagHashes,
 )
 from halfmoon.store.message import Message, StoredMessage, tag_hash
-from halfmoon.store.validate import check_message, check_ranges
+from halfmoon.store.validate import check_encoded, check_message, check_ranges
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,26 @@ class MemoryStore:
         self._closed = True
 
     # -- writes ----------------------------------------------------------------
+    def append_encoded(self, records: Sequence[EncodedRecord]) -> list[AppendResult]:
+        """As :meth:`append`: the properties decoded back into each message (this store keeps
+        messages, not records)."""
+        messages = []
+        for topic, queue_id, born_timestamp, born_host, body, properties, _, _ in records:
+            check_encoded(
+                topic, queue_id, body, properties, self._max_body_size, MAX_PROPERTIES_SIZE
+            )
+            messages.append(
+                Message(
+                    topic=topic,
+                    body=body,
+                    queue_id=queue_id,
+                    properties=record.decode_properties(properties),
+                    born_timestamp=born_timestamp,
+                    born_host=born_host,
+                )
+            )
+        return self.append(messages)
+
     def append(self, messages: Sequence[Message]) -> list[AppendResult]:
         prepared = []
         for message in messages:

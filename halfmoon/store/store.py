@@ -30,6 +30,7 @@ from halfmoon.errors import NotFound, StorageError
 from halfmoon.store import record
 from halfmoon.store.api import (
     AppendResult,
+    EncodedRecord,
     GetResult,
     GetStatus,
     MessagePredicate,
@@ -78,6 +79,7 @@ from halfmoon.store.truncation import (
 from halfmoon.store.validate import (
     IllegalMessageField,
     MessageBodyTooLarge,
+    check_encoded,
     check_message,
     check_ranges,
 )
@@ -272,10 +274,39 @@ class MessageStore:
             prepared.append((buffer, message.topic, message.queue_id, tag, keys))
         return prepared
 
+    def _prepare_encoded(self, records: Sequence[EncodedRecord]) -> list[_Prepared]:
+        """:meth:`_prepare` for messages whose properties are already encoded."""
+        body_limit, properties_limit = self._body_limit, self.config.max_properties_size
+        store_host = self.config.store_host
+        prepared: list[_Prepared] = []
+        for topic, queue_id, born_timestamp, born_host, body, properties, tag, keys in records:
+            check_encoded(topic, queue_id, body, properties, body_limit, properties_limit)
+            try:
+                buffer = record.encode_unsealed_plain(
+                    topic, queue_id, born_timestamp, born_host, body, properties, store_host
+                )
+            except (struct.error, ValueError, TypeError, OverflowError, AttributeError) as exc:
+                raise IllegalMessageField(f"message cannot be encoded: {exc}") from None
+            if len(buffer) > self._record_limit:
+                raise MessageBodyTooLarge(
+                    f"the record of {len(buffer)} bytes does not fit in a commit-log segment of "
+                    f"{self._record_limit} bytes; send a smaller message or raise segment_size"
+                )
+            prepared.append((buffer, topic, queue_id, _cached_tag_hash(tag), keys))
+        return prepared
+
     def append(self, messages: Sequence[Message]) -> list[AppendResult]:
         if not messages:
             return []
-        prepared = self._prepare(messages)
+        return self._write(self._prepare(messages))
+
+    def append_encoded(self, records: Sequence[EncodedRecord]) -> list[AppendResult]:
+        if not records:
+            return []
+        return self._write(self._prepare_encoded(records))
+
+    def _write(self, prepared: list[_Prepared]) -> list[AppendResult]:
+        """The locked part of an append: seal and write each record, dispatch it."""
         results: list[AppendResult] = []
         write = self._commitlog.write_record
         queue_put = self._queues.put
