@@ -30,6 +30,7 @@ from halfmoon.broker.facade import Broker
 from halfmoon.cluster import peer_tls
 from halfmoon.cluster.auth_store import EtcdAuthStore, cluster_guard
 from halfmoon.cluster.cluster_broker import ClusterBroker
+from halfmoon.cluster.command_relay import CommandRelay, VerifyRequest
 from halfmoon.cluster.etcd import EtcdClient
 from halfmoon.cluster.etcd_json import parse_coordinator
 from halfmoon.cluster.members import read_members
@@ -45,6 +46,8 @@ from halfmoon.config import Config
 from halfmoon.errors import HalfmoonError
 from halfmoon.metrics import default_registry
 from halfmoon.server.app import configure_logging, serve_front_end
+from halfmoon.server.client_commands import ClientAnswer, ClientNotConnected
+from halfmoon.server.direct_consume import consume_here
 from halfmoon.server.edge_security import check_exposure
 from halfmoon.server.telemetry import ClientRegistry
 
@@ -70,14 +73,36 @@ class ProxyMembers:
     """The cluster's members for the proxy's admin API."""
 
     def __init__(
-        self, broker: ClusterBroker, identity: ProxyIdentity, directory: SessionDirectory
+        self,
+        broker: ClusterBroker,
+        identity: ProxyIdentity,
+        directory: SessionDirectory,
+        relay: CommandRelay,
     ) -> None:
         self.directory = directory
+        self.relay = relay
         self.broker = broker
         self.identity = identity
 
     async def sessions(self) -> list[dict[str, Any]]:
         return await self.directory.all_sessions()
+
+    async def consume_elsewhere(
+        self, client_id: str, group: str, message_id: str, topic: str, timeout_s: float
+    ) -> ClientAnswer:
+        """consumeMessageDirectly by a client of another worker, relayed to that worker."""
+        holders = [
+            s["worker"]
+            for s in await self.directory.elsewhere(client_id)
+            if s.get("group") == group and s.get("stream") and isinstance(s.get("worker"), str)
+        ]
+        if not holders:
+            raise ClientNotConnected(
+                f"no consumer {client_id!r} of group {group!r} is connected to any proxy of "
+                f"the cluster: list them with 'halfmoon consumer status {group}'"
+            )
+        request = VerifyRequest(client_id, group, message_id, topic, timeout_s)
+        return await self.relay.forward(holders[0], request)
 
     def member(self, name: str) -> Broker:
         return self.broker.broker(name)
@@ -144,6 +169,20 @@ async def serve_cluster_proxy(
     broker = ClusterBroker(view, ClusterMetadata(client, identity.cluster), loop)
     registry = ClientRegistry()  # published for every proxy's admin API (session_directory)
     directory = SessionDirectory(client, identity.cluster, identity.name, registry, identity.ttl_s)
+
+    async def execute(request: VerifyRequest) -> ClientAnswer:
+        return await consume_here(
+            registry,
+            broker,
+            request.client_id,
+            request.group,
+            request.message_id,
+            request.topic,
+            request.timeout_s,
+        )
+
+    # Runs what other workers relay to this one's clients (message get --client).
+    relay = CommandRelay(client, identity.cluster, directory.worker, execute)
     replication = replication_collector(client.endpoints, identity.cluster)
     default_registry().add_collector(replication)
     try:
@@ -162,6 +201,7 @@ async def serve_cluster_proxy(
                 ttl_s=identity.ttl_s,
             )
             await member.start()
+        await relay.start()  # before the directory names this worker as a client's holder
         await directory.start()
         await serve_front_end(
             config,
@@ -171,7 +211,7 @@ async def serve_cluster_proxy(
             started=started,
             source=f"cluster={identity.cluster} proxy={identity.name}",
             reuse_port=reuse_port,
-            cluster=ProxyMembers(broker, identity, directory),
+            cluster=ProxyMembers(broker, identity, directory, relay),
             registry=registry,
             guard=guard,
             on_reload=peer_tls.reload,
@@ -181,6 +221,7 @@ async def serve_cluster_proxy(
         if auth_follower is not None:
             auth_follower.cancel()
         await directory.stop()
+        await relay.stop()
         if member is not None:
             await member.stop()
         if follower is not None:

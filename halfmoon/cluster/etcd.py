@@ -14,7 +14,7 @@ compare-and-swaps, which they re-read on doubt.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -261,7 +261,7 @@ class EtcdClient:
 
     async def watch_prefix(
         self, prefix: str, start_revision: int, *, progress_notify: bool = True
-    ) -> AsyncIterator[WatchBatch]:
+    ) -> AsyncGenerator[WatchBatch, None]:
         """Every change under ``prefix`` from ``start_revision`` on, as etcd reports them.
 
         The first batch (no events) confirms the watch is in place. Raises

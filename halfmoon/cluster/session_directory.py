@@ -7,7 +7,9 @@ would see only the clients of the worker that happens to answer. Each worker
 therefore publishes its sessions in etcd, one key per worker
 (``/halfmoon-sessions/<cluster>/<proxy>/<pid>``) under a lease of its own, so
 a worker that dies takes its entry with it within the lease's time; any
-worker answers with its own live sessions plus everyone else's entries.
+worker answers with its own live sessions plus everyone else's entries. The
+entries also say which worker holds a client's stream, where a command for
+that client is relayed (:mod:`halfmoon.cluster.command_relay`).
 
 The entries live beside the cluster's keys, not under them: proxies and
 brokers watch the cluster's prefix, and a client connecting should not wake
@@ -84,11 +86,26 @@ class SessionDirectory:
         own = self.local()
         seen = {s["client_id"] for s in own}
         try:
-            entries, _revision = await self._client.get_prefix(self.prefix)
+            published = await self._published()
         except _ETCD_FAILURES as error:
             log.warning("event=session_directory_unreadable error=%s", error)
             return own
         others: list[dict[str, Any]] = []
+        for session in published:
+            if session.get("client_id") not in seen:
+                seen.add(session.get("client_id"))
+                others.append(session)
+        return own + others
+
+    async def elsewhere(self, client_id: str) -> list[dict[str, Any]]:
+        """The sessions other workers published for ``client_id`` (a client given several
+        endpoints may hold one on each), each with its ``worker``; etcd errors raise."""
+        return [s for s in await self._published() if s.get("client_id") == client_id]
+
+    async def _published(self) -> list[dict[str, Any]]:
+        """Every other worker's published sessions, in key order (unreadable entries skipped)."""
+        entries, _revision = await self._client.get_prefix(self.prefix)
+        sessions: list[dict[str, Any]] = []
         for kv in entries:
             if kv.key == self.key:
                 continue
@@ -97,10 +114,9 @@ class SessionDirectory:
             except ValueError:
                 continue
             for session in published if isinstance(published, list) else ():
-                if isinstance(session, dict) and session.get("client_id") not in seen:
-                    seen.add(session.get("client_id"))
-                    others.append(session)
-        return own + others
+                if isinstance(session, dict):
+                    sessions.append(session)
+        return sessions
 
     async def _publish(self, sessions: list[dict[str, Any]]) -> None:
         value = json.dumps(sessions, sort_keys=True).encode()

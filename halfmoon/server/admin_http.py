@@ -24,6 +24,7 @@ from halfmoon.broker.groups import GroupConfig
 from halfmoon.config import Config
 from halfmoon.errors import HalfmoonError, InvalidArgument, NotFound
 from halfmoon.metrics import MetricsRegistry
+from halfmoon.server.client_commands import ClientAnswer
 from halfmoon.server.telemetry import ClientRegistry
 
 BROKER_KEY: web.AppKey[Broker] = web.AppKey("broker")
@@ -39,6 +40,14 @@ class ClusterMembers(Protocol):
     async def sessions(self) -> list[dict[str, Any]]:
         """Every proxy worker's connected clients (:meth:`ClientSession.listing`, each with
         the ``worker`` it is connected to): a client's session lives on one worker only."""
+        ...
+
+    async def consume_elsewhere(
+        self, client_id: str, group: str, message_id: str, topic: str, timeout_s: float
+    ) -> ClientAnswer:
+        """consumeMessageDirectly by a client connected to another proxy worker: that worker
+        sends the command on the client's stream and its answer comes back (or its error:
+        ClientNotConnected when no worker holds the client, ClientDidNotAnswer, ...)."""
         ...
 
     def member(self, name: str) -> Broker:

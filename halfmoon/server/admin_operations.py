@@ -20,7 +20,9 @@ cloneGroupOffset, cleanUnusedTopic, and queryMsgByUniqueKey -g -d: consumeMessag
     POST  /v1/groups/{group}/reset-offset   {"topic", "timestamp_ms"}: new offset per queue
     POST  /v1/groups/{group}/clone-offset   {"to", "topic"?}: the group's offsets onto another
     POST  /v1/messages/{id}/consume         {"group", "client_id"}: a connected consumer
-                                            consumes the message again, now (its answer)
+                                            consumes the message again, now (its answer;
+                                            in cluster mode relayed to the proxy worker
+                                            holding the client: cluster/command_relay.py)
 
 Runtime changes last until the process stops (put them in the configuration
 file to keep them); all keys of one request are checked before any applies.
@@ -57,8 +59,7 @@ from halfmoon.server.admin_http import (
     reply,
     take,
 )
-from halfmoon.server.client_commands import ClientNotConnected
-from halfmoon.server.convert import wire_message
+from halfmoon.server.direct_consume import holds, stored_message, verify_here
 from halfmoon.server.telemetry import LISTING_FIELDS, ClientRegistry, consumers_of, producers_of
 
 # Keys the broker reads each time it uses them, so a change takes effect at once.
@@ -392,19 +393,15 @@ async def consume_directly(request: web.Request) -> web.Response:
     message_id = request.match_info["message_id"]
     broker = broker_of(request)
     await call(existing_group, broker, group)
-    found = await call(broker.messages_by_id, message_id, topic)
-    # A dead-letter copy keeps the id: prefer the message in its own topic.
-    view = next((m for m in found if "%DLQ%" not in m.topic), found[0])
+    view = await stored_message(broker, message_id, topic)
     clients = request.app.get(CLIENTS_KEY)
-    session = clients.get(client_id) if clients is not None else None
-    if clients is None or session is None or session.group != group:
-        raise ClientNotConnected(
-            f"no consumer {client_id!r} of group {group!r} is connected here: list them with "
-            f"'halfmoon consumer status {group}'"
+    cluster = request.app.get(CLUSTER_KEY)
+    if cluster is None or holds(clients, client_id, group):
+        answer = await verify_here(clients, client_id, group, view, timeout_ms / 1000)
+    else:  # the client's stream is on another proxy worker, if anywhere
+        answer = await cluster.consume_elsewhere(
+            client_id, group, message_id, view.topic, timeout_ms / 1000
         )
-    answer = await clients.replies.verify_message(
-        clients.send_command, client_id, wire_message(view), timeout_ms / 1000
-    )
     return reply(
         {
             "message_id": message_id,

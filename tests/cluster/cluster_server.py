@@ -29,12 +29,19 @@ class ClusterProxy(ServerProcess):
     """One ``halfmoon proxy --cluster`` process."""
 
     def __init__(
-        self, data_dir: Path, etcd: EtcdServer, cluster: str, workers: int = 1, **kwargs: object
+        self,
+        data_dir: Path,
+        etcd: EtcdServer,
+        cluster: str,
+        workers: int = 1,
+        lease_ttl: int = 2,
+        **kwargs: object,
     ) -> None:
         super().__init__(data_dir, **kwargs)  # type: ignore[arg-type]
         self.etcd = etcd
         self.cluster = cluster
         self.workers = workers
+        self.lease_ttl = lease_ttl
 
     @property
     def address(self) -> str:
@@ -46,7 +53,7 @@ class ClusterProxy(ServerProcess):
             "--coordinator", self.etcd.url,
             "--cluster", self.cluster,
             "--name", f"proxy-{self.grpc_port}",
-            "--lease-ttl", "2",
+            "--lease-ttl", str(self.lease_ttl),
             "--listen", self.address,
             "--admin-listen", f"127.0.0.1:{self.admin_port}",
             "--workers", str(self.workers),
