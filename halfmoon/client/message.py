@@ -116,37 +116,38 @@ def to_timestamp(ms: int) -> timestamp_pb2.Timestamp:
     return timestamp_pb2.Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
 
 
+# Built once: ``WireType.values()`` builds a list and ``WireType.Name`` looks the name up, per call.
+_WIRE_TYPE_NAMES = {value.number: value.name for value in WireType.DESCRIPTOR.values}
+
+
 def view_of(message: pb.Message, endpoint: str = "") -> MessageView:
     """The :class:`MessageView` of a wire message."""
     sp = message.system_properties
     properties = dict(message.user_properties)
-    properties.pop(_SHARDING_KEY, None)
+    if _SHARDING_KEY in properties:
+        del properties[_SHARDING_KEY]
     transaction_id = properties.pop(_TRANSACTION_ID, "")
+    born, stored = sp.born_timestamp, sp.store_timestamp
+    # Positional, in field order: a view per received message (a producer gets one per check).
     return MessageView(
-        topic=message.topic.name,
-        body=message.body,
-        message_id=sp.message_id,
-        tag=sp.tag if sp.HasField("tag") and sp.tag else None,
-        keys=list(sp.keys),
-        properties=properties,
-        message_group=sp.message_group
-        if sp.HasField("message_group") and sp.message_group
-        else None,
-        delivery_timestamp=timestamp_ms(sp.delivery_timestamp)
-        if sp.HasField("delivery_timestamp")
-        else None,
-        born_timestamp=timestamp_ms(sp.born_timestamp),
-        store_timestamp=timestamp_ms(sp.store_timestamp),
-        born_host=sp.born_host,
-        queue_id=sp.queue_id,
-        queue_offset=sp.queue_offset,
-        delivery_attempt=sp.delivery_attempt,
-        message_type=WireType.Name(sp.message_type)
-        if sp.message_type in WireType.values()
-        else "NORMAL",
-        receipt_handle=sp.receipt_handle if sp.HasField("receipt_handle") else None,
-        endpoint=endpoint,
-        transaction_id=transaction_id,
+        message.topic.name,
+        message.body,
+        sp.message_id,
+        sp.tag or None,  # unset and empty alike
+        list(sp.keys),
+        properties,
+        sp.message_group or None,
+        timestamp_ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None,
+        born.seconds * 1000 + born.nanos // 1_000_000,
+        stored.seconds * 1000 + stored.nanos // 1_000_000,
+        sp.born_host,
+        sp.queue_id,
+        sp.queue_offset,
+        sp.delivery_attempt,
+        _WIRE_TYPE_NAMES.get(sp.message_type, "NORMAL"),
+        sp.receipt_handle if sp.HasField("receipt_handle") else None,
+        endpoint,
+        transaction_id,
     )
 
 

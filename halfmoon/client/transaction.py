@@ -238,10 +238,11 @@ class TransactionProducer(Producer):
             return
         recover = command.recover_orphaned_transaction_command
         self.checks_received += 1
-        if recover.transaction_id in self._held:
+        transaction_id = recover.transaction_id
+        if transaction_id in self._held:
             return  # asked again before we answered: the answer on its way serves both
-        self._held.add(recover.transaction_id)
-        self._check_queue.put_nowait((view_of(recover.message, endpoint), recover.transaction_id))
+        self._held.add(transaction_id)
+        self._check_queue.put_nowait((view_of(recover.message, endpoint), transaction_id))
         if not self._workers:
             self._workers = [
                 asyncio.create_task(self._check_worker(), name=f"halfmoon-check-{i}")
@@ -285,8 +286,25 @@ class TransactionProducer(Producer):
             log.warning("event=check_failed transaction_id=%s error=%r", transaction_id, exc)
 
 
+# Listener methods (their functions) -> async? ``inspect.iscoroutinefunction`` per check shows.
+_IS_ASYNC: dict[object, bool] = {}
+
+
+def _is_async(fn: Any) -> bool:
+    key = getattr(fn, "__func__", fn)
+    try:
+        found = _IS_ASYNC.get(key)
+    except TypeError:  # an unhashable callable
+        return inspect.iscoroutinefunction(fn)
+    if found is None:
+        if len(_IS_ASYNC) >= 1024:
+            _IS_ASYNC.clear()
+        found = _IS_ASYNC[key] = inspect.iscoroutinefunction(fn)
+    return found
+
+
 async def _call(fn: Any, *args: Any) -> TransactionResolution:
-    if inspect.iscoroutinefunction(fn):
+    if _is_async(fn):
         result = await fn(*args)
     else:
         result = await asyncio.to_thread(fn, *args)

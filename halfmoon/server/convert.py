@@ -251,12 +251,23 @@ def wire_message(view: MessageView, store_host: str = "") -> pb.Message:
     stored property outside its system set to the client, and these two are
     outside it, so the official clients show them.
     """
+    message = pb.Message()
+    fill_wire_message(message, view, store_host)
+    return message
+
+
+def fill_wire_message(message: pb.Message, view: MessageView, store_host: str = "") -> None:
+    """:func:`wire_message` written into ``message`` (a fresh one, or a field of a larger
+    message: a check command holds its message in place of a copy)."""
     body = view.body
-    message = pb.Message(
-        topic=ns.resource(view.topic),
-        user_properties=view.properties,
-        body=body,
-    )
+    namespace, name = ns.split(view.topic)
+    topic = message.topic
+    topic.name = name
+    if namespace:
+        topic.resource_namespace = namespace
+    if view.properties:
+        message.user_properties.update(view.properties)
+    message.body = body
     if view.message_group:
         message.user_properties[PROPERTY_MESSAGE_GROUP] = view.message_group
     if view.transaction_id:
@@ -296,7 +307,6 @@ def wire_message(view: MessageView, store_host: str = "") -> pb.Message:
         sp.priority = view.priority
     if view.lite_topic is not None:
         sp.lite_topic = view.lite_topic
-    return message
 
 
 def _set_timestamp(ts: timestamp_pb2.Timestamp, ms: int) -> None:

@@ -27,9 +27,10 @@ from typing import Any
 
 from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
+from halfmoon.broker.message import MessageView
 from halfmoon.server.check_pacing import OutstandingChecks
 from halfmoon.server.client_commands import PendingReplies
-from halfmoon.server.convert import wire_message
+from halfmoon.server.convert import fill_wire_message
 
 log = logging.getLogger("halfmoon.server.telemetry")
 
@@ -363,6 +364,16 @@ def recover_orphaned_transaction_command(
     )
 
 
+def check_command(view: MessageView, transaction_id: str) -> service_pb2.TelemetryCommand:
+    """:func:`recover_orphaned_transaction_command` for the half message ``view``, its wire
+    message written in place (passing a built one in copies it, once per enclosing message)."""
+    command = service_pb2.TelemetryCommand()
+    recover = command.recover_orphaned_transaction_command
+    recover.transaction_id = transaction_id
+    fill_wire_message(recover.message, view)
+    return command
+
+
 class TelemetryCheckSender:
     """The broker's transaction CheckSender: asks a live producer over its telemetry stream.
 
@@ -522,7 +533,7 @@ class TelemetryCheckSender:
             return []
         commands = [
             (
-                recover_orphaned_transaction_command(wire_message(c.message), c.transaction_id),
+                check_command(c.message, c.transaction_id),
                 c.topic,
                 c.producer_group,
                 c.transaction_id,

@@ -219,3 +219,16 @@ def test_the_snapshot_holds_only_what_is_pending(real_broker: OpenBroker, tmp_pa
     data = json.loads((tmp_path / "meta" / "transactions.json").read_text())
     assert [p[0] for p in data["pending"]] == [decode_transaction_id(results[-1].transaction_id)]
     assert data["half_next"] == 50 and data["op_next"] == 0  # commits need no op record
+
+
+def test_the_snapshot_is_compact_json(real_broker: OpenBroker, tmp_path: Path) -> None:
+    broker = real_broker()
+    broker.create_topic("orders", MessageType.TRANSACTION, queue_count=2)
+    results = halves(broker, b"a", b"b", b"c")
+    broker.transactions.park(decode_transaction_id(results[1].transaction_id))
+    broker.close()
+    text = (tmp_path / "meta" / "transactions.json").read_text()
+    data = json.loads(text)
+    assert text == json.dumps(data, separators=(",", ":"))
+    assert data["version"] == 1
+    assert [p[1:] for p in data["pending"]] == [[0, 0], [0, 1], [0, 0]]  # checks, parked

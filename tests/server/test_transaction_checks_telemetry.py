@@ -120,3 +120,35 @@ def test_a_batch_goes_in_one_hop_and_says_which_checks_were_taken() -> None:
 def test_no_event_loop_means_nothing_was_taken() -> None:
     sender = TelemetryCheckSender(ClientRegistry())  # not serving: no loop bound
     assert sender.send_checks([CheckRequest("pg", "orders", view(), "T1")]) == [False]
+
+
+def test_a_check_command_is_the_half_message_as_wire_message_builds_it() -> None:
+    # check_command writes the wire message in place; what the producer reads is unchanged.
+    from halfmoon.server.convert import wire_message
+    from halfmoon.server.telemetry import check_command, recover_orphaned_transaction_command
+
+    plain = view()
+    full = MessageView(
+        topic="ns1%orders",
+        queue_id=3,
+        queue_offset=17,
+        message_id="01ABCDEF",
+        body=b"x" * 1024,
+        tag="tagA",
+        keys=["k1", "k2"],
+        properties={"a": "1", "b": "2"},
+        message_type=MessageType.TRANSACTION,
+        message_group="g1",
+        delivery_timestamp=1_700_000_005_000,
+        born_timestamp=1_700_000_000_123,
+        born_host="10.0.0.1:1",
+        store_timestamp=1_700_000_000_124,
+        store_host="10.0.0.2:8081",
+        commit_log_offset=99,
+        transaction_id="T42",
+        priority=2,
+    )
+    for v in (plain, full):
+        built = check_command(v, "T42").SerializeToString(deterministic=True)
+        expected = recover_orphaned_transaction_command(wire_message(v), "T42")
+        assert built == expected.SerializeToString(deterministic=True)
