@@ -8,7 +8,6 @@ fast an ACL change reaches the other proxy.
 
 from __future__ import annotations
 
-import itertools
 import secrets
 import time
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ from rocketmq.v5.exception import ForbiddenException
 
 from halfmoon.auth import signature
 from tests.cluster.cluster_server import ClusterProxy, ClusterServer
-from tests.server.conftest import audit_denials
+from tests.server.conftest import audit_denials, unique
 from tests.server.test_transactions_official_python import (
     CHECK_MAX,
     TRANSACTION_SETTINGS,
@@ -45,11 +44,6 @@ ROOT = ("root", "root-secret-key")
 ALICE = ("alice", "alice-secret-key")
 MALLORY = ("mallory", "mallory-secret-key")
 PROPAGATION_BOUND_S = 1.0
-_names = itertools.count()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
 
 
 @pytest.fixture(scope="module")

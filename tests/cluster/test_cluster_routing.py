@@ -8,7 +8,6 @@ endpoints.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import subprocess
 import sys
@@ -31,24 +30,7 @@ from halfmoon.cluster.etcd import EtcdClient
 from halfmoon.cluster.metadata import ClusterMetadata
 from halfmoon.cluster.placement import ClusterTopic
 from tests.cluster.cluster_server import ClusterProxy, ClusterServer, wait_until
-from tests.server.conftest import ROOT
-
-_names = itertools.count()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterServer]:
-    """One cluster for the tests that kill nothing."""
-    server = ClusterServer(tmp_path_factory.mktemp("cluster")).start()
-    try:
-        yield server
-    finally:
-        if server.alive():
-            server.stop()
+from tests.server.conftest import ROOT, unique
 
 
 @pytest.fixture

@@ -11,14 +11,11 @@ a killed owner ends in PROXY_WORKER_DID_NOT_ANSWER within the deadline.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, SimpleConsumer
 
 from halfmoon.client import (
@@ -31,23 +28,7 @@ from halfmoon.client import (
 )
 from halfmoon.cluster.command_relay import FORWARD_MARGIN_S
 from tests.cluster.cluster_server import ClusterProxy, ClusterServer
-from tests.server.conftest import wait_until
-
-_names = itertools.count()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterServer]:
-    server = ClusterServer(tmp_path_factory.mktemp("relay")).start()
-    try:
-        yield server
-    finally:
-        if server.alive():
-            server.stop()
+from tests.server.conftest import unique, wait_until
 
 
 def topic_and_group(cluster: ClusterServer) -> tuple[str, str]:

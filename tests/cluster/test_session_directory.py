@@ -6,12 +6,8 @@ connects to the first proxy only, and the second proxy's admin API is asked.
 
 from __future__ import annotations
 
-import itertools
-import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from rocketmq import (
     ClientConfiguration,
     Credentials,
@@ -22,23 +18,7 @@ from rocketmq import (
 )
 
 from tests.cluster.cluster_server import ClusterProxy, ClusterServer
-from tests.server.conftest import wait_until
-
-_names = itertools.count()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterServer]:
-    server = ClusterServer(tmp_path_factory.mktemp("sessions")).start()
-    try:
-        yield server
-    finally:
-        if server.alive():
-            server.stop()
+from tests.server.conftest import unique, wait_until
 
 
 def _first_proxy_only(cluster: ClusterServer) -> ClientConfiguration:

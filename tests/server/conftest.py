@@ -9,6 +9,7 @@ startup costs); tests that restart or kill it start their own.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -228,6 +229,15 @@ def server_factory(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     yield make
     for proc in started:
         proc.kill()
+
+
+_names = itertools.count()
+
+
+def unique(prefix: str) -> str:
+    """A name no earlier test or run used (topics and groups outlive a test on a shared
+    server): a counter, and the milliseconds of the day."""
+    return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
 
 
 def wait_until(

@@ -8,7 +8,6 @@ client cannot be made to send (stale and replayed signatures).
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Iterator
 
@@ -29,7 +28,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from rocketmq.v5.exception import ForbiddenException
 
 from halfmoon.auth import signature
-from tests.server.conftest import ServerProcess, audit_denials
+from tests.server.conftest import ServerProcess, audit_denials, unique
 from tests.server.test_transactions_official_python import TRANSACTION_SETTINGS, StatusChecker
 
 pytestmark = pytest.mark.slow
@@ -37,11 +36,6 @@ pytestmark = pytest.mark.slow
 ROOT = ("root", "root-secret-key")
 ALICE = ("alice", "alice-secret-key")
 MALLORY = ("mallory", "mallory-secret-key")  # Sub on allowed-*, Pub nowhere
-_names = itertools.count()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ as RocketMQ needs ``updateSubGroup -o true``.
 from __future__ import annotations
 
 import collections
-import itertools
 import threading
 import time
 
@@ -38,7 +37,7 @@ from rocketmq import (
 
 from tests.cluster.cluster_server import ClusterServer
 from tests.cluster.proxied_server import ProxiedServer
-from tests.server.conftest import ServerProcess, wait_until
+from tests.server.conftest import ServerProcess, unique, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -48,11 +47,6 @@ SETTINGS = (
     "transaction.check_interval_ms=250ms",
     "transaction.check_max=5",
 )
-_names = itertools.count()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
 
 
 @pytest.fixture(scope="module", params=["local", "proxy", "cluster"])

@@ -8,7 +8,6 @@ while the broker stores ``namespace%name`` as RocketMQ does.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 
@@ -28,16 +27,11 @@ from rocketmq import (
 )
 from rocketmq.grpc_protocol import TransactionSource
 
-from tests.server.conftest import ServerProcess, wait_until
+from tests.server.conftest import ServerProcess, unique, wait_until
 
 pytestmark = pytest.mark.slow
 
 UNKNOWN = TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED
-_names = itertools.count()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
 
 
 @pytest.fixture(scope="module")

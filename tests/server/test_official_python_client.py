@@ -8,7 +8,6 @@ and through a ``halfmoon proxy`` in front of a ``halfmoon broker`` process
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import threading
 import time
@@ -33,15 +32,9 @@ from rocketmq.v5.exception import BadRequestException, NotFoundException
 
 from tests.cluster.cluster_server import ClusterServer
 from tests.cluster.proxied_server import ProxiedServer
-from tests.server.conftest import ServerProcess, wait_until
+from tests.server.conftest import ServerProcess, unique, wait_until
 
 pytestmark = pytest.mark.slow
-
-_names = itertools.count()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
 
 
 def config(server: ServerProcess) -> ClientConfiguration:

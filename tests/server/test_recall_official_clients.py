@@ -9,7 +9,6 @@ brokers, two proxies: the recall handle names the broker holding the message).
 
 from __future__ import annotations
 
-import itertools
 import time
 from typing import Any
 
@@ -24,7 +23,7 @@ from rocketmq import (
 )
 from rocketmq.v5.exception import BadRequestException
 
-from tests.server.conftest import ServerProcess
+from tests.server.conftest import ServerProcess, unique
 from tests.server.test_official_node_client import (  # noqa: F401 - fixtures
     _check_consumer,
     _fail,
@@ -36,11 +35,6 @@ from tests.server.test_official_node_client import (  # noqa: F401 - fixtures
 pytestmark = pytest.mark.slow
 
 DELAY_S = 3
-_names = itertools.count()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
 
 
 def _delay_message(topic: str, body: str, deliver_at_s: int) -> Message:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import itertools
 import json
 import os
 import subprocess
@@ -37,7 +36,7 @@ from rocketmq import (
 )
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
-from tests.server.conftest import ROOT, ServerProcess, wait_until
+from tests.server.conftest import ROOT, ServerProcess, unique, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +49,6 @@ SETTINGS = (
     "transaction.check_max=8",
     "transaction.snapshot_interval_ms=200ms",
 )
-_names = itertools.count()
 
 # The producer that dies: sends half messages, prints their ids, commits the first
 # `commit` of them, then waits to be killed without deciding the rest.
@@ -82,10 +80,6 @@ for i in range(count):
 print("SENT", flush=True)
 sys.stdin.read()  # until killed
 """
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
 
 
 class BodyChecker(TransactionChecker):

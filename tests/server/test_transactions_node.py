@@ -10,14 +10,12 @@ shared with ``test_official_node_client.py``.
 from __future__ import annotations
 
 import collections
-import itertools
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.server.conftest import ServerProcess, wait_until
+from tests.server.conftest import ServerProcess, unique, wait_until
 from tests.server.test_official_node_client import (  # noqa: F401 - fixtures
     OneProxyCluster,
     _fail,
@@ -34,11 +32,6 @@ SETTINGS = (
     "transaction.check_interval_ms=250ms",
     f"transaction.check_max={CHECK_MAX}",
 )
-_names = itertools.count()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
 
 
 @pytest.fixture(scope="module", params=["local", "cluster"])

@@ -9,7 +9,6 @@ check service's work happens within the test.
 from __future__ import annotations
 
 import collections
-import itertools
 import threading
 import time
 import urllib.request
@@ -28,7 +27,7 @@ from rocketmq import (
 from rocketmq.grpc_protocol import TransactionSource
 
 from tests.cluster.cluster_server import ClusterServer
-from tests.server.conftest import ServerProcess, wait_until
+from tests.server.conftest import ServerProcess, unique, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -43,12 +42,6 @@ TRANSACTION_SETTINGS = (
 UNKNOWN = TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED
 # A long poll that ends this long after the commit that should have woken it was not woken.
 WAKE_LIMIT_S = 2.0
-
-_names = itertools.count()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
 
 
 @pytest.fixture(scope="module", params=["local", "cluster"])
