@@ -156,6 +156,12 @@ class SendPath:
         for m in messages:
             if type(m) is not EncodedMessage:
                 return None
+            kind, group = m.message_type, m.message_group
+            if not (
+                (kind is MessageType.NORMAL and group is None)
+                or (kind is MessageType.FIFO and group)
+            ):
+                return None  # only plain messages are stored as they are (encoded.is_plain)
             check_topic_name(m.topic)  # remembered once legal: reserved names are refused
             topic = find(m.topic)
             if (
@@ -165,7 +171,6 @@ class SendPath:
                 or len(m.body) > max_body
             ):
                 return None
-            group = m.message_group
             if group is not None:
                 if len(group) > max_group:
                     return None

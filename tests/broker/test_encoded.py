@@ -164,3 +164,15 @@ def test_encoded_messages_cross_the_internal_protocol() -> None:
     message = encode_message(PLAIN[1])
     assert wire.decode(wire.encode([[message]])) == [[message]]
     assert message.to_outgoing() == PLAIN[1]
+
+
+def test_an_encoding_claiming_another_type_goes_the_full_way(pair: tuple[Broker, Broker]) -> None:
+    """Only plain messages are stored as they are: an encoded message a peer marked as a delay
+    or transaction message is rebuilt and takes the full path (a half stays invisible)."""
+    _, encoded = pair
+    encoded.create_topic("tx", queue_count=1, message_type=MessageType.TRANSACTION)
+    half = encode_message(OutgoingMessage("tx", b"x", message_id="id-half"))
+    half.message_type = MessageType.TRANSACTION
+    result = encoded.send_nowait([half]).result[0]
+    assert result.transaction_id is not None  # stored as a half message, not a visible one
+    assert encoded.store.max_offset("tx", 0) == 0
