@@ -82,17 +82,20 @@ class EncodedMessage:
 SentMessage = OutgoingMessage | EncodedMessage
 
 
+def plain_type(kind: MessageType, group: str | None) -> bool:
+    """A normal message without a group, or a FIFO one with a usable group: the types whose
+    encoding the broker stores as it is (a peer's claim is checked again there)."""
+    return (kind is MessageType.NORMAL and group is None) or (
+        kind is MessageType.FIFO and group is not None and group.strip() != ""
+    )
+
+
 def is_plain(msg: OutgoingMessage) -> bool:
     """Whether ``msg`` can be sent encoded: what the short path stores as it is. A FIFO
     message without a usable group, or a normal one with a group, is left to the full path,
     which words the refusal."""
-    kind = msg.message_type
-    group = msg.message_group
     return (
-        (
-            (kind is MessageType.NORMAL and group is None)
-            or (kind is MessageType.FIFO and group is not None and group.strip() != "")
-        )
+        plain_type(msg.message_type, msg.message_group)
         and msg.delivery_timestamp is None
         and msg.priority is None
         and msg.lite_topic is None

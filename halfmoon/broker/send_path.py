@@ -9,7 +9,7 @@ from concurrent.futures import Future
 
 from halfmoon.broker.clock import Clock
 from halfmoon.broker.config import BrokerConfig
-from halfmoon.broker.encoded import EncodedMessage
+from halfmoon.broker.encoded import EncodedMessage, plain_type
 from halfmoon.broker.facade import Written
 from halfmoon.broker.lite import LiteTopics
 from halfmoon.broker.lite_names import split_lite_queue_topic
@@ -156,12 +156,9 @@ class SendPath:
         for m in messages:
             if type(m) is not EncodedMessage:
                 return None
-            kind, group = m.message_type, m.message_group
-            if not (
-                (kind is MessageType.NORMAL and group is None)
-                or (kind is MessageType.FIFO and group)
-            ):
-                return None  # only plain messages are stored as they are (encoded.is_plain)
+            group = m.message_group
+            if not plain_type(m.message_type, group):
+                return None  # only plain messages are stored as they are
             check_topic_name(m.topic)  # remembered once legal: reserved names are refused
             topic = find(m.topic)
             if (

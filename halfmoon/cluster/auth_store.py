@@ -152,7 +152,7 @@ class EtcdAuthStore(AuthStore):
     async def follow(self, client: EtcdClient) -> None:
         """List the document, watch it, adopt each change; forever (cancel to stop)."""
         # Imported here: the view imports this package's siblings, not the other way.
-        from halfmoon.cluster.view import _first_to_fail
+        from halfmoon.cluster.view import first_to_fail
 
         delay = RETRY_S
         while True:
@@ -165,7 +165,7 @@ class EtcdAuthStore(AuthStore):
                     self._offer(None, 0, revision)
                 self._heard = time.monotonic()
                 delay = RETRY_S
-                await _first_to_fail(self._watch(client, revision), self._heartbeat(client))
+                await first_to_fail(self._watch(client, revision), self._heartbeat(client))
             except (CoordinatorUnavailable, WatchCompacted) as error:
                 log.warning("event=auth_follow_interrupted error=%s", error)
             except Exception:  # a bug or an unreadable answer: log it, follow afresh

@@ -49,7 +49,7 @@ from halfmoon.cluster.errors import CoordinatorUnavailable
 from halfmoon.cluster.etcd import EtcdClient, WatchCompacted
 from halfmoon.cluster.etcd_json import EtcdRequestError
 from halfmoon.cluster.keys import ROOT, check_name
-from halfmoon.cluster.view import _first_to_fail
+from halfmoon.cluster.view import first_to_fail
 from halfmoon.errors import HalfmoonError
 from halfmoon.server.client_commands import ClientAnswer, ClientDidNotAnswer, ClientNotConnected
 
@@ -206,7 +206,7 @@ class CommandRelay:
                 for kv in kvs:
                     self._accept(kv.key, kv.value)
                 delay = RETRY_S
-                await _first_to_fail(self._watch(revision), self._heartbeat())
+                await first_to_fail(self._watch(revision), self._heartbeat())
             except (CoordinatorUnavailable, WatchCompacted) as error:
                 log.warning("event=command_relay_interrupted error=%s", error)
             except Exception:  # a bug or an unreadable answer: log it, follow afresh

@@ -157,7 +157,7 @@ class ClusterView:
             try:
                 await self._list()
                 delay = self.retry_s
-                await _first_to_fail(self._watch(), self._heartbeat())
+                await first_to_fail(self._watch(), self._heartbeat())
             except (CoordinatorUnavailable, WatchCompacted) as error:
                 if self.synced:
                     log.warning("event=view_unsynced prefix=%s error=%s", self.keys.prefix, error)
@@ -245,7 +245,7 @@ class ClusterView:
             self._changed.notify_all()
 
 
-async def _first_to_fail(*jobs: Coroutine[Any, Any, None]) -> None:
+async def first_to_fail(*jobs: Coroutine[Any, Any, None]) -> None:
     """Run ``jobs`` until one ends; cancel the others; raise what that one raised."""
     tasks = [asyncio.ensure_future(job) for job in jobs]
     try:

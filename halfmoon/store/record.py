@@ -188,22 +188,19 @@ def encode_unsealed(
     props = (
         encode_properties(message.properties) if encoded_properties is None else encoded_properties
     )
-    if len(props) > MAX_PROPERTIES_BYTES:
-        raise ValueError("properties too long for the record format")
-    names = _names(message.topic, message.born_host, store_host)
-    body = message.body
-    head = _UNSEALED_HEADER.pack(
-        HEADER_SIZE + len(body) + len(names) + 2 + len(props),
-        MESSAGE_MAGIC,
+    return _pack_unsealed(
+        message.topic,
         message.queue_id,
         message.flags,
         message.sys_flag,
         message.born_timestamp,
+        message.born_host,
         message.reconsume_times,
         message.prepared_transaction_offset,
-        len(body),
+        message.body,
+        props,
+        store_host,
     )
-    return bytearray().join((head, body, names, _U16.pack(len(props)), props))
 
 
 def encode_unsealed_plain(
@@ -218,21 +215,39 @@ def encode_unsealed_plain(
     """:func:`encode_unsealed` of a message whose other header fields are zero (flags, system
     flag, reconsume times, prepared transaction offset: a producer's plain send), from its
     properties already encoded. Byte for byte what ``encode_unsealed`` makes of it."""
-    if len(properties) > MAX_PROPERTIES_BYTES:
+    return _pack_unsealed(
+        topic, queue_id, 0, 0, born_timestamp, born_host, 0, 0, body, properties, store_host
+    )
+
+
+def _pack_unsealed(
+    topic: str,
+    queue_id: int,
+    flags: int,
+    sys_flag: int,
+    born_timestamp: int,
+    born_host: str,
+    reconsume_times: int,
+    prepared_transaction_offset: int,
+    body: bytes,
+    props: bytes,
+    store_host: str,
+) -> bytearray:
+    if len(props) > MAX_PROPERTIES_BYTES:
         raise ValueError("properties too long for the record format")
     names = _names(topic, born_host, store_host)
     head = _UNSEALED_HEADER.pack(
-        HEADER_SIZE + len(body) + len(names) + 2 + len(properties),
+        HEADER_SIZE + len(body) + len(names) + 2 + len(props),
         MESSAGE_MAGIC,
         queue_id,
-        0,
-        0,
+        flags,
+        sys_flag,
         born_timestamp,
-        0,
-        0,
+        reconsume_times,
+        prepared_transaction_offset,
         len(body),
     )
-    return bytearray().join((head, body, names, _U16.pack(len(properties)), properties))
+    return bytearray().join((head, body, names, _U16.pack(len(props)), props))
 
 
 def seal(

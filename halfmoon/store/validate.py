@@ -72,20 +72,11 @@ def check_message(message: Message, max_body_size: int, max_properties_size: int
     legal, and the properties are checked on their encoded form (below).
     Anything unusual takes a slow path that names the exact problem.
     """
-    topic = message.topic
-    if topic not in _legal_topics:
-        _remember_topic(topic)
-    queue_id = message.queue_id
-    if type(queue_id) is not int or not 0 <= queue_id <= _MAX_I32:
-        raise IllegalQueueId(f"queue id must be an integer in [0, 2**31), got {queue_id!r}")
+    _check_place(message.topic, message.queue_id)
     body = message.body
     if type(body) is not bytes and not isinstance(body, bytes | bytearray | memoryview):
         raise IllegalMessageField(f"message body must be bytes, got {type(body).__name__}")
-    if len(body) > max_body_size:
-        raise MessageBodyTooLarge(
-            f"message body of {len(body)} bytes exceeds the limit of {max_body_size} bytes; "
-            "send a smaller body or raise max_body_size"
-        )
+    _check_body_size(body, max_body_size)
     properties = message.properties
     if not properties and type(properties) is dict:
         return b""
@@ -125,18 +116,27 @@ def check_encoded(
     max_properties_size: int,
 ) -> None:
     """:func:`check_message` for a message whose properties arrive already encoded."""
+    _check_place(topic, queue_id)
+    if type(body) is not bytes:
+        raise IllegalMessageField(f"message body must be bytes, got {type(body).__name__}")
+    _check_body_size(body, max_body_size)
+    check_encoded_properties(properties, max_properties_size)
+
+
+def _check_place(topic: str, queue_id: int) -> None:
+    """A legal topic (looked up in the names already found legal) and queue id."""
     if topic not in _legal_topics:
         _remember_topic(topic)
     if type(queue_id) is not int or not 0 <= queue_id <= _MAX_I32:
         raise IllegalQueueId(f"queue id must be an integer in [0, 2**31), got {queue_id!r}")
-    if type(body) is not bytes:
-        raise IllegalMessageField(f"message body must be bytes, got {type(body).__name__}")
+
+
+def _check_body_size(body: bytes | bytearray | memoryview, max_body_size: int) -> None:
     if len(body) > max_body_size:
         raise MessageBodyTooLarge(
             f"message body of {len(body)} bytes exceeds the limit of {max_body_size} bytes; "
             "send a smaller body or raise max_body_size"
         )
-    check_encoded_properties(properties, max_properties_size)
 
 
 def check_encoded_properties(properties: bytes, max_properties_size: int) -> None:
