@@ -44,6 +44,7 @@ log = logging.getLogger("halfmoon.cluster.membership")
 
 ROLES = {"broker": "brokers", "proxy": "proxies"}
 FACTS_EVERY_S = 30.0
+REGISTER_ATTEMPTS = 3  # reads and writes: a key moved by an expiring lease needs one more
 
 
 class Membership:
@@ -138,6 +139,19 @@ class Membership:
 
     async def _register(self) -> None:
         self._read_facts()
+        # A predecessor's lease can expire between the read and the write (a restart right
+        # after a crash), which moves the key under us: read again and retry. Only a key
+        # naming another endpoint under a live lease is another process.
+        for _ in range(REGISTER_ATTEMPTS - 1):
+            if await self._try_register():
+                return
+        if not await self._try_register():
+            raise MemberNameTaken(
+                f"{self.role} {self.name!r} was registered by another process just now"
+            )
+
+    async def _try_register(self) -> bool:
+        """One read-compare-write; False when the key changed between the read and the write."""
         existing = await self.client.get(self.key)
         if existing is not None and existing.lease:
             try:
@@ -162,9 +176,7 @@ class Membership:
         )
         if not result.succeeded:
             await self.client.revoke_lease(lease)
-            raise MemberNameTaken(
-                f"{self.role} {self.name!r} was registered by another process just now"
-            )
+            return False
         if existing is not None and existing.lease and existing.lease != lease:
             # Our predecessor's lease: revoking it deletes nothing of ours (the key moved to
             # the new lease) and leaves no lease behind to expire later.
@@ -172,6 +184,7 @@ class Membership:
         self.lease = lease
         self.registered = True
         log.info("event=registered key=%s lease=%x ttl_s=%d", self.key, lease, self.ttl_s)
+        return True
 
     async def _renew_forever(self) -> None:
         interval = self.ttl_s / 3

@@ -118,6 +118,36 @@ def test_a_second_process_cannot_take_a_live_members_name(
     assert entry(etcd, cluster_name, "b1")["endpoint"] == "127.0.0.1:1001"  # type: ignore[index]
 
 
+def test_a_predecessor_lease_expiring_during_registration_is_not_a_name_clash(
+    etcd: EtcdServer, cluster_name: str
+) -> None:
+    """The restarted member reads its crashed predecessor's key, then that lease expires
+    before the member writes: the key moved, but nobody else holds the name."""
+
+    class ExpiringBetweenReadAndWrite(EtcdClient):
+        expired = False
+
+        async def get(self, key: str):  # type: ignore[no-untyped-def]
+            kv = await super().get(key)
+            if kv is not None and kv.lease and not self.expired:
+                self.expired = True
+                await self.revoke_lease(kv.lease)  # what etcd does when the TTL runs out
+            return kv
+
+    async def scenario() -> None:
+        async with EtcdClient.from_url(etcd.url) as client:
+            crashed = Membership(client, cluster_name, "broker", "b1", "127.0.0.1:1", ttl_s=TTL)
+            await crashed._register()  # registered, then "killed": never renewed nor revoked
+        async with ExpiringBetweenReadAndWrite.from_url(etcd.url) as client:
+            restarted = Membership(client, cluster_name, "broker", "b1", "127.0.0.1:1", ttl_s=TTL)
+            await restarted.start()
+            assert client.expired
+            assert restarted.registered
+            await restarted.stop()
+
+    asyncio.run(scenario())
+
+
 def test_a_member_whose_lease_was_lost_registers_again(etcd: EtcdServer, cluster_name: str) -> None:
     async def scenario() -> None:
         async with EtcdClient.from_url(etcd.url) as client:
