@@ -28,7 +28,6 @@ applied), and the watch delivers whole documents in revision order.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -44,8 +43,9 @@ from halfmoon.auth.policy import PolicyEntry, Resource, User
 from halfmoon.auth.sealing import SecretBox
 from halfmoon.auth.store import AuthStore
 from halfmoon.cluster.errors import CoordinatorUnavailable
-from halfmoon.cluster.etcd import Compare, EtcdClient, WatchCompacted, get_op, put_op
+from halfmoon.cluster.etcd import Compare, EtcdClient, KeyValue, WatchBatch, get_op, put_op
 from halfmoon.cluster.etcd_json import b64, call_sync, header_revision, key_value
+from halfmoon.cluster.follow import follow_prefix
 from halfmoon.cluster.keys import ClusterKeys
 from halfmoon.config import ConfigError
 
@@ -53,8 +53,6 @@ log = logging.getLogger("halfmoon.cluster.auth")
 
 # A change retried this many times against concurrent writers before giving up.
 MAX_ATTEMPTS = 20
-RETRY_S = 0.2
-MAX_RETRY_S = 2.0
 T = TypeVar("T")
 
 
@@ -151,44 +149,32 @@ class EtcdAuthStore(AuthStore):
 
     async def follow(self, client: EtcdClient) -> None:
         """List the document, watch it, adopt each change; forever (cancel to stop)."""
-        # Imported here: the view imports this package's siblings, not the other way.
-        from halfmoon.cluster.view import first_to_fail
+        await follow_prefix(
+            client,
+            self.key,
+            what="auth",
+            listed=self._listed,
+            changed=self._changed_batch,
+            heard=self._note_heard,
+        )
 
-        delay = RETRY_S
-        while True:
-            try:
-                kvs, revision = await client.get_prefix(self.key)
-                found = [kv for kv in kvs if kv.key == self.key]
-                if found:
-                    self._offer(found[0].value, found[0].mod_revision, revision)
-                else:
-                    self._offer(None, 0, revision)
-                self._heard = time.monotonic()
-                delay = RETRY_S
-                await first_to_fail(self._watch(client, revision), self._heartbeat(client))
-            except (CoordinatorUnavailable, WatchCompacted) as error:
-                log.warning("event=auth_follow_interrupted error=%s", error)
-            except Exception:  # a bug or an unreadable answer: log it, follow afresh
-                log.exception("event=auth_follow_failed")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, MAX_RETRY_S)
+    def _note_heard(self) -> None:
+        self._heard = time.monotonic()
 
-    async def _watch(self, client: EtcdClient, revision: int) -> None:
-        async for batch in client.watch_prefix(self.key, revision + 1):
-            self._heard = time.monotonic()
-            for event in batch.events:
-                if event.kv.key != self.key:
-                    continue
-                raw = None if event.kind == "DELETE" else event.kv.value
-                stored_at = 0 if event.kind == "DELETE" else event.kv.mod_revision
-                self._offer(raw, stored_at, event.kv.mod_revision)
+    async def _listed(self, kvs: list[KeyValue], revision: int) -> None:
+        found = [kv for kv in kvs if kv.key == self.key]
+        if found:
+            self._offer(found[0].value, found[0].mod_revision, revision)
+        else:
+            self._offer(None, 0, revision)
 
-    async def _heartbeat(self, client: EtcdClient) -> None:
-        # A watch on a hung etcd waits silently; a failed ping starts the follower afresh.
-        while True:
-            await asyncio.sleep(1.0)
-            await client.ping(timeout_s=1.0)
-            self._heard = time.monotonic()
+    async def _changed_batch(self, batch: WatchBatch) -> None:
+        for event in batch.events:
+            if event.kv.key != self.key:
+                continue
+            raw = None if event.kind == "DELETE" else event.kv.value
+            stored_at = 0 if event.kind == "DELETE" else event.kv.mod_revision
+            self._offer(raw, stored_at, event.kv.mod_revision)
 
     # -- changes ---------------------------------------------------------------
 

@@ -46,10 +46,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from halfmoon.cluster.errors import CoordinatorUnavailable
-from halfmoon.cluster.etcd import EtcdClient, WatchCompacted
+from halfmoon.cluster.etcd import EtcdClient, KeyValue, WatchBatch
 from halfmoon.cluster.etcd_json import EtcdRequestError
+from halfmoon.cluster.follow import follow_prefix
 from halfmoon.cluster.keys import ROOT, check_name
-from halfmoon.cluster.view import first_to_fail
 from halfmoon.errors import HalfmoonError
 from halfmoon.server.client_commands import ClientAnswer, ClientDidNotAnswer, ClientNotConnected
 
@@ -62,8 +62,6 @@ REPLIES_ROOT = ROOT.rstrip("/") + "-replies/"
 FORWARD_MARGIN_S = 3.0
 MIN_LEASE_TTL_S = 2  # etcd refuses shorter leases
 HEARTBEAT_S = 1.0  # a watch on a hung etcd waits silently: ping it
-RETRY_S = 0.2
-MAX_RETRY_S = 2.0
 _ETCD_FAILURES = (HalfmoonError, EtcdRequestError, OSError, TimeoutError)
 
 
@@ -198,34 +196,26 @@ class CommandRelay:
 
     async def _follow(self) -> None:
         """List pending requests, watch for new ones; afresh after any interruption."""
-        delay = RETRY_S
-        while True:
-            try:
-                kvs, revision = await self._client.get_prefix(self.prefix)
-                self._seen &= {kv.key for kv in kvs}  # the others were deleted meanwhile
-                for kv in kvs:
-                    self._accept(kv.key, kv.value)
-                delay = RETRY_S
-                await first_to_fail(self._watch(revision), self._heartbeat())
-            except (CoordinatorUnavailable, WatchCompacted) as error:
-                log.warning("event=command_relay_interrupted error=%s", error)
-            except Exception:  # a bug or an unreadable answer: log it, follow afresh
-                log.exception("event=command_relay_failed")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, MAX_RETRY_S)
+        await follow_prefix(
+            self._client,
+            self.prefix,
+            what="command relay",
+            listed=self._listed,
+            changed=self._changed_batch,
+            heartbeat_s=HEARTBEAT_S,
+        )
 
-    async def _watch(self, revision: int) -> None:
-        async for batch in self._client.watch_prefix(self.prefix, revision + 1):
-            for event in batch.events:
-                if event.kind == "DELETE":
-                    self._seen.discard(event.kv.key)
-                else:
-                    self._accept(event.kv.key, event.kv.value)
+    async def _listed(self, kvs: list[KeyValue], revision: int) -> None:
+        self._seen &= {kv.key for kv in kvs}  # the others were deleted meanwhile
+        for kv in kvs:
+            self._accept(kv.key, kv.value)
 
-    async def _heartbeat(self) -> None:
-        while True:
-            await asyncio.sleep(HEARTBEAT_S)
-            await self._client.ping(timeout_s=HEARTBEAT_S)
+    async def _changed_batch(self, batch: WatchBatch) -> None:
+        for event in batch.events:
+            if event.kind == "DELETE":
+                self._seen.discard(event.kv.key)
+            else:
+                self._accept(event.kv.key, event.kv.value)
 
     def _accept(self, key: str, value: bytes) -> None:
         if key in self._seen:

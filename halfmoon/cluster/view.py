@@ -16,6 +16,10 @@ Algorithm (one task per view):
    etcd stays away). Meanwhile the cached map keeps answering: readers get
    the last view they had, marked ``synced = False``.
 
+Steps 1–4 are :func:`halfmoon.cluster.follow.follow_prefix`, shared with the
+other cached readers of etcd; this module is what the view does with what
+it hears.
+
 Readers never wait on etcd. :meth:`ClusterView.wait_for` lets a caller (or a
 test) wait, with a deadline, until the view satisfies a condition.
 """
@@ -26,21 +30,18 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from halfmoon.broker.groups import GroupConfig
 from halfmoon.cluster.errors import CoordinatorUnavailable
-from halfmoon.cluster.etcd import EtcdClient, WatchCompacted
+from halfmoon.cluster.etcd import EtcdClient, KeyValue, WatchBatch
+from halfmoon.cluster.follow import HEARTBEAT_S, MAX_RETRY_S, RETRY_S, follow_prefix
 from halfmoon.cluster.keys import ClusterKeys
 from halfmoon.cluster.placement import ClusterTopic
 
 log = logging.getLogger("halfmoon.cluster.view")
-
-RETRY_S = 0.2
-MAX_RETRY_S = 2.0
-HEARTBEAT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -152,39 +153,30 @@ class ClusterView:
     # The follower --------------------------------------------------------------------
 
     async def _follow(self) -> None:
-        delay = self.retry_s
-        while True:
-            try:
-                await self._list()
-                delay = self.retry_s
-                await first_to_fail(self._watch(), self._heartbeat())
-            except (CoordinatorUnavailable, WatchCompacted) as error:
-                if self.synced:
-                    log.warning("event=view_unsynced prefix=%s error=%s", self.keys.prefix, error)
-                self.synced = False
-                await self._notify()
-            except Exception:
-                # A bug or an answer we cannot read: log it and follow afresh, never stop.
-                log.exception("event=view_failed prefix=%s", self.keys.prefix)
-                self.synced = False
-                await self._notify()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, MAX_RETRY_S)
+        await follow_prefix(
+            self.client,
+            self.keys.prefix,
+            what="view",
+            listed=self._list,
+            changed=self._changed_batch,
+            lost=self._lost,
+            heartbeat_s=self.heartbeat_s,
+            retry_s=self.retry_s,
+            max_retry_s=MAX_RETRY_S,
+        )
 
-    async def _watch(self) -> None:
-        async for batch in self.client.watch_prefix(self.keys.prefix, self.revision + 1):
-            for event in batch.events:
-                self._apply(event.kind, event.kv.key, event.kv.value)
-            self.revision = max(self.revision, batch.revision)
-            await self._notify()
+    async def _lost(self, error: BaseException) -> None:
+        # The cached map keeps answering, marked stale, until the next listing.
+        self.synced = False
+        await self._notify()
 
-    async def _heartbeat(self) -> None:
-        while True:
-            await asyncio.sleep(self.heartbeat_s)
-            await self.client.ping(timeout_s=self.heartbeat_s)
+    async def _changed_batch(self, batch: WatchBatch) -> None:
+        for event in batch.events:
+            self._apply(event.kind, event.kv.key, event.kv.value)
+        self.revision = max(self.revision, batch.revision)
+        await self._notify()
 
-    async def _list(self) -> None:
-        kvs, revision = await self.client.get_prefix(self.keys.prefix)
+    async def _list(self, kvs: list[KeyValue], revision: int) -> None:
         fresh: dict[str, dict[str, Any]] = {kind: {} for kind in _PARSERS}
         group_keys: dict[str, Any] = {}
         for kv in kvs:
@@ -243,19 +235,6 @@ class ClusterView:
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
-
-
-async def first_to_fail(*jobs: Coroutine[Any, Any, None]) -> None:
-    """Run ``jobs`` until one ends; cancel the others; raise what that one raised."""
-    tasks = [asyncio.ensure_future(job) for job in jobs]
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    for task in done:
-        task.result()
 
 
 def _member(data: Any) -> dict[str, Any]:
