@@ -102,7 +102,17 @@ class ProxyMembers:
                 f"the cluster: list them with 'halfmoon consumer status {group}'"
             )
         request = VerifyRequest(client_id, group, message_id, topic, timeout_s)
-        return await self.relay.forward(holders[0], request)
+        # A client that moved to another worker stays listed on the one it left until
+        # that worker republishes (about a second) or its lease ends: a worker that says
+        # it no longer holds the client sends us to the next. Any other answer is final,
+        # so the client runs the command once at most and the caller's wait stays one
+        # relay's.
+        for holder in holders[:-1]:
+            try:
+                return await self.relay.forward(holder, request)
+            except ClientNotConnected:
+                continue
+        return await self.relay.forward(holders[-1], request)
 
     def member(self, name: str) -> Broker:
         return self.broker.broker(name)

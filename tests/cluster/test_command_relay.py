@@ -11,6 +11,8 @@ a killed owner ends in PROXY_WORKER_DID_NOT_ANSWER within the deadline.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import threading
 import time
 from pathlib import Path
@@ -27,6 +29,8 @@ from halfmoon.client import (
     SyncPushConsumer,
 )
 from halfmoon.cluster.command_relay import FORWARD_MARGIN_S
+from halfmoon.cluster.etcd import EtcdClient
+from halfmoon.cluster.session_directory import sessions_prefix
 from tests.cluster.cluster_server import ClusterProxy, ClusterServer
 from tests.server.conftest import unique, wait_until
 
@@ -155,6 +159,49 @@ def test_a_client_connected_nowhere_or_in_another_group_is_not_connected(
             assert code == 404, answer
             assert answer["error"]["code"] == "CLIENT_NOT_CONNECTED", answer
             assert "connected to any proxy" in answer["error"]["message"], answer
+
+
+def test_a_worker_the_client_left_sends_the_command_on_to_the_next_one_listed(
+    cluster: ClusterServer,
+) -> None:
+    """The directory still lists the client on a worker it left (a stale entry, first in
+    key order): that worker answers CLIENT_NOT_CONNECTED and the next one listed runs it."""
+    topic, group = topic_and_group(cluster)
+    _, bystanders = topic_and_group(cluster)
+    holder, other = cluster.proxies
+    listener = Listener()
+    with (
+        SyncPushConsumer(
+            holder.address, group, {topic: MessageSelector.all()}, listener,
+            consume_from="earliest",
+        ) as consumer,
+        SyncPushConsumer(  # only to learn the name of the other proxy's worker
+            other.address, bystanders, {topic: MessageSelector.all()}, Listener(),
+            consume_from="latest",
+        ) as bystander,
+    ):  # fmt: skip
+        client_id = consumer.client.client_id
+        listed_by(other, group, client_id)
+        other_worker = listed_by(holder, bystanders, bystander.client.client_id)["worker"]
+        stale = {"client_id": client_id, "group": group, "stream": True, "worker": other_worker}
+
+        async def plant() -> None:
+            async with EtcdClient.from_url(cluster.own_etcd.url) as client:
+                lease = await client.grant_lease(60)
+                key = sessions_prefix(cluster.cluster) + "0-stale/1"  # sorts before the others
+                await client.put(key, json.dumps([stale]).encode(), lease=lease)
+
+        asyncio.run(plant())
+        message_id = sent(cluster, topic, b"moved")
+        wait_until(lambda: listener.count(message_id) == 1, 15, "the message received once")
+        code, answer = consume(other, message_id, group, client_id)
+        assert code == 200, answer
+        assert answer["consumed"] is True, answer
+        assert listener.count(message_id) == 2
+        # Relayed to itself through etcd first (the stale entry), then to the holder.
+        assert any(f"client_id={client_id} outcome=CLIENT_NOT_CONNECTED" in line
+                   for line in relayed(other)), relayed(other)  # fmt: skip
+        assert any(f"client_id={client_id} outcome=OK" in line for line in relayed(holder))
 
 
 def test_a_client_that_ignores_the_command_times_out_through_the_relay(
