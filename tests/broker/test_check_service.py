@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -50,7 +51,7 @@ def sender() -> RecordingSender:
 
 @pytest.fixture
 def txn(store: MemoryStore, clock: FakeClock, sender: RecordingSender) -> Broker:
-    broker = Broker(store, None, BrokerConfig(), clock, TransactionConfig(check_max=3))
+    broker = Broker(store, None, BrokerConfig(), clock, config_without_deadline(check_max=3))
     broker.create_topic("orders", MessageType.TRANSACTION)
     broker.set_check_sender(sender)
     return broker
@@ -65,6 +66,13 @@ def send_half(broker: Broker, body: bytes = b"x", **kw):
         ]
     )
     return result
+
+
+def config_without_deadline(**settings: Any) -> TransactionConfig:
+    """The settings with a tick budget no loaded machine overruns: a tick works for at most
+    ``check_tick_budget_ms`` of real time (50 ms by default), and a scan cut short by it
+    forms other batches than the ones these tests count. The budget has a test of its own."""
+    return TransactionConfig(check_tick_budget_ms=60_000, **settings)
 
 
 def scan(broker: Broker, clock: FakeClock, ms: int = INTERVAL) -> None:
@@ -289,7 +297,7 @@ def test_a_slow_producer_answering_within_the_retry_time_is_never_parked(
 ) -> None:
     # Scans every second, checks may be repeated after 6 s, a producer that answers 5 s after
     # each check: without the retry time it would get a check per scan and be parked on the 4th.
-    config = TransactionConfig(check_interval_ms=1_000, timeout_ms=6_000, check_max=3)
+    config = config_without_deadline(check_interval_ms=1_000, timeout_ms=6_000, check_max=3)
     broker = Broker(store, None, BrokerConfig(), clock, config)
     broker.create_topic("orders", MessageType.TRANSACTION)
     sender = RecordingSender()
@@ -317,7 +325,7 @@ def test_a_slow_producer_answering_within_the_retry_time_is_never_parked(
 def test_an_unanswered_check_is_repeated_after_the_retry_time_then_parked(
     store: MemoryStore, clock: FakeClock
 ) -> None:
-    config = TransactionConfig(
+    config = config_without_deadline(
         check_interval_ms=1_000, timeout_ms=1_000, check_retry_ms=5_000, check_max=2
     )
     broker = Broker(store, None, BrokerConfig(), clock, config)
@@ -339,7 +347,7 @@ def test_an_unanswered_check_is_repeated_after_the_retry_time_then_parked(
 def test_batch_sender_gets_batches_and_only_taken_checks_count(
     store: MemoryStore, clock: FakeClock
 ) -> None:
-    broker = Broker(store, None, BrokerConfig(), clock, TransactionConfig(check_max=3))
+    broker = Broker(store, None, BrokerConfig(), clock, config_without_deadline(check_max=3))
     broker.create_topic("orders", MessageType.TRANSACTION)
     sender = BatchSender()
     broker.set_check_sender(sender)
@@ -370,7 +378,7 @@ def test_batch_sender_gets_batches_and_only_taken_checks_count(
 def test_a_failing_batch_is_counted_as_errors_and_the_scan_goes_on(
     store: MemoryStore, clock: FakeClock
 ) -> None:
-    broker = Broker(store, None, BrokerConfig(), clock, TransactionConfig(check_max=3))
+    broker = Broker(store, None, BrokerConfig(), clock, config_without_deadline(check_max=3))
     broker.create_topic("orders", MessageType.TRANSACTION)
 
     class Broken(BatchSender):
@@ -468,7 +476,7 @@ def test_a_full_producer_is_left_after_one_batch_and_probed_next_time(
 ) -> None:
     from halfmoon.broker.transactions.check import PROBE_BATCH
 
-    broker = Broker(store, None, BrokerConfig(), clock, TransactionConfig(check_max=3))
+    broker = Broker(store, None, BrokerConfig(), clock, config_without_deadline(check_max=3))
     broker.create_topic("orders", MessageType.TRANSACTION)
     broker.create_topic("payments", MessageType.TRANSACTION)
 
@@ -525,7 +533,9 @@ class PacedSender(BatchSender):
 def test_a_sender_that_tells_its_room_gets_exactly_that_many_and_no_half_is_read_for_nothing(
     store: MemoryStore, clock: FakeClock
 ) -> None:
-    config = TransactionConfig(check_interval_ms=30_000, timeout_ms=1_000, check_retry_ms=5_000)
+    config = config_without_deadline(
+        check_interval_ms=30_000, timeout_ms=1_000, check_retry_ms=5_000
+    )
     broker = Broker(store, None, BrokerConfig(), clock, config)
     broker.create_topic("orders", MessageType.TRANSACTION)
     sender = PacedSender(room=300)
@@ -552,7 +562,9 @@ def test_a_sender_that_tells_its_room_gets_exactly_that_many_and_no_half_is_read
 def test_a_check_still_awaiting_its_answer_is_looked_at_once_per_retry_time(
     store: MemoryStore, clock: FakeClock
 ) -> None:
-    config = TransactionConfig(check_interval_ms=5_000, timeout_ms=1_000, check_retry_ms=5_000)
+    config = config_without_deadline(
+        check_interval_ms=5_000, timeout_ms=1_000, check_retry_ms=5_000
+    )
     broker = Broker(store, None, BrokerConfig(), clock, config)
     broker.create_topic("orders", MessageType.TRANSACTION)
     sender = PacedSender(room=1_000)
@@ -603,7 +615,9 @@ def test_next_check_is_the_scan_that_will_take_it(
 def test_refill_scans_do_not_check_a_transaction_more_than_once_per_interval(
     store: MemoryStore, clock: FakeClock
 ) -> None:
-    config = TransactionConfig(check_interval_ms=30_000, timeout_ms=1_000, check_retry_ms=5_000)
+    config = config_without_deadline(
+        check_interval_ms=30_000, timeout_ms=1_000, check_retry_ms=5_000
+    )
     broker = Broker(store, None, BrokerConfig(), clock, config)
     broker.create_topic("orders", MessageType.TRANSACTION)
     sender = BatchSender()  # takes everything, answers nothing
