@@ -117,6 +117,11 @@ class ServerConfig:
     renew_clear_invisible_time: float = 1.0
     # Most handles renewed at once; deliveries beyond it are served unrenewed (a warning).
     renew_max_handles: int = 100_000
+    # Once ready, freeze what startup and recovery built out of the garbage collector's
+    # full collections (halfmoon/gc_tuning.py).
+    gc_freeze: bool = True
+    # The collector's young-generation threshold (CPython's default 700; 0 leaves it).
+    gc_young_threshold: int = 50_000
 
 
 def parse_host_port(address: str, *, what: str = "address") -> tuple[str, int]:

@@ -79,6 +79,18 @@ class MessageType(enum.Enum):
     MIXED = "mixed"  # a topic type only: accepts normal, FIFO, delay and transaction
 
 
+# Every read decodes a view per message: a dict lookup instead of the Enum's call (~0.5 µs).
+_TYPE_BY_VALUE = {kind.value: kind for kind in MessageType}
+
+
+def _message_type(value: str | None) -> MessageType:
+    """The type a record's type property names (absent: NORMAL); ValueError for another."""
+    if not value:
+        return MessageType.NORMAL
+    kind = _TYPE_BY_VALUE.get(value)
+    return kind if kind is not None else MessageType(value)
+
+
 class IllegalPropertyKey(InvalidArgument):
     code = "ILLEGAL_MESSAGE_PROPERTY_KEY"
 
@@ -214,7 +226,7 @@ class MessageView:
                 tag,
                 stored.keys,
                 user,
-                MessageType(type_name) if type_name else MessageType.NORMAL,
+                _message_type(type_name),
                 message_group,
                 None,
                 stored.born_timestamp,
@@ -240,7 +252,7 @@ class MessageView:
             tag=tag,
             keys=stored.keys,
             properties=user,
-            message_type=MessageType(type_name) if type_name else MessageType.NORMAL,
+            message_type=_message_type(type_name),
             message_group=message_group,
             delivery_timestamp=int(delivery) if delivery else None,
             born_timestamp=stored.born_timestamp,
