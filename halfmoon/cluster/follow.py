@@ -35,10 +35,6 @@ RETRY_S = 0.2
 MAX_RETRY_S = 2.0
 
 
-async def _nothing() -> None:
-    return None
-
-
 async def follow_prefix(
     client: EtcdClient,
     prefix: str,
@@ -87,11 +83,13 @@ async def follow_prefix(
             await first_to_fail(watch(revision), heartbeat())
         except (CoordinatorUnavailable, WatchCompacted) as error:
             log.warning("event=follow_interrupted what=%s prefix=%s error=%s", what, prefix, error)
-            await (lost(error) if lost is not None else _nothing())
+            if lost is not None:
+                await lost(error)
         except Exception as error:
             # A bug or an answer we cannot read: log it and follow afresh, never stop.
             log.exception("event=follow_failed what=%s prefix=%s", what, prefix)
-            await (lost(error) if lost is not None else _nothing())
+            if lost is not None:
+                await lost(error)
         await asyncio.sleep(delay)
         delay = min(delay * 2, max_retry_s)
 
