@@ -101,19 +101,23 @@ def test_a_master_cut_off_from_etcd_stops_acknowledging_then_gives_its_key_up(
         15,
         "a replica appointed master",
     )
-    assert status(new_master)["epoch"] == 2
+    assert status(new_master)["epoch"] >= 2
     # Back in etcd, the old master starts over as a replica of the new one (it never takes
     # office again on its own). It may cut records its broker wrote after the replicas' last
-    # fetch (its own bookkeeping, acknowledged to nobody), never below the new master's start.
-    start = status(new_master)["epochs"][-1][1]
+    # fetch (its own bookkeeping, acknowledged to nobody), never below where its own epoch
+    # ended on the new master: the start of the first epoch after its own.
     wait_for(
         lambda: role(group.master) == "replica" and status(group.master)["connected"],
         15,
         "the old master following the new one",
     )
-    old = status(group.master)
-    assert old["master"] == status(new_master)["member"] and old["epoch"] == 2
-    assert old["truncated_to"] is None or old["truncated_to"] == start, (old, start)
+    old, new = status(group.master), status(new_master)
+    # A pause longer than the leases' TTL can expire the appointed replica's own lease too,
+    # just after etcd resumes: it is then appointed again, in a later epoch. Either way the
+    # old master follows the new one's epoch.
+    assert old["master"] == new["member"] and old["epoch"] == new["epoch"] >= 2, (old, new)
+    start = next(offset for epoch, offset in new["epochs"] if epoch > 1)
+    assert old["truncated_to"] is None or old["truncated_to"] == start, (old, new)
 
 
 def test_a_master_restarted_with_an_empty_data_directory_does_not_take_office_again(
