@@ -60,7 +60,7 @@ from halfmoon.cluster.send_listener import SendListener
 from halfmoon.cluster.txn_groups import GroupCoordination
 from halfmoon.config import Config, parse_host_port
 from halfmoon.errors import HalfmoonError
-from halfmoon.gc_tuning import tune_collector
+from halfmoon.gc_tuning import freeze_startup_heap
 from halfmoon.replication.controller import Controller
 from halfmoon.replication.group_broker import GroupOptions, GroupRole
 from halfmoon.server.app import METADATA_DIR_NAME, TickThread, configure_logging
@@ -383,7 +383,7 @@ def _run_broker_once(
             deregister = register(
                 BrokerEndpoint(name, address, cluster, coordinator, service.send_port)
             )
-        tune_collector(config.server.gc_freeze, config.server.gc_young_threshold)
+        freeze_startup_heap(config.server.gc_freeze)
         log.info(
             "halfmoon broker ready name=%s%s internal=%s%s data=%s startup_ms=%d",
             name,
@@ -463,7 +463,7 @@ def _serve_replica(
     promoted = False
     try:
         server.start()
-        tune_collector(config.server.gc_freeze, config.server.gc_young_threshold)
+        freeze_startup_heap(config.server.gc_freeze)
         log.info(
             "halfmoon broker ready name=%s member=%s role=replica internal=%s data=%s "
             "startup_ms=%d",

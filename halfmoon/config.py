@@ -120,8 +120,6 @@ class ServerConfig:
     # Once ready, freeze what startup and recovery built out of the garbage collector's
     # full collections (halfmoon/gc_tuning.py).
     gc_freeze: bool = True
-    # The collector's young-generation threshold (CPython's default 700; 0 leaves it).
-    gc_young_threshold: int = 50_000
 
 
 def parse_host_port(address: str, *, what: str = "address") -> tuple[str, int]:

@@ -40,7 +40,7 @@ from halfmoon.auth import Guard, local_guard
 from halfmoon.broker.broker import Broker as InProcessBroker
 from halfmoon.broker.facade import Broker, WatchesArrivals
 from halfmoon.config import Config, ServerConfig, parse_host_port
-from halfmoon.gc_tuning import tune_collector
+from halfmoon.gc_tuning import freeze_startup_heap
 from halfmoon.metrics import MetricFamily, default_registry
 from halfmoon.server import lite_subscriptions
 from halfmoon.server.admin import create_admin_app
@@ -295,7 +295,7 @@ async def serve_front_end(
         if tick:
             ticker.start()
         _install_signal_handlers(loop, stop, force, certificates, on_reload)
-        tune_collector(server_config.gc_freeze, server_config.gc_young_threshold)
+        freeze_startup_heap(server_config.gc_freeze)
         log.info(
             "halfmoon ready grpc=%s admin=%s %s auth=%s tls=%s startup_ms=%d",
             format_address(host, bound),
