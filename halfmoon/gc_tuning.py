@@ -11,12 +11,11 @@ process.
 
 With ``server.gc_freeze`` (on by default) a server collects once when it is
 ready, then :func:`gc.freeze`\\ s what exists: full collections no longer walk
-it. Cycles formed later are still found as before. Measured on one
-``halfmoon serve``: server CPU per message 26.5–26.7 → 22.8–25.2 µs for
-batched sends and 19.1–19.3 → 13.8–15.5 µs for BulkRead, single-message sends
-unchanged; a larger young-generation threshold on top gained nothing and cost
-single sends 3 % (docs/benchmarks.md, "The garbage collector and the startup
-heap").
+it. Cycles formed later are still found as before. Measured with
+``python -m bench.gc_bench`` (docs/benchmarks.md, "The garbage collector and
+the startup heap"): server CPU per message 0.74–0.85× for BulkRead and
+0.82–1.03× for batched sends, single-message sends unchanged; a larger
+young-generation threshold on top gained nothing and cost single sends 3 %.
 """
 
 from __future__ import annotations
