@@ -10,8 +10,8 @@ topics, groups and pending transactions) and that live as long as the
 process.
 
 With ``server.gc_freeze`` (on by default) a server collects once when it is
-ready, then :func:`gc.freeze`\\ s what exists: full collections no longer walk
-it. Cycles formed later are still found as before. Measured with
+ready, then freezes what exists (:func:`gc.freeze`): full collections no
+longer walk it. Cycles formed later are still found as before. Measured with
 ``python -m bench.gc_bench`` (docs/benchmarks.md, "The garbage collector and
 the startup heap"): server CPU per message 0.74–0.85× for BulkRead and
 0.82–1.03× for batched sends, single-message sends unchanged; a larger
