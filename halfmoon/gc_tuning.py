@@ -11,7 +11,10 @@ process.
 
 With ``server.gc_freeze`` (on by default) a server collects once when it is
 ready, then freezes what exists (:func:`gc.freeze`): full collections no
-longer walk it. Cycles formed later are still found as before. Measured with
+longer walk it. Cycles formed later are still found as before; a frozen
+object freed later is still freed by its reference count, and only a cycle
+among frozen objects that is dropped later would stay (startup's structures
+are kept for the process's life). Measured with
 ``python -m bench.gc_bench`` (docs/benchmarks.md, "The garbage collector and
 the startup heap"): server CPU per message 0.74–0.85× for BulkRead and
 0.82–1.03× for batched sends, single-message sends unchanged; a larger
