@@ -61,7 +61,6 @@ REPLIES_ROOT = ROOT.rstrip("/") + "-replies/"
 # deliveries (milliseconds each) and the owner's read of the message from a broker.
 FORWARD_MARGIN_S = 3.0
 MIN_LEASE_TTL_S = 2  # etcd refuses shorter leases
-HEARTBEAT_S = 1.0  # a watch on a hung etcd waits silently: ping it
 _ETCD_FAILURES = (HalfmoonError, EtcdRequestError, OSError, TimeoutError)
 
 
@@ -202,7 +201,6 @@ class CommandRelay:
             what="command relay",
             listed=self._listed,
             changed=self._changed_batch,
-            heartbeat_s=HEARTBEAT_S,
         )
 
     async def _listed(self, kvs: list[KeyValue], revision: int) -> None:

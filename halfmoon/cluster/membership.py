@@ -142,13 +142,12 @@ class Membership:
         # A predecessor's lease can expire between the read and the write (a restart right
         # after a crash), which moves the key under us: read again and retry. Only a key
         # naming another endpoint under a live lease is another process.
-        for _ in range(REGISTER_ATTEMPTS - 1):
+        for _ in range(REGISTER_ATTEMPTS):
             if await self._try_register():
                 return
-        if not await self._try_register():
-            raise MemberNameTaken(
-                f"{self.role} {self.name!r} was registered by another process just now"
-            )
+        raise MemberNameTaken(
+            f"{self.role} {self.name!r} was registered by another process just now"
+        )
 
     async def _try_register(self) -> bool:
         """One read-compare-write; False when the key changed between the read and the write."""
