@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.runner import run_bench
 
 OFFICIAL = "official client"
 EXPECTED_ROWS = {
@@ -18,25 +15,12 @@ EXPECTED_ROWS = {
 
 
 def test_client_bench_runs_and_reports_every_row(tmp_path: Path) -> None:
-    out = tmp_path / "client.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "bench.client_bench",
-        "--seconds",
-        "0.2",
-        "--rounds",
-        "1",
-        "--receive-messages",
-        "64",
-        "--json",
-        str(out),
-    ]
-    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "vs official" in done.stdout and "target:" in done.stdout
+    stdout, report = run_bench(
+        "bench.client_bench", "--seconds", "0.2", "--rounds", "1", "--receive-messages", "64",
+        json_path=tmp_path / "client.json", timeout=180,
+    )  # fmt: skip
+    assert "vs official" in stdout and "target:" in stdout
 
-    report = json.loads(out.read_text())
     rows = {row["key"]: row for row in report["rows"]}
     assert set(rows) == set(EXPECTED_ROWS)
     for key, systems in EXPECTED_ROWS.items():

@@ -2,31 +2,25 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.bench.runner import run_bench
+
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
 
 def test_spark_bench_runs_every_scenario(tmp_path: Path) -> None:
-    out = tmp_path / "spark.json"
-    cmd = [
-        sys.executable, "-m", "bench.spark_bench",
+    stdout, report = run_bench(
+        "bench.spark_bench",
         "--messages", "4000", "--batch-rows", "1000", "--sink-messages", "1000",
-        "--json", str(out),
-    ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "stream vs parquet" in done.stdout
+        json_path=tmp_path / "spark.json", timeout=400,
+    )  # fmt: skip
+    assert "stream vs parquet" in stdout
 
-    results = {r["scenario"]: r for r in json.loads(out.read_text())["results"]}
+    results = {r["scenario"]: r for r in report["results"]}
     peer = results["peer: spark parquet file read -> noop"]
     stream = results["spark stream read -> noop (local[2])"]
     for row in (peer, stream):

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.runner import run_bench
 
 SYSTEMS = ("halfmoon sync", "halfmoon async")
 THROUGHPUT_KEYS = ("plain_send", "txn_send_commit")
@@ -16,17 +13,13 @@ ORPHANS = 200
 
 
 def test_txn_bench_runs_every_scenario(tmp_path: Path) -> None:
-    out = tmp_path / "txn.json"
-    cmd = [
-        sys.executable, "-m", "bench.txn_bench",
-        "--seconds", "0.2", "--rounds", "1", "--latency-count", "10",
-        "--orphans", str(ORPHANS), "--json", str(out),
-    ]  # fmt: skip
-    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=150)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "PASS" in done.stdout or "MISS" in done.stdout
+    stdout, report = run_bench(
+        "bench.txn_bench",
+        "--seconds", "0.2", "--rounds", "1", "--latency-count", "10", "--orphans", str(ORPHANS),
+        json_path=tmp_path / "txn.json", timeout=150,
+    )  # fmt: skip
+    assert "PASS" in stdout or "MISS" in stdout
 
-    report = json.loads(out.read_text())
     results = {(r["key"], r["system"]): r for r in report["results"]}
     for system in SYSTEMS:
         for key in THROUGHPUT_KEYS:
