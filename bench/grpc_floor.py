@@ -33,7 +33,8 @@ READY_LINE = "grpc floor ready"
 SERVICE = "apache.rocketmq.v2.MessagingService"
 
 
-def _send_message(raw: bytes, context: grpc.aio.ServicerContext) -> svc.SendMessageResponse:
+def answer_send(raw: bytes) -> svc.SendMessageResponse:
+    """The constant answer to one SendMessageRequest: OK for each of its messages."""
     request = svc.SendMessageRequest.FromString(raw)
     ok = pb.Status(code=pb.Code.OK, message="OK")
     entries = [
@@ -57,7 +58,7 @@ async def serve(port: int) -> None:
     )
 
     async def send_message(raw: bytes, context: grpc.aio.ServicerContext) -> object:
-        return _send_message(raw, context)
+        return answer_send(raw)
 
     handler = grpc.unary_unary_rpc_method_handler(
         send_message, response_serializer=svc.SendMessageResponse.SerializeToString

@@ -28,4 +28,5 @@ def test_spark_bench_runs_every_scenario(tmp_path: Path) -> None:
         assert row["messages"] == 4000 and row["steady"] > 0, row
     assert results["spark batch read -> count()"]["messages"] == 4000
     assert results["spark sink (exactly-once, topic -> topic)"]["messages"] == 1000
+    assert results["spark sink, 2,000 rows (a query's fixed cost)"]["messages"] == 2000
     assert results["before: connector read path via PullMessage"]["messages"] == 1000
