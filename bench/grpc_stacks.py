@@ -1,6 +1,6 @@
 """Python's gRPC server stacks, each answering with a constant: the floor under any Python server.
 
-    python -m bench.grpc_stacks                      # 2 rounds, ~1 minute
+    python -m bench.grpc_stacks                      # 2 rounds, ~2 minutes
     python -m bench.grpc_stacks --rounds 4 --json out.json
 
 halfmoon serves the RocketMQ protocol through ``grpc.aio``, and the endpoint
@@ -12,7 +12,11 @@ It serves the same two methods with a constant answer from each stack:
 * ``grpc.aio``: the asyncio server halfmoon uses (generic handlers, raw bytes);
 * ``grpc`` (sync): the same C core with its thread-pool server;
 * ``grpclib``: a pure-Python HTTP/2 server (the ``h2`` library) on ``uvloop``,
-  no C core and no poller thread between the socket and the handler.
+  no C core and no poller thread between the socket and the handler;
+
+and, in the same rounds, ``halfmoon serve`` doing the real work (async flush;
+a send stored and answered, a ReceiveMessage long poll woken by the append):
+what halfmoon adds to the floor.
 
 RabbitMQ runs in the same rounds as the reference the endpoint benchmark's
 latency targets are set against (``bench/amqp_peer.py``: aio-pika, a
@@ -61,14 +65,16 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 
 from bench.amqp_peer import AmqpPeer
 from bench.grpc_floor import answer_send
+from bench.halfmoon_peer import GrpcPeer
 from bench.load import machine_info, percentile, process_cpu_seconds
-from bench.server_proc import REPO_ROOT, ServerError, free_port
+from bench.server_proc import REPO_ROOT, HalfmoonServer, ServerError, free_port
 
 SERVICE = "apache.rocketmq.v2.MessagingService"
 SEND = f"/{SERVICE}/SendMessage"
 RECEIVE = f"/{SERVICE}/ReceiveMessage"
 READY_LINE = "grpc stack ready"
 STACKS = ("grpc.aio", "grpc sync", "grpclib+uvloop")
+HALFMOON = "halfmoon (grpc.aio)"
 BODY = b"x" * 1024
 
 
@@ -329,17 +335,15 @@ async def measure(server: StackServer, calls: int, seconds: float, senders: int)
                 pass
 
         async def one_delivery() -> float:
-            """A send into a parked long poll: send start → the message in the poll's hands."""
+            """A send into a parked long poll: send start → the poll's stream ended, which is
+            when a RocketMQ client (and halfmoon's benchmark consumer) hands the message on."""
             call = receive(PARK)
             await call.initial_metadata()  # the poll is parked
             began = time.perf_counter()
             sent = asyncio.ensure_future(send(request))
-            responses = aiter(call)
-            await anext(responses)  # status
-            await anext(responses)  # the message
-            arrived = time.perf_counter()
-            async for _ in responses:
+            async for _ in call:
                 pass
+            arrived = time.perf_counter()
             await sent
             return (arrived - began) * 1000
 
@@ -383,6 +387,34 @@ class RabbitRound:
     end_to_end_p99_ms: float
 
 
+async def measure_halfmoon(calls: int, seconds: float, senders: int) -> Round:
+    """The same rows from ``halfmoon serve`` (async flush) doing the real work: a send stored
+    and answered; end to end, a ReceiveMessage long poll woken by the append (the endpoint
+    benchmark's consumer, :class:`bench.halfmoon_peer.GrpcPeer`)."""
+    with HalfmoonServer(flush="async") as server:
+        peer = GrpcPeer(server, HALFMOON)
+        try:
+            sends = [s * 1000 for s in await peer.send_latencies(calls)]
+            arrivals = [s * 1000 for s in await peer.end_to_end_latencies(calls)]
+            cpu_before = process_cpu_seconds(server.pid)
+            result = await peer.produce(senders, 1, seconds)
+            cpu_after = process_cpu_seconds(server.pid)
+        finally:
+            await peer.close()
+    assert cpu_before is not None and cpu_after is not None
+    return Round(
+        stack=HALFMOON,
+        send_p50_ms=percentile(sends, 0.5),
+        send_p99_ms=percentile(sends, 0.99),
+        receive_p50_ms=0.0,  # no constant stream to ask for
+        receive_p99_ms=0.0,
+        end_to_end_p50_ms=percentile(arrivals, 0.5),
+        end_to_end_p99_ms=percentile(arrivals, 0.99),
+        calls_per_second=result.per_second,
+        server_cpu_us_per_call=(cpu_after - cpu_before) / result.messages * 1e6,
+    )
+
+
 async def measure_rabbitmq(calls: int) -> RabbitRound:
     peer = await AmqpPeer.open()
     try:
@@ -407,62 +439,78 @@ def _range(values: list[float], fmt: str) -> str:
     )
 
 
-def report(rounds: list[Round], rabbit: list[RabbitRound]) -> str:
+@dataclass
+class RoundSet:
+    """One round: every stack (and halfmoon) once, then RabbitMQ."""
+
+    stacks: list[Round]
+    rabbitmq: RabbitRound | None
+
+
+def _pair(p50s: list[float], p99s: list[float]) -> str:
+    return f"{_range(p50s, '.2f')} · {_range(p99s, '.2f')}"
+
+
+def report(rounds: list[RoundSet]) -> str:
     header = (
-        f"{'stack':<16} {'send p50 · p99 (ms)':>22} {'receive p50 · p99 (ms)':>24} "
+        f"{'stack':<20} {'send p50 · p99 (ms)':>22} {'receive p50 · p99 (ms)':>24} "
         f"{'end to end p50 · p99':>24} {'calls/s, 16 senders':>20} {'server CPU/call (us)':>21}"
     )
     lines = [header, "-" * len(header)]
-    for stack in STACKS:
-        mine = [r for r in rounds if r.stack == stack]
+    every = [r for one in rounds for r in one.stacks]
+    for stack in (*STACKS, HALFMOON):
+        mine = [r for r in every if r.stack == stack]
         if not mine:
             continue
-        send = f"{_range([r.send_p50_ms for r in mine], '.2f')} · "
-        send += _range([r.send_p99_ms for r in mine], ".2f")
-        receive = f"{_range([r.receive_p50_ms for r in mine], '.2f')} · "
-        receive += _range([r.receive_p99_ms for r in mine], ".2f")
-        e2e = f"{_range([r.end_to_end_p50_ms for r in mine], '.2f')} · "
-        e2e += _range([r.end_to_end_p99_ms for r in mine], ".2f")
+        send = _pair([r.send_p50_ms for r in mine], [r.send_p99_ms for r in mine])
+        receive = "-"
+        if stack != HALFMOON:
+            receive = _pair([r.receive_p50_ms for r in mine], [r.receive_p99_ms for r in mine])
+        e2e = _pair([r.end_to_end_p50_ms for r in mine], [r.end_to_end_p99_ms for r in mine])
         rate = _range([r.calls_per_second for r in mine], ",.0f")
         cpu = _range([r.server_cpu_us_per_call for r in mine], ".0f")
-        lines.append(f"{stack:<16} {send:>22} {receive:>24} {e2e:>24} {rate:>20} {cpu:>21}")
+        lines.append(f"{stack:<20} {send:>22} {receive:>24} {e2e:>24} {rate:>20} {cpu:>21}")
+    rabbit = [one.rabbitmq for one in rounds if one.rabbitmq is not None]
     if rabbit:
-        send = f"{_range([r.send_p50_ms for r in rabbit], '.2f')} · "
-        send += _range([r.send_p99_ms for r in rabbit], ".2f")
-        e2e = f"{_range([r.end_to_end_p50_ms for r in rabbit], '.2f')} · "
-        e2e += _range([r.end_to_end_p99_ms for r in rabbit], ".2f")
-        lines.append(f"{'RabbitMQ':<16} {send:>22} {'':>24} {e2e:>24}")
+        send = _pair([r.send_p50_ms for r in rabbit], [r.send_p99_ms for r in rabbit])
+        e2e = _pair([r.end_to_end_p50_ms for r in rabbit], [r.end_to_end_p99_ms for r in rabbit])
+        lines.append(f"{'RabbitMQ (aio-pika)':<20} {send:>22} {'-':>24} {e2e:>24}")
         lines.append("")
         lines.append(
-            "round by round, each stack's bare p50s over RabbitMQ's in the same round "
+            "round by round, each p50 over RabbitMQ's in the same round "
             "(send ÷ send, end to end ÷ end to end):"
         )
-        for index, peer in enumerate(rabbit):
-            mine = rounds[index * len(STACKS) : (index + 1) * len(STACKS)]
+        for number, one in enumerate(rounds, 1):
+            peer = one.rabbitmq
+            if peer is None:
+                continue
             cells = [
                 f"{r.stack} {r.send_p50_ms / peer.send_p50_ms:.2f}×, "
                 f"{r.end_to_end_p50_ms / peer.end_to_end_p50_ms:.2f}×"
-                for r in mine
+                for r in one.stacks
             ]
-            lines.append(f"  round {index + 1}: " + "; ".join(cells))
+            lines.append(f"  round {number}: " + "; ".join(cells))
     return "\n".join(lines)
 
 
 async def run(
-    stacks: list[str], rounds: int, calls: int, seconds: float, rabbitmq: bool
-) -> tuple[list[Round], list[RabbitRound]]:
-    results, peers = [], []
-    for number in range(rounds):
+    stacks: list[str], rounds: int, calls: int, seconds: float, *, rabbitmq: bool, halfmoon: bool
+) -> list[RoundSet]:
+    done = []
+    for number in range(1, rounds + 1):
+        results = []
         for stack in stacks:
             with StackServer(stack) as server:
-                result = await measure(server, calls, seconds, senders=16)
-            print(f"round {number + 1}: {stack}: {result}", flush=True)
-            results.append(result)
-        if rabbitmq:
-            peer = await measure_rabbitmq(calls)
-            print(f"round {number + 1}: RabbitMQ: {peer}", flush=True)
-            peers.append(peer)
-    return results, peers
+                results.append(await measure(server, calls, seconds, senders=16))
+            print(f"round {number}: {results[-1]}", flush=True)
+        if halfmoon:
+            results.append(await measure_halfmoon(calls, seconds, senders=16))
+            print(f"round {number}: {results[-1]}", flush=True)
+        peer = await measure_rabbitmq(calls) if rabbitmq else None
+        if peer is not None:
+            print(f"round {number}: RabbitMQ: {peer}", flush=True)
+        done.append(RoundSet(results, peer))
+    return done
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -475,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-rabbitmq", action="store_true", help="leave out the RabbitMQ reference rounds"
     )
+    parser.add_argument("--no-halfmoon", action="store_true", help="leave out halfmoon's rows")
     parser.add_argument("--serve", choices=STACKS, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -485,20 +534,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(stacks) - set(STACKS)
     if unknown:
         parser.error(f"unknown stacks {sorted(unknown)}; choose from {list(STACKS)}")
-    rabbitmq = not args.no_rabbitmq and stacks == list(STACKS)
-    rounds, peers = asyncio.run(run(stacks, args.rounds, args.calls, args.seconds, rabbitmq))
-    print(report(rounds, peers))
+    rounds = asyncio.run(
+        run(
+            stacks, args.rounds, args.calls, args.seconds,
+            rabbitmq=not args.no_rabbitmq, halfmoon=not args.no_halfmoon,
+        )
+    )  # fmt: skip
+    print(report(rounds))
     print(f"machine: {machine_info()}")
     if args.json:
         with open(args.json, "w") as out:
-            json.dump(
-                {
-                    "rounds": [asdict(r) for r in rounds],
-                    "rabbitmq": [asdict(r) for r in peers],
-                    "machine": machine_info(),
-                },
-                out,
-            )
+            json.dump({"rounds": [asdict(r) for r in rounds], "machine": machine_info()}, out)
     return 0
 
 
