@@ -389,13 +389,13 @@ class RabbitRound:
 
 async def measure_halfmoon(calls: int, seconds: float, senders: int) -> Round:
     """The same rows from ``halfmoon serve`` (async flush) doing the real work: a send stored
-    and answered; end to end, a ReceiveMessage long poll woken by the append (the endpoint
-    benchmark's consumer, :class:`bench.halfmoon_peer.GrpcPeer`)."""
+    and answered; end to end, a ReceiveMessage long poll parked before the send and woken by
+    its append, as the bare stacks' is (:meth:`GrpcPeer.parked_end_to_end_latencies`)."""
     with HalfmoonServer(flush="async") as server:
         peer = GrpcPeer(server, HALFMOON)
         try:
             sends = [s * 1000 for s in await peer.send_latencies(calls)]
-            arrivals = [s * 1000 for s in await peer.end_to_end_latencies(calls)]
+            arrivals = [s * 1000 for s in await peer.parked_end_to_end_latencies(calls)]
             cpu_before = process_cpu_seconds(server.pid)
             result = await peer.produce(senders, 1, seconds)
             cpu_after = process_cpu_seconds(server.pid)

@@ -32,6 +32,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from bench import rawstub
 from bench.load import (
     BODY_SIZE,
+    LATENCY_WARMUP,
     Arrivals,
     Throughput,
     body,
@@ -168,6 +169,30 @@ class GrpcPeer:
         finally:
             polling.cancel()
             await asyncio.gather(polling, *acks, return_exceptions=True)
+
+    async def parked_end_to_end_latencies(self, count: int, settle: float = 0.002) -> list[float]:
+        """Seconds from a send's start to the end of the ReceiveMessage stream it woke, the
+        consumer's long poll issued ``settle`` seconds before the send (pacing, outside the
+        sample: the poll is parked on the server when the message arrives). Each message is
+        acked before the next poll, outside the sample too."""
+        topic, group = self._fresh_topic("parked"), self._fresh_group("parked")
+
+        async def poll() -> tuple[list[pb.Message], float]:
+            messages = await self._receive(group, topic, RECEIVE_BATCH, LONG_POLL_SECONDS)
+            return messages, time.perf_counter()
+
+        samples = []
+        for seq in range(LATENCY_WARMUP + count):
+            parked = asyncio.create_task(poll())
+            await asyncio.sleep(settle)
+            began = time.perf_counter()
+            await self._send(topic, [body(seq)])
+            messages, ended = await parked
+            samples.append(ended - began)
+            if [seq_of(m.body) for m in messages] != [seq]:
+                raise RuntimeError(f"expected message {seq}, received {len(messages)}")
+            await self._ack(group, topic, messages)
+        return samples[LATENCY_WARMUP:]
 
     async def consume(self, messages: int, consumers: int) -> Throughput:
         """Receive (batches of 32) and ack (one AckMessage per batch) ``messages`` pre-sent
