@@ -76,7 +76,8 @@ async def serve(port: int) -> None:
 
 
 class FloorServer:
-    """The floor server as a subprocess; ``grpc`` and ``pid`` as HalfmoonServer's."""
+    """The floor server as a subprocess; ``grpc`` and ``pid`` as HalfmoonServer's. A subclass
+    runs another server that prints :data:`READY_LINE` when it listens (:meth:`command`)."""
 
     def __init__(self) -> None:
         self.grpc_port = free_port()
@@ -94,11 +95,14 @@ class FloorServer:
     def create_topic(self, name: str, *, queues: int = 8, message_type: str = "normal") -> None:
         """Nothing to create: the floor answers every topic."""
 
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "bench.grpc_floor", "--port", str(self.grpc_port)]
+
     def start(self) -> FloorServer:
-        cmd = [sys.executable, "-m", "bench.grpc_floor", "--port", str(self.grpc_port)]
         self.proc = subprocess.Popen(
-            cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+            self.command(), cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
         ready = threading.Event()
         lines: list[str] = []
 
@@ -114,8 +118,14 @@ class FloorServer:
         while not ready.wait(0.05):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise ServerError("the grpc floor server did not start:\n" + "".join(lines))
+                raise ServerError(f"{self.command()} did not start:\n" + "".join(lines))
         return self
+
+    def __enter__(self) -> FloorServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

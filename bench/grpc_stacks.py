@@ -53,7 +53,6 @@ import argparse
 import asyncio
 import json
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -66,15 +65,14 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
 from bench.amqp_peer import AmqpPeer
-from bench.grpc_floor import answer_send
+from bench.grpc_floor import READY_LINE, FloorServer, answer_send
 from bench.halfmoon_peer import GrpcPeer
 from bench.load import machine_info, percentile, process_cpu_seconds
-from bench.server_proc import REPO_ROOT, HalfmoonServer, ServerError, free_port
+from bench.server_proc import HalfmoonServer
 
 SERVICE = "apache.rocketmq.v2.MessagingService"
 SEND = f"/{SERVICE}/SendMessage"
 RECEIVE = f"/{SERVICE}/ReceiveMessage"
-READY_LINE = "grpc stack ready"
 STACKS = ("grpc.aio", "grpc sync", "grpclib+uvloop")
 HALFMOON = "halfmoon (grpc.aio)"
 BODY = b"x" * 1024
@@ -251,45 +249,16 @@ def serve(stack: str, port: int) -> None:
         asyncio.run(_serve_aio(port))
 
 
-class StackServer:
+class StackServer(FloorServer):
     """One stack's server as a subprocess, started and stopped around a round."""
 
     def __init__(self, stack: str) -> None:
+        super().__init__()
         self.stack = stack
-        self.port = free_port()
-        self.proc: subprocess.Popen[str] | None = None
 
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def __enter__(self) -> StackServer:
+    def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "bench.grpc_stacks", "--serve", self.stack]
-        cmd += ["--port", str(self.port)]
-        self.proc = subprocess.Popen(
-            cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + 30
-        lines: list[str] = []
-        for line in self.proc.stdout:  # the server prints nothing else before it is ready
-            lines.append(line)
-            if READY_LINE in line:
-                return self
-            if time.monotonic() > deadline:
-                break
-        self.__exit__()
-        raise ServerError(f"the {self.stack} server did not start:\n" + "".join(lines))
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        return [*cmd, "--port", str(self.grpc_port)]
 
 
 # -- the client --------------------------------------------------------------------------
@@ -334,7 +303,7 @@ METADATA = (
 
 async def measure(server: StackServer, calls: int, seconds: float, senders: int) -> Round:
     request = send_request()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+    async with grpc.aio.insecure_channel(server.grpc) as channel:
         bare_send = channel.unary_unary(SEND)
         bare_receive = channel.unary_stream(RECEIVE)
 
