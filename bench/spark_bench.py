@@ -26,7 +26,9 @@ and the PullMessage row; then, over the same messages:
   micro-batch, one transaction group per micro-batch, commit markers
   included). Before it, **spark sink, 2,000 rows**: the same query over
   2,000 messages, what a sink query costs whatever its size (starting the
-  query, the source's planning, the commit protocol, stopping it).
+  query, the source's planning, the commit protocol, stopping it), and its
+  peer, **Python source -> Python sink doing nothing** over 2,000 rows: what
+  any query through a Python data source costs Spark itself.
 * **sink task code, no Spark** (``--sink-only``): what a sink task and the
   driver run (``write_group`` then ``CommitProtocol.commit``) over the same
   rows in this process, one transaction group per 100,000 messages;
@@ -315,6 +317,93 @@ def spark_sink(
     )
 
 
+def register_python_floor(spark: Any, rows: int) -> str:
+    """Register a Python data source that does nothing: a stream reader of ``rows`` constant
+    rows in four partitions and a stream writer that counts them. A query through it costs
+    what Spark's machinery for Python data sources costs (the planning process, the writer's
+    commit, the offset log), with no broker and no work per row; its format name.
+
+    The classes are made here, not at module level, so Spark's Python workers get them by
+    value (cloudpickle) and need not import this benchmark."""
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceStreamReader,
+        DataSourceStreamWriter,
+        InputPartition,
+        WriterCommitMessage,
+    )
+
+    per_partition = rows // 4
+
+    class Reader(DataSourceStreamReader):
+        def initialOffset(self) -> dict[str, int]:
+            return {"offset": 0}
+
+        def latestOffset(self) -> dict[str, int]:
+            return {"offset": per_partition * 4}
+
+        def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+            if start["offset"] >= end["offset"]:
+                return []
+            return [InputPartition(i) for i in range(4)]
+
+        def read(self, partition: InputPartition) -> Any:
+            row = (b"x" * 256,)
+            for _ in range(per_partition):
+                yield row
+
+        def commit(self, end: dict) -> None:
+            pass
+
+    class Writer(DataSourceStreamWriter):
+        def write(self, iterator: Any) -> WriterCommitMessage:
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
+
+        def commit(self, messages: list, batchId: int) -> None:
+            pass
+
+        def abort(self, messages: list, batchId: int) -> None:
+            pass
+
+    class Floor(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "python-floor"
+
+        def schema(self) -> str:
+            return "body binary"
+
+        def streamReader(self, schema: Any) -> Reader:
+            return Reader()
+
+        def streamWriter(self, schema: Any, overwrite: bool) -> Writer:
+            return Writer()
+
+    spark.dataSource.register(Floor)
+    return Floor.name()
+
+
+def spark_python_floor(spark: Any, checkpoint: str, rows: int) -> Result:
+    """The peer of a sink query's fixed cost: a query from a Python source to a Python sink
+    that do nothing (:func:`register_python_floor`)."""
+    source = register_python_floor(spark, rows)
+    began = time.perf_counter()
+    query = (
+        spark.readStream.format(source)
+        .load()
+        .writeStream.format(source)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    seconds = time.perf_counter() - began
+    done = sum(p["numInputRows"] for p in query.recentProgress)
+    return Result(f"peer: Python source -> Python sink doing nothing, {rows:,} rows", done, seconds)
+
+
 def task_code_sink(endpoint: str, source: str, target: str) -> Result:
     """The sink's task and driver code (:func:`halfmoon.spark.sink.write_group`, then the commit
     protocol) over the topic's rows in this process, no Spark: the rows are read first
@@ -480,10 +569,12 @@ def main(argv: list[str] | None = None) -> int:
         # The sink's code paths warm too: its first query spent ~6 s more than the next ones
         # (JVM classes and code of the write path, the writer's Python workers).
         spark_sink(spark, server.grpc, "warmup", "warmup-out", f"{scratch.name}/sink-warm", 1000)
+        spark_python_floor(spark, f"{scratch.name}/floor-warm", 2000)
         if not args.sink_only:  # the peer's code paths warm too
             spark_parquet_read(spark, parquet, f"{scratch.name}/parquet-warm", QUEUES)
         for _label, run in (
             *scenarios,
+            ("python floor", lambda: spark_python_floor(spark, f"{scratch.name}/floor", 2000)),
             (
                 "sink, fixed cost",
                 lambda: spark_sink(

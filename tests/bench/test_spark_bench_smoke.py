@@ -29,4 +29,7 @@ def test_spark_bench_runs_every_scenario(tmp_path: Path) -> None:
     assert results["spark batch read -> count()"]["messages"] == 4000
     assert results["spark sink (exactly-once, topic -> topic)"]["messages"] == 1000
     assert results["spark sink, 2,000 rows (a query's fixed cost)"]["messages"] == 2000
+    assert (
+        results["peer: Python source -> Python sink doing nothing, 2,000 rows"]["messages"] == 2000
+    )
     assert results["before: connector read path via PullMessage"]["messages"] == 1000
