@@ -21,7 +21,7 @@ what halfmoon adds to the floor.
 RabbitMQ runs in the same rounds as the reference the endpoint benchmark's
 latency targets are set against (``bench/amqp_peer.py``: aio-pika, a
 persistent publish awaited until confirmed; and end to end, publish →
-``basic_consume``). A bare round trip of a stack above RabbitMQ's send, or
+``basic_consume``, paced like the others). A bare round trip of a stack above RabbitMQ's send, or
 above 1.5× its end-to-end time, means no server on that stack can meet those
 targets here, whatever it does in its handlers.
 
@@ -35,9 +35,12 @@ a time, the p50 and p99 of:
 * a single send;
 * a whole receive stream, answered at once;
 * **end to end**: a receive parked first (its headers sent, nothing else)
-  and woken by the next send, from the send's start to the message in the
-  client's hands: the shortest path a message can take through the stack,
-  with no store, no queue and no lookup on it;
+  and woken by the next send, from the send's start to the end of the
+  poll's stream: the shortest path a message can take through the stack,
+  with no store, no queue and no lookup on it. Every system's consumer
+  waits idle for 2 ms before each send (``SETTLE_S``), RabbitMQ's too (an
+  idle broker wakes slower than a busy one); RabbitMQ is also measured
+  back to back, the next send at once, as the endpoint benchmark does;
 
 then 16 concurrent senders for a fixed time: calls per second and the
 server's CPU per call (user + system from ``/proc/<pid>/stat``). Every call
@@ -76,6 +79,9 @@ RECEIVE = f"/{SERVICE}/ReceiveMessage"
 STACKS = ("grpc.aio", "grpc sync", "grpclib+uvloop")
 HALFMOON = "halfmoon (grpc.aio)"
 BODY = b"x" * 1024
+# Every end-to-end sample starts after the producer was idle this long with the consumer
+# waiting (a parked poll, a RabbitMQ consumer): all systems wake from the same idle state.
+SETTLE_S = 0.002
 
 
 def _send_answer(raw: bytes) -> bytes:
@@ -325,6 +331,7 @@ async def measure(server: StackServer, calls: int, seconds: float, senders: int)
             when a RocketMQ client (and halfmoon's benchmark consumer) hands the message on."""
             call = receive(PARK)
             await call.initial_metadata()  # the poll is parked
+            await asyncio.sleep(SETTLE_S)
             began = time.perf_counter()
             sent = asyncio.ensure_future(send(request))
             async for _ in call:
@@ -381,7 +388,8 @@ async def measure_halfmoon(calls: int, seconds: float, senders: int) -> Round:
         peer = GrpcPeer(server, HALFMOON)
         try:
             sends = [s * 1000 for s in await peer.send_latencies(calls)]
-            arrivals = [s * 1000 for s in await peer.parked_end_to_end_latencies(calls)]
+            parked = await peer.parked_end_to_end_latencies(calls, settle=SETTLE_S)
+            arrivals = [s * 1000 for s in parked]
             cpu_before = process_cpu_seconds(server.pid)
             result = await peer.produce(senders, 1, seconds)
             cpu_after = process_cpu_seconds(server.pid)
@@ -461,6 +469,10 @@ def report(rounds: list[RoundSet]) -> str:
         send = _pair([r.send_p50_ms for r in rabbit], [r.send_p99_ms for r in rabbit])
         e2e = _pair([r.end_to_end_p50_ms for r in rabbit], [r.end_to_end_p99_ms for r in rabbit])
         lines.append(f"{'RabbitMQ (aio-pika)':<20} {send:>22} {'-':>24} {e2e:>24}")
+        back = _pair(
+            [r.back_to_back_p50_ms for r in rabbit], [r.back_to_back_p99_ms for r in rabbit]
+        )
+        lines.append(f"{'  back to back':<20} {'':>22} {'':>24} {back:>24}")
         lines.append("")
         lines.append(
             "round by round, each p50 over RabbitMQ's in the same round "

@@ -24,3 +24,4 @@ def test_grpc_stacks_bench_measures_every_stack_halfmoon_and_rabbitmq(tmp_path: 
         assert (r["receive_p50_ms"] > 0) == (r["stack"] != HALFMOON), r
     rabbitmq = one["rabbitmq"]  # measured in the same round
     assert rabbitmq["send_p50_ms"] > 0 and rabbitmq["end_to_end_p50_ms"] > 0, rabbitmq
+    assert rabbitmq["back_to_back_p50_ms"] > 0, rabbitmq
