@@ -604,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
     scratch.cleanup()
 
     load = os.getloadavg()
-    peer = next((r for r in results if r.scenario.startswith("peer")), None)
+    peer = next((r for r in results if r.scenario.startswith("peer: spark parquet")), None)
     peer_rate = peer.per_second if peer else 0.0
     peer_steady = peer.steady if peer else 0.0
     print(
