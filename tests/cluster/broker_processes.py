@@ -111,8 +111,14 @@ class BrokerProcess:
                 raise
         return self.process.returncode
 
-    def pause(self) -> None:
+    def pause(self, timeout: float = 10.0) -> None:
+        """SIGSTOP, then wait until every thread is stopped: the signal takes effect
+        asynchronously, and a call sent in between could still be answered."""
         os.kill(self.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while not _all_threads_stopped(self.pid):
+            assert time.monotonic() < deadline, f"process {self.pid} did not stop"
+            time.sleep(0.01)
 
     def resume(self) -> None:
         os.kill(self.pid, signal.SIGCONT)
@@ -122,3 +128,16 @@ class BrokerProcess:
         deadline = time.monotonic() + timeout
         while self.process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Every thread of ``pid`` is in state T (stopped), from /proc."""
+    tasks = Path(f"/proc/{pid}/task")
+    for task in tasks.iterdir():
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # the thread exited meanwhile
+        if state not in ("T", "t"):
+            return False
+    return True
