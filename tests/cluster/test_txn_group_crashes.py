@@ -182,9 +182,12 @@ def test_coordinator_killed_before_the_decision_is_durable(make_cluster) -> None
     cluster.processes["broker-a"].wait_stopped()
     cluster.start("broker-a")
     never_half(cluster, group)  # no decision was made: every member stays pending
-    # The caller, who got an error, decides again: all members, none lost.
-    assert cluster.remotes["broker-b"].end_transaction_group(group, "commit") == 2 * 3
-    assert cluster.state(group) == all_visible(cluster, group)
+    # The caller, who got an error, decides again: all members, none lost. broker-b's own
+    # recovery round may ask the coordinator between its decision and its call to broker-b,
+    # and complete its members itself; they then count there, not in this answer.
+    decided = cluster.remotes["broker-b"].end_transaction_group(group, "commit")
+    assert MEMBERS_PER_BROKER <= decided <= 2 * MEMBERS_PER_BROKER
+    wait_for_state(cluster, group, all_visible(cluster, group))
 
 
 def test_coordinator_killed_after_the_decision_participant_resolves(make_cluster) -> None:
