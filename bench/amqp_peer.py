@@ -25,12 +25,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 from typing import Any
 
 from bench.load import (
     BODY_SIZE,
-    LATENCY_WARMUP,
     Arrivals,
     Throughput,
     body,
@@ -164,7 +162,10 @@ class AmqpPeer:
         await self._purge(queue)
         return samples
 
-    async def end_to_end_latencies(self, count: int) -> list[float]:
+    async def end_to_end_latencies(self, count: int, settle: float = 0.0) -> list[float]:
+        """Publish → ``basic_consume``, one message at a time; ``settle``: seconds the producer
+        idles before each send, as a benchmark that parks a long poll first must (an idle
+        broker and consumer take longer to wake than busy ones)."""
         queue_name = await self._fresh_queue("e2e")
         producer = await self._confirm_channel()
         consumer = await self._connection.channel()
@@ -184,42 +185,7 @@ class AmqpPeer:
                     self._message(body(seq)), routing_key=queue_name
                 )
 
-            return await end_to_end_latencies(count, arrivals, send_one)
-        finally:
-            await consumer.close()
-            await producer.close()
-
-    async def paced_end_to_end_latencies(self, count: int, settle: float = 0.002) -> list[float]:
-        """:meth:`end_to_end_latencies` with the producer idle ``settle`` seconds before each
-        send (outside the sample), as a benchmark that parks a long poll first must be: an
-        idle broker and consumer take longer to wake than busy ones."""
-        queue_name = await self._fresh_queue("paced")
-        producer = await self._confirm_channel()
-        consumer = await self._connection.channel()
-        arrivals = Arrivals()
-        try:
-            await consumer.set_qos(prefetch_count=PREFETCH)
-            queue = await consumer.get_queue(queue_name, ensure=False)
-
-            async def on_message(message: Any) -> None:
-                arrivals.arrived(seq_of(message.body))
-                await message.ack()
-
-            await queue.consume(on_message, no_ack=False)
-
-            async def send_one(seq: int) -> None:
-                await producer.default_exchange.publish(
-                    self._message(body(seq)), routing_key=queue_name
-                )
-
-            samples = []
-            for seq in range(LATENCY_WARMUP + count):
-                await asyncio.sleep(settle)
-                received = arrivals.expect(seq)
-                began = time.perf_counter()
-                await send_one(seq)
-                samples.append(await asyncio.wait_for(received, 10.0) - began)
-            return samples[LATENCY_WARMUP:]
+            return await end_to_end_latencies(count, arrivals, send_one, settle=settle)
         finally:
             await consumer.close()
             await producer.close()

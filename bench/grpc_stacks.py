@@ -110,6 +110,22 @@ def _wake(parked: list[asyncio.Future[None]]) -> None:
     parked.clear()
 
 
+def _serve_messaging(server: Any, port: int, send: Any, receive: Any) -> None:
+    """Register SendMessage and ReceiveMessage (raw bytes) on a C-core server, sync or aio."""
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                SERVICE,
+                {
+                    "SendMessage": grpc.unary_unary_rpc_method_handler(send),
+                    "ReceiveMessage": grpc.unary_stream_rpc_method_handler(receive),
+                },
+            ),
+        )
+    )
+    server.add_insecure_port(f"127.0.0.1:{port}")
+
+
 async def _serve_aio(port: int) -> None:
     server = grpc.aio.server(options=[("grpc.max_send_message_length", -1)])
     parked: list[asyncio.Future[None]] = []
@@ -127,18 +143,7 @@ async def _serve_aio(port: int) -> None:
         for response in RECEIVE_STREAM:
             yield response
 
-    server.add_generic_rpc_handlers(
-        (
-            grpc.method_handlers_generic_handler(
-                SERVICE,
-                {
-                    "SendMessage": grpc.unary_unary_rpc_method_handler(send),
-                    "ReceiveMessage": grpc.unary_stream_rpc_method_handler(receive),
-                },
-            ),
-        )
-    )
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    _serve_messaging(server, port, send, receive)
     await server.start()
     print(READY_LINE, flush=True)
     await _until_sigterm()
@@ -171,18 +176,7 @@ def _serve_sync(port: int) -> None:
             woken.wait()
         yield from RECEIVE_STREAM
 
-    server.add_generic_rpc_handlers(
-        (
-            grpc.method_handlers_generic_handler(
-                SERVICE,
-                {
-                    "SendMessage": grpc.unary_unary_rpc_method_handler(send),
-                    "ReceiveMessage": grpc.unary_stream_rpc_method_handler(receive),
-                },
-            ),
-        )
-    )
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    _serve_messaging(server, port, send, receive)
     server.start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -415,7 +409,7 @@ async def measure_rabbitmq(calls: int) -> RabbitRound:
     peer = await AmqpPeer.open()
     try:
         sends = [s * 1000 for s in await peer.send_latencies(calls)]
-        paced = [s * 1000 for s in await peer.paced_end_to_end_latencies(calls, SETTLE_S)]
+        paced = [s * 1000 for s in await peer.end_to_end_latencies(calls, settle=SETTLE_S)]
         back_to_back = [s * 1000 for s in await peer.end_to_end_latencies(calls)]
     finally:
         await peer.close()

@@ -119,14 +119,18 @@ async def end_to_end_latencies(
     arrivals: Arrivals,
     send_one: Callable[[int], Awaitable[object]],
     timeout: float = 10.0,
+    settle: float = 0.0,
 ) -> list[float]:
     """Send ``count`` messages one at a time; each sample is send start → consumer saw it.
 
     The next message goes out only after the previous one arrived, so the
-    samples are latency, not queueing behind a backlog.
+    samples are latency, not queueing behind a backlog; ``settle`` seconds
+    after it (outside the sample) when given: the producer idle before each send.
     """
     samples = []
     for seq in range(LATENCY_WARMUP + count):
+        if settle:
+            await asyncio.sleep(settle)
         received = arrivals.expect(seq)
         started = time.perf_counter()
         await send_one(seq)
