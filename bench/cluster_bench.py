@@ -32,7 +32,7 @@ from bench.load import body, machine_info
 from halfmoon.broker.broker import Broker as InProcessBroker
 from halfmoon.broker.config import BrokerConfig
 from halfmoon.broker.message import OutgoingMessage
-from halfmoon.cluster.remote_broker import RemoteBroker
+from halfmoon.cluster.internal.remote_broker import RemoteBroker
 from halfmoon.store.config import StoreConfig
 from halfmoon.store.store import MessageStore
 

@@ -125,6 +125,7 @@ class ProxyServer(HalfmoonServer):
             sys.executable, "-m", "halfmoon", "proxy", *upstream,
             "--listen", self.grpc,
             "--admin-listen", f"127.0.0.1:{self.admin_port}",
+            "--amqp-listen", "",  # not measured here; its default port may be another's
         ]  # fmt: skip
 
     def worker_pids(self) -> list[int]:

@@ -1,10 +1,11 @@
 """Failover time: from a master's SIGKILL to the first send acknowledged through the proxy.
 
-    .venv/bin/python -m bench.failover_bench [--kills 20] [--lease-ttl 2] [--senders 2]
+    .venv/bin/python -m bench.failover_bench [--kills 20] [--lease-ttl S] [--senders 2]
         [--switchovers N]
 
 A broker group in etcd (a master and two replicas, ``--replication sync
---min-insync-replicas 1``, ``--lease-ttl`` seconds, flush sync) behind one
+--min-insync-replicas 1``, flush sync; the group's lease and every other
+replication setting at their defaults unless ``--lease-ttl`` is given) behind one
 ``halfmoon proxy``; ``--senders`` threads send without pause through the proxy
 with the official Python client (``rocketmq``). Each round:
 
@@ -17,10 +18,18 @@ with the official Python client (``rocketmq``). Each round:
    is not truncated yet, so it copies the new master's log from zero) and let
    it rejoin.
 
-Printed: each round's time, then min / p50 / p90 / max over the rounds. The
-floor is the lease TTL (etcd must expire the dead master's key); the rest is
-the controller's poll (0.5 s), the appointed replica opening its broker, and
-the client's retry backoff.
+Printed: each round's time and where it went, on one clock (etcd's changes
+as a watch sees them, the processes' log lines): ``expired`` when etcd
+deleted the dead master's key (its lease ran out), ``appointed`` when a
+controller wrote the new one, ``announced`` when the new master wrote the
+group's routing entry (once it serves), ``in-sync`` when it first published
+an in-sync set (a replica following it: before, it takes no sync write),
+``connected`` when the proxy had
+connected to it, then the first acknowledged send; then min / p50 / p90 /
+max over the rounds, and how many tracebacks the proxy logged (there should
+be none). The floor is the lease (etcd must expire the dead master's key);
+the rest is the controller's reaction, the appointed replica opening its
+broker, the proxy following the routing entry and the client's retry.
 
 ``--switchovers N`` then runs N planned switchovers (``halfmoon cluster
 failover G``, no target: the most caught-up in-sync replica) under the same
@@ -48,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cluster_procs import ProxyServer
+from bench.failover_timeline import KeyTimeline, logged_at
 from bench.load import machine_info, percentile
 from bench.replication_bench import READY, etcd, replication_status
 from bench.server_proc import REPO_ROOT, free_port
@@ -85,7 +95,7 @@ class Member:
         def drain(stream: Any) -> None:  # reads on, so a chatty broker never blocks
             for line in stream:
                 self.lines.append(line)
-                del self.lines[:-200]
+                del self.lines[:-2000]
                 if READY.search(line):
                     ready.set()
             ready.set()
@@ -212,21 +222,69 @@ def switchover(coordinator: str) -> tuple[float, float, dict[str, Any]]:
     return asked, answered, json.loads(done.stdout)
 
 
+@dataclass
+class Round:
+    """One kill: seconds from it to each step (None: not seen), and to the first ack."""
+
+    expired: float | None
+    appointed: float | None
+    announced: float | None
+    in_sync: float | None
+    connected: float | None
+    first_ack: float
+
+    def line(self) -> str:
+        def at(value: float | None) -> str:
+            return "-" if value is None else f"{value:.2f}"
+
+        return (
+            f"expired {at(self.expired)} appointed {at(self.appointed)} "
+            f"announced {at(self.announced)} in-sync {at(self.in_sync)} "
+            f"connected {at(self.connected)} "
+            f"first ack {self.first_ack:.2f}s"
+        )
+
+
+def timed_round(
+    timeline: KeyTimeline, proxy: ProxyServer, killed_wall: float, first_ack: float
+) -> Round:
+    def since(value: float | None) -> float | None:
+        return None if value is None else value - killed_wall
+
+    master_key = f"broker-groups/{GROUP}/master"
+    appointed = timeline.first_after(killed_wall, "PUT", master_key)
+    return Round(
+        since(timeline.first_after(killed_wall, "DELETE", master_key)),
+        since(appointed),
+        since(timeline.first_after(killed_wall, "PUT", f"brokers/{GROUP}")),
+        since(timeline.first_after(appointed or killed_wall, "PUT", f"broker-groups/{GROUP}/isr")),
+        since(logged_at(proxy.lines, f"event=broker_connected broker={GROUP} ", killed_wall)),
+        first_ack,
+    )
+
+
 def run(
-    kills: int, lease_ttl: int, senders_count: int, root: Path, switchovers: int = 0
-) -> tuple[list[float], list[float]]:
-    """The failover times of ``kills`` rounds, then the clients' pauses of ``switchovers``."""
+    kills: int,
+    lease_ttl: int | None,
+    senders_count: int,
+    root: Path,
+    switchovers: int = 0,
+) -> tuple[list[Round], list[float], int]:
+    """The failover rounds of ``kills``, the clients' pauses of ``switchovers``, and how many
+    tracebacks the proxy logged."""
     with etcd(root) as coordinator:
         flags = (
             "--cluster", CLUSTER, "--coordinator", coordinator, "--group", GROUP,
             "--replication", "sync", "--min-insync-replicas", "1",
-            "--lease-ttl", str(lease_ttl), "--set", "store.segment_size=1048576",
+            *(("--lease-ttl", str(lease_ttl)) if lease_ttl is not None else ()),
+            "--set", "store.segment_size=1048576",
         )  # fmt: skip
         members = [Member(f"b{i}", root / f"b{i}", free_port(), flags) for i in range(MEMBERS)]
         proxy = ProxyServer(None, cluster=("--cluster", CLUSTER, "--coordinator", coordinator))  # type: ignore[arg-type]
         proxy.settings = ("store.segment_size=1048576",)
+        timeline = KeyTimeline(coordinator, f"/halfmoon/{CLUSTER}/").start()
         senders: Senders | None = None
-        times: list[float] = []
+        rounds: list[Round] = []
         try:
             for member in members:  # in order: the first is the master
                 member.start()
@@ -238,6 +296,7 @@ def run(
             wait_for(lambda: len(senders.acked) >= 50, 60, "sends acknowledged")
             for round_ in range(kills):
                 master = wait_for(lambda: healthy_master(members), ROUND_TIMEOUT_S, "a master")
+                killed_wall = time.time()
                 master.kill()
                 killed = time.monotonic()
                 first = wait_for(
@@ -245,9 +304,8 @@ def run(
                     ROUND_TIMEOUT_S,
                     "a send acknowledged",
                 )
-                times.append(first - killed)
-                print(f"kill {round_ + 1:>2}: {master.name} → first ack {first - killed:.2f}s",
-                      flush=True)  # fmt: skip
+                rounds.append(timed_round(timeline, proxy, killed_wall, first - killed))
+                print(f"kill {round_ + 1:>2}: {master.name} → {rounds[-1].line()}", flush=True)
                 shutil.rmtree(master.data_dir)
                 master.start()
             pauses: list[float] = []
@@ -264,33 +322,50 @@ def run(
                 print(f"switchover {round_ + 1:>2}: {master.name} → {outcome.get('master')} "
                       f"command {answered - asked:.2f}s, clients paused {pause:.2f}s, "
                       f"fenced {outcome.get('fenced_ms')} ms", flush=True)  # fmt: skip
-            return times, pauses
+            tracebacks = sum("Traceback (most recent call last)" in line for line in proxy.lines)
+            return rounds, pauses, tracebacks
         finally:
             if senders is not None:
                 senders.close()
+            timeline.close()
             proxy.stop()
             for member in members:
                 member.stop()
 
 
+def summary(name: str, values: list[float], count: str) -> str:
+    ordered = sorted(values)
+    return (
+        f"{name} min={ordered[0]:.2f} p50={percentile(ordered, 0.5):.2f} "
+        f"p90={percentile(ordered, 0.9):.2f} max={ordered[-1]:.2f} {count}={len(values)}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=20)
-    parser.add_argument("--lease-ttl", type=int, default=2)
+    parser.add_argument(
+        "--lease-ttl", type=int, default=None, help="the members' --lease-ttl (default: theirs)"
+    )
     parser.add_argument("--senders", type=int, default=2)
     parser.add_argument("--switchovers", type=int, default=0)
     args = parser.parse_args()
-    print(f"# {json.dumps(machine_info())} kills={args.kills} lease_ttl={args.lease_ttl}s "
+    ttl = "default" if args.lease_ttl is None else f"{args.lease_ttl}s"
+    print(f"# {json.dumps(machine_info())} kills={args.kills} lease_ttl={ttl} "
           f"senders={args.senders} switchovers={args.switchovers}", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="halfmoon-failover-bench-") as tmp:
-        times, pauses = run(args.kills, args.lease_ttl, args.senders, Path(tmp), args.switchovers)
-    for name, values, count in (("failover_s", times, "kills"), ("pause_s", pauses, "switchovers")):
-        if values:
-            ordered = sorted(values)
-            print(
-                f"{name} min={ordered[0]:.2f} p50={percentile(ordered, 0.5):.2f} "
-                f"p90={percentile(ordered, 0.9):.2f} max={ordered[-1]:.2f} {count}={len(values)}"
-            )
+        rounds, pauses, tracebacks = run(
+            args.kills, args.lease_ttl, args.senders, Path(tmp), args.switchovers
+        )
+    if rounds:
+        print(summary("failover_s", [r.first_ack for r in rounds], "kills"))
+        for step in ("expired", "appointed", "announced", "in_sync", "connected"):
+            seen = [v for r in rounds if (v := getattr(r, step)) is not None]
+            if seen:
+                print(summary(f"  {step}_s", seen, "seen"))
+    if pauses:
+        print(summary("pause_s", pauses, "switchovers"))
+    print(f"proxy_tracebacks={tracebacks}")
 
 
 if __name__ == "__main__":

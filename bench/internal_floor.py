@@ -10,7 +10,7 @@ over:
   ``SendStream`` method without the store);
 - ``tcp stream``: an asyncio TCP server reading length-prefixed frames
   (4-byte big-endian length, then the frame), the shape of the broker's
-  internal send listener (:mod:`halfmoon.cluster.send_listener`).
+  internal send listener (:mod:`halfmoon.cluster.internal.send.listener`).
 
 The client (this process, one event loop) keeps ``--concurrency`` requests in
 flight on one connection, for ``--seconds``. Printed: requests per second and

@@ -62,7 +62,7 @@ from bench.halfmoon_peer import GrpcPeer, official_client_produce
 from bench.load import Throughput, machine_info, percentile
 from bench.server_proc import HalfmoonServer
 from bench.txn_group_bench import start_etcd
-from halfmoon.cluster.connection import BrokerConnection
+from halfmoon.cluster.internal.connection import BrokerConnection
 
 PRODUCERS = (1, 16, 64)
 TICKS = os.sysconf("SC_CLK_TCK")

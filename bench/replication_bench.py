@@ -42,7 +42,7 @@ from bench.cluster_bench import cpu_seconds
 from bench.load import body, machine_info, percentile
 from bench.server_proc import free_port
 from halfmoon.broker.message import OutgoingMessage
-from halfmoon.cluster.remote_broker import RemoteBroker
+from halfmoon.cluster.internal.remote_broker import RemoteBroker
 
 TOPIC = "BenchTopic"
 READY = re.compile(r"halfmoon broker ready .*internal=(\S+)")

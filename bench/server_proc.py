@@ -93,6 +93,7 @@ class HalfmoonServer:
             "--data-dir", str(self.data_dir),
             "--listen", self.grpc,
             "--admin-listen", f"127.0.0.1:{self.admin_port}",
+            "--amqp-listen", "127.0.0.1:0",
             "--flush", self.flush,
         ]  # fmt: skip
         for setting in self.settings:

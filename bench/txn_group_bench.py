@@ -33,8 +33,8 @@ from bench.cluster_bench import cpu_seconds
 from bench.load import machine_info
 from bench.server_proc import free_port
 from halfmoon.broker.message import MessageType, OutgoingMessage
-from halfmoon.cluster.remote_broker import RemoteBroker
-from halfmoon.cluster.txn_groups import coordinator_for
+from halfmoon.cluster.internal.remote_broker import RemoteBroker
+from halfmoon.cluster.internal.txn_groups import coordinator_for
 
 TOPIC = "bench-txn-groups"
 

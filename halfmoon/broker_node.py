@@ -13,7 +13,9 @@ Lifecycle (as ``halfmoon serve``'s):
   coordinator when a registration is given, log one ready line.
 - shutdown (SIGTERM / SIGINT): deregister, end the event streams, stop
   accepting and let in-flight calls finish for ``server.shutdown_grace``,
-  then close the broker and the store. A second signal skips the wait.
+  cancel those left (and log how many), then close the broker and the store.
+  A second request skips the wait (:mod:`halfmoon.lifecycle`, as ``serve``
+  and ``proxy``).
 
 Registration is a hook: :func:`run_broker` takes a ``register`` callable,
 given the :class:`BrokerEndpoint` once the port is bound, returning the
@@ -32,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-import signal
 import socket
 import threading
 import time
@@ -40,7 +41,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import grpc
@@ -50,21 +50,26 @@ from halfmoon.broker.broker import Broker as InProcessBroker
 from halfmoon.broker.clock import Clock, FakeClock, SystemClock
 from halfmoon.broker.groups import GroupRegistry
 from halfmoon.broker.topics import TopicRegistry
-from halfmoon.cluster import internal_tls, peer_tls
-from halfmoon.cluster.connection import MAX_MESSAGE_BYTES
-from halfmoon.cluster.etcd_json import parse_coordinator
-from halfmoon.cluster.internal_service import InternalService
-from halfmoon.cluster.keys import DEFAULT_TTL_S
-from halfmoon.cluster.registration import register_member
-from halfmoon.cluster.send_listener import SendListener
-from halfmoon.cluster.txn_groups import GroupCoordination
+from halfmoon.cluster.coordination.etcd_json import parse_coordinator
+from halfmoon.cluster.coordination.etcd_tls import PLAIN, EtcdTls
+from halfmoon.cluster.coordination.registration import register_member
+from halfmoon.cluster.internal.connection import MAX_MESSAGE_BYTES
+from halfmoon.cluster.internal.delivery_holders import HolderLeases
+from halfmoon.cluster.internal.internal_service import InternalService
+from halfmoon.cluster.internal.peer_tls import PeerTls
+from halfmoon.cluster.internal.send.listener import SendListener
+from halfmoon.cluster.internal.txn_groups import GroupCoordination
 from halfmoon.config import Config, parse_host_port
+from halfmoon.config.cluster import DEFAULT_TTL_S
 from halfmoon.errors import HalfmoonError
 from halfmoon.gc_tuning import freeze_startup_heap
+from halfmoon.lifecycle import Lifecycle
+from halfmoon.logs import configure_logging
 from halfmoon.replication.controller import Controller
 from halfmoon.replication.group_broker import GroupOptions, GroupRole
-from halfmoon.server.app import METADATA_DIR_NAME, TickThread, configure_logging
+from halfmoon.server.app import METADATA_DIR_NAME, TickThread
 from halfmoon.server.edge_security import is_loopback
+from halfmoon.store.dirlock import holding_data_dir
 from halfmoon.store.fsutil import fsync_directory
 from halfmoon.store.store import MessageStore
 
@@ -88,6 +93,7 @@ class BrokerEndpoint:
     cluster: str | None
     coordinator: str | None  # e.g. etcd://127.0.0.1:2379
     send_port: int | None = None  # the send listener's port on the same host, if it listens
+    etcd_tls: EtcdTls = PLAIN  # how this process reaches the coordinator
 
 
 # Registers the broker; returns the callable that deregisters it.
@@ -117,6 +123,7 @@ def register_in_etcd(
         {**(facts or {}), "send_port": endpoint.send_port} if endpoint.send_port else facts,
         ttl_s=ttl_s,
         facts_source=facts_source,
+        tls=endpoint.etcd_tls,
     )
 
 
@@ -193,32 +200,61 @@ def run_broker(
     over rather than switching in place leaves no state of the master's broker
     (pending transactions, timers, pop state in memory) behind.
 
-    ``send_listen`` is where the send listener (:mod:`halfmoon.cluster.send_listener`)
+    ``send_listen`` is where the send listener (:mod:`halfmoon.cluster.internal.send.listener`)
     listens: ``host:port``, ``auto`` (the ``listen`` host, any free port) or None (none:
     proxies send over the gRPC stream). Its port is announced in the Hello answer and
     the etcd member record.
     """
-    stop = stop or threading.Event()
+    # Checked before the directory is locked (or created): a refused listener touches nothing.
+    tls = PeerTls.from_config(config)
+    _refuse_exposed_listeners(config, tls, listen, send_listen)
+    lifecycle = Lifecycle(config.server.shutdown_grace, stop=stop, on_reload=tls.reload)
     bound: list[str] = []
     acknowledged: list[int] = [0]  # what it acknowledged as master before stepping down
     rejoining = False
-    while True:
-        status = _run_broker_once(
-            config, listen, cluster=cluster, coordinator=coordinator, register=register,
-            fake_clock_ms=fake_clock_ms, stop=stop, group=group,
-            group_advertise=group_advertise, bound_to=bound, send_listen=send_listen,
-            acknowledged=acknowledged, campaign=not rejoining,
-        )  # fmt: skip
-        if status is not None:
-            return status
-        listen = bound[0]  # the same port again (a listen port 0 would pick another)
-        rejoining = True
-        # Closed, it joins the group again and follows the new master, cutting what it
-        # wrote past the new master's log first (a deposed master's unacknowledged tail).
-        log.info(
-            "event=rejoining_as_replica group=%s acknowledged=%d",
-            group.group if group else None, acknowledged[0],
-        )  # fmt: skip
+    # Held across every life: between stepping down and rejoining, no other process may
+    # open the directory (DATA_DIR_LOCKED; see halfmoon.store.dirlock). The signals too: a
+    # stop requested while a life starts is served once it serves (it drains at once).
+    with holding_data_dir(config.store.data_dir, "halfmoon broker"), lifecycle.capture_signals():
+        while True:
+            status = _run_broker_once(
+                config, listen, cluster=cluster, coordinator=coordinator, register=register,
+                fake_clock_ms=fake_clock_ms, lifecycle=lifecycle, tls=tls, group=group,
+                group_advertise=group_advertise, bound_to=bound, send_listen=send_listen,
+                acknowledged=acknowledged, campaign=not rejoining,
+            )  # fmt: skip
+            if status is not None:
+                return status
+            listen = bound[0]  # the same port again (a listen port 0 would pick another)
+            rejoining = True
+            # Closed, it joins the group again and follows the new master, cutting what it
+            # wrote past the new master's log first (a deposed master's unacknowledged tail).
+            log.info(
+                "event=rejoining_as_replica group=%s acknowledged=%d",
+                group.group if group else None, acknowledged[0],
+            )  # fmt: skip
+
+
+def _refuse_exposed_listeners(
+    config: Config, tls: PeerTls, listen: str, send_listen: str | None
+) -> None:
+    """:class:`InsecureListen` for a listener beyond loopback without mutual TLS (unless
+    ``auth.insecure``)."""
+    host, _ = parse_host_port(listen, what="internal listen address")
+    send_address = _send_address(send_listen, host)
+    listening = [("internal listen", listen, host)]
+    if send_address is not None:
+        listening.append(("send listen", str(send_listen), send_address[0]))
+    for what, given, bound_host in listening:
+        if tls.internal.enabled or is_loopback(bound_host) or config.auth.insecure:
+            continue
+        # As serve refuses an unauthenticated client port beyond loopback: a broker answers
+        # every caller as a trusted proxy, so one facing a network must know its peers.
+        raise InsecureListen(
+            f"the {what} address {given} is not a loopback address and mutual TLS is off: "
+            "anyone who reaches it could read and write every queue. Set [internal] ca, cert "
+            "and key (docs/security.md), or pass --insecure to accept that"
+        )
 
 
 def _run_broker_once(
@@ -229,7 +265,8 @@ def _run_broker_once(
     coordinator: str | None,
     register: Registration | None,
     fake_clock_ms: int | None,
-    stop: threading.Event | None,
+    lifecycle: Lifecycle,
+    tls: PeerTls,
     group: GroupOptions | None,
     group_advertise: str | None,
     bound_to: list[str],
@@ -239,28 +276,12 @@ def _run_broker_once(
 ) -> int | None:
     """One life of the broker: its exit status, or None when it stepped down as its group's
     master and must rejoin as a replica."""
-    configure_logging()
+    configure_logging(config.log)
     started = time.monotonic()
     host, port = parse_host_port(listen, what="internal listen address")
     send_address = _send_address(send_listen, host)
-    peer_tls.configure(config)
-    listening = [("internal listen", listen, host)]
-    if send_address is not None:
-        listening.append(("send listen", str(send_listen), send_address[0]))
-    for what, given, bound_host in listening:
-        if internal_tls.enabled() or is_loopback(bound_host) or config.auth.insecure:
-            continue
-        # As serve refuses an unauthenticated client port beyond loopback: a broker answers
-        # every caller as a trusted proxy, so one facing a network must know its peers.
-        raise InsecureListen(
-            f"the {what} address {given} is not a loopback address and mutual TLS is off: "
-            "anyone who reaches it could read and write every queue. Set [internal] ca, cert "
-            "and key (docs/security.md), or pass --insecure to accept that"
-        )
-    stop = stop or threading.Event()
-    force = threading.Event()
+    stop = lifecycle.stopping
     clock: Clock = FakeClock(fake_clock_ms) if fake_clock_ms is not None else SystemClock()
-    store = MessageStore(config.store)
     executor = ThreadPoolExecutor(
         config.server.worker_threads, thread_name_prefix="halfmoon-internal"
     )
@@ -275,14 +296,21 @@ def _run_broker_once(
             ("grpc.http2.min_ping_interval_without_data_ms", 5000),
         ],
     )
+    try:
+        # Bound before anything else: a taken port fails before the store is opened, and a
+        # group member campaigns with the endpoint it serves.
+        bound = tls.internal.add_port(server, format_address(host, port))  # OSError if taken
+        store = MessageStore(config.store)
+    except BaseException:
+        server.stop(0)
+        executor.shutdown(wait=False, cancel_futures=True)
+        raise
+    address = format_address(host, bound)
+    bound_to[:] = [address]
     role: GroupRole | None = None
     controller: Controller | None = None
     promoted = False  # a replica appointed master: the server is already started
     try:
-        # Bound before anything else: a group member campaigns with the endpoint it serves.
-        bound = internal_tls.add_port(server, format_address(host, port))  # OSError if taken
-        address = format_address(host, bound)
-        bound_to[:] = [address]
         if group is not None:
             assert cluster is not None and coordinator is not None
             metadata_dir = Path(config.store.data_dir) / METADATA_DIR_NAME
@@ -290,18 +318,19 @@ def _run_broker_once(
                 store, group, cluster=cluster, coordinator=coordinator,
                 endpoint=advertised_address(address, group_advertise),
                 acknowledged=acknowledged[0], campaign=campaign,
-                on_truncate=lambda _cut: forget_log_progress(metadata_dir),
+                on_truncate=lambda _cut: forget_log_progress(metadata_dir), tls=tls,
             )  # fmt: skip
             server.add_generic_rpc_handlers([role.handler(), role.reads.handler()])
             # Any member may act as the cluster's controller (one at a time, etcd decides).
+            member = role.member  # its lease changes when a deposed master rejoins
             controller = Controller(
-                coordinator, cluster, name=f"{group.group}/{group.member}", ttl_s=group.ttl_s,
-                unclean=group.unclean_election,
+                coordinator, cluster, name=f"{group.group}/{group.member}",
+                lease=lambda: member.lease, unclean=group.unclean_election, tls=tls,
             )  # fmt: skip
             controller.start()
             if not role.is_master:
                 if not _serve_replica(
-                    config, server, executor, store, role, address, started, stop
+                    config, server, executor, store, role, address, started, lifecycle
                 ):
                     controller.close()
                     return 0
@@ -324,7 +353,8 @@ def _run_broker_once(
             config.broker,
             clock,
             transaction_config=config.transaction,
-            journal_offsets=role is not None,  # offsets move with the log to replicas
+            # Acks and offsets are as durable as sends, and move with the log to replicas.
+            journal_offsets=True,
             admit_send=role.leader.admit if role is not None and role.leader else None,
         )
     except BaseException:
@@ -343,7 +373,15 @@ def _run_broker_once(
             cluster,
             parse_coordinator(coordinator),
             record_retention_ms=config.transaction.group_record_retention_ms,
+            tls=tls.internal,
+            etcd_tls=tls.etcd,
         )
+        if cluster is not None and coordinator is not None
+        else None
+    )
+    # In a cluster, a proxy worker's AMQP deliveries go back to their queue when it ends.
+    holders = (
+        HolderLeases(broker, parse_coordinator(coordinator), tls=tls.etcd)
         if cluster is not None and coordinator is not None
         else None
     )
@@ -357,7 +395,7 @@ def _run_broker_once(
     server.add_generic_rpc_handlers([service.handler()])
     listener: SendListener | None = None
     if send_address is not None:
-        listener = SendListener(service, *send_address)
+        listener = SendListener(service, *send_address, tls=tls.internal)
         try:
             service.send_port = listener.start()
         except BaseException:
@@ -372,16 +410,19 @@ def _run_broker_once(
             raise
     tick = TickThread(broker, config.server.tick_interval)
     deregister: Callable[[], None] | None = None
-    previous = _install_signal_handlers(stop, force)
     rejoin = False
     try:
         if not promoted:
             server.start()
+        if role is not None:
+            # Serving now (the service registered, the port listening): tell proxies. A
+            # master that is no longer one by now steps down (the loop below rejoins).
+            role.announce()
         if fake_clock_ms is None:
             tick.start()
         if register is not None and role is None:
             deregister = register(
-                BrokerEndpoint(name, address, cluster, coordinator, service.send_port)
+                BrokerEndpoint(name, address, cluster, coordinator, service.send_port, tls.etcd)
             )
         freeze_startup_heap(config.server.gc_freeze)
         log.info(
@@ -395,16 +436,15 @@ def _run_broker_once(
         )
         if groups is not None:  # after the ready line: its recovery may find work at once
             groups.start()
+        if holders is not None:
+            holders.start()
         while not stop.wait(0.05 if role is not None else 1.0):
             if role is not None and role.demoted.is_set():
                 rejoin = True
                 if role.leader is not None:
                     acknowledged[0] = role.leader.acknowledged_end
                 break
-        log.info(
-            "event=shutdown_begin grace_s=%s%s",
-            0 if rejoin else config.server.shutdown_grace, " rejoin=true" if rejoin else "",
-        )  # fmt: skip
+        lifecycle.shutdown_begins(0 if rejoin else None, " rejoin=true" if rejoin else "")
     finally:
         try:
             if deregister is not None:
@@ -416,14 +456,17 @@ def _run_broker_once(
                 role.close()
             if groups is not None:
                 groups.close()
+            if holders is not None:
+                holders.close()
             service.close()
-            grace = 0 if force.is_set() or rejoin else config.server.shutdown_grace
-            stopped = server.stop(grace)
-            while not stopped.wait(0.1):
-                if force.is_set():
-                    log.warning("event=shutdown_forced")
-                    server.stop(0).wait()
-                    break
+            grace = 0 if rejoin else lifecycle.grace_s
+            # gRPC's own grace is a backstop past the drain's deadline: the drain cancels
+            # what is left itself, so that it can say how much.
+            stopped = server.stop(2 * grace + 1)
+            lifecycle.drain(
+                stopped.wait, lambda: len(service.calls), lambda: server.stop(0).wait(),
+                grace_s=grace,
+            )  # fmt: skip
             if listener is not None:  # after the drain above: its requests were answered too
                 listener.close()
             if tick.is_alive():
@@ -441,7 +484,6 @@ def _run_broker_once(
                 broker.close()
         finally:
             store.close()
-            _restore_signal_handlers(previous)
             log.info("event=stopped")
     return None if rejoin and not stop.is_set() else 0
 
@@ -454,12 +496,11 @@ def _serve_replica(
     role: GroupRole,
     address: str,
     started: float,
-    stop: threading.Event,
+    lifecycle: Lifecycle,
 ) -> bool:
     """A replica: the replication service only, until stopped (then leave and close: False)
     or appointed master by a controller (True: everything left running for the master)."""
-    force = threading.Event()
-    previous = _install_signal_handlers(stop, force)
+    stop = lifecycle.stopping
     promoted = False
     try:
         server.start()
@@ -480,44 +521,14 @@ def _serve_replica(
         if promoted:
             log.info("event=replica_promoted group=%s", role.options.group)
         else:
-            log.info("event=shutdown_begin grace_s=0")
+            lifecycle.shutdown_begins(0)
     finally:
-        if promoted:  # nothing to close: the process goes on as master
-            _restore_signal_handlers(previous)
-        else:
+        if not promoted:  # promoted, nothing closes: the process goes on as master
             try:
                 role.close()
                 server.stop(0).wait()
                 executor.shutdown(wait=False, cancel_futures=True)
             finally:
                 store.close()
-                _restore_signal_handlers(previous)
                 log.info("event=stopped")
     return promoted
-
-
-_Handler = Callable[[int, FrameType | None], object] | int | None
-
-
-def _install_signal_handlers(stop: threading.Event, force: threading.Event) -> dict[int, _Handler]:
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        if stop.is_set():
-            log.warning("event=signal_again signal=%s action=force", signal.Signals(signum).name)
-            force.set()
-        else:
-            log.info("event=signal signal=%s action=shutdown", signal.Signals(signum).name)
-            stop.set()
-
-    previous: dict[int, _Handler] = {}
-    if threading.current_thread() is not threading.main_thread():
-        return previous  # embedded in a test: the caller stops it with ``stop``
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        previous[signum] = signal.signal(signum, on_signal)
-    # SIGHUP: re-read the internal and etcd certificates (new handshakes get them).
-    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda _s, _f: peer_tls.reload())
-    return previous
-
-
-def _restore_signal_handlers(previous: dict[int, _Handler]) -> None:
-    for signum, handler in previous.items():
-        signal.signal(signum, handler)

@@ -12,7 +12,8 @@ Each class also says how every front end reports it, next to its code:
   its own ``code`` and no ``protocol_code`` answers with its code, so a code
   that is not a protocol Code name must name one explicitly;
 - ``http_status``: the admin API's HTTP status;
-- ``exit_code``: the ``halfmoon`` command's exit status.
+- ``exit_code``: the ``halfmoon`` command's exit status (1 failed, 2 usage, 3 the data
+  directory is held by another live process).
 
 The last two follow the error's kind and are inherited from the kinds below
 (bad request 400, not found 404, conflict 409, storage fault 500). A test
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 EXIT_FAILED = 1  # the operation failed
 EXIT_USAGE = 2  # the command line (or its configuration) was wrong
+EXIT_IN_USE = 3  # another live process holds what the command needs (its data directory)
 
 
 class HalfmoonError(Exception):
@@ -70,6 +72,11 @@ class Conflict(HalfmoonError):
 
     code = "PRECONDITION_FAILED"
     http_status = 409
+
+
+class Unavailable(HalfmoonError):
+    """What the call needs cannot be reached now (a broker process down or restarting): the
+    same call may succeed later."""
 
 
 class StorageError(HalfmoonError):

@@ -2,8 +2,8 @@
 
 Small and dependency-free. Two kinds of metric:
 
-- **owned** metrics (:class:`Counter`, :class:`Gauge`) that code updates as
-  things happen (``requests.inc(method="GET", status="200")``);
+- **owned** metrics (:class:`Counter`, :class:`Gauge`, :class:`Histogram`) that
+  code updates as things happen (``requests.inc(method="GET", status="200")``);
 - **collected** families, produced at scrape time by a callback registered
   with :meth:`MetricsRegistry.add_collector`, for numbers that already live
   elsewhere (queue offsets, lag, broker status) and would only go stale if
@@ -16,6 +16,7 @@ every other metric.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import re
@@ -37,13 +38,17 @@ class MetricFamily:
     """One metric name with its samples: what a collector returns."""
 
     name: str
-    kind: str  # "counter" | "gauge"
+    kind: str  # "counter" | "gauge" | "histogram"
     help: str
+    # A histogram's samples name their series (_bucket, _sum, _count) with SUFFIX.
     samples: list[tuple[Mapping[str, str], float]] = field(default_factory=list)
 
     def add(self, value: float, **labels: object) -> MetricFamily:
         self.samples.append(({k: str(v) for k, v in labels.items()}, value))
         return self
+
+
+SUFFIX = "__suffix"  # a sample "label" naming a histogram's series; never rendered as a label
 
 
 class _Metric:
@@ -121,6 +126,57 @@ class Gauge(_Metric):
         self.inc(-amount, **labels)
 
 
+class Histogram(_Metric):
+    """Observations counted into fixed buckets (upper bounds, ascending), with their sum.
+
+    :meth:`observe_key` is one bisect and three additions under the lock: cheap enough
+    for a per-request path."""
+
+    kind = "histogram"
+
+    def __init__(
+        self, name: str, help: str, labelnames: Sequence[str] = (), buckets: Sequence[float] = ()
+    ) -> None:
+        super().__init__(name, help, labelnames)
+        if not buckets or list(buckets) != sorted(buckets):
+            raise ValueError(f"{name}: buckets must be ascending upper bounds")
+        self.buckets = tuple(float(b) for b in buckets)
+        # label values -> [per-bucket counts..., +Inf count, sum]
+        self._series: dict[LabelValues, list[float]] = {}
+
+    def observe(self, value: float, **labels: object) -> None:
+        self.observe_key(self._key(labels), value)
+
+    def observe_key(self, key: LabelValues, value: float) -> None:
+        slot = bisect.bisect_left(self.buckets, value)
+        with self._lock:
+            series = self._series.get(key)
+            if series is None:
+                series = self._series[key] = [0.0] * (len(self.buckets) + 2)
+            series[slot] += 1
+            series[-1] += value
+
+    def count(self, **labels: object) -> float:
+        with self._lock:
+            series = self._series.get(self._key(labels))
+            return sum(series[:-1]) if series is not None else 0.0
+
+    def family(self) -> MetricFamily:
+        with self._lock:
+            items = sorted((key, list(series)) for key, series in self._series.items())
+        fam = MetricFamily(self.name, self.kind, self.help)
+        bounds = [*(_number(b) for b in self.buckets), "+Inf"]
+        for key, series in items:
+            labels = dict(zip(self.labelnames, key, strict=True))
+            running = 0.0
+            for bound, count in zip(bounds, series[:-1], strict=True):
+                running += count
+                fam.samples.append(({**labels, "le": bound, SUFFIX: "_bucket"}, running))
+            fam.samples.append(({**labels, SUFFIX: "_sum"}, series[-1]))
+            fam.samples.append(({**labels, SUFFIX: "_count"}, running))
+        return fam
+
+
 Collector = Callable[[], Iterable[MetricFamily]]
 
 
@@ -143,7 +199,12 @@ class MetricsRegistry:
     def gauge(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Gauge:
         return self._register(Gauge, name, help, labelnames)
 
-    def _register(self, cls: type, name: str, help: str, labelnames: Sequence[str]):  # noqa: ANN202
+    def histogram(
+        self, name: str, help: str, labelnames: Sequence[str] = (), *, buckets: Sequence[float]
+    ) -> Histogram:
+        return self._register(Histogram, name, help, labelnames, buckets=buckets)
+
+    def _register(self, cls: type, name: str, help: str, labelnames: Sequence[str], **extra):  # noqa: ANN202, ANN003
         with self._lock:
             existing = self._metrics.get(name)
             if existing is not None:
@@ -151,7 +212,7 @@ class MetricsRegistry:
                 if type(existing) is not cls or existing.labelnames != tuple(labelnames):
                     raise ValueError(f"metric {name!r} is already registered differently")
                 return existing
-            metric = cls(name, help, labelnames)
+            metric = cls(name, help, labelnames, **extra)
             self._metrics[name] = metric
             return metric
 
@@ -195,7 +256,10 @@ def render_families(families: Iterable[MetricFamily]) -> str:
         lines.append(f"# HELP {fam.name} {_escape_help(fam.help)}")
         lines.append(f"# TYPE {fam.name} {fam.kind}")
         for labels, value in fam.samples:
-            lines.append(f"{fam.name}{_labels(labels)} {_number(value)}")
+            suffix = labels.get(SUFFIX, "")
+            if suffix:
+                labels = {k: v for k, v in labels.items() if k != SUFFIX}
+            lines.append(f"{fam.name}{suffix}{_labels(labels)} {_number(value)}")
     return "\n".join(lines) + "\n"
 
 

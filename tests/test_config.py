@@ -9,6 +9,8 @@ from typing import Literal
 
 import pytest
 
+from halfmoon.errors import InvalidArgument
+
 config_module = pytest.importorskip(
     "halfmoon.config",
     reason="halfmoon.config needs halfmoon.{store,broker,server}.config, not written yet",
@@ -257,6 +259,31 @@ def test_bad_values_say_the_accepted_form(override, expected):
         load(overrides=[override])
 
 
+@pytest.mark.parametrize(
+    "override",
+    [
+        "broker.default_queue_count=0",
+        "broker.max_body_size=0",
+        "broker.default_invisible_ms=0",
+        "broker.timer_max_heap=-1",
+        "broker.name=",
+    ],
+)
+def test_values_no_operation_could_use_are_refused_at_load(override):
+    key = override.split("=")[0].split(".")[1]
+    with pytest.raises(ConfigError, match=f"section broker: invalid broker configuration: .*{key}"):
+        load_config(env={}, overrides=[override])
+
+
+def test_a_running_broker_refuses_the_same_values():
+    from halfmoon.broker.config import BrokerConfig, apply_changes
+
+    config = BrokerConfig()
+    with pytest.raises(InvalidArgument, match="default_queue_count must be positive"):
+        apply_changes(config, {"default_queue_count": 0, "max_delay_ms": 5})
+    assert (config.default_queue_count, config.max_delay_ms) == (8, BrokerConfig().max_delay_ms)
+
+
 def test_set_without_equals_or_section_is_refused():
     with pytest.raises(ConfigError, match="section.key=value"):
         load(overrides=["broker.name"])
@@ -318,6 +345,9 @@ def test_real_config_has_every_section_and_defaults():
         "tls",
         "etcd",
         "internal",
+        "cluster",
+        "replication",
+        "log",
     }
     assert "broker.default_queue_count" in keys
     assert "server.admin_listen" in keys

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections import defaultdict
 
 import pytest
 from rocketmq.grpc_protocol import definition_pb2
@@ -13,6 +14,7 @@ from halfmoon.cli.admin_client import CliError
 from halfmoon.config import ConfigError
 from halfmoon.errors import (
     EXIT_FAILED,
+    EXIT_IN_USE,
     EXIT_USAGE,
     HalfmoonError,
     InvalidArgument,
@@ -41,7 +43,9 @@ def _subclasses(cls: type) -> set[type]:
 
 
 _import_all()
-ERRORS = sorted(_subclasses(HalfmoonError) | {HalfmoonError}, key=lambda c: c.__qualname__)
+ERRORS = sorted(
+    _subclasses(HalfmoonError) | {HalfmoonError}, key=lambda c: (c.__qualname__, c.__module__)
+)
 
 
 def _instance(cls: type[HalfmoonError]) -> HalfmoonError:
@@ -82,7 +86,7 @@ def test_every_error_maps_to_a_real_protocol_code(cls: type[HalfmoonError]) -> N
 @pytest.mark.parametrize("cls", ERRORS, ids=_name)
 def test_every_error_has_an_http_status_and_an_exit_code(cls: type[HalfmoonError]) -> None:
     assert cls.http_status in (400, 401, 403, 404, 409, 500), _name(cls)
-    assert cls.exit_code in (EXIT_FAILED, EXIT_USAGE), _name(cls)
+    assert cls.exit_code in (EXIT_FAILED, EXIT_USAGE, EXIT_IN_USE), _name(cls)
 
 
 @pytest.mark.parametrize("cls", ERRORS, ids=_name)
@@ -123,3 +127,13 @@ def test_the_admin_api_and_the_cli_use_the_class_mapping(cls: type[HalfmoonError
 def test_a_config_error_exits_as_a_usage_error() -> None:
     assert CliError.of(ConfigError("bad key")).exit_code == EXIT_USAGE == 2
     assert CliError.of(QueueGapError("t", 0, expected=5, got=7)).exit_code == EXIT_FAILED == 1
+
+
+def test_one_class_per_refusal_outside_the_client() -> None:
+    # The client keeps classes of the same names: raised from a wire status, it imports no
+    # broker module. Below it, an except clause on either layer's name catches both layers.
+    modules: dict[str, set[str]] = defaultdict(set)
+    for cls in ERRORS:
+        if not cls.__module__.startswith("halfmoon.client"):
+            modules[cls.__qualname__].add(cls.__module__)
+    assert {name: found for name, found in modules.items() if len(found) > 1} == {}

@@ -100,3 +100,20 @@ def test_a_failing_collector_is_skipped_and_counted():
     assert "halfmoon_metrics_collector_errors_total 1" in text.splitlines()
     registry.remove_collector(broken)
     assert "halfmoon_metrics_collector_errors_total 1" in registry.render().splitlines()
+
+
+def test_histogram_renders_cumulative_buckets_sum_and_count():
+    registry = MetricsRegistry()
+    latency = registry.histogram("h_seconds", "Latency.", ("method",), buckets=(0.1, 1))
+    for seconds in (0.05, 0.1, 0.5, 3):
+        latency.observe(seconds, method="Send")
+    lines = registry.render().splitlines()
+    assert "# TYPE h_seconds histogram" in lines
+    assert 'h_seconds_bucket{method="Send",le="0.1"} 2' in lines
+    assert 'h_seconds_bucket{method="Send",le="1"} 3' in lines
+    assert 'h_seconds_bucket{method="Send",le="+Inf"} 4' in lines
+    assert 'h_seconds_sum{method="Send"} 3.65' in lines
+    assert 'h_seconds_count{method="Send"} 4' in lines
+    assert latency.count(method="Send") == 4
+    with pytest.raises(ValueError, match="ascending"):
+        registry.histogram("bad_seconds", "x", buckets=(1, 0.5))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -10,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from tests.server.conftest import ServerProcess
+from tests.test_layers import LAYERS
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
+IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def python_blocks() -> list[str]:
@@ -92,3 +95,49 @@ def test_readme_consumer_example_receives(server: ServerProcess) -> None:
     finally:
         proc.kill()
         proc.wait(10)
+
+
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+@pytest.mark.skipif(
+    not IS_ROOT and not IN_CI, reason="needs root for a network namespace of its own"
+)
+def test_readme_shell_block_runs_as_pasted(tmp_path: Path) -> None:
+    """The "Using it" block, pasted into a shell: `./run serve … &` and the commands after
+    it, on the default ports. It runs in a network namespace of its own (loopback only),
+    where 8081, 8082 and the AMQP port are free whatever else this machine runs; the
+    data directory is a temporary one. Then the producer example sends to the topic the
+    block created, at the README's own address."""
+    block = re.search(r"## Using it.*?```sh\n(.*?)```", README, flags=re.S).group(1)
+    assert block.startswith("./run serve --data-dir ./data &\n")
+    assert ".venv/bin/halfmoon status --wait" in block  # no command races the start
+    script = block.replace("./data", str(tmp_path / "data"))
+    producer = python_blocks()[0]
+    assert "127.0.0.1:8081" in producer
+    (tmp_path / "producer.py").write_text(producer)
+    program = "\n".join(
+        [
+            "set -e",
+            "ip link set lo up",
+            "trap 'kill %1 2>/dev/null; wait' EXIT",
+            script,
+            f".venv/bin/python {tmp_path / 'producer.py'}",
+        ]
+    )
+    result = subprocess.run(
+        ["unshare", "-n", "bash", "-c", program],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "sent " in result.stdout
+
+
+def test_the_development_section_draws_the_layers_the_import_test_enforces() -> None:
+    table = README.split("| layer | packages and modules |", 1)[1].split("\n\n", 1)[0]
+    drawn = {
+        name: int(row.group(1))
+        for row in re.finditer(r"^\| (\d+) \| (.*) \|$", table, flags=re.M)
+        for name in re.findall(r"`([\w.]+)`", re.sub(r"\(.*?\)", "", row.group(2)))
+    }  # a name in parentheses is a note on the unit before it
+    assert drawn == LAYERS

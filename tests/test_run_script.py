@@ -8,6 +8,7 @@ without touching the network or the real virtual environment.
 
 from __future__ import annotations
 
+import os
 import shutil
 import stat
 import subprocess
@@ -35,12 +36,17 @@ def repo(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def run(repo: Path, *args: str) -> list[str]:
+def run(repo: Path, *args: str, env: dict[str, str] | None = None) -> list[str]:
     """Run ``./run ARGS``; the pip installs it made."""
     log = repo / ".venv" / "calls.log"
     log.unlink(missing_ok=True)
     result = subprocess.run(
-        ["bash", "./run", *args], cwd=repo, capture_output=True, text=True, timeout=30
+        ["bash", "./run", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=None if env is None else {**os.environ, **env},
     )
     assert result.returncode == 0, result.stderr
     calls = log.read_text().splitlines() if log.exists() else []
@@ -86,3 +92,43 @@ def test_test_checks_types_after_ruff_and_before_pytest(repo: Path) -> None:
     tools = [c.split()[0] for c in calls if not c.startswith("pip ")]
     assert tools == ["ruff", "ruff", "mypy", "python"]
     assert "mypy " in calls  # no arguments: pyproject.toml says what and how strictly
+
+
+def test_peer_installs_the_dev_extra_and_runs_the_peer_suites(repo: Path) -> None:
+    assert run(repo, "peer") == ["pip install --quiet -e .[dev]"]
+    calls = (repo / ".venv" / "calls.log").read_text()
+    assert "python -m pytest tests/peers" in calls
+    assert "tests/server/test_*official*.py" in calls or "test_official" in calls
+
+
+def test_test_spreads_pytest_over_three_workers_unless_told_otherwise(repo: Path) -> None:
+    def pytest_call(env: dict[str, str] | None = None) -> str:
+        run(repo, "test", "-q", "tests/x.py", env=env)
+        calls = (repo / ".venv" / "calls.log").read_text().splitlines()
+        return calls[-1]
+
+    assert pytest_call() == "python -m pytest -n 3 -q tests/x.py"
+    assert pytest_call({"HALFMOON_TEST_WORKERS": "0"}) == "python -m pytest -n 0 -q tests/x.py"
+
+
+def test_install_adds_one_extra_and_refuses_one_it_does_not_know(repo: Path) -> None:
+    log = repo / ".venv" / "calls.log"
+    for extra in ("db", "spark", "amqp"):  # docs/spark.md's `./run install spark` among them
+        log.unlink(missing_ok=True)
+        done = subprocess.run(
+            ["bash", "./run", "install", extra],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, done.stderr
+        assert f"pip install --quiet -e .[{extra}]" in log.read_text().splitlines()
+    refused = subprocess.run(
+        ["bash", "./run", "install", "pyspark"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert refused.returncode == 2 and "usage: ./run install db|spark|amqp" in refused.stderr

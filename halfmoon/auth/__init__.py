@@ -6,9 +6,10 @@ build one :class:`Guard` and ask it at their edge; see docs/security.md.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from halfmoon import environment
+from halfmoon.auth.bootstrap import BOOTSTRAP_SECRET_ENV, bootstrap_user
 from halfmoon.auth.config import AuthConfig, TlsConfig
 from halfmoon.auth.errors import Forbidden, Unauthenticated
 from halfmoon.auth.guard import CLUSTER, Guard, Need, group, topic
@@ -16,9 +17,8 @@ from halfmoon.auth.policy import Resource, User
 from halfmoon.auth.sealing import SecretBox
 from halfmoon.auth.store import AuthStore
 
-BOOTSTRAP_SECRET_ENV = "HALFMOON_BOOTSTRAP_SECRET_KEY"
-
 __all__ = [
+    "BOOTSTRAP_SECRET_ENV",
     "CLUSTER",
     "AuthConfig",
     "AuthStore",
@@ -29,6 +29,7 @@ __all__ = [
     "TlsConfig",
     "Unauthenticated",
     "User",
+    "bootstrap_user",
     "group",
     "local_guard",
     "topic",
@@ -37,10 +38,9 @@ __all__ = [
 
 def local_guard(config: AuthConfig, data_dir: Path) -> Guard:
     """The guard of local mode: users and ACLs in ``<data_dir>/auth``; the first super user
-    created from ``auth.bootstrap_*`` when there is no user yet."""
+    created from ``auth.bootstrap_*`` when there is no user yet (remade with
+    ``auth.bootstrap_recover``)."""
     key_file = config.key_file or data_dir / "auth" / "key"
     store = AuthStore(data_dir / "auth" / "users.json", SecretBox.from_file(key_file))
-    secret = os.environ.get(BOOTSTRAP_SECRET_ENV)
-    if config.bootstrap_access_key and secret and not store.users():
-        store.create_user(config.bootstrap_access_key, secret, "Super")
+    bootstrap_user(store, config, environment.BOOTSTRAP_SECRET_KEY.get())
     return Guard(config, store)

@@ -29,6 +29,10 @@ class AuthConfig:
     # comes from the environment variable HALFMOON_BOOTSTRAP_SECRET_KEY only, so it is
     # never in a configuration file or in --print-config.
     bootstrap_access_key: str | None = None
+    # Recover a locked-out broker: at every start, make the bootstrap user an enabled super
+    # user with the secret key in HALFMOON_BOOTSTRAP_SECRET_KEY, whatever users exist
+    # (logged as event=bootstrap_user_recovered). Remove it once you are back in.
+    bootstrap_recover: bool = False
     # Cluster mode: once a proxy has not heard from etcd for this long, refuse every request
     # (UNAUTHORIZED), since users and ACLs may have changed meanwhile. Unset: keep serving
     # with the last users and ACLs while etcd is away (a restart of etcd locks no one out).

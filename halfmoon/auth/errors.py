@@ -36,6 +36,14 @@ class UserExists(Conflict):
     protocol_code = "PRECONDITION_FAILED"
 
 
+class LastSuperUser(Conflict):
+    """Deleting, disabling or demoting the last enabled super user would leave nobody able
+    to manage users and ACLs."""
+
+    code = "LAST_SUPER_USER"
+    protocol_code = "PRECONDITION_FAILED"
+
+
 class AclNotFound(NotFound):
     code = "ACL_NOT_FOUND"
     protocol_code = "NOT_FOUND"

@@ -158,6 +158,14 @@ class Guard:
                 "the admin API needs credentials: HTTP Basic (access key, secret key) or "
                 "'Authorization: Bearer ACCESS_KEY:SECRET_KEY'"
             )
+        return self.authenticate_password(access_key, secret_key, peer, operation)
+
+    def authenticate_password(
+        self, access_key: str, secret_key: str, peer: str, operation: str
+    ) -> User:
+        """The user whose access key and secret key these are (AMQP's PLAIN and AMQPLAIN
+        carry them as user name and password); Unauthenticated else."""
+        self._check_fresh(peer, operation)
         user = self._known_user(access_key, operation, peer)
         if not hmac.compare_digest(user.secret_key.encode(), secret_key.encode()):
             self._deny("unauthenticated", access_key, peer, operation, "wrong secret key")
@@ -181,6 +189,10 @@ class Guard:
                     f"user {user.access_key!r} is not allowed {need.describe()} "
                     f"({operation}); ask an administrator for that permission"
                 )
+
+    def audit_denial(self, user: User, peer: str, operation: str, what: str) -> None:
+        """Log a refusal the caller decided on its own (a front end's rule), as authorize does."""
+        self._deny("forbidden", user.access_key, peer, operation, what)
 
     def require_super(self, user: User, peer: str, operation: str) -> None:
         if not user.is_super:

@@ -1,7 +1,7 @@
 """Users and ACLs, kept in the data directory in local mode (``auth/users.json``).
 
 Cluster mode keeps the same document in etcd
-(:class:`halfmoon.cluster.auth_store.EtcdAuthStore`, a subclass).
+(:class:`halfmoon.cluster.coordination.auth_store.EtcdAuthStore`, a subclass).
 
 One JSON document holds every user (secret keys sealed, see
 :mod:`halfmoon.auth.sealing`) and every ACL (a subject ``User:<ak>`` with its
@@ -14,6 +14,13 @@ ACL operations follow mqadmin's: ``create`` adds entries for a subject whose
 resources it does not cover yet, ``update`` replaces (or adds) the entries
 for the resources it names, ``delete`` removes a subject's entries (all, or
 those of one resource), ``get``/``list`` read them.
+
+The last enabled super user cannot be deleted, disabled or made a normal user
+(:class:`LastSuperUser`): nobody could manage users and ACLs afterwards. The
+rule lives here, so the admin API, the CLI and the dashboard (all through the
+API) refuse alike, locally and in cluster mode (each change is applied to the
+etcd document under compare-and-swap). An operator who lost the last one's
+secret recovers with ``halfmoon user recover`` (docs/security.md).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from halfmoon.auth.errors import (
     AclNotFound,
     AuthStoreCorrupt,
     IllegalPolicy,
+    LastSuperUser,
     UserExists,
     UserNotFound,
 )
@@ -52,6 +60,11 @@ def subject_user(subject: object) -> str:
     if not isinstance(subject, str):
         raise IllegalPolicy("subject must be User:ACCESS_KEY")
     return check_access_key(subject.removeprefix(SUBJECT_PREFIX))
+
+
+def _manages(user: User) -> bool:
+    """Whether ``user`` can manage users and ACLs (an enabled super user)."""
+    return user.enabled and user.is_super
 
 
 class AuthStore:
@@ -175,16 +188,33 @@ class AuthStore:
                 old.user_type if user_type is None else check_user_type(user_type),
                 old.enabled if enabled is None else bool(enabled),
             )
+            if not _manages(new):
+                self._keep_a_manager(old, "disabled" if not new.enabled else "made a normal user")
             self._users[access_key] = new
             self._save()
         return new
 
     def delete_user(self, access_key: str) -> None:
         with self._lock:
-            if self._users.pop(access_key, None) is None:
+            old = self._users.get(access_key)
+            if old is None:
                 raise UserNotFound(f"user {access_key!r} does not exist")
+            self._keep_a_manager(old, "deleted")
+            del self._users[access_key]
             self._acls.pop(access_key, None)  # a user's policies go with it (RocketMQ too)
             self._save()
+
+    def _keep_a_manager(self, user: User, change: str) -> None:
+        """Raise LastSuperUser when ``user`` is the last enabled super user. Locked."""
+        if not _manages(user):
+            return
+        if any(_manages(u) for ak, u in self._users.items() if ak != user.access_key):
+            return
+        raise LastSuperUser(
+            f"user {user.access_key!r} is the last enabled super user and cannot be {change}: "
+            "nobody could manage users and ACLs afterwards; create or enable another super "
+            "user first"
+        )
 
     # -- ACLs ----------------------------------------------------------------
 

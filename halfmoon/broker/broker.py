@@ -1,13 +1,16 @@
 """The in-process broker: the :class:`~halfmoon.broker.facade.Broker` facade over a store.
 
 Every operation is documented once, on the facade (:mod:`facade`); this
-class keeps a method for each and hands it to plain synchronous objects over
-a :class:`~halfmoon.store.api.Store`: topics and groups (:mod:`topics`,
-:mod:`groups`), the send path (:mod:`send_path`, :mod:`produce`), delay
-messages (:mod:`timer`), pop consumption (:mod:`pop_router`, :mod:`pop`,
-:mod:`lite`), pull with committed offsets (:mod:`pull`, :mod:`offsets`),
-dead letters (:mod:`dead_letters`), operators' reads (:mod:`browse`), and
-the status pages (:mod:`reports`, :mod:`stats`).
+class keeps a method for each and hands it to plain synchronous objects it
+holds over a :class:`~halfmoon.store.api.Store`: topics and groups
+(:mod:`topics`, :mod:`groups`), the send path (:mod:`send_path`,
+:mod:`produce`), delay messages (:mod:`timer`), pop consumption
+(:mod:`pop_router`, :mod:`pop`, :mod:`lite`, :mod:`lite_operations`), pull
+with committed offsets (:mod:`pull`, :mod:`offsets`), transactions
+(:mod:`transaction_operations`), dead letters (:mod:`dead_letters`),
+operators' reads (:mod:`browsing`), arrival wake-ups (:mod:`arrivals`), and
+the status pages (:mod:`reports`, :mod:`stats`). A method that only passes
+its call on is declared with :func:`~halfmoon.delegation.delegate`.
 Time comes from the injected clock; background work happens only in
 :meth:`Broker.tick`, which the server calls every ~100 ms from one thread.
 The broker does not own the store: close the store after the broker.
@@ -15,36 +18,41 @@ The broker does not own the store: close the store after the broker.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import halfmoon.broker.browse as browse
 import halfmoon.broker.reports as reports
+from halfmoon.broker import broker_metrics
 from halfmoon.broker.access import check_consumable, routes
+from halfmoon.broker.arrivals import ArrivalListeners
+from halfmoon.broker.browsing import StoredMessages
 from halfmoon.broker.clock import Clock, SystemClock
-from halfmoon.broker.config import BrokerConfig, apply_changes
+from halfmoon.broker.config import DEFAULT_QUEUE_COUNT, BrokerConfig, apply_changes
 from halfmoon.broker.dead_letters import dead_letter_copy, write_dead_letter
 from halfmoon.broker.encoded import EncodedMessage
 from halfmoon.broker.errors import (
-    IllegalTopic,
     TopicExists,
     TopicNotFound,
 )
 from halfmoon.broker.facade import PullResult, QueueProgress, QueueRoute, QueueStatus, Written
+from halfmoon.broker.facade_types import Answer, Pending, waits_for
 from halfmoon.broker.filter_spec import FilterCache, FilterSpec
-from halfmoon.broker.groups import GroupConfig, GroupRegistry, RetryPolicy
-from halfmoon.broker.lite import LiteTopics, OffsetOption, UnsubscribeNotifier
+from halfmoon.broker.groups import (
+    DEFAULT_MAX_DELIVERY_ATTEMPTS,
+    GroupConfig,
+    GroupRegistry,
+    RetryPolicy,
+)
+from halfmoon.broker.lite import LiteTopics
 from halfmoon.broker.lite_names import parent_topic_of
+from halfmoon.broker.lite_operations import LiteOperations
 from halfmoon.broker.message import (
     PROPERTY_REAL_TOPIC,
     MessageType,
-    MessageView,
     OutgoingMessage,
-    Received,
 )
 from halfmoon.broker.offset_journal import OffsetJournal
 from halfmoon.broker.offsets import OffsetTable
@@ -75,18 +83,17 @@ from halfmoon.broker.transactions import (
     TransactionConfig,
     TransactionService,
 )
-from halfmoon.errors import InvalidArgument, NotFound
-from halfmoon.store.api import AppendResult, Store, StoreStats
+from halfmoon.delegation import delegate
+from halfmoon.errors import InvalidArgument
+from halfmoon.store.api import Store, StoreStats
 from halfmoon.store.message import StoredMessage
-
-log = logging.getLogger(__name__)
 
 _DRAINED_CHECK_INTERVAL_MS = 60_000
 # Re-exported: the facade's result types used to live here.
 __all__ = ["Broker", "PullResult", "QueueProgress", "QueueRoute", "QueueStatus"]
 
 
-class Broker(TransactionOperations):
+class Broker:
     def __init__(
         self,
         store: Store,
@@ -98,9 +105,12 @@ class Broker(TransactionOperations):
         journal_offsets: bool = False,
         admit_send: Callable[[], None] | None = None,
     ) -> None:
-        """``journal_offsets``: committed offsets, pop consumers' positions and the delay
-        timer's progress also go to the commit log (:mod:`offset_journal`,
-        :mod:`pop_journal`, :mod:`timer_journal`), as a broker group's master needs.
+        """``journal_offsets``: committed offsets, pop consumers' positions and acks and the
+        delay timer's progress also go to the commit log (:mod:`offset_journal`,
+        :mod:`pop_journal`, :mod:`timer_journal`): an answered ack or offset commit is then
+        as durable as a send (it survives a crash under sync flush) and moves with the log
+        to a broker group's replicas. ``halfmoon serve`` and ``halfmoon broker`` turn it
+        on; without it (tests' brokers) they persist at the periodic snapshot.
         ``admit_send``: run before a send is written, raising to refuse it (a broker
         group's master short of in-sync replicas)."""
         self.store = store
@@ -121,7 +131,7 @@ class Broker(TransactionOperations):
         self._in = RateCounter(clock.now_ms)
         self._out = RateCounter(clock.now_ms)
         self.statistics = TrafficStatistics(clock.now_ms)  # per topic/group, 24 h
-        self._listeners: list[Callable[[str, int], None]] = []
+        self._arrivals = ArrivalListeners()
         self._tick_lock = threading.Lock()
         self.trace = TraceRecorder(store, clock, self._traced)
         self._last_snapshot_ms = self._last_drained_check_ms = self._started_ms
@@ -159,6 +169,11 @@ class Broker(TransactionOperations):
         )
         self.lite.trace_with(self.trace)
         txn_config = transaction_config if transaction_config is not None else TransactionConfig()
+        self._group_timeout_scan_ms = txn_config.group_timeout_scan_ms
+        self._last_timeout_scan_ms = self._started_ms
+        # Transaction groups past their timeout are rolled back by this broker's tick; in a cluster
+        # the group's coordinator decides instead (cluster/internal/txn_groups.py clears it).
+        self.expires_transaction_groups = True
         self.transactions = TransactionService(store, metadata_dir, txn_config, clock)
         self.transactions.trace = self.trace.record
         self._checks = CheckService(self.transactions, txn_config, self._started_ms)
@@ -185,6 +200,7 @@ class Broker(TransactionOperations):
             delivered=self._delivered,
             find_group=self.find_group,
             trace=self.trace,
+            counted=self._counted,
         )
         self._pull = PullService(
             store,
@@ -211,7 +227,19 @@ class Broker(TransactionOperations):
             check_consumable=self._check_consumable,
         )
         self.consuming.recover()
-        store.add_batch_listener(self._on_appended)
+        self._lite_operations = LiteOperations(self.lite, self.get_topic, self._check_consumable)
+        self._stored_messages = StoredMessages(
+            store, self.topics, self.list_topics, self.lite, self._filters, self.trace
+        )
+        self._txns = TransactionOperations(
+            self.transactions,
+            self.consuming,
+            self._checks,
+            self.topics,
+            store,
+            self._arrivals.wake,
+        )
+        store.add_batch_listener(self._arrivals.appended)
 
     # -- lifecycle ---------------------------------------------------------------
     def close(self) -> None:
@@ -238,6 +266,12 @@ class Broker(TransactionOperations):
                 self._last_snapshot_ms = now  # offsets and pop state, then the commit marker
                 self.consuming.persist(self._write_consumption_state)
                 self.consuming.sweep()  # roll back groups whose consumer lost a message
+            if (
+                self.expires_transaction_groups
+                and now - self._last_timeout_scan_ms >= self._group_timeout_scan_ms
+            ):
+                self._last_timeout_scan_ms = now
+                self.consuming.expire(now)  # undecided groups past their transaction timeout
             if now - self._last_drained_check_ms >= _DRAINED_CHECK_INTERVAL_MS:
                 self._last_drained_check_ms = now
                 self.topics.drop_all_drained_queues(self._queue_has_messages)
@@ -251,7 +285,7 @@ class Broker(TransactionOperations):
         self,
         name: str,
         message_type: MessageType = MessageType.NORMAL,
-        queue_count: int = 8,
+        queue_count: int = DEFAULT_QUEUE_COUNT,
         perm: str = "rw",
         brokers: Sequence[str] = (),
     ) -> TopicConfig:
@@ -311,7 +345,7 @@ class Broker(TransactionOperations):
         name: str,
         *,
         fifo: bool = False,
-        max_delivery_attempts: int = 17,
+        max_delivery_attempts: int = DEFAULT_MAX_DELIVERY_ATTEMPTS,
         retry_policy: RetryPolicy | None = None,
         consume_from: str | None = None,
         consume_enabled: bool = True,
@@ -354,23 +388,56 @@ class Broker(TransactionOperations):
         names = [topic] if topic is not None else [t.name for t in self.list_topics()]
         pulled = self.offsets.of_group(group, topic)
         return reports.group_progress(
-            self.store, group, names, pulled, self._pop.progress, self._pop.retrying
+            self.store,
+            group,
+            names,
+            pulled,
+            self._pop.progress,
+            self._pop.retrying,
+            self._pop.ready,
         )
 
     # -- produce -----------------------------------------------------------------
-    def send(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
-        written = self.send_nowait(messages)
-        written.durable.result()
-        return written.result
-
     def send_nowait(
         self, messages: Sequence[OutgoingMessage | EncodedMessage]
-    ) -> Written[list[SendResult]]:
-        """Store ``messages`` (a proxy's plain ones arrive encoded: halfmoon.broker.encoded)."""
-        return self._sender.send_nowait(messages)
+    ) -> Answer[list[SendResult]]:
+        """Store ``messages`` (a proxy's plain ones arrive encoded: halfmoon.broker.encoded)
+        now when that only appends (tens of microseconds, less than two thread hand-offs);
+        a topic to create or a transaction group's index lookup is left to the answer."""
+        sender = self._sender
+        if sender.sends_cheaply(messages):
+            return sender.send_nowait(messages)
+        return Pending(partial(sender.send_nowait, messages))
 
-    def sends_cheaply(self, messages: Sequence[OutgoingMessage]) -> bool:
-        return self._sender.sends_cheaply(messages)
+    send = waits_for(send_nowait)
+
+    def send_fanout_nowait(
+        self, message: OutgoingMessage, others: Sequence[str]
+    ) -> Answer[list[SendResult]]:
+        sender = self._sender
+        if sender.sends_cheaply([message], others):
+            return sender.fanout_nowait(message, others)
+        return Pending(partial(sender.fanout_nowait, message, others))
+
+    send_fanout = waits_for(send_fanout_nowait)
+
+    # -- transactions (halfmoon/broker/transaction_operations.py) -------------------
+    end_transaction = delegate("_txns", TransactionOperations.end_transaction)
+    end_transaction_nowait = delegate("_txns", TransactionOperations.end_transaction_nowait)
+    transaction_ends_cheaply = delegate("_txns", TransactionOperations.transaction_ends_cheaply)
+    end_transactions_nowait = delegate("_txns", TransactionOperations.end_transactions_nowait)
+    end_transaction_group = delegate("_txns", TransactionOperations.end_transaction_group)
+    end_transaction_group_nowait = delegate(
+        "_txns", TransactionOperations.end_transaction_group_nowait
+    )
+    transactional_ack = delegate("_txns", TransactionOperations.transactional_ack)
+    transactional_reject = delegate("_txns", TransactionOperations.transactional_reject)
+    transactional_offset = delegate("_txns", TransactionOperations.transactional_offset)
+    list_transactions = delegate("_txns", TransactionOperations.list_transactions)
+    parked_transactions = delegate("_txns", TransactionOperations.parked_transactions)
+    resume_transaction = delegate("_txns", TransactionOperations.resume_transaction)
+    set_check_sender = delegate("_txns", TransactionOperations.set_check_sender)
+    transaction_stats = delegate("_txns", TransactionOperations.transaction_stats)
 
     # -- recall (halfmoon/broker/recall.py) ------------------------------------------
     def recall(self, topic: str, recall_handle: str) -> str:
@@ -380,114 +447,38 @@ class Broker(TransactionOperations):
         return handle.message_id
 
     # -- pop (halfmoon/broker/pop_router.py) -------------------------------------
-    def receive(
-        self,
-        group: str,
-        topic: str,
-        filter: FilterSpec,
-        batch_size: int,
-        invisible_ms: int,
-        client_id: str = "",
-        queue_id: int | None = None,
-    ) -> list[MessageView]:
-        return self._consume.receive(
-            group, topic, filter, batch_size, invisible_ms, client_id, queue_id
-        )
-
-    def receive_nowait(
-        self,
-        group: str,
-        topic: str,
-        filter: FilterSpec,
-        batch_size: int,
-        invisible_ms: int,
-        client_id: str = "",
-        queue_id: int | None = None,
-    ) -> Received | None:
-        return self._consume.receive_nowait(
-            group, topic, filter, batch_size, invisible_ms, client_id, queue_id
-        )
-
-    def subscribe(self, group: str, topic: str) -> None:
-        """Fix a new group's start position in ``topic`` now (call when a consumer subscribes)."""
-        self._consume.subscribe(group, topic)
-
-    def ack(
-        self, group: str, topic: str, receipt_handle: str, lite_topic: str | None = None
-    ) -> None:
-        self._consume.ack(group, topic, receipt_handle, lite_topic)
+    receive = delegate("_consume", PopRouter.receive)
+    receive_nowait = delegate("_consume", PopRouter.receive_nowait)
+    subscribe = delegate("_consume", PopRouter.subscribe)
+    ack = delegate("_consume", PopRouter.ack)
 
     def ack_nowait(
         self, group: str, topic: str, receipt_handles: Sequence[str]
-    ) -> list[Exception | None] | None:
+    ) -> Written[list[Exception | None]] | None:
         return self._consume.ack_nowait(group, topic, list(receipt_handles))
 
-    def change_invisible_duration(
-        self,
-        group: str,
-        topic: str,
-        receipt_handle: str,
-        invisible_ms: int,
-        lite_topic: str | None = None,
-    ) -> str:
-        return self._consume.change_invisible_duration(
-            group, topic, receipt_handle, invisible_ms, lite_topic
-        )
+    change_invisible_duration = delegate("_consume", PopRouter.change_invisible_duration)
+    forward_to_dead_letter = delegate("_consume", PopRouter.forward_to_dead_letter)
+    next_wakeup_ms = delegate("_consume", PopRouter.next_wakeup_ms)
 
-    def forward_to_dead_letter(
-        self, group: str, topic: str, receipt_handle: str, lite_topic: str | None = None
-    ) -> None:
-        self._consume.forward_to_dead_letter(group, topic, receipt_handle, lite_topic)
+    def delivery_holders(self) -> frozenset[str]:
+        """The holders of deliveries in flight (``receive``'s ``holder``), for whoever watches
+        them end (a cluster broker: :mod:`halfmoon.cluster.internal.delivery_holders`)."""
+        return self._pop.holders()
 
-    def next_wakeup_ms(self, group: str, topic: str, client_id: str = "") -> int | None:
-        return self._consume.next_wakeup_ms(group, topic, client_id)
+    def release_held(self, holder: str) -> int:
+        """``holder`` ended: each delivery it held is visible again now; how many."""
+        return self._pop.release_held(holder)
 
-    # -- lite topics (halfmoon/broker/lite.py) -------------------------------------
-    def sync_lite_subscription(
-        self,
-        client_id: str,
-        group: str,
-        topic: str,
-        action: str,
-        lite_topics: Sequence[str],
-        offset: OffsetOption | None = None,
-    ) -> list[str]:
-        """Apply a consumer's SyncLiteSubscription; returns its lite topics afterwards."""
-        self._lite_parent(topic)
-        if action in ("partial_add", "complete_add"):
-            self._check_consumable(group, topic)
-        return self.lite.sync(client_id, group, topic, action, lite_topics, offset)
-
-    def client_terminated(self, client_id: str) -> None:
-        self.lite.remove_client(client_id)
-
-    def lite_subscriptions(self, topic: str) -> list[dict[str, object]]:
-        self._lite_parent(topic)
-        return self.lite.subscriptions(topic)
-
-    def set_lite_unsubscribe_notifier(self, notifier: UnsubscribeNotifier | None) -> None:
-        self.lite.set_notifier(notifier)
-
-    def list_lite_topics(self, topic: str) -> list[dict[str, object]]:
-        self._lite_parent(topic)
-        return self.lite.lite_topics(topic)
-
-    def delete_lite_topic(self, topic: str, lite_topic: str) -> int:
-        """Delete a lite topic; its subscribers are told (NotifyUnsubscribeLite).
-
-        Returns how many were told.
-        """
-        self._lite_parent(topic)
-        return self.lite.delete(topic, lite_topic)
-
-    def _lite_parent(self, topic: str) -> TopicConfig:
-        config = self.get_topic(topic)
-        if config.message_type is not MessageType.LITE:
-            raise IllegalTopic(
-                f"topic {topic!r} is a {config.message_type.value} topic, not a lite topic; "
-                "create the parent with type lite"
-            )
-        return config
+    # -- lite topics (halfmoon/broker/lite_operations.py) -----------------------------
+    sync_lite_subscription = delegate("_lite_operations", LiteOperations.sync_lite_subscription)
+    client_terminated = delegate("_lite_operations", LiteOperations.client_terminated)
+    lite_subscriptions = delegate("_lite_operations", LiteOperations.lite_subscriptions)
+    set_lite_unsubscribe_notifier = delegate(
+        "_lite_operations", LiteOperations.set_lite_unsubscribe_notifier
+    )
+    list_lite_topics = delegate("_lite_operations", LiteOperations.list_lite_topics)
+    delete_lite_topic = delegate("_lite_operations", LiteOperations.delete_lite_topic)
 
     # -- pull (halfmoon/broker/pull.py) -------------------------------------------
     def pull(
@@ -509,102 +500,25 @@ class Broker(TransactionOperations):
                 )
         return result
 
-    def bulk_read(
-        self,
-        group: str,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_messages: int,
-        max_bytes: int,
-        filter: FilterSpec,
-        end_offset: int | None = None,
-    ) -> PullResult:
-        return self._pull.bulk_read(
-            group, topic, queue_id, offset, max_messages, max_bytes, filter, end_offset
-        )
+    bulk_read = delegate("_pull", PullService.bulk_read)
+    get_offset = delegate("_pull", PullService.get_offset)
+    update_offset = delegate("_pull", PullService.update_offset)
+    query_offset = delegate("_pull", PullService.query_offset)
+    reset_offset = delegate("_pull", PullService.reset_offset)
+    seek_group = delegate("_pull", PullService.seek_group)
 
-    def get_offset(self, group: str, topic: str, queue_id: int) -> int:
-        return self._pull.get_offset(group, topic, queue_id)
-
-    def update_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        self._pull.update_offset(group, topic, queue_id, offset)
-
-    def query_offset(
-        self, topic: str, queue_id: int, policy: str, timestamp: int | None = None
-    ) -> int:
-        return self._pull.query_offset(topic, queue_id, policy, timestamp)
-
-    def reset_offset(self, group: str, topic: str, timestamp: int) -> dict[int, int]:
-        return self._pull.reset_offset(group, topic, timestamp)
-
-    def seek_group(self, group: str, topic: str, offsets: Mapping[int, int]) -> dict[int, int]:
-        return self._pull.seek_group(group, topic, offsets)
-
-    # -- reading stored messages (halfmoon/broker/browse.py) ------------------------
-    def messages_by_id(self, message_id: str, topic: str | None = None) -> list[MessageView]:
-        topics = self.list_topics() if topic is None else [self._existing_topic(topic)]
-        return browse.by_id(self.store, self._store_topics(topics), message_id, topic)
-
-    def _store_topics(self, topics: list[TopicConfig]) -> list[str]:
-        """The store topics holding ``topics``' messages: each topic, and each lite topic's
-        queue of a lite parent (one key-index lookup each, so a lookup by id costs one per
-        lite topic of the parents searched)."""
-        names = []
-        for config in topics:
-            names.append(config.name)
-            if config.message_type is MessageType.LITE:
-                names.extend(self.lite.queue_topics(config.name))
-        return names
-
-    def message_trace(self, message_id: str) -> list[dict[str, Any]]:
-        try:
-            copies = browse.by_id(
-                self.store, self._store_topics(self.list_topics()), message_id, None
-            )
-        except NotFound:
-            copies = []  # its trace may still hold a transaction that was rolled back
-        keys = [message_id, *(position_key(view.commit_log_offset) for view in copies)]
-        return self.trace.events(keys)
-
-    def messages_by_key(
-        self, topic: str, key: str, begin_ms: int, end_ms: int, limit: int
-    ) -> list[MessageView]:
-        config = self._existing_topic(topic)
-        return browse.by_key(self.store, config, key, begin_ms, end_ms, limit)
-
-    def message_at(self, topic: str, queue_id: int, offset: int) -> MessageView:
-        return browse.at(self.store, self._existing_topic(topic), queue_id, offset)
-
-    def scan(
-        self,
-        topic: str,
-        queue_id: int | None,
-        offset: int | None,
-        begin_ms: int,
-        end_ms: int,
-        limit: int,
-        filter: FilterSpec,
-        with_messages: bool = True,
-    ) -> browse.ScanResult:
-        config, compiled = self._existing_topic(topic), self._filters.get(filter)
-        return browse.scan(
-            self.store, config, queue_id, offset, begin_ms, end_ms, limit, compiled, with_messages
-        )
-
-    def _existing_topic(self, name: str) -> TopicConfig:
-        # Unlike get_topic, never auto-create what an operator only looks at.
-        topic = self.topics.find(name)
-        if topic is None:
-            raise TopicNotFound(name)
-        return topic
+    # -- reading stored messages (halfmoon/broker/browsing.py) ------------------------
+    messages_by_id = delegate("_stored_messages", StoredMessages.messages_by_id)
+    message_trace = delegate("_stored_messages", StoredMessages.message_trace)
+    messages_by_key = delegate("_stored_messages", StoredMessages.messages_by_key)
+    message_at = delegate("_stored_messages", StoredMessages.message_at)
+    scan = delegate("_stored_messages", StoredMessages.scan)
 
     # -- routes, notifications, status -------------------------------------------
     def route(self, topic: str) -> list[QueueRoute]:
         return routes(self.get_topic(topic), writable=self.config.writable)
 
-    def add_arrival_listener(self, callback: Callable[[str, int], None]) -> None:
-        self._listeners.append(callback)
+    add_arrival_listener = delegate("_arrivals", ArrivalListeners.add_arrival_listener)
 
     def store_stats(self) -> StoreStats:
         return self.store.stats()
@@ -612,12 +526,23 @@ class Broker(TransactionOperations):
     def traffic(self, topic: str | None = None, group: str | None = None) -> list[TrafficRow]:
         return self.statistics.rows(topic=topic, group=group)
 
+    def traffic_history(
+        self, topic: str | None = None, group: str | None = None, minutes: int = 60
+    ) -> dict[str, Any]:
+        return self.statistics.history(topic, group, minutes)
+
+    def counted_metrics(self) -> list[list[Any]]:
+        return broker_metrics.snapshot()
+
     def status(self) -> BrokerStatus:
+        topics = self.list_topics()
         return reports.broker_status(
             self.config.name,
             self.clock.now_ms() - self._started_ms,
             self.store.stats(),
-            topics=len(self.list_topics()),
+            topics=len(topics),
+            # Configured queues, whether or not a message reached them yet.
+            queues=sum(max(t.queue_count, t.read_queue_count) for t in topics),
             groups=len(self.groups.all()),
             received=self._in,
             delivered=self._out,
@@ -635,10 +560,20 @@ class Broker(TransactionOperations):
     def _received(self, topics: list[str]) -> None:
         self._in.add(len(topics))
         self.statistics.record_in(topics)
+        first = topics[0] if topics else ""
+        if all(t == first for t in topics):  # the usual send: one topic
+            broker_metrics.stored(first, len(topics))
+        else:
+            for topic in set(topics):
+                broker_metrics.stored(topic, topics.count(topic))
 
     def _delivered(self, group: str, topic: str, count: int) -> None:
         self._out.add(count)
         self.statistics.record_out(group, topic, count)
+        broker_metrics.delivered(group, topic, count)
+
+    def _counted(self, kind: str, group: str, topic: str, count: int) -> None:
+        self.statistics.record(kind, group, topic, count)
 
     def _pop_settings(self, group: str) -> PopGroupSettings:
         config = self.get_group(group)
@@ -646,6 +581,7 @@ class Broker(TransactionOperations):
 
     def _dead_letter(self, group: str, stored: StoredMessage, attempts: int) -> None:
         write_dead_letter(self.store, self.topics, group, stored, attempts)
+        broker_metrics.dead_lettered(group)
         topic = stored.properties.get(PROPERTY_REAL_TOPIC, stored.topic)
         topic = parent_topic_of(topic) or topic  # a lite topic's queue: trace by the parent
         self.trace.record(
@@ -662,20 +598,3 @@ class Broker(TransactionOperations):
     def _write_consumption_state(self) -> None:
         self.offsets.persist()
         self._pop.snapshot()
-
-    def _on_appended(self, results: list[AppendResult]) -> None:
-        # One wake-up per queue that grew, not per message: a batch of a hundred sends to a
-        # topic of eight queues wakes each parked poll (and each proxy's watcher) once.
-        grown = dict.fromkeys((r.topic, r.queue_id) for r in results)
-        for topic, queue_id in grown:
-            if is_internal_topic(topic):
-                continue  # timer, half, op and parked records: no consumer waits on them
-            # lite consumers wait on the parent
-            self._wake(parent_topic_of(topic) or topic, queue_id)
-
-    def _wake(self, topic: str, queue_id: int) -> None:
-        for callback in list(self._listeners):
-            try:
-                callback(topic, queue_id)
-            except Exception:
-                log.exception("arrival listener failed")

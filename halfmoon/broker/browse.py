@@ -23,7 +23,7 @@ from halfmoon.broker.topics import TopicConfig
 from halfmoon.errors import InvalidArgument
 from halfmoon.store.api import GetStatus, Store
 from halfmoon.store.message import StoredMessage, tag_hash
-from halfmoon.store.store import MessageNotFound
+from halfmoon.store.reader import MessageNotFound
 
 MAX_SCAN_ENTRIES = 100_000  # per scan: a caller pages with next_offsets
 NO_TAG = "(none)"

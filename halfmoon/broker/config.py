@@ -18,6 +18,8 @@ from typing import Any, Literal
 from halfmoon.errors import InvalidArgument
 from halfmoon.store.fsutil import replace_atomically
 
+DEFAULT_QUEUE_COUNT = 8  # a new topic's queues when its creator names no count
+
 DAY_MS = 24 * 3600 * 1000
 
 
@@ -36,7 +38,7 @@ class BrokerConfig:
     # the commit log's end. 0 means 40 % of physical memory, RocketMQ's
     # accessMessageInMemoryMaxRatio: data that recent is most likely still in page cache.
     hot_data_bytes: int = 0
-    default_queue_count: int = 8
+    default_queue_count: int = DEFAULT_QUEUE_COUNT
     # False: the broker refuses new messages (mqadmin's wipeWritePerm) and routes show its
     # queues read-only, so producers go elsewhere while consumers drain it; acks, offsets,
     # transaction decisions and due delay messages go on.
@@ -63,13 +65,42 @@ class BrokerConfig:
     # A consumer's lite subscriptions lapse this long after its last SyncLiteSubscription.
     lite_subscription_timeout_ms: int = 120_000
 
+    def __post_init__(self) -> None:
+        # Checked when the configuration is loaded, so a value no operation could use
+        # (a topic of zero queues) stops the start instead of failing a user's call later.
+        positive = (
+            "default_queue_count",
+            "max_body_size",
+            "default_invisible_ms",
+            "offset_persist_interval_ms",
+            "max_delay_ms",
+            "timer_window_ms",
+            "timer_max_heap",
+            "max_message_group_length",
+            "max_lite_topic_length",
+            "lite_subscription_quota",
+            "max_lite_topics_per_topic",
+            "lite_subscription_timeout_ms",
+        )
+        problems = [f"{name} must be positive" for name in positive if getattr(self, name) <= 0]
+        if self.hot_data_bytes < 0 or self.min_receive_invisible_ms < 0:
+            problems.append("hot_data_bytes and min_receive_invisible_ms must be >= 0")
+        if not self.name:
+            problems.append("name must not be empty")
+        if problems:
+            raise InvalidArgument(
+                "invalid broker configuration: " + "; ".join(problems), code="BAD_CONFIG"
+            )
+
 
 def apply_changes(config: BrokerConfig, changes: Mapping[str, Any]) -> BrokerConfig:
-    """Change settings of a running broker in place (unknown names: InvalidArgument)."""
+    """Change settings of a running broker in place (unknown names or values the
+    configuration would refuse at load: InvalidArgument)."""
     fields = {f.name for f in dataclasses.fields(BrokerConfig)}
     unknown = sorted(set(changes) - fields)
     if unknown:
         raise InvalidArgument(f"no broker setting {', '.join(map(repr, unknown))}")
+    dataclasses.replace(config, **changes)  # the same checks as at load, before any change
     for name, value in changes.items():
         setattr(config, name, value)
     return config

@@ -7,7 +7,9 @@ Per (group, topic, queue) the state is::
 
 * ``cursor``: the next offset never delivered to the group.
 * ``inflight``: offsets delivered and not yet acked, each with when it becomes
-  visible again, its delivery attempt and the epoch of its current handle.
+  visible again, its delivery attempt, the epoch of its current handle and its
+  holder, if any (a front end's lease: the delivery is released when that ends,
+  and stays hidden across a restart while it lasts).
 * Everything in ``[committed, cursor)`` that is not in flight is *done*
   (acked, skipped by the filter, dead-lettered). So the "acked above
   committed" set is never stored: it is the complement of ``inflight``, and
@@ -34,6 +36,7 @@ import heapq
 import json
 import threading
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,14 @@ SNAPSHOT_VERSION = 1
 _COMPACT_SLACK = 64
 
 
+# The visible_at of an in-flight message requeued (an invisible time changed to 0) or
+# restored by a restart: before any real time. Requeued messages so go out before those
+# whose invisible time ran out, lowest offset first among themselves (the heap's tie-break):
+# back in their place in the queue, as an AMQP broker requeues, whatever order and moment
+# they were requeued at.
+REQUEUED_VISIBLE_AT = 0
+
+
 @dataclass(slots=True)
 class InFlight:
     visible_at: int
@@ -53,6 +64,34 @@ class InFlight:
     epoch: int  # of the current receipt handle
     commit_log_offset: int
     ordered: bool  # FIFO group and the message has a message group
+    holder: str = ""  # who holds the delivery (see PopStates.release); "" for nobody
+
+    def journaled(self, offset: int) -> list[Any]:
+        """The entry as the snapshot and the journal keep it; a held one with its holder and
+        when it is visible again, which a restart keeps (an unheld one is visible at once), as
+        does a deferred one (attempt 0: not delivered before its delivery time)."""
+        form: list[Any] = [offset, self.attempt, self.epoch, self.commit_log_offset]
+        form.append(int(self.ordered))
+        if self.holder or not self.attempt:
+            form += [self.holder, self.visible_at]
+        return form
+
+
+def entry_fields(entry: list[Any]) -> tuple[int, int, int, int, bool, str, int]:
+    """An entry's :meth:`InFlight.journaled` form read back: offset, attempt, epoch, commit
+    log offset, ordered, holder and visible_at (an unheld one: visible at once, requeued)."""
+    offset, attempt, epoch, commit_log_offset, ordered = (int(v) for v in entry[:5])
+    if len(entry) >= 7:
+        return (
+            offset,
+            attempt,
+            epoch,
+            commit_log_offset,
+            bool(ordered),
+            str(entry[5]),
+            int(entry[6]),
+        )
+    return offset, attempt, epoch, commit_log_offset, bool(ordered), "", REQUEUED_VISIBLE_AT
 
 
 class QueueConsumption:
@@ -74,10 +113,16 @@ class QueueConsumption:
     # -- deliveries ----------------------------------------------------------
 
     def deliver(
-        self, offset: int, commit_log_offset: int, visible_at: int, epoch: int, ordered: bool
+        self,
+        offset: int,
+        commit_log_offset: int,
+        visible_at: int,
+        epoch: int,
+        ordered: bool,
+        holder: str = "",
     ) -> None:
         """Record the first delivery of ``offset`` (which must be >= every earlier one)."""
-        self.inflight[offset] = InFlight(visible_at, 1, epoch, commit_log_offset, ordered)
+        self.inflight[offset] = InFlight(visible_at, 1, epoch, commit_log_offset, ordered, holder)
         self._order.append(offset)
         heapq.heappush(self._heap, (visible_at, offset, epoch))
         if ordered:
@@ -105,11 +150,47 @@ class QueueConsumption:
             return True
         return False
 
-    def redeliver(self, offset: int, visible_at: int, epoch: int) -> InFlight:
+    def defer(
+        self, offset: int, commit_log_offset: int, due: int, epoch: int, ordered: bool
+    ) -> None:
+        """Record ``offset`` as in flight but never delivered (attempt 0) until ``due``: a
+        message committed with a delivery time still ahead. Its first delivery, when due, is
+        a redelivery's walk with attempt 1."""
+        self.deliver(offset, commit_log_offset, due, epoch, ordered)
+        self.inflight[offset].attempt = 0
+
+    def redeliver(self, offset: int, visible_at: int, epoch: int, holder: str = "") -> InFlight:
         entry = self.inflight[offset]
         entry.attempt += 1
+        entry.holder = holder
         self.hide(offset, visible_at, epoch)
         return entry
+
+    def restore(self, entry: list[Any]) -> None:
+        """Apply an entry in its :meth:`InFlight.journaled` form (replayed from the journal):
+        a delivery past the cursor is recorded (the cursor moves past it: what lay between
+        was delivered or skipped before it), one in flight takes the entry's attempt, epoch
+        and holder; one done (acked after its record was written) stays done."""
+        offset, attempt, epoch, commit_log_offset, ordered, holder, visible_at = entry_fields(entry)
+        if offset >= self.cursor:
+            if not self.skip_done(offset):
+                self.deliver(offset, commit_log_offset, visible_at, epoch, ordered, holder)
+                self.inflight[offset].attempt = attempt
+            self.move_cursor(offset + 1)
+        elif offset in self.inflight:
+            current = self.inflight[offset]
+            current.attempt = attempt
+            current.holder = holder
+            self.hide(offset, visible_at, epoch)
+
+    def release(self, holder: str, epochs: Iterator[int]) -> list[int]:
+        """Every delivery ``holder`` holds requeued (visible at once, in its place), held by
+        nobody, each under a new epoch (the holder's handles die); their offsets."""
+        released = [offset for offset, e in self.inflight.items() if e.holder == holder]
+        for offset in released:
+            self.inflight[offset].holder = ""
+            self.hide(offset, REQUEUED_VISIBLE_AT, next(epochs))
+        return released
 
     def hide(self, offset: int, visible_at: int, epoch: int) -> None:
         """Give the in-flight ``offset`` a new visibility time and handle epoch."""
@@ -204,10 +285,7 @@ class QueueConsumption:
         data: dict[str, Any] = {
             "committed": self.committed,
             "cursor": self.cursor,
-            "inflight": [
-                [offset, e.attempt, e.epoch, e.commit_log_offset, int(e.ordered)]
-                for offset, e in sorted(self.inflight.items())
-            ],
+            "inflight": [e.journaled(offset) for offset, e in sorted(self.inflight.items())],
         }
         if self.done_ahead:
             data["done_ahead"] = sorted(self.done_ahead)
@@ -215,11 +293,15 @@ class QueueConsumption:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> QueueConsumption:
-        """Restore; in-flight entries come back visible at once, attempts kept."""
+        """Restore; in-flight entries come back visible at once, attempts kept, but for
+        held ones: hidden while they were, with their holder."""
         queue = cls(int(data["cursor"]))
-        for offset, attempt, epoch, commit_log_offset, ordered in sorted(data["inflight"]):
-            queue.deliver(int(offset), int(commit_log_offset), 0, int(epoch), bool(ordered))
-            queue.inflight[int(offset)].attempt = int(attempt)
+        for entry in sorted(data["inflight"]):
+            offset, attempt, epoch, commit_log_offset, ordered, holder, visible_at = entry_fields(
+                entry
+            )
+            queue.deliver(offset, commit_log_offset, visible_at, epoch, ordered, holder)
+            queue.inflight[offset].attempt = attempt
         queue.done_ahead = {int(o) for o in data.get("done_ahead", ())}
         queue._advance_committed()
         return queue

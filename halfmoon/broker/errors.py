@@ -11,6 +11,14 @@ from __future__ import annotations
 from halfmoon.broker.receipt import IllegalInvisibleTime, InvalidReceiptHandle
 from halfmoon.errors import Conflict, HalfmoonError, InvalidArgument, NotFound
 
+# The store refuses these before anything is written; the broker raises the same classes.
+from halfmoon.store.validate import (
+    IllegalQueueId,
+    IllegalTopic,
+    MessageBodyTooLarge,
+    MessagePropertiesTooLarge,
+)
+
 
 class TopicNotFound(NotFound):
     code = "TOPIC_NOT_FOUND"
@@ -46,16 +54,8 @@ class GroupExists(Conflict):
         self.group = group
 
 
-class IllegalTopic(InvalidArgument):
-    code = "ILLEGAL_TOPIC"
-
-
 class IllegalGroup(InvalidArgument):
     code = "ILLEGAL_CONSUMER_GROUP"
-
-
-class IllegalQueueId(InvalidArgument):
-    code = "BAD_REQUEST"
 
 
 class MessageTypeMismatch(InvalidArgument):
@@ -80,14 +80,6 @@ class IllegalMessageGroup(InvalidArgument):
 
 class IllegalMessageId(InvalidArgument):
     code = "ILLEGAL_MESSAGE_ID"
-
-
-class MessageBodyTooLarge(InvalidArgument):
-    code = "MESSAGE_BODY_TOO_LARGE"
-
-
-class MessagePropertiesTooLarge(InvalidArgument):
-    code = "MESSAGE_PROPERTIES_TOO_LARGE"
 
 
 class BodyDigestMismatch(InvalidArgument):

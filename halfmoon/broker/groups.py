@@ -38,6 +38,8 @@ from halfmoon.errors import InvalidArgument
 MAX_GROUP_LENGTH = MAX_TOPIC_LENGTH - len(RETRY_PREFIX)
 _NAME = re.compile(r"^[%a-zA-Z0-9_-]+$")
 CONSUME_FROM = ("latest", "earliest", "auto")
+# Deliveries before a message goes to the dead-letter topic (RocketMQ 5's default: 16 retries).
+DEFAULT_MAX_DELIVERY_ATTEMPTS = 17
 
 # RocketMQ's customized backoff levels (messageDelayLevel without the leading
 # 1s level's duplicates): 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h.
@@ -121,7 +123,7 @@ class RetryPolicy:
 class GroupConfig:
     name: str
     fifo: bool = False
-    max_delivery_attempts: int = 17
+    max_delivery_attempts: int = DEFAULT_MAX_DELIVERY_ATTEMPTS
     retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
     consume_from: str = "latest"
     consume_enabled: bool = True
@@ -145,7 +147,9 @@ class GroupConfig:
         return cls(
             name=str(data["name"]),
             fifo=bool(data.get("fifo", False)),
-            max_delivery_attempts=int(data.get("max_delivery_attempts", 17)),
+            max_delivery_attempts=int(
+                data.get("max_delivery_attempts", DEFAULT_MAX_DELIVERY_ATTEMPTS)
+            ),
             retry_policy=RetryPolicy.from_dict(data.get("retry_policy", {})),
             consume_from=str(data.get("consume_from", "latest")),
             consume_enabled=bool(data.get("consume_enabled", True)),

@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass, field
 
 from halfmoon.broker.lite_names import parent_topic_of
-from halfmoon.errors import InvalidArgument
 from halfmoon.store.message import (
     KEY_SEPARATOR,
     PROPERTY_KEYS,
@@ -24,6 +23,7 @@ from halfmoon.store.message import (
     Message,
     StoredMessage,
 )
+from halfmoon.store.validate import IllegalPropertyKey  # one class: the store raises it too
 
 # Reserved property names (RocketMQ's MessageConst names where one exists).
 PROPERTY_MESSAGE_GROUP = "__SHARDINGKEY"
@@ -37,6 +37,8 @@ PROPERTY_PRODUCER_GROUP = "PGROUP"
 PROPERTY_TRANSACTION_ID = "__transactionId__"
 PROPERTY_CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 PROPERTY_TRANSACTION_GROUP = "__HM_TXN_GROUP"
+# A transaction group member's timeout (ms), as its producer asked (docs/transactions.md).
+PROPERTY_TRANSACTION_TIMEOUT = "__HM_TXN_TIMEOUT_MS"
 PROPERTY_DLQ_ORIGIN_GROUP = "__HM_DLQ_GROUP"
 PROPERTY_DLQ_ORIGIN_TOPIC = "__HM_DLQ_TOPIC"  # where a dead letter is resent to
 PROPERTY_DELIVERY_ATTEMPT = "__HM_ATTEMPT"
@@ -60,6 +62,7 @@ SYSTEM_PROPERTIES = frozenset(
         PROPERTY_TRANSACTION_ID,
         PROPERTY_CHECK_IMMUNITY,
         PROPERTY_TRANSACTION_GROUP,
+        PROPERTY_TRANSACTION_TIMEOUT,
         PROPERTY_DLQ_ORIGIN_GROUP,
         PROPERTY_DLQ_ORIGIN_TOPIC,
         PROPERTY_DELIVERY_ATTEMPT,
@@ -91,10 +94,6 @@ def _message_type(value: str | None) -> MessageType:
     return kind if kind is not None else MessageType(value)
 
 
-class IllegalPropertyKey(InvalidArgument):
-    code = "ILLEGAL_MESSAGE_PROPERTY_KEY"
-
-
 @dataclass(slots=True)
 class OutgoingMessage:
     """A message as a producer sends it, before the broker stores it."""
@@ -119,6 +118,9 @@ class OutgoingMessage:
     # The id of the dead letter this message resends (an operator's resend): the message
     # trace links the two. Not stored with the message.
     resent_from: str | None = None
+    # A transaction group member: roll the group back when undecided this long (None: the
+    # broker's transaction.group_timeout_ms).
+    transaction_timeout_ms: int | None = None
 
     def to_store(
         self, topic: str | None = None, queue_id: int = 0, message_id: str = ""
@@ -147,6 +149,8 @@ class OutgoingMessage:
             props[PROPERTY_PRODUCER_GROUP] = self.producer_group
         if self.transaction_group:
             props[PROPERTY_TRANSACTION_GROUP] = self.transaction_group
+            if self.transaction_timeout_ms is not None:
+                props[PROPERTY_TRANSACTION_TIMEOUT] = str(self.transaction_timeout_ms)
         if self.check_immunity_seconds is not None:
             props[PROPERTY_CHECK_IMMUNITY] = str(self.check_immunity_seconds)
         if self.priority is not None:

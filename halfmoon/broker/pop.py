@@ -35,7 +35,9 @@ background too (:meth:`PopService.revive`, from ``Broker.tick``): see
 :mod:`halfmoon.broker.revive`.
 
 The state table, where a new group starts, the queries, administration and
-the snapshot are :mod:`halfmoon.broker.pop_state`; this module delivers.
+the snapshot are :mod:`halfmoon.broker.pop_state`; the receive walk is
+:mod:`halfmoon.broker.pop_receive`; this module holds both and serves the rest
+(acks, changes of invisible time, dead-lettering, transactional consumption).
 
 Invisible-time bounds are RocketMQ's proxy defaults: a receive hides a
 message for 10 s .. 12 h, a change of invisible duration 0 .. 12 h.
@@ -45,23 +47,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
 from halfmoon.broker.clock import Clock
 from halfmoon.broker.consumption import (
+    REQUEUED_VISIBLE_AT,
     InFlight,
     QueueConsumption,
     TopicConsumption,
 )
 from halfmoon.broker.filter import MessageFilter
 from halfmoon.broker.message import MessageView, Received
-from halfmoon.broker.pop_journal import PopJournal
+from halfmoon.broker.pop_journal import WAIT_TIMEOUT_S, PopJournal
+from halfmoon.broker.pop_receive import DEAD_LETTER_RETRY_MS, PopReceiver
 from halfmoon.broker.pop_state import (
     PopGroupSettings,
     PopStates,
     default_hot_data_bytes,
-    next_wakeup_locked,
 )
 from halfmoon.broker.receipt import (
     MIN_CHANGE_INVISIBLE_MS,
@@ -72,21 +76,10 @@ from halfmoon.broker.receipt import (
 )
 from halfmoon.broker.revive import ReviveQueue
 from halfmoon.broker.trace import TraceRecorder, position_key
-from halfmoon.errors import InvalidArgument
-from halfmoon.store.api import GetStatus, Store
+from halfmoon.store.api import Store
 from halfmoon.store.message import StoredMessage
 
 log = logging.getLogger(__name__)
-
-# A message whose dead-lettering failed is tried again this much later.
-DEAD_LETTER_RETRY_MS = 1_000
-# Store reads per queue per receive while looking for matching new messages
-# (each read scans a bounded number of entries), so a filter that matches
-# nothing cannot make one receive walk a whole queue.
-MAX_READS_PER_QUEUE = 4
-# receive_nowait declines a group this many messages (or more) behind a queue's end: what
-# it would read was written long ago and may have to come from disk (a worker's job).
-LOOP_BACKLOG_LIMIT = 4096
 
 DeadLetter = Callable[[str, StoredMessage, int], None]
 
@@ -99,6 +92,21 @@ __all__ = [
 ]
 
 
+def _done() -> Future[None]:
+    future: Future[None] = Future()
+    future.set_result(None)
+    return future
+
+
+_DONE = _done()  # nothing to wait for: no journal, or nothing acked
+
+
+def _acks_failed(results: list[Exception | None], error: Exception) -> list[Exception | None]:
+    """A batch whose ack record failed to become durable: every ack it held answers ``error``
+    (the acks stay applied in memory; a restart may deliver those messages again)."""
+    return [error if result is None else result for result in results]
+
+
 def _nothing_in_flight(group: str, topic: str) -> InvalidReceiptHandle:
     return InvalidReceiptHandle(
         f"group {group!r} has nothing in flight on topic {topic!r}: "
@@ -106,19 +114,10 @@ def _nothing_in_flight(group: str, topic: str) -> InvalidReceiptHandle:
     )
 
 
-def _any_expired(state: TopicConsumption, queue_ids: list[int], now: int) -> bool:
-    """Whether a delivery in one of these queues is visible again (due for redelivery)."""
-    for queue_id in queue_ids:
-        queue = state.queues.get(queue_id)
-        if queue is not None and queue.inflight:
-            visible_at = queue.next_visible_at()
-            if visible_at is not None and visible_at <= now:
-                return True
-    return False
-
-
-class PopService(PopStates):
-    """Pop deliveries over :class:`~halfmoon.broker.pop_state.PopStates`."""
+class PopService:
+    """Pop deliveries from a :class:`~halfmoon.broker.pop_state.PopStates` table it holds:
+    receives through its :class:`~halfmoon.broker.pop_receive.PopReceiver`, acks and the
+    rest here."""
 
     def __init__(
         self,
@@ -134,7 +133,7 @@ class PopService(PopStates):
         priority_order: Callable[[str], bool] = lambda topic: False,
         journal: PopJournal | None = None,
     ) -> None:
-        super().__init__(
+        self.states = PopStates(
             store,
             clock,
             topic_queues=topic_queues,
@@ -144,23 +143,55 @@ class PopService(PopStates):
             journal=journal,
         )
         self._dead_letter = dead_letter
-        self._min_receive_invisible_ms = min_receive_invisible_ms
-        # Topics whose receives start at the first of topic_queues every time: priority
-        # topics, which list their queues highest priority first (priority.py).
-        self._priority_order = priority_order
         self._revive = ReviveQueue(
-            self._states,
-            lambda group: self._group_settings(group).max_delivery_attempts,
-            self._read,
+            self.states.table,
+            lambda group: self.states.group_settings(group).max_delivery_attempts,
+            self.states.read,
             self._send_to_dead_letter,
-            lambda: next(self._epochs),
+            lambda: next(self.states.epochs),
             retry_ms=DEAD_LETTER_RETRY_MS,
         )
-        for state in self._states.values():  # restored from the snapshot
+        for state in self.states.table.values():  # restored from the snapshot
             self._revive.watch_restored(state)
+        self._receiver = PopReceiver(
+            self.states,
+            self._revive,
+            self._send_to_dead_letter,
+            min_receive_invisible_ms=min_receive_invisible_ms,
+            priority_order=priority_order,
+        )
         self.trace: TraceRecorder | None = None  # acks and changes of invisibility
 
-    # -- receive -------------------------------------------------------------
+    # -- the state table (pop_state.py) ---------------------------------------
+
+    def subscribe(self, group: str, topic: str) -> None:
+        self.states.subscribe(group, topic)
+
+    def next_wakeup_ms(self, group: str, topic: str) -> int | None:
+        return self.states.next_wakeup_ms(group, topic)
+
+    def progress(self, group: str, topic: str) -> list[tuple[int, int, int, int]]:
+        return self.states.progress(group, topic)
+
+    def retrying(self, group: str, topic: str) -> dict[int, int]:
+        return self.states.retrying(group, topic)
+
+    def ready(self, group: str, topic: str) -> dict[int, int]:
+        return self.states.ready(group, topic)
+
+    def drop_group(self, group: str) -> None:
+        self.states.drop_group(group)
+
+    def reset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self.states.reset(group, topic, queue_id, offset)
+
+    def snapshot(self) -> None:
+        self.states.snapshot()
+
+    def close(self) -> None:
+        self.states.close()
+
+    # -- receive (pop_receive.py) ---------------------------------------------
 
     def receive(
         self,
@@ -170,16 +201,11 @@ class PopService(PopStates):
         batch_size: int,
         invisible_ms: int,
         queue_id: int | None = None,
+        holder: str = "",
     ) -> list[MessageView]:
-        """Up to ``batch_size`` messages, hidden from the group for ``invisible_ms``.
-
-        ``queue_id`` limits the receive to that queue (none from a queue that is
-        not readable). Non-blocking: [] when nothing is available (see
-        :meth:`next_wakeup_ms`).
-        """
-        received = self._receive(group, topic, matcher, batch_size, invisible_ms, queue_id, True)
-        assert received is not None  # a blocking receive always answers
-        return received.views
+        return self._receiver.receive(
+            group, topic, matcher, batch_size, invisible_ms, queue_id, holder
+        )
 
     def receive_nowait(
         self,
@@ -189,258 +215,32 @@ class PopService(PopStates):
         batch_size: int,
         invisible_ms: int,
         queue_id: int | None = None,
+        holder: str = "",
     ) -> Received | None:
-        """:meth:`receive` when it needs neither to wait nor to write; None when it would.
-
-        It would wait for the (group, topic) lock another receive or ack holds,
-        it would write when an expired delivery is due (a redelivery may
-        dead-letter, which appends to the store, durably), and it may read from
-        disk when the group trails a queue by more than
-        :data:`LOOP_BACKLOG_LIMIT` messages. Then the caller
-        runs :meth:`receive` where blocking is fine (a worker thread). What is
-        left is reading the queues and bookkeeping in memory: an event loop may
-        call this. When it finds nothing it also says when an in-flight message is
-        next due (:meth:`next_wakeup_ms`, read under the same hold of the lock).
-        """
-        return self._receive(group, topic, matcher, batch_size, invisible_ms, queue_id, False)
-
-    def _receive(
-        self,
-        group: str,
-        topic: str,
-        matcher: MessageFilter | None,
-        batch_size: int,
-        invisible_ms: int,
-        queue_id: int | None,
-        blocking: bool,
-    ) -> Received | None:
-        check_invisible_ms(invisible_ms, self._min_receive_invisible_ms)
-        if batch_size < 1:
-            raise InvalidArgument(f"batch size must be at least 1, got {batch_size}")
-        queue_ids = self._topic_queues(topic)
-        if not queue_ids:
-            return Received([])
-        settings = self._group_settings(group)
-        state = self._state(group, topic)
-        out: list[MessageView] = []
-        if not state.lock.acquire(blocking):
-            return None
-        try:
-            if not blocking and not state.queues:
-                return None  # first contact: where the group starts may read the store's past
-            self._ensure_queues(state, queue_ids, settings)
-            now = self._clock.now_ms()
-            if queue_id is not None:
-                walk = [queue_id] if queue_id in queue_ids else []
-            elif not settings.fifo and self._priority_order(topic):
-                walk = list(queue_ids)  # highest priority first, every time
-            else:
-                walk = queue_ids[state.rotation :] + queue_ids[: state.rotation]
-            if not blocking and (_any_expired(state, walk, now) or self._far_behind(state, walk)):
-                return None
-            if queue_id is None and (settings.fifo or not self._priority_order(topic)):
-                state.rotation = (state.rotation + 1) % len(queue_ids)
-            for walked in walk:
-                self._receive_queue(
-                    state, walked, settings, matcher, batch_size, now, invisible_ms, out
-                )
-                if len(out) >= batch_size:
-                    break
-            if out or blocking:
-                return Received(out)
-            return Received(out, next_wakeup_locked(state, now))
-        finally:
-            state.lock.release()
-
-    def _far_behind(self, state: TopicConsumption, queue_ids: list[int]) -> bool:
-        """Whether the group's cursor in one of these queues trails the queue's end by more
-        than :data:`LOOP_BACKLOG_LIMIT` messages: old data may no longer be in the page
-        cache, and a read that faults it in from disk must not stall an event loop."""
-        max_offset = self._store.max_offset
-        for queue_id in queue_ids:
-            queue = state.queues.get(queue_id)
-            if queue is not None and (
-                max_offset(state.topic, queue_id) - queue.cursor > LOOP_BACKLOG_LIMIT
-            ):
-                return True
-        return False
-
-    def _receive_queue(
-        self,
-        state: TopicConsumption,
-        queue_id: int,
-        settings: PopGroupSettings,
-        matcher: MessageFilter | None,
-        batch_size: int,
-        now: int,
-        invisible_ms: int,
-        out: list[MessageView],
-    ) -> None:
-        queue = state.queues[queue_id]
-        if settings.fifo and queue.ordered and queue.fifo_blocked(now):
-            return
-        if queue.inflight and not self._redeliver_expired(
-            state, queue_id, queue, settings, batch_size, now, invisible_ms, out
-        ):
-            return
-        if len(out) < batch_size:
-            self._deliver_new(
-                state, queue_id, queue, settings, matcher, batch_size, now, invisible_ms, out
-            )
-
-    def _redeliver_expired(
-        self,
-        state: TopicConsumption,
-        queue_id: int,
-        queue: QueueConsumption,
-        settings: PopGroupSettings,
-        batch_size: int,
-        now: int,
-        invisible_ms: int,
-        out: list[MessageView],
-    ) -> bool:
-        """Redeliver or dead-letter expired deliveries; False if the queue must stop here."""
-        expired = queue.take_expired(now, batch_size - len(out), by_offset=settings.fifo)
-        if not expired:
-            return True
-        state.dirty = True
-        visible_at = now + invisible_ms
-        for index, (offset, entry) in enumerate(expired):
-            try:
-                stored = self._read(state.topic, queue_id, offset)
-                view = MessageView.of(stored) if stored is not None else None
-            except BaseException:
-                for pending, _ in expired[index:]:
-                    queue.requeue(pending)
-                raise
-            if stored is None or view is None:
-                log.warning(
-                    "group %s: %s/%d offset %d is gone from the store while in flight; "
-                    "counting it as consumed",
-                    state.group,
-                    state.topic,
-                    queue_id,
-                    offset,
-                )
-                queue.complete(offset)
-            elif entry.attempt >= settings.max_delivery_attempts:
-                if self._send_to_dead_letter(state.group, stored, entry.attempt):
-                    queue.complete(offset)
-                else:
-                    queue.hide(offset, now + DEAD_LETTER_RETRY_MS, next(self._epochs))
-                    self._watch(state, queue_id, offset, entry)
-                    if settings.fifo and entry.ordered:
-                        # Nothing after it may go out before it does.
-                        for pending, _ in expired[index + 1 :]:
-                            queue.requeue(pending)
-                        return False
-            else:
-                epoch = next(self._epochs)
-                queue.redeliver(offset, visible_at, epoch)
-                if entry.attempt >= settings.max_delivery_attempts:
-                    self._watch(state, queue_id, offset, entry)
-                out.append(self._finish_view(view, state.topic, entry, visible_at, invisible_ms))
-        return True
-
-    def _deliver_new(
-        self,
-        state: TopicConsumption,
-        queue_id: int,
-        queue: QueueConsumption,
-        settings: PopGroupSettings,
-        matcher: MessageFilter | None,
-        batch_size: int,
-        now: int,
-        invisible_ms: int,
-        out: list[MessageView],
-    ) -> None:
-        tag_hashes = matcher.tag_hash_codes if matcher is not None else None
-        visible_at = now + invisible_ms
-        topic = state.topic
-        for _ in range(MAX_READS_PER_QUEUE):
-            wanted = batch_size - len(out)
-            if wanted <= 0:
-                return
-            cursor = queue.cursor
-            result = self._store.get(
-                topic, queue_id, cursor, max_messages=wanted, tag_hashes=tag_hashes
-            )
-            status = result.status
-            if status is GetStatus.OFFSET_TOO_SMALL:
-                # Retention removed messages the group never read.
-                log.warning(
-                    "group %s: %s/%d offsets %d..%d aged out before being consumed",
-                    state.group,
-                    topic,
-                    queue_id,
-                    cursor,
-                    result.min_offset - 1,
-                )
-                queue.move_cursor(max(result.min_offset, cursor + 1))
-                state.dirty = True
-                continue
-            if status is GetStatus.OFFSET_OVERFLOW:
-                # The queue restarted below our cursor (topic deleted and recreated).
-                queue.reset(result.max_offset)
-                state.dirty = True
-                return
-            if status is GetStatus.NO_MESSAGE or status is GetStatus.NO_SUCH_QUEUE:
-                return
-            next_cursor = result.next_offset
-            for stored in result.messages:
-                if len(out) >= batch_size:
-                    next_cursor = stored.queue_offset
-                    break
-                if queue.done_ahead and queue.skip_done(stored.queue_offset):
-                    continue  # consumed by a transaction replayed after a crash
-                view = MessageView.of(stored)
-                if matcher is not None and not matcher.matches_message(view.tag, view.properties):
-                    continue
-                epoch = next(self._epochs)
-                ordered = settings.fifo and (
-                    settings.every_message_ordered or view.message_group is not None
-                )
-                queue.deliver(
-                    stored.queue_offset, stored.commit_log_offset, visible_at, epoch, ordered
-                )
-                if settings.max_delivery_attempts <= 1:
-                    self._watch(
-                        state, queue_id, stored.queue_offset, queue.inflight[stored.queue_offset]
-                    )
-                view.delivery_attempt = 1
-                view.invisible_duration_ms = invisible_ms
-                view.receipt_handle = self._codec.encode(
-                    ReceiptHandle(
-                        topic,
-                        queue_id,
-                        stored.queue_offset,
-                        epoch,
-                        visible_at,
-                        stored.commit_log_offset,
-                    )
-                )
-                out.append(view)
-            if next_cursor <= cursor:
-                return
-            queue.move_cursor(next_cursor)
-            state.dirty = True
-
-    def _finish_view(
-        self, view: MessageView, topic: str, entry: InFlight, visible_at: int, invisible_ms: int
-    ) -> MessageView:
-        view.delivery_attempt = entry.attempt
-        view.invisible_duration_ms = invisible_ms
-        view.receipt_handle = self._codec.encode(
-            ReceiptHandle(
-                topic,
-                view.queue_id,
-                view.queue_offset,
-                entry.epoch,
-                visible_at,
-                entry.commit_log_offset,
-            )
+        return self._receiver.receive_nowait(
+            group, topic, matcher, batch_size, invisible_ms, queue_id, holder
         )
-        return view
+
+    # -- holders ---------------------------------------------------------------
+
+    def holders(self) -> frozenset[str]:
+        """Who has held deliveries in flight here (maybe none left) since last released."""
+        return frozenset(self.states.holders)
+
+    def release_held(self, holder: str) -> int:
+        """Every delivery ``holder`` holds visible again now (its holder ended); how many."""
+        return self.states.release(holder)
+
+    def _unhold(self, state: TopicConsumption, queue_id: int, offset: int, entry: InFlight) -> None:
+        """A held delivery hidden anew (a requeue): held by nobody now, and journaled so, or a
+        restart would hide it again while its holder lives."""
+        if not entry.holder:
+            return
+        entry.holder = ""
+        if self.states.journal is not None:
+            self.states.journal.record_entries(
+                state.group, state.topic, {queue_id: [entry.journaled(offset)]}
+            )
 
     def _send_to_dead_letter(self, group: str, stored: StoredMessage, attempts: int) -> bool:
         try:
@@ -481,8 +281,8 @@ class PopService(PopStates):
             queue, entry = self._in_flight(state, receipt)
             queue.complete(receipt.queue_offset)
             state.dirty = True
-            if self._journal is not None:
-                end = self._journal.record_acks(
+            if self.states.journal is not None:
+                end = self.states.journal.record_acks(
                     group, topic, {receipt.queue_id: [receipt.queue_offset]}
                 )
         if end is not None:
@@ -496,18 +296,36 @@ class PopService(PopStates):
     def _wait_journaled(self, end: int) -> None:
         """The ack answers once its record is durable as the store acknowledges writes (under
         sync replication: on the in-sync replicas; NOT_ENOUGH_REPLICAS when too few)."""
-        assert self._journal is not None
-        self._journal.wait(end)
+        assert self.states.journal is not None
+        self.states.journal.wait(end)
 
-    def ack_many(
-        self, group: str, topic: str, handles: list[str], *, blocking: bool = True
-    ) -> list[Exception | None] | None:
+    def ack_many(self, group: str, topic: str, handles: list[str]) -> list[Exception | None]:
         """Ack every handle under one hold of the group's lock: per handle None (acked) or the
-        error :meth:`ack` would have raised. Without ``blocking``, None at once when the lock
-        is busy (nothing acked), so an event loop may call it; also None with a journal (a
-        broker group), where the answer waits for the batch's record to be durable.
-        With ``blocking`` and a journal, one record for the batch, waited for once: an error
-        of that wait (e.g. NOT_ENOUGH_REPLICAS) is every acked handle's result."""
+        error :meth:`ack` would have raised. With a journal, one record for the batch, waited
+        for once: an error of that wait (e.g. NOT_ENOUGH_REPLICAS) is every acked handle's
+        result."""
+        batch = self._ack_batch(group, topic, handles, blocking=True)
+        assert batch is not None  # a blocking call always gets the lock
+        results, durable = batch
+        try:
+            durable.result(WAIT_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - the batch's answer: every ack it held
+            return _acks_failed(results, exc)
+        return results
+
+    def ack_many_nowait(
+        self, group: str, topic: str, handles: list[str]
+    ) -> tuple[list[Exception | None], Future[None]] | None:
+        """:meth:`ack_many` without blocking, so an event loop may call it: None at once when
+        the group's lock is busy (nothing acked). Else the per-handle results and a future
+        that completes once the batch's ack record is durable as the store acknowledges
+        writes (at once without a journal); an ack answers only then
+        (every acked handle then answers its error)."""
+        return self._ack_batch(group, topic, handles, blocking=False)
+
+    def _ack_batch(
+        self, group: str, topic: str, handles: list[str], blocking: bool
+    ) -> tuple[list[Exception | None], Future[None]] | None:
         results: list[Exception | None] = [None] * len(handles)
         receipts: list[tuple[int, ReceiptHandle]] = []
         for index, handle in enumerate(handles):
@@ -516,18 +334,16 @@ class PopService(PopStates):
             except InvalidReceiptHandle as exc:
                 results[index] = exc
         if not receipts:
-            return results
-        state = self._states.get((group, topic))
+            return results, _DONE
+        state = self.states.table.get((group, topic))
         if state is None:
             error = _nothing_in_flight(group, topic)
-            return [error if r is None else r for r in results]
-        if not blocking and self._journal is not None:
-            return None  # appending and waiting for durability are a worker's job
+            return [error if r is None else r for r in results], _DONE
         if not state.lock.acquire(blocking):
             return None
         acked: list[InFlight] = []
         acked_offsets: dict[int, list[int]] = {}
-        end = None
+        durable = _DONE
         try:
             for index, receipt in receipts:
                 try:
@@ -539,37 +355,36 @@ class PopService(PopStates):
                 state.dirty = True
                 acked.append(entry)
                 acked_offsets.setdefault(receipt.queue_id, []).append(receipt.queue_offset)
-            if self._journal is not None and acked_offsets:
-                end = self._journal.record_acks(group, topic, acked_offsets)
+            if self.states.journal is not None and acked_offsets:
+                end = self.states.journal.record_acks(group, topic, acked_offsets)
+                durable = self.states.journal.durable(end)
         finally:
             state.lock.release()
-        if end is not None:
-            try:
-                self._wait_journaled(end)
-            except Exception as exc:  # noqa: BLE001 - the batch's answer: every ack it held
-                failed = {index for index, _ in receipts if results[index] is None}
-                return [exc if index in failed else r for index, r in enumerate(results)]
         if self.trace is not None:
             for entry in acked:
                 self.trace.record(
                     position_key(entry.commit_log_offset), topic, "acked",
                     group=group, attempt=entry.attempt,
                 )  # fmt: skip
-        return results
+        return results, durable
 
     def change_invisible_duration(
         self, group: str, topic: str, handle: str, invisible_ms: int
     ) -> str:
-        """Hide the message ``invisible_ms`` from now; returns the new handle (the old one dies)."""
+        """Hide the message ``invisible_ms`` from now; returns the new handle (the old one dies).
+        0 requeues it: visible at once, in its place (``REQUEUED_VISIBLE_AT``)."""
         check_invisible_ms(invisible_ms, MIN_CHANGE_INVISIBLE_MS)
         receipt = self._decode(topic, handle)
         state = self._state_for_handle(group, topic)
-        max_attempts = self._group_settings(group).max_delivery_attempts
+        max_attempts = self.states.group_settings(group).max_delivery_attempts
         with state.lock:
             queue, entry = self._in_flight(state, receipt)
-            visible_at = self._clock.now_ms() + invisible_ms
-            epoch = next(self._epochs)
+            visible_at = (
+                self.states.clock.now_ms() + invisible_ms if invisible_ms else REQUEUED_VISIBLE_AT
+            )
+            epoch = next(self.states.epochs)
             queue.hide(receipt.queue_offset, visible_at, epoch)
+            self._unhold(state, receipt.queue_id, receipt.queue_offset, entry)
             if entry.attempt >= max_attempts:
                 self._watch(state, receipt.queue_id, receipt.queue_offset, entry)
             state.dirty = True
@@ -578,7 +393,7 @@ class PopService(PopStates):
                     position_key(entry.commit_log_offset), topic, "invisible_changed",
                     group=group, attempt=entry.attempt, invisible_ms=invisible_ms,
                 )  # fmt: skip
-            return self._codec.encode(
+            return self.states.codec.encode(
                 ReceiptHandle(
                     topic,
                     receipt.queue_id,
@@ -595,7 +410,7 @@ class PopService(PopStates):
         state = self._state_for_handle(group, topic)
         with state.lock:
             queue, entry = self._in_flight(state, receipt)
-            stored = self._read(topic, receipt.queue_id, receipt.queue_offset)
+            stored = self.states.read(topic, receipt.queue_id, receipt.queue_offset)
             if stored is not None:
                 self._dead_letter(group, stored, entry.attempt)
             queue.complete(receipt.queue_offset)
@@ -617,19 +432,19 @@ class PopService(PopStates):
         so two holders never deadlock)."""
         with ExitStack() as stack:
             for group, topic in sorted(set(keys)):
-                stack.enter_context(self._state(group, topic).lock)
+                stack.enter_context(self.states.state(group, topic).lock)
             yield
 
     def holds(self, group: str, topic: str, queue_id: int, offset: int, epoch: int) -> bool:
         """Whether that delivery is still in flight under ``epoch``; inside :meth:`locked`."""
-        state = self._states.get((group, topic))
+        state = self.states.table.get((group, topic))
         queue = state.queues.get(queue_id) if state is not None else None
         entry = queue.inflight.get(offset) if queue is not None else None
         return entry is not None and entry.epoch == epoch
 
     def complete_delivery(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """Consume a delivery :meth:`holds` vouched for; inside :meth:`locked`."""
-        state = self._states[(group, topic)]
+        state = self.states.table[(group, topic)]
         state.queues[queue_id].complete(offset)
         state.dirty = True
 
@@ -638,14 +453,15 @@ class PopService(PopStates):
     ) -> None:
         """Make a delivery visible again ``delay_ms`` from now (a reject); a delivery no longer in
         flight is left alone. ``locked``: the caller is inside :meth:`locked`."""
-        state = self._state(group, topic)
+        state = self.states.state(group, topic)
         with nullcontext() if locked else state.lock:
             queue = state.queues.get(queue_id)
             entry = queue.inflight.get(offset) if queue is not None else None
             if queue is None or entry is None:
                 return
-            queue.hide(offset, self._clock.now_ms() + delay_ms, next(self._epochs))
-            if entry.attempt >= self._group_settings(group).max_delivery_attempts:
+            queue.hide(offset, self.states.clock.now_ms() + delay_ms, next(self.states.epochs))
+            self._unhold(state, queue_id, offset, entry)
+            if entry.attempt >= self.states.group_settings(group).max_delivery_attempts:
                 self._watch(state, queue_id, offset, entry)
             state.dirty = True
 
@@ -653,9 +469,11 @@ class PopService(PopStates):
         """Recovery: ``offset`` was consumed by a commit the state file may predate. Idempotent:
         done already is a no-op, in flight completes it, past the cursor it is marked done ahead
         (never delivered)."""
-        state = self._state(group, topic)
+        state = self.states.state(group, topic)
         with state.lock:
-            self._ensure_queues(state, self._topic_queues(topic), self._group_settings(group))
+            self.states.ensure_queues(
+                state, self.states.topic_queues(topic), self.states.group_settings(group)
+            )
             queue = state.queues.get(queue_id)
             if queue is None:
                 queue = state.queues[queue_id] = QueueConsumption(offset)
@@ -664,22 +482,23 @@ class PopService(PopStates):
 
     def read(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
         """The stored message at ``offset`` (None when retention removed it)."""
-        return self._read(topic, queue_id, offset)
+        return self.states.read(topic, queue_id, offset)
 
     def handle_topic(self, handle: str) -> str:
         """The topic a receipt handle of this service names (InvalidReceiptHandle if garbled)."""
-        return self._codec.decode(handle).topic
+        return self.states.codec.decode(handle).topic
 
     def _decode(self, topic: str, handle: str) -> ReceiptHandle:
-        receipt = self._codec.decode(handle)
+        receipt = self.states.codec.decode(handle)
         if receipt.topic != topic:
             raise InvalidReceiptHandle(
-                f"receipt handle belongs to topic {receipt.topic!r}, not {topic!r}"
+                f"the receipt handle is not one of topic {topic!r}; "
+                "use the topic the message was received from"
             )
         return receipt
 
     def _state_for_handle(self, group: str, topic: str) -> TopicConsumption:
-        state = self._states.get((group, topic))
+        state = self.states.table.get((group, topic))
         if state is None:
             raise _nothing_in_flight(group, topic)
         return state

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from halfmoon.broker import broker_metrics
 from halfmoon.broker.access import check_queue
 from halfmoon.broker.config import BrokerConfig
+from halfmoon.broker.facade import Written
 from halfmoon.broker.filter_spec import FilterCache, FilterSpec
 from halfmoon.broker.lite import LiteTopics
 from halfmoon.broker.message import MessageType, MessageView, Received
@@ -30,6 +32,7 @@ class PopRouter:
         delivered: Callable[[str, str, int], None],
         find_group: Callable[[str], object | None],
         trace: TraceRecorder | None = None,
+        counted: Callable[[str, str, str, int], None] | None = None,
     ) -> None:
         self._pop = pop
         self._lite = lite
@@ -40,6 +43,8 @@ class PopRouter:
         self._delivered = delivered  # (group, topic, count): the traffic counters
         self._find_group = find_group  # no auto-creation
         self._trace = trace
+        # (kind, group, topic, count) for "acked" and "redelivered": the rate charts' series.
+        self._counted = counted or (lambda kind, group, topic, count: None)
 
     def receive(
         self,
@@ -50,6 +55,7 @@ class PopRouter:
         invisible_ms: int,
         client_id: str = "",
         queue_id: int | None = None,
+        holder: str = "",
     ) -> list[MessageView]:
         config = self._check_consumable(group, topic)
         if queue_id is not None:
@@ -62,7 +68,7 @@ class PopRouter:
             )
         else:
             views = self._pop.receive(
-                group, topic, compiled.compiled, batch_size, invisible_ms, queue_id
+                group, topic, compiled.compiled, batch_size, invisible_ms, queue_id, holder
             )
         self._after_delivery(group, topic, client_id, invisible_ms, views)
         return views
@@ -72,6 +78,10 @@ class PopRouter:
     ) -> None:
         """The traffic counters and the message traces of a receive's deliveries."""
         self._delivered(group, topic, len(views))
+        broker_metrics.received(group, topic, views)
+        again = sum(1 for view in views if view.delivery_attempt > 1)
+        if again:
+            self._counted("redelivered", group, topic, again)
         trace = self._trace
         if views and trace is not None and trace.enabled(topic):
             for view in views:
@@ -96,6 +106,7 @@ class PopRouter:
         invisible_ms: int,
         client_id: str = "",
         queue_id: int | None = None,
+        holder: str = "",
     ) -> Received | None:
         """:meth:`receive` if it can neither block nor write; None when it might (then call
         :meth:`receive` from a worker thread). Only an existing group's receive from an
@@ -112,7 +123,7 @@ class PopRouter:
         compiled = self._filters.get(filter)
         invisible_ms = invisible_ms or self._config.default_invisible_ms
         received = self._pop.receive_nowait(
-            group, topic, compiled.compiled, batch_size, invisible_ms, queue_id
+            group, topic, compiled.compiled, batch_size, invisible_ms, queue_id, holder
         )
         if received is not None:
             self._after_delivery(group, topic, client_id, invisible_ms, received.views)
@@ -129,13 +140,21 @@ class PopRouter:
             self._lite.ack(group, topic, lite_topic, receipt_handle)
         else:
             self._pop.ack(group, topic, receipt_handle)
+        broker_metrics.acked(group, topic)
+        self._counted("acked", group, topic, 1)
 
     def ack_nowait(
         self, group: str, topic: str, receipt_handles: list[str]
-    ) -> list[Exception | None] | None:
+    ) -> Written[list[Exception | None]] | None:
         if self._is_lite(topic):
             return None  # per lite topic, on a worker
-        return self._pop.ack_many(group, topic, receipt_handles, blocking=False)
+        batch = self._pop.ack_many_nowait(group, topic, receipt_handles)
+        if batch is None:
+            return None
+        acked = sum(1 for error in batch[0] if error is None)
+        broker_metrics.acked(group, topic, acked)
+        self._counted("acked", group, topic, acked)
+        return Written(*batch)
 
     def change_invisible_duration(
         self,

@@ -16,8 +16,8 @@ import contextlib
 import hashlib
 import re
 import zlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from halfmoon.broker.config import BrokerConfig
 from halfmoon.broker.errors import (
@@ -28,7 +28,6 @@ from halfmoon.broker.errors import (
     IllegalMessageKey,
     IllegalMessageTag,
     IllegalQueueId,
-    MessageBodyTooLarge,
     MessageTypeMismatch,
     PermissionDenied,
 )
@@ -45,6 +44,7 @@ from halfmoon.broker.queue_select import QueueSelector
 from halfmoon.broker.topics import TIMER_TOPIC, TopicConfig, check_topic_name
 from halfmoon.errors import InvalidArgument
 from halfmoon.store.message import Message
+from halfmoon.store.validate import check_body_size
 
 # What str.isspace() calls whitespace (re's \s on str patterns is the same Unicode class):
 # one C scan per key instead of a Python-level loop over its characters.
@@ -108,7 +108,7 @@ def _check_fields(
         raise PermissionDenied(f"topic {topic.name!r} is not writable (perm {topic.perm!r})")
     if not isinstance(kind, MessageType) or kind is MessageType.MIXED:
         raise MessageTypeMismatch(f"illegal message type {kind!r}")
-    if not topic.accepts(kind):
+    if not topic.accepts(kind) and not _prioritised(msg, topic):
         raise MessageTypeMismatch(
             f"topic {topic.name!r} accepts {topic.message_type.value} messages, not "
             f"{kind.value}; send to a topic of that type or create the topic as mixed"
@@ -127,7 +127,11 @@ def _check_fields(
         )
     if kind is MessageType.DELAY and msg.delivery_timestamp is None:
         raise MessageTypeMismatch("a delay message needs a delivery timestamp")
-    if kind is not MessageType.DELAY and msg.delivery_timestamp is not None:
+    if (
+        kind is not MessageType.DELAY
+        and msg.delivery_timestamp is not None
+        and not (kind is MessageType.TRANSACTION and msg.transaction_group)
+    ):
         raise MessageTypeMismatch(
             f"a {kind.value} message cannot have a delivery timestamp; send it as delay"
         )
@@ -139,11 +143,7 @@ def _check_fields(
             f"delivery timestamp {msg.delivery_timestamp} is more than "
             f"{config.max_delay_ms // 1000} s ahead (or negative); pick an earlier time"
         )
-    if len(msg.body) > config.max_body_size:
-        raise MessageBodyTooLarge(
-            f"message body of {len(msg.body)} bytes exceeds the limit of {config.max_body_size}; "
-            "send a smaller body"
-        )
+    check_body_size(msg.body, config.max_body_size, "broker.max_body_size")
     check_labels(msg)
     if msg.queue_id is not None and not 0 <= msg.queue_id < topic.queue_count:
         raise IllegalQueueId(
@@ -172,6 +172,18 @@ def check_labels(msg: OutgoingMessage) -> None:
         raise IllegalMessageId(f"illegal message id {msg.message_id!r}")
 
 
+def _prioritised(msg: OutgoingMessage, topic: TopicConfig) -> bool:
+    """A half or delay message with a priority, to a priority topic: stored in its priority's
+    queue when committed or due. RocketMQ has no such message (a priority topic takes
+    priority messages only); AMQP's priority queues need it for transactions, x-delay and
+    dead-lettering (halfmoon.amqp)."""
+    return (
+        msg.priority is not None
+        and topic.message_type is MessageType.PRIORITY
+        and msg.message_type in (MessageType.TRANSACTION, MessageType.DELAY)
+    )
+
+
 def _check_priority_and_lite(
     msg: OutgoingMessage, topic: TopicConfig, config: BrokerConfig
 ) -> None:
@@ -179,6 +191,8 @@ def _check_priority_and_lite(
     if kind is MessageType.PRIORITY:
         if msg.priority is None:
             raise IllegalPriority("a priority message needs a priority (0 or more); set one")
+        check_priority(msg.priority)
+    elif _prioritised(msg, topic):
         check_priority(msg.priority)
     elif msg.priority is not None:
         raise MessageTypeMismatch(
@@ -190,6 +204,16 @@ def _check_priority_and_lite(
         raise MessageTypeMismatch(
             f"a {kind.value} message cannot have a lite topic; send it as a lite message"
         )
+
+
+def fanout_copies(message: OutgoingMessage, others: Sequence[str]) -> list[OutgoingMessage]:
+    """A copy of ``message`` for its topic and each of ``others``, all with one message id
+    (``Broker.send_fanout``); INVALID_ARGUMENT when a topic is named twice."""
+    topics = [message.topic, *others]
+    if len(set(topics)) != len(topics):
+        raise InvalidArgument("a fanout names a topic twice; name each destination topic once")
+    message_id = message.message_id or new_message_id()
+    return [replace(message, topic=t, message_id=message_id) for t in topics]
 
 
 def plan_send(
@@ -226,7 +250,13 @@ def plan_send(
         else:
             queue_id = selector.select(topic.name, topic.queue_count)
         message_id = msg.message_id or new_message_id()
-        delayed = msg.delivery_timestamp is not None and msg.delivery_timestamp > now_ms
+        # A transaction group member with a delivery time is stored as a half message like
+        # any other; committed, it waits for its time in its queue (pop_receive.py).
+        delayed = (
+            msg.delivery_timestamp is not None
+            and msg.delivery_timestamp > now_ms
+            and msg.message_type is not MessageType.TRANSACTION
+        )
         if delayed:
             record = msg.to_store(TIMER_TOPIC, 0, message_id)
             record.properties[PROPERTY_REAL_TOPIC] = topic.name

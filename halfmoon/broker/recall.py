@@ -171,8 +171,10 @@ def check_handle(text: str, topic: str, broker: str, store: Store) -> RecallHand
     """
     handle = decode(text)
     if handle.topic != topic:
+        # Named by the caller's topic only: the answer says nothing of a topic it may not see.
         raise IllegalRecallHandle(
-            f"the recall handle belongs to topic {handle.topic!r}, not {topic!r}; recall it there"
+            f"the recall handle names no delay message of topic {topic!r}; "
+            "recall with the topic the message was sent to"
         )
     if handle.broker != broker:
         raise IllegalRecallHandle(

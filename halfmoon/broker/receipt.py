@@ -98,6 +98,12 @@ class ReceiptCodec:
     def key(self) -> bytes:
         return self._key
 
+    @property
+    def issuer(self) -> str:
+        """A name of this key that does not reveal it: what a journal record says issued the
+        handles of the deliveries it holds (another broker's cannot be acked here)."""
+        return hashlib.blake2b(b"issuer", key=self._key, digest_size=8).hexdigest()
+
     def _mac(self, payload: bytes) -> bytes:
         return hashlib.blake2b(payload, key=self._key, digest_size=_MAC_SIZE).digest()
 

@@ -14,6 +14,8 @@ from halfmoon.store.api import Store, StoreStats
 PopProgress = Callable[[str, str], Iterable[tuple[int, int, int, int]]]
 # Per queue id, the messages in flight delivered more than once.
 PopRetrying = Callable[[str, str], Mapping[int, int]]
+# Per queue id, the messages a receive would hand out now (PopStates.ready).
+PopReady = Callable[[str, str], Mapping[int, int]]
 
 
 def topic_status(store: Store, topic: TopicConfig) -> list[QueueStatus]:
@@ -37,11 +39,14 @@ def group_progress(
     pulled: Mapping[tuple[str, int], int],
     pop_progress: PopProgress,
     pop_retrying: PopRetrying | None = None,
+    pop_ready: PopReady | None = None,
 ) -> list[QueueProgress]:
-    """Per queue: what pop consumption committed, else the offset a pull consumer stored."""
+    """Per queue: what pop consumption committed, else the offset a pull consumer stored.
+    Ready is pop's count where pop has touched the queue, else the lag."""
     out = []
     for name in topics:
         retrying = pop_retrying(group, name) if pop_retrying is not None else {}
+        ready = pop_ready(group, name) if pop_ready is not None else {}
         seen: dict[int, tuple[int, int]] = {
             queue_id: (committed, inflight)
             for queue_id, committed, _cursor, inflight in pop_progress(group, name)
@@ -51,6 +56,7 @@ def group_progress(
                 seen[queue_id] = (committed, 0)
         for queue_id, (committed, inflight) in sorted(seen.items()):
             high = store.max_offset(name, queue_id)
+            lag = max(0, high - committed)
             out.append(
                 QueueProgress(
                     group,
@@ -58,9 +64,10 @@ def group_progress(
                     queue_id,
                     committed,
                     high,
-                    max(0, high - committed),
+                    lag,
                     inflight,
                     retrying.get(queue_id, 0),
+                    ready.get(queue_id, lag),
                 )
             )
     return out
@@ -72,6 +79,7 @@ def broker_status(
     stats: StoreStats,
     *,
     topics: int,
+    queues: int,
     groups: int,
     received: RateCounter,
     delivered: RateCounter,
@@ -83,7 +91,7 @@ def broker_status(
         uptime_ms=uptime_ms,
         topics=topics,
         groups=groups,
-        queues=stats.queues,
+        queues=queues,
         messages_in_total=received.total,
         messages_out_total=delivered.total,
         tps_in=received.per_second(),

@@ -5,32 +5,21 @@ result and the future that holds once the batch is durable."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 
 from halfmoon.broker.clock import Clock
 from halfmoon.broker.config import BrokerConfig
 from halfmoon.broker.encoded import EncodedMessage, plain_type
-from halfmoon.broker.facade import Written
+from halfmoon.broker.facade_types import ALREADY_DURABLE, Written
 from halfmoon.broker.lite import LiteTopics
 from halfmoon.broker.lite_names import split_lite_queue_topic
 from halfmoon.broker.message import MessageType, OutgoingMessage
-from halfmoon.broker.produce import SendResult, plan_send
+from halfmoon.broker.produce import SendResult, fanout_copies, plan_send
 from halfmoon.broker.queue_select import QueueSelector
 from halfmoon.broker.recall import recall_handle
 from halfmoon.broker.topics import TIMER_TOPIC, TopicConfig, TopicRegistry, check_topic_name
 from halfmoon.broker.trace import TraceRecorder
 from halfmoon.broker.transactions import TransactionService
 from halfmoon.store.api import EncodedRecord, Store
-
-
-def _completed() -> Future[None]:
-    future: Future[None] = Future()
-    future.set_result(None)
-    return future
-
-
-# What a write that needs no flush waits for (nothing written, or nothing to append).
-ALREADY_DURABLE = _completed()
 
 
 class SendPath:
@@ -72,15 +61,68 @@ class SendPath:
             return Written(results, ALREADY_DURABLE)
         return Written(results, self._store.durable(max(r.end_offset for r in results)))
 
-    def sends_cheaply(self, messages: Sequence[OutgoingMessage]) -> bool:
+    def fanout_nowait(
+        self, message: OutgoingMessage, others: Sequence[str]
+    ) -> Written[list[SendResult]]:
+        if self._admit is not None:
+            self._admit()
+        results = self._fanout(message, others)
+        if not results:
+            return Written(results, ALREADY_DURABLE)
+        return Written(results, self._store.durable(max(r.end_offset for r in results)))
+
+    def _fanout(self, message: OutgoingMessage, others: Sequence[str]) -> list[SendResult]:
+        """One record for ``message`` in its topic and each of ``others``
+        (``Store.append_fanout``), one message id for all. What the store cannot hold as
+        one record is sent as one message per topic, with that same id: a half message
+        (its transaction state is per message), a delay message still waiting (the timer
+        holds one real topic per record), a lite message, an operator's resend."""
+        copies = fanout_copies(message, others)
+        if (
+            not others
+            or message.message_type is MessageType.TRANSACTION
+            or message.message_type is MessageType.LITE
+            or message.resent_from is not None
+        ):
+            return self._send(copies)
+        planned = plan_send(
+            copies, self._get_topic, self._selector, self._config, self._clock.now_ms()
+        )
+        if any(p.delayed for p in planned):
+            return self._send(copies)
+        appended = self._store.append_fanout(
+            planned[0].record, [(p.record.topic, p.queue_id) for p in planned[1:]]
+        )
+        self._received([p.topic for p in planned])
+        return [
+            SendResult(
+                message_id=p.message_id,
+                topic=p.topic,
+                queue_id=p.queue_id,
+                queue_offset=r.queue_offset,
+                commit_log_offset=r.commit_log_offset,
+                end_offset=r.end_offset,
+            )
+            for p, r in zip(planned, appended, strict=True)
+        ]
+
+    def sends_cheaply(
+        self, messages: Sequence[OutgoingMessage | EncodedMessage], others: Sequence[str] = ()
+    ) -> bool:
+        """Whether sending ``messages`` (each also to ``others``, a fanout's) only appends:
+        every topic exists (none to create) and no transaction group member needs an index
+        lookup; never blocks."""
         find = self._topics.find
         pending = self._transactions.group_pending
-        return all(
+        return all(find(topic) is not None for topic in others) and all(
             find(m.topic) is not None
             and (
-                m.message_type is not MessageType.TRANSACTION
-                or m.transaction_group is None
-                or pending(m.transaction_group)  # a known open group: no index lookup
+                m.message_type is not MessageType.TRANSACTION  # (an encoded message never is)
+                or isinstance(m, OutgoingMessage)
+                and (
+                    m.transaction_group is None
+                    or pending(m.transaction_group)  # a known open group: no index lookup
+                )
             )
             for m in messages
         )

@@ -1,5 +1,9 @@
 """Messages in per topic and out per (group, topic), by minute, over the last 24 hours.
 
+Beside them, per (group, topic), the messages *acked* and *redelivered* (handed out
+again after a nack or a timeout) by minute, in rings of the same size: the
+dashboard's rate charts (:meth:`TrafficStatistics.history`, over 1 to 24 hours).
+
 What ``halfmoon stats`` prints (RocketMQ's ``statsAll``: InTPS, OutTPS,
 InMsg24Hour, OutMsg24Hour). One :class:`MinuteRing` per series: 1440 minute
 buckets, each stamped with its minute, reused when that minute of the day
@@ -21,11 +25,17 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 MINUTE_MS = 60_000
 WINDOW_MINUTES = 24 * 60
 
 SeriesKey = tuple[str, str | None]  # (topic, consumer group or None for messages in)
+# What a chart can show: messages in (stored into the topic), out (delivered), acked, and
+# redelivered (delivered again: the part of "out" that is a retry).
+KINDS = ("in", "out", "acked", "redelivered")
+CONSUMPTION_KINDS = ("acked", "redelivered")  # kept per (topic, group) beside "out"
+MAX_POINTS = 120  # a history is summed into at most this many steps
 
 
 class MinuteRing:
@@ -117,6 +127,8 @@ class TrafficStatistics:
         self._window = window_minutes
         self._lock = threading.Lock()
         self._series: dict[SeriesKey, MinuteRing] = {}
+        # (kind, topic, group) for the CONSUMPTION_KINDS.
+        self._consumption: dict[tuple[str, str, str], MinuteRing] = {}
 
     # -- recording (hot path: one lock, a few array writes) ----------------------------
 
@@ -136,6 +148,18 @@ class TrafficStatistics:
         with self._lock:
             self._ring((topic, group)).add(minute, count)
 
+    def record(self, kind: str, group: str, topic: str, count: int) -> None:
+        """``count`` messages of ``group`` from ``topic`` acked or redelivered (``kind``)."""
+        if count <= 0:
+            return
+        minute = self._now_ms() // MINUTE_MS
+        key = (kind, topic, group)
+        with self._lock:
+            ring = self._consumption.get(key)
+            if ring is None:
+                ring = self._consumption[key] = MinuteRing(self._window)
+            ring.add(minute, count)
+
     def _ring(self, key: SeriesKey) -> MinuteRing:
         ring = self._series.get(key)
         if ring is None:
@@ -154,10 +178,7 @@ class TrafficStatistics:
         previous_share = 1.0 - into / MINUTE_MS
         rows = []
         with self._lock:
-            for key in [
-                k for k, r in self._series.items() if minute - r.last_minute >= self._window
-            ]:
-                del self._series[key]
+            self._drop_idle(minute)
             for (series_topic, series_group), ring in self._series.items():
                 if topic is not None and series_topic != topic:
                     continue
@@ -188,3 +209,67 @@ class TrafficStatistics:
             if ring is None:
                 return [0] * span
             return [ring.at(m) for m in range(minute - span + 1, minute + 1)]
+
+    def _drop_idle(self, minute: int) -> None:
+        """Forget series with no traffic for a whole window (deleted topics and groups). Locked."""
+        for table in (self._series, self._consumption):
+            for key in [k for k, r in table.items() if minute - r.last_minute >= self._window]:
+                del table[key]  # type: ignore[arg-type]
+
+    def history(self, topic: str | None, group: str | None, minutes: int = 60) -> dict[str, Any]:
+        """Per kind, the counts of the last ``minutes`` minutes in steps of whole minutes (at
+        most MAX_POINTS steps, oldest first, the current minute in the last one), summed over
+        the series that match: a topic's "in" and every group's consumption of it, or a
+        group's consumption of every topic (its "in" is then the topics it consumed).
+        """
+        span = max(1, min(minutes, self._window))
+        step = -(-span // MAX_POINTS)
+        points = -(-span // step)
+        now_minute = self._now_ms() // MINUTE_MS
+        first = now_minute - points * step + 1
+        # Under the lock only copy the matching rings (a few µs each): the sums, ~1 ms per
+        # ring over a day, are made outside it, so sends and receives never wait for them.
+        picked: list[tuple[str, array[int], array[int]]] = []
+
+        def add(kind: str, ring: MinuteRing) -> None:
+            picked.append((kind, array("q", ring.counts), array("q", ring.minutes)))
+
+        with self._lock:
+            self._drop_idle(now_minute)
+            consumed = set()
+            for (series_topic, series_group), ring in self._series.items():
+                if topic is not None and series_topic != topic:
+                    continue
+                if series_group is None:
+                    continue
+                if group is not None and series_group != group:
+                    continue
+                consumed.add(series_topic)
+                add("out", ring)
+            for (kind, series_topic, series_group), ring in self._consumption.items():
+                if topic is not None and series_topic != topic:
+                    continue
+                if group is not None and series_group != group:
+                    continue
+                add(kind, ring)
+            for (series_topic, series_group), ring in self._series.items():
+                if series_group is not None:
+                    continue
+                if (topic is not None and series_topic == topic) or (
+                    topic is None and group is not None and series_topic in consumed
+                ):
+                    add("in", ring)
+        sums = {kind: [0] * points for kind in KINDS}
+        for kind, counts, stamped in picked:
+            size, row = len(counts), sums[kind]
+            for i in range(points):
+                for minute in range(first + i * step, first + (i + 1) * step):
+                    slot = minute % size
+                    if stamped[slot] == minute:
+                        row[i] += counts[slot]
+        return {
+            "minutes": points * step,
+            "step_ms": step * MINUTE_MS,
+            "start_ms": first * MINUTE_MS,
+            "series": sums,
+        }

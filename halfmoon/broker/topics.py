@@ -25,16 +25,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from halfmoon.broker.config import read_json, write_json_atomic
+from halfmoon.broker.config import DEFAULT_QUEUE_COUNT, read_json, write_json_atomic
 from halfmoon.broker.errors import IllegalTopic, TopicExists, TopicNotFound
 from halfmoon.broker.message import MessageType
 from halfmoon.broker.priority import scan_order
 from halfmoon.errors import InvalidArgument
 
 TIMER_TOPIC = "%HM_TIMER%"
-OFFSETS_TOPIC = "%HM_OFFSETS%"  # committed offsets, journaled in broker groups (offset_journal.py)
-TIMER_PROGRESS_TOPIC = "%HM_TIMER_PROGRESS%"  # the timer's progress in groups (timer_journal.py)
-POP_TOPIC = "%HM_POP%"  # pop consumers' positions, journaled in broker groups (pop_journal.py)
+OFFSETS_TOPIC = "%HM_OFFSETS%"  # committed offsets, journaled (offset_journal.py)
+TIMER_PROGRESS_TOPIC = "%HM_TIMER_PROGRESS%"  # the timer's progress (timer_journal.py)
+POP_TOPIC = "%HM_POP%"  # pop consumers' positions and acks (pop_journal.py)
 TRACE_TOPIC = "%TRACE%"  # the broker's message trace (trace.py); never in the registry
 DLQ_PREFIX = "%DLQ%"
 # RocketMQ's retry topic prefix: halfmoon redelivers in place and keeps no retry topic, but
@@ -105,9 +105,9 @@ def check_queue_count(count: int) -> int:
 class TopicConfig:
     name: str
     message_type: MessageType = MessageType.NORMAL
-    queue_count: int = 8  # writable queues: 0 .. queue_count - 1
+    queue_count: int = DEFAULT_QUEUE_COUNT  # writable queues: 0 .. queue_count - 1
     perm: str = "rw"
-    read_queue_count: int = 8  # readable queues, >= queue_count after a shrink
+    read_queue_count: int = DEFAULT_QUEUE_COUNT  # readable queues, >= queue_count after a shrink
     created_ms: int = 0
     trace: bool = True  # record its messages' trace (halfmoon/broker/trace.py)
 
@@ -238,7 +238,7 @@ class TopicRegistry:
         self,
         name: str,
         message_type: MessageType = MessageType.NORMAL,
-        queue_count: int = 8,
+        queue_count: int = DEFAULT_QUEUE_COUNT,
         perm: str = "rw",
         *,
         internal: bool = False,

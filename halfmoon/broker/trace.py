@@ -103,17 +103,21 @@ class TraceRecorder:
         self.records_total = 0
 
     # -- recording (any thread) ----------------------------------------------------------
-    def add(self, key: str, event: str, fields: dict[str, Any]) -> None:
-        """Record ``event`` under ``key`` now; the caller has checked :attr:`enabled`."""
+    def add(self, key: str, event: str, fields: dict[str, Any], at_ms: int | None = None) -> None:
+        """Record ``event`` under ``key`` as of ``at_ms`` (default now); the caller has checked
+        :attr:`enabled`."""
         if len(self._buffer) >= MAX_BUFFERED:
             self.dropped_total += 1
             return
-        self._buffer.append((key, event, self._clock.now_ms(), fields))
+        self._buffer.append((key, event, self._clock.now_ms() if at_ms is None else at_ms, fields))
 
-    def record(self, key: str, topic: str, event: str, **fields: Any) -> None:
-        """Record ``event`` under ``key`` if ``topic`` is traced."""
+    def record(
+        self, key: str, topic: str, event: str, *, at_ms: int | None = None, **fields: Any
+    ) -> None:
+        """Record ``event`` under ``key`` if ``topic`` is traced: as of ``at_ms`` when the step
+        happened before it could be recorded (a check counted after its answer came back)."""
         if self.enabled(topic):
-            self.add(key, event, fields)
+            self.add(key, event, fields, at_ms)
 
     # -- writing (the tick thread, close) -------------------------------------------------
     def flush(self) -> int:
@@ -139,7 +143,7 @@ class TraceRecorder:
     # -- reading ------------------------------------------------------------------------
     def events(self, keys: Iterable[str]) -> list[dict[str, Any]]:
         """Every event recorded under any of ``keys``, oldest first (in recording order within
-        one millisecond)."""
+        one millisecond, a check before its answer)."""
         wanted = set(keys)
         stored: list[tuple[int, int, str]] = []  # (record offset, position in it, event)
         for key in wanted:
@@ -169,7 +173,9 @@ class TraceRecorder:
             if key in wanted:
                 item = {"time_ms": time_ms, "event": event, **fields}
                 found += [item] * max(in_store[encoded], unwritten[encoded])
-        return sorted(found, key=lambda e: e["time_ms"])
+        # Within one millisecond a check goes out before its answer, although the answer may
+        # be recorded first (the check is counted once the sender returns).
+        return sorted(found, key=lambda e: (e["time_ms"], e["event"] != "check_sent"))
 
     def stats(self) -> dict[str, int]:
         """Counters for the broker's status and metrics (``halfmoon_broker_trace_*``)."""

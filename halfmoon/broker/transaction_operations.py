@@ -1,5 +1,5 @@
-"""The transaction operations of the ``Broker`` facade (a base class of
-:class:`halfmoon.broker.broker.Broker`): decisions on half messages and
+"""The transaction operations of the ``Broker`` facade (an object the in-process
+:class:`halfmoon.broker.broker.Broker` holds and delegates to): decisions on half messages and
 transaction groups, transactional consumption (acks, rejects and offset
 commits decided with a group), listing and stats. The work is done by the
 transaction service (:mod:`halfmoon.broker.transactions`) and
@@ -9,12 +9,11 @@ calls onto them and hands back :class:`Written` answers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
 
-from halfmoon.broker.facade import Written
-from halfmoon.broker.send_path import ALREADY_DURABLE
+from halfmoon.broker.facade_types import ALREADY_DURABLE, Written, waits_for
 from halfmoon.broker.topics import TopicRegistry
 from halfmoon.broker.transaction_state import TxnState
 from halfmoon.broker.transactional_consume import TransactionalConsume
@@ -27,49 +26,47 @@ from halfmoon.broker.transactions import (
     TransactionService,
     TransactionStats,
 )
+from halfmoon.broker.transactions.ledger import LIST_LIMIT
+from halfmoon.broker.transactions.resolutions import DecisionSource, Resolution
 from halfmoon.errors import HalfmoonError
 from halfmoon.store.api import Store
 
 
 class TransactionOperations:
-    store: Store
-    topics: TopicRegistry
-    transactions: TransactionService
-    consuming: TransactionalConsume
-    _checks: CheckService
-
-    def _wake(self, topic: str, queue_id: int) -> None:
-        """Tell the arrival listeners that ``topic``'s queue may have something to deliver."""
-        raise NotImplementedError
-
-    def end_transaction(
+    def __init__(
         self,
-        topic: str,
-        message_id: str,
-        transaction_id: str,
-        resolution: str,
-        source: str,
-        producer_group: str | None = None,
-    ) -> TxnState:
-        written = self.end_transaction_nowait(
-            topic, message_id, transaction_id, resolution, source, producer_group
-        )
-        written.durable.result()
-        return written.result.state
+        transactions: TransactionService,
+        consuming: TransactionalConsume,
+        checks: CheckService,
+        topics: TopicRegistry,
+        store: Store,
+        wake: Callable[[str, int], None],
+    ) -> None:
+        """``store``: whose ``durable`` future an answer waits for (asked at each answer, as
+        the rest of the broker asks it); ``wake``: tells the arrival listeners that a topic's
+        queue may have something to deliver."""
+        self.transactions = transactions
+        self.consuming = consuming
+        self._checks = checks
+        self._topics = topics
+        self._store = store
+        self._wake = wake
 
     def end_transaction_nowait(
         self,
         topic: str,
         message_id: str,
         transaction_id: str,
-        resolution: str,
-        source: str,
+        resolution: Resolution,
+        source: DecisionSource,
         producer_group: str | None = None,
     ) -> Written[EndResult]:
         result = self.transactions.end(
             transaction_id, resolution, source, message_id=message_id, topic=topic
         )
         return Written(result, self._durable(result.end_offset))
+
+    end_transaction = waits_for(end_transaction_nowait, lambda ended: ended.state)
 
     def transaction_ends_cheaply(self, transaction_id: str) -> bool:
         return self.transactions.ends_cheaply(transaction_id)
@@ -89,29 +86,20 @@ class TransactionOperations:
             for r in results
         ]
 
-    def end_transaction_group(
-        self,
-        group_id: str,
-        resolution: str,
-        source: str = "client",
-        consume_actions: int | None = None,
-    ) -> int:
-        written = self.end_transaction_group_nowait(group_id, resolution, source, consume_actions)
-        written.durable.result()
-        return written.result
-
     def end_transaction_group_nowait(
         self,
         group_id: str,
-        resolution: str,
-        source: str = "client",
+        resolution: Resolution,
+        source: DecisionSource = DecisionSource.CLIENT,
         consume_actions: int | None = None,
     ) -> Written[int]:
         ended = self.consuming.end(group_id, resolution, source, consume_actions)
         for topic in ended.topics:  # acks free FIFO queues, rejects move wake-up times
-            for queue_id in self.topics.readable_queue_ids(topic):
+            for queue_id in self._topics.readable_queue_ids(topic):
                 self._wake(topic, queue_id)
         return Written(ended.members, self._durable(ended.end_offset))
+
+    end_transaction_group = waits_for(end_transaction_group_nowait)
 
     # -- transactional consumption (halfmoon/broker/transactional_consume.py) -------------
     def transactional_ack(
@@ -144,16 +132,16 @@ class TransactionOperations:
         self.consuming.commit_offset(transaction_group, group, topic, queue_id, offset, expected)
 
     def _durable(self, end_offset: int) -> Future[None]:
-        return self.store.durable(end_offset) if end_offset else ALREADY_DURABLE
+        return self._store.durable(end_offset) if end_offset else ALREADY_DURABLE
 
     def list_transactions(
-        self, topic: str | None = None, limit: int = 1000
+        self, topic: str | None = None, limit: int = LIST_LIMIT
     ) -> list[TransactionInfo]:
         return self.transactions.list(
             topic=topic, limit=limit, next_check=self._checks.next_check_ms
         )
 
-    def parked_transactions(self, limit: int = 1000) -> list[TransactionInfo]:
+    def parked_transactions(self, limit: int = LIST_LIMIT) -> list[TransactionInfo]:
         return self.transactions.list(state=TxnState.PARKED, limit=limit)
 
     def resume_transaction(self, transaction_id: str) -> TransactionInfo:

@@ -64,12 +64,14 @@ from halfmoon.broker.offsets import OffsetTable
 from halfmoon.broker.pop import PopService
 from halfmoon.broker.receipt import ReceiptHandle
 from halfmoon.broker.topics import TopicConfig
+from halfmoon.broker.transaction_state import TransactionAlreadyEnded, TxnState
 from halfmoon.broker.transactions.consume import (
     ActionKind,
     ConsumeAction,
     ConsumeLedger,
     TransactionFenced,
     TransactionIncomplete,
+    TransactionRolledBack,
     decode_actions,
     encode_actions,
 )
@@ -77,6 +79,7 @@ from halfmoon.broker.transactions.errors import TransactionGroupEnded, Transacti
 from halfmoon.broker.transactions.groups import check_group_id
 from halfmoon.broker.transactions.oplog import OP_TOPIC, QUEUE_ID, OpKind, parse_op
 from halfmoon.broker.transactions.recovery import read_queue
+from halfmoon.broker.transactions.resolutions import DecisionSource, Resolution
 from halfmoon.broker.transactions.service import TransactionService
 from halfmoon.errors import InvalidArgument
 from halfmoon.store.api import Store
@@ -128,6 +131,10 @@ class TransactionalConsume:
         self.incomplete_total = 0
         self.replayed_total = 0
         self.swept_total = 0
+        self.timed_out_total = 0
+        # Undecided group -> when its first consume action was registered (memory, as the
+        # actions are): a group without members times out from there.
+        self._started_ms: dict[str, int] = {}
         # Groups the sweep rolled back (most recent last, bounded): their commit is fenced.
         self._swept: OrderedDict[str, None] = OrderedDict()
 
@@ -238,6 +245,8 @@ class TransactionalConsume:
                 f"transaction group {transaction_group!r} is already "
                 f"{decided.value.replace('_', ' ')}: use a new group id for a new transaction"
             )
+        if transaction_group not in self._started_ms:
+            self._started_ms[transaction_group] = self._transactions.clock.now_ms()
 
     # -- deciding ------------------------------------------------------------------
     def holds_actions(self, transaction_group: str) -> bool:
@@ -246,18 +255,42 @@ class TransactionalConsume:
     def end(
         self,
         transaction_group: str,
-        resolution: str,
-        source: str = "client",
+        resolution: Resolution,
+        source: DecisionSource = DecisionSource.CLIENT,
         expected_actions: int | None = None,
     ) -> ConsumeEnd:
         """Decide the group with its consume actions (see the module docs)."""
         check_group_id(transaction_group)
+        resolution, source = Resolution.of(resolution), DecisionSource.of(source)
+        if resolution is not Resolution.UNKNOWN:
+            self._started_ms.pop(transaction_group, None)
+        if resolution is Resolution.COMMIT:
+            decided = self._transactions.group_decision(transaction_group)
+            if decided is TxnState.COMMITTED:  # a retried commit: the answer it missed
+                members, end = self._transactions.end_group(
+                    transaction_group, Resolution.COMMIT, source
+                )
+                return ConsumeEnd(members, end, frozenset())
+            if decided is TxnState.ROLLED_BACK and transaction_group not in self._swept:
+                raise TransactionRolledBack(
+                    f"TRANSACTION_ROLLED_BACK: transaction group {transaction_group!r} was "
+                    "rolled back (by a rollback, an operator or the broker's transaction "
+                    "timeout): nothing of it was applied; consume again in a new transaction"
+                )
+        elif (
+            resolution is Resolution.ROLLBACK
+            and self._transactions.group_decision(transaction_group) is TxnState.COMMITTED
+        ):
+            raise TransactionAlreadyEnded(
+                f"TRANSACTION_ALREADY_ENDED: transaction group {transaction_group!r} is "
+                "already committed; it cannot be rolled back"
+            )
         if expected_actions is None and not self.holds_actions(transaction_group):
             members, end = self._transactions.end_group(transaction_group, resolution, source)
             return ConsumeEnd(members, end, frozenset())
-        if resolution.lower() != "commit":
+        if resolution is not Resolution.COMMIT:
             members, end = self._transactions.end_group(transaction_group, resolution, source)
-            if resolution.lower() == "rollback":  # UNKNOWN decides nothing: keep the actions
+            if resolution is Resolution.ROLLBACK:  # UNKNOWN decides nothing: keep the actions
                 self.ledger.take(transaction_group)
             return ConsumeEnd(members, end, frozenset())
         with self._commit_lock:
@@ -278,7 +311,9 @@ class TransactionalConsume:
                     "its received messages come back, consume them in a new transaction"
                 )
             if not actions:
-                members, end = self._transactions.end_group(transaction_group, "commit", source)
+                members, end = self._transactions.end_group(
+                    transaction_group, Resolution.COMMIT, source
+                )
                 return ConsumeEnd(members, end, frozenset())
             with self._locked(actions):
                 stale = self._first_stale(actions)
@@ -291,7 +326,10 @@ class TransactionalConsume:
                 else:
                     try:
                         members, end = self._transactions.end_group(
-                            transaction_group, "commit", source, body=encode_actions(actions)
+                            transaction_group,
+                            Resolution.COMMIT,
+                            source,
+                            body=encode_actions(actions),
                         )
                     except BaseException:
                         if self._transactions.group_decision(transaction_group) is None:
@@ -327,19 +365,69 @@ class TransactionalConsume:
             with self._commit_lock:
                 if not self.ledger.take(group):
                     continue  # decided meanwhile
+                self._started_ms.pop(group, None)
                 self._swept[group] = None
                 while len(self._swept) > SWEPT_MEMORY:
                     self._swept.popitem(last=False)
                 try:
-                    self._transactions.end_group(group, "rollback", "check")
+                    self._transactions.end_group(group, Resolution.ROLLBACK, DecisionSource.CHECK)
                 except TransactionStateError:
                     continue  # committed meanwhile by an operator
                 self.swept_total += 1
                 log.info("event=transaction_group_swept group=%s", group)
         return len(doomed)
 
-    def _roll_back(self, transaction_group: str, source: str) -> None:
-        self._transactions.end_group(transaction_group, "rollback", source)
+    # -- the transaction timeout -------------------------------------------------------
+    def expired_groups(self, now_ms: int) -> list[str]:
+        """Undecided groups past their transaction timeout: those with members whose deadline
+        passed (first member's store time + the group's timeout, durable: a restart keeps
+        it), and member-less ones whose first consume action is older than the default."""
+        expired = set(self._transactions.expired_groups(now_ms))
+        cutoff = now_ms - self._transactions.config.group_timeout_ms
+        for group, started in list(self._started_ms.items()):
+            if started > cutoff or group in expired:
+                continue
+            if self._transactions.group_pending(group):
+                continue  # its members' deadline governs (their producer's timeout)
+            if self.ledger.count(group):
+                expired.add(group)
+            else:
+                self._started_ms.pop(group, None)  # nothing registered after all
+        return sorted(expired)
+
+    def expire(self, now_ms: int) -> int:
+        """Roll back every group past its transaction timeout here; how many.
+
+        A worker that died (or stalled) between its first send and its commit, or whose
+        broker restarted and lost its acks, leaves a group nobody decides: past the
+        timeout its half messages are discarded and its registered actions dropped (the
+        received messages come back after their invisible time); a late commit answers
+        ``TRANSACTION_ROLLED_BACK``. In cluster mode the group's coordinator decides
+        instead (``cluster/internal/txn_groups.py``). The broker's tick calls this every
+        ``transaction.group_timeout_scan_ms``."""
+        rolled = 0
+        for group in self.expired_groups(now_ms):
+            with self._commit_lock:
+                self._started_ms.pop(group, None)
+                actions = self.ledger.take(group)
+                try:
+                    members, _ = self._transactions.end_group(
+                        group, Resolution.ROLLBACK, DecisionSource.CHECK
+                    )
+                except TransactionStateError:
+                    continue  # decided meanwhile
+            rolled += 1
+            self.timed_out_total += 1
+            log.info(
+                "event=transaction_group_timed_out group=%s members=%d actions=%d",
+                group,
+                members,
+                len(actions),
+            )
+        return rolled
+
+    def _roll_back(self, transaction_group: str, source: DecisionSource) -> None:
+        self._transactions.end_group(transaction_group, Resolution.ROLLBACK, source)
 
     @contextmanager
     def _locked(self, actions: list[ConsumeAction]) -> Iterator[None]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import socket
 import ssl
 import urllib.error
@@ -12,19 +11,20 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from halfmoon import environment
 from halfmoon.errors import EXIT_FAILED, HalfmoonError
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8082"
-ADMIN_ENV = "HALFMOON_ADMIN"
-NAMESPACE_ENV = "HALFMOON_NAMESPACE"
+ADMIN_ENV = environment.ADMIN.name
+NAMESPACE_ENV = environment.NAMESPACE.name
 
 
 def default_admin_url() -> str:
-    return os.environ.get(ADMIN_ENV) or DEFAULT_ADMIN_URL
+    return environment.ADMIN.get() or DEFAULT_ADMIN_URL
 
 
 def default_namespace() -> str:
-    return os.environ.get(NAMESPACE_ENV) or ""
+    return environment.NAMESPACE.get() or ""
 
 
 class CliError(Exception):

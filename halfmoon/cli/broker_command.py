@@ -8,20 +8,47 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 from pathlib import Path
 
+from halfmoon import environment
 from halfmoon.cli.admin_client import CliError
-from halfmoon.cli.parser import UsageError, add_command
-from halfmoon.cluster.etcd_json import parse_coordinator
-from halfmoon.cluster.keys import DEFAULT_TTL_S, MIN_TTL_S, check_name
+from halfmoon.cli.parser import DATA_DIR_EXIT_STATUS, UsageError, add_command
+from halfmoon.cli.serve_command import (
+    LOG_FLAG_KEYS,
+    add_log_options,
+    add_print_config,
+    print_config,
+)
+from halfmoon.cluster.coordination.etcd_json import parse_coordinator
+from halfmoon.cluster.coordination.keys import check_name
+from halfmoon.config import replication_defaults
+from halfmoon.config.cluster import DEFAULT_TTL_S, MIN_TTL_S
 from halfmoon.errors import HalfmoonError
+from halfmoon.logs import quiet_native_logs
 
 # Dedicated flag (argparse destination) → the configuration key it sets.
 FLAG_KEYS: dict[str, str] = {
     "name": "broker.name",
     "data_dir": "store.data_dir",
     "flush": "store.flush",
+    "cluster": "cluster.name",
+    "coordinator": "cluster.coordinator",
+    "listen": "cluster.broker_listen",
+    "send_listen": "cluster.broker_send_listen",
+    "advertise": "cluster.broker_advertise_host",
+    "lease_ttl": "cluster.lease_ttl_s",
+    "group": "replication.group",
+    "replication": "replication.mode",
+    "min_insync_replicas": "replication.min_insync_replicas",
+    "replica_max_lag_ms": "replication.replica_max_lag_ms",
+    "replica_max_lag_bytes": "replication.replica_max_lag_bytes",
+    **LOG_FLAG_KEYS,
+}
+# Switches that turn a key on (given) or leave it to the other layers (not given).
+SWITCH_KEYS: dict[str, str] = {
+    "insecure": "auth.insecure",
+    "replica_reads": "replication.replica_reads",
+    "unclean_election": "replication.unclean_election",
 }
 
 
@@ -35,18 +62,19 @@ def register(commands: argparse._SubParsersAction) -> None:
         admin=False,
     )
     broker.add_argument("--name", metavar="NAME", help="the broker's name (broker.name)")
+    broker.epilog = DATA_DIR_EXIT_STATUS
     broker.add_argument("--data-dir", metavar="DIR", help="where messages and metadata live")
     broker.add_argument(
         "--listen",
         metavar="HOST:PORT",
-        default="127.0.0.1:8091",
-        help="internal protocol endpoint (default 127.0.0.1:8091; port 0: any free port)",
+        help="internal protocol endpoint (cluster.broker_listen; default 127.0.0.1:8091; "
+        "port 0: any free port)",
     )
     broker.add_argument(
         "--send-listen",
         metavar="HOST:PORT|auto|off",
-        default="auto",
-        help="where proxies' sends arrive, over plain framed TCP (TLS with [internal]): "
+        help="where proxies' sends arrive (cluster.broker_send_listen), over plain framed TCP "
+        "(TLS with [internal]): "
         "cheaper for the broker than the gRPC stream; auto (default): the --listen host, any "
         "free port, announced to proxies; off: proxies send over the gRPC stream",
     )
@@ -59,27 +87,30 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--cluster",
         metavar="NAME",
         help="the cluster to join: the broker registers in etcd under a lease "
-        "(with --coordinator; default $HALFMOON_CLUSTER)",
+        "(with --coordinator; cluster.name, also $HALFMOON_CLUSTER)",
     )
     broker.add_argument(
         "--coordinator",
         metavar="etcd://HOST:PORT",
-        help="the cluster's etcd endpoints, comma-separated (default $HALFMOON_COORDINATOR)",
+        help="the cluster's etcd endpoints, comma-separated (cluster.coordinator, also "
+        "$HALFMOON_COORDINATOR)",
     )
     broker.add_argument(
         "--advertise",
         metavar="HOST",
-        default=None,
-        help="the host proxies dial, registered in etcd with the bound port (default: the "
-        "--listen host, or this machine's name when that is 0.0.0.0 or ::)",
+        help="the host proxies dial (cluster.broker_advertise_host), registered in etcd with "
+        "the bound port (default: the --listen host, or this machine's name when that is "
+        "0.0.0.0 or ::)",
     )
     broker.add_argument(
         "--lease-ttl",
-        metavar="SECONDS",
-        type=lease_ttl,
-        default=DEFAULT_TTL_S,
-        help=f"how long etcd keeps a broker that stopped renewing listed (default {DEFAULT_TTL_S}; "
-        f"at least {MIN_TTL_S}); a clean stop leaves at once",
+        metavar="DURATION",
+        help="how long etcd keeps a broker that stopped renewing listed (cluster.lease_ttl_s: "
+        f"whole seconds such as 5s, a bare number is seconds; at least {MIN_TTL_S}; "
+        f"default {DEFAULT_TTL_S}, and {replication_defaults.LEASE_TTL_S} for a --group member: "
+        "a dead master is replaced within about this plus a second, and a master survives a "
+        f"stall shorter than this minus {replication_defaults.KEEPALIVE_INTERVAL_S:g}, "
+        "docs/replication.md); a clean stop leaves at once",
     )
     broker.add_argument(
         "--insecure",
@@ -90,24 +121,25 @@ def register(commands: argparse._SubParsersAction) -> None:
     broker.add_argument(
         "--group",
         metavar="NAME",
-        help="join broker group NAME (with --cluster): the first member to win the group's key "
-        "in etcd is its master, the others replicate its commit log (docs/replication.md); "
-        "proxies route to the group by this name, --name is the member's own",
+        help="join broker group NAME (replication.group; with --cluster): the first member "
+        "to win the group's key in etcd is its master, the others replicate its commit log "
+        "(docs/replication.md); proxies route to the group by this name, "
+        "--name is the member's own",
     )
     broker.add_argument(
         "--replication",
         choices=("sync", "async"),
-        default="async",
-        help="in a group, sync: a write is acknowledged once the in-sync replicas have it; "
-        "async (default): after the master's own flush",
+        help="in a group (replication.mode), sync: a write is acknowledged once the in-sync "
+        "replicas have it; "
+        f"async: after the master's own flush (default {replication_defaults.MODE})",
     )
     broker.add_argument(
         "--min-insync-replicas",
         metavar="N",
         type=non_negative,
-        default=1,
         help="with --replication sync, refuse writes (NOT_ENOUGH_REPLICAS) while fewer than N "
-        "replicas are in sync (default 1; the master is not counted)",
+        f"replicas are in sync (default {replication_defaults.MIN_INSYNC_REPLICAS}; the master "
+        "is not counted)",
     )
     broker.add_argument(
         "--replica-reads",
@@ -118,17 +150,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     broker.add_argument(
         "--replica-max-lag-ms",
-        metavar="MS",
-        type=positive,
-        default=10_000,
-        help="a replica not caught up for this long leaves the in-sync set (default 10000)",
+        metavar="DURATION",
+        help="a replica not caught up for this long leaves the in-sync set (such as 500ms or "
+        f"10s, a bare number is milliseconds; default {replication_defaults.REPLICA_MAX_LAG_MS})",
     )
     broker.add_argument(
         "--replica-max-lag-bytes",
-        metavar="BYTES",
-        type=positive,
-        default=64 * 1024 * 1024,
-        help="a replica this far behind leaves the in-sync set (default 64 MiB)",
+        metavar="SIZE",
+        help="a replica this far behind leaves the in-sync set (such as 64MiB, a bare number "
+        "is bytes; default "
+        f"{replication_defaults.REPLICA_MAX_LAG_BYTES // (1024 * 1024)} MiB)",
     )
     broker.add_argument(
         "--unclean-election",
@@ -136,6 +167,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="in a group, let the controller appoint a live member outside the in-sync set "
         "when no in-sync one is left (can lose acknowledged writes; default off)",
     )
+    add_log_options(broker)
     broker.add_argument("--config", metavar="FILE", help="a TOML configuration file")
     broker.add_argument(
         "--set",
@@ -145,18 +177,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=[],
         help="set any configuration key (repeatable); see docs/configuration.md",
     )
+    add_print_config(broker)
     # Tests only: the broker's clock stands still until a peer moves it (docs/cluster.md).
     broker.add_argument("--fake-clock-ms", type=int, default=None, help=argparse.SUPPRESS)
-
-
-def lease_ttl(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < MIN_TTL_S:
-        raise argparse.ArgumentTypeError(f"expected whole seconds, at least {MIN_TTL_S}: {text!r}")
-    return value
 
 
 def non_negative(text: str) -> int:
@@ -169,26 +192,35 @@ def non_negative(text: str) -> int:
     return value
 
 
-def positive(text: str) -> int:
-    value = non_negative(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number, at least 1: {text!r}")
-    return value
-
-
-def run_broker_command(args: argparse.Namespace) -> int:
+def build_broker_config(args: argparse.Namespace):  # -> halfmoon.config.Config
+    """The configuration from its layers, as ``serve`` builds it: the defaults, the
+    ``--config`` file, ``HALFMOON_*`` variables, the flags, ``--set``; later ones win."""
     # Imported here so other commands never pay for the broker's modules (as serve does).
     from halfmoon.config import ConfigError, load_config
 
-    cluster = args.cluster or os.environ.get("HALFMOON_CLUSTER") or None
-    coordinator = args.coordinator or os.environ.get("HALFMOON_COORDINATOR") or None
+    flags: dict[str, object] = {key: getattr(args, dest) for dest, key in FLAG_KEYS.items()}
+    for dest, key in SWITCH_KEYS.items():
+        if getattr(args, dest):
+            flags[key] = "true"
+    try:
+        return load_config(
+            file=args.config, env=environment.variables(), flags=flags, overrides=args.overrides
+        )
+    except ConfigError as exc:
+        raise UsageError(exc.message, exc.code) from None
+
+
+def run_broker_command(args: argparse.Namespace) -> int:
+    config = build_broker_config(args)
+    cluster, coordinator = config.cluster.name, config.cluster.coordinator
+    group_name = config.replication.group
     if (cluster is None) != (coordinator is None):
         raise UsageError(
             "--cluster and --coordinator go together: a broker registers in one cluster's etcd "
             "(or give neither to run it unregistered)",
             "USAGE",
         )
-    if args.group is not None and cluster is None:
+    if group_name is not None and cluster is None:
         raise UsageError(
             "--group needs --cluster and --coordinator: a group elects its master in etcd",
             "USAGE",
@@ -197,64 +229,61 @@ def run_broker_command(args: argparse.Namespace) -> int:
         try:  # checked before the store opens, so a typo costs no recovery
             parse_coordinator(coordinator)
             check_name("cluster", cluster)
-            if args.group is not None:
-                check_name("broker group", args.group)
+            if group_name is not None:
+                check_name("broker group", group_name)
         except HalfmoonError as exc:
             raise UsageError(exc.message, exc.code) from None
-    flags = {key: getattr(args, dest) for dest, key in FLAG_KEYS.items()}
-    if args.insecure:
-        flags["auth.insecure"] = "true"
-    try:
-        config = load_config(
-            file=args.config, env=os.environ, flags=flags, overrides=args.overrides
-        )
-    except ConfigError as exc:
-        raise UsageError(exc.message, exc.code) from None
-    # Here: see load_config above.
+    if args.print_config:
+        return print_config(config)
+    quiet_native_logs(config.log)
+    # Here: see build_broker_config.
     from halfmoon.broker_node import disk_facts, register_in_etcd, run_broker
     from halfmoon.replication.group_broker import GroupOptions
     from halfmoon.replication.leader import ReplicationSettings
 
+    replication = config.replication
+    lease_ttl_s = config.cluster.lease_ttl_s
     group = None
-    if args.group is not None:
+    if group_name is not None:
         try:
             check_name("broker", config.broker.name)
         except HalfmoonError as exc:
             raise UsageError(exc.message, exc.code) from None
         group = GroupOptions(
-            args.group,
+            group_name,
             config.broker.name,
             ReplicationSettings(
-                args.replication,
-                args.min_insync_replicas,
-                args.replica_max_lag_ms,
-                args.replica_max_lag_bytes,
-                replica_reads=args.replica_reads,
+                replication.mode,
+                replication.min_insync_replicas,
+                replication.replica_max_lag_ms,
+                replication.replica_max_lag_bytes,
+                replica_reads=replication.replica_reads,
             ),
-            ttl_s=args.lease_ttl,
+            ttl_s=lease_ttl_s or replication_defaults.LEASE_TTL_S,
             facts={"data_dir": str(Path(config.store.data_dir).resolve())},
-            unclean_election=args.unclean_election,
+            facts_source=functools.partial(disk_facts, Path(config.store.data_dir)),
+            unclean_election=replication.unclean_election,
         )
 
     try:
         return run_broker(
             config,
-            args.listen,
+            config.cluster.broker_listen,
             cluster=cluster,
             coordinator=coordinator,
             register=functools.partial(
                 register_in_etcd,
-                ttl_s=args.lease_ttl,
+                ttl_s=lease_ttl_s or DEFAULT_TTL_S,
                 facts={"data_dir": str(Path(config.store.data_dir).resolve())},
                 facts_source=functools.partial(disk_facts, Path(config.store.data_dir)),
-                advertise_host=args.advertise,
+                advertise_host=config.cluster.broker_advertise_host,
             )
             if cluster is not None
             else None,
             fake_clock_ms=args.fake_clock_ms,
             group=group,
-            group_advertise=args.advertise,
-            send_listen=args.send_listen,
+            group_advertise=config.cluster.broker_advertise_host,
+            send_listen=config.cluster.broker_send_listen,
         )
     except HalfmoonError as exc:
         raise CliError.of(exc) from None

@@ -17,17 +17,18 @@ lasts until the process stops (put it in the configuration file to keep it).
 from __future__ import annotations
 
 import argparse
-import os
 import urllib.parse
 from typing import Any
 
+from halfmoon import environment
 from halfmoon.cli import cluster_config_commands
 from halfmoon.cli.admin_client import CliError
 from halfmoon.cli.parser import UsageError, add_command, client, emit, subject
 from halfmoon.cli.table import cell, format_duration_ms, format_size, render_record, render_table
-from halfmoon.cluster.etcd_json import parse_coordinator
-from halfmoon.cluster.keys import check_name
-from halfmoon.cluster.members import read_members
+from halfmoon.cluster.coordination.etcd_json import parse_coordinator
+from halfmoon.cluster.coordination.etcd_tls import EtcdTls
+from halfmoon.cluster.coordination.keys import check_name
+from halfmoon.cluster.coordination.members import read_members
 
 CLUSTER_COLUMNS = [
     ("cluster", "CLUSTER"),
@@ -183,7 +184,7 @@ def for_broker(path: str, args: argparse.Namespace) -> str:
 
 
 def list_brokers(args: argparse.Namespace) -> None:
-    coordinator = args.coordinator or os.environ.get(COORDINATOR_ENV)
+    coordinator = args.coordinator or environment.COORDINATOR.get()
     if coordinator:
         list_members(args, coordinator)
         return
@@ -196,31 +197,35 @@ def list_brokers(args: argparse.Namespace) -> None:
 
 
 def list_members(args: argparse.Namespace, coordinator: str) -> None:
-    cluster = args.cluster or os.environ.get(CLUSTER_ENV)
+    cluster = args.cluster or environment.CLUSTER.get()
     if not cluster:
         raise UsageError(f"--coordinator needs --cluster NAME (or ${CLUSTER_ENV})", "USAGE")
-    answer = read_members(parse_coordinator(coordinator), check_name("cluster", cluster))
+    # A command line builds no configuration: its TLS to etcd is HALFMOON_ETCD_*'s.
+    answer = read_members(
+        parse_coordinator(coordinator), check_name("cluster", cluster), tls=EtcdTls.from_env()
+    )
     if answer.get("broker_groups"):
         # Here: only a cluster with broker groups needs gRPC (each master's Status).
-        from halfmoon.cluster.replication_view import add_progress
+        from halfmoon.cluster.proxy.replication_view import add_progress
 
         add_progress(answer["broker_groups"])
     emit(args, answer, lambda: render_members(answer, cluster))
 
 
 def failover_group(args: argparse.Namespace) -> None:
-    coordinator = args.coordinator or os.environ.get(COORDINATOR_ENV)
+    coordinator = args.coordinator or environment.COORDINATOR.get()
     check_name("broker group", args.group)
     if coordinator:
-        cluster = args.cluster or os.environ.get(CLUSTER_ENV)
+        cluster = args.cluster or environment.CLUSTER.get()
         if not cluster:
             raise UsageError(f"--coordinator needs --cluster NAME (or ${CLUSTER_ENV})", "USAGE")
         # Here: the command line starts without the cluster modules it does not use.
-        from halfmoon.cluster.switchover import request_switchover
+        from halfmoon.cluster.coordination.switchover import request_switchover
 
         answer = request_switchover(
-            parse_coordinator(coordinator), check_name("cluster", cluster), args.group, args.to
-        )
+            parse_coordinator(coordinator), check_name("cluster", cluster), args.group, args.to,
+            tls=EtcdTls.from_env(),
+        )  # fmt: skip
     else:
         body = {"to": args.to} if args.to else {}
         path = f"/v1/cluster/groups/{urllib.parse.quote(args.group)}/failover"
@@ -290,16 +295,17 @@ def member_row(role: str, member: dict[str, Any]) -> dict[str, Any]:
 
 def broker_status(args: argparse.Namespace) -> None:
     status = client(args).get(for_broker("/v1/broker/status", args))
+    emit(args, status, lambda: render_broker_status(status))
 
-    def human() -> str:
-        shown = dict(status)
-        if isinstance(shown.get("disk_used_ratio"), float):
-            shown["disk_used_ratio"] = f"{shown['disk_used_ratio'] * 100:.1f}%"
-        known = {key for key, _ in STATUS_FIRST}
-        fields = [*STATUS_FIRST, *((k, k.replace("_", " ")) for k in shown if k not in known)]
-        return render_record(shown, fields)
 
-    emit(args, status, human)
+def render_broker_status(status: dict[str, Any]) -> str:
+    """``GET /v1/broker/status`` as a record, the numbers an operator reads first on top."""
+    shown = dict(status)
+    if isinstance(shown.get("disk_used_ratio"), float):
+        shown["disk_used_ratio"] = f"{shown['disk_used_ratio'] * 100:.1f}%"
+    known = {key for key, _ in STATUS_FIRST}
+    fields = [*STATUS_FIRST, *((k, k.replace("_", " ")) for k in shown if k not in known)]
+    return render_record(shown, fields)
 
 
 def config_get(args: argparse.Namespace) -> None:

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from typing import Any
 
+from halfmoon import environment
 from halfmoon.cli.parser import UsageError, emit
 from halfmoon.cli.table import cell, render_table
-from halfmoon.cluster.cluster_config import ORDER_TOPIC_CONFIG, ClusterConfig
+from halfmoon.cluster.coordination.cluster_config import ORDER_TOPIC_CONFIG, ClusterConfig
+from halfmoon.cluster.coordination.etcd_json import parse_coordinator
+from halfmoon.cluster.coordination.etcd_tls import EtcdTls
 from halfmoon.cluster.errors import ClusterKeyNotFound
-from halfmoon.cluster.etcd_json import parse_coordinator
 
-COORDINATOR_ENV = "HALFMOON_COORDINATOR"
-CLUSTER_ENV = "HALFMOON_CLUSTER"
+COORDINATOR_ENV = environment.COORDINATOR.name
+CLUSTER_ENV = environment.CLUSTER.name
 
 
 def etcd_options() -> argparse.ArgumentParser:
@@ -99,15 +100,15 @@ def _command(
 
 
 def config_of(args: argparse.Namespace) -> ClusterConfig:
-    coordinator = args.coordinator or os.environ.get(COORDINATOR_ENV)
-    cluster = args.cluster or os.environ.get(CLUSTER_ENV)
+    coordinator = args.coordinator or environment.COORDINATOR.get()
+    cluster = args.cluster or environment.CLUSTER.get()
     if not coordinator or not cluster:
         raise UsageError(
             f"needs --coordinator etcd://HOST:PORT (or ${COORDINATOR_ENV}) and --cluster NAME "
             f"(or ${CLUSTER_ENV})",
             "USAGE",
         )
-    return ClusterConfig(parse_coordinator(coordinator), cluster)
+    return ClusterConfig(parse_coordinator(coordinator), cluster, tls=EtcdTls.from_env())
 
 
 def kv_list(args: argparse.Namespace) -> None:

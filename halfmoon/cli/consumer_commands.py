@@ -27,6 +27,7 @@ PROGRESS_COLUMNS = [
     ("max_offset", "BROKER OFFSET"),
     ("committed_offset", "CONSUMER OFFSET"),
     ("lag", "LAG"),
+    ("ready", "READY"),  # what a consumer can be handed now: not yet delivered, or requeued
     ("inflight", "IN FLIGHT"),
     ("retrying", "RETRYING"),
 ]

@@ -14,18 +14,18 @@ HTTPS admin API's certificate.
 
 from __future__ import annotations
 
-import os
 import stat
 import tomllib
 from pathlib import Path
 
+from halfmoon import environment
 from halfmoon.cli.admin_client import CliError
 from halfmoon.errors import EXIT_USAGE
 
-ACCESS_ENV = "HALFMOON_ACCESS_KEY"
-SECRET_ENV = "HALFMOON_SECRET_KEY"
-FILE_ENV = "HALFMOON_CREDENTIALS_FILE"
-CA_ENV = "HALFMOON_ADMIN_CA"
+ACCESS_ENV = environment.ACCESS_KEY.name
+SECRET_ENV = environment.SECRET_KEY.name
+FILE_ENV = environment.CREDENTIALS_FILE.name
+CA_ENV = environment.ADMIN_CA.name
 DEFAULT_FILE = Path("~/.config/halfmoon/credentials")
 
 
@@ -59,8 +59,8 @@ def _from_file(path: Path, explicit: bool) -> tuple[str, str] | None:
 
 def resolve(access_key: str | None, secret_key: str | None) -> tuple[str, str] | None:
     """The (access key, secret key) to send, or None for no credentials."""
-    access_key = access_key or os.environ.get(ACCESS_ENV)
-    secret_key = secret_key or os.environ.get(SECRET_ENV)
+    access_key = access_key or environment.ACCESS_KEY.get()
+    secret_key = secret_key or environment.SECRET_KEY.get()
     if access_key and secret_key:
         return access_key, secret_key
     if access_key or secret_key:
@@ -70,5 +70,5 @@ def resolve(access_key: str | None, secret_key: str | None) -> tuple[str, str] |
             "BAD_REQUEST",
             EXIT_USAGE,
         )
-    named = os.environ.get(FILE_ENV)
+    named = environment.CREDENTIALS_FILE.get()
     return _from_file(Path(named or DEFAULT_FILE).expanduser(), explicit=bool(named))

@@ -28,6 +28,7 @@ PROGRESS_COLUMNS = [
     ("committed_offset", "COMMITTED"),
     ("max_offset", "MAX OFFSET"),
     ("lag", "LAG"),
+    ("ready", "READY"),  # what a consumer can be handed now: not yet delivered, or requeued
     ("inflight", "IN FLIGHT"),
     ("retrying", "RETRYING"),
 ]
@@ -132,6 +133,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     delete = add_command(sub, "delete", delete_group, "delete a consumer group")
     delete.add_argument("name", metavar="NAME")
 
+    peek = add_command(
+        sub, "peek", peek_group, "show the next messages a group would get, consuming nothing"
+    )
+    peek.add_argument("name", metavar="NAME")
+    peek.add_argument("--topic", required=True, help="the topic of the backlog")
+    peek.add_argument("--limit", type=positive_int, default=20, help="at most this many (100)")
+    purge = add_command(
+        sub, "purge", purge_group, "skip a group's backlog in a topic (other groups keep theirs)"
+    )
+    purge.add_argument("name", metavar="NAME")
+    purge.add_argument("--topic", required=True, help="the topic whose backlog goes")
+
 
 def create_group(args: argparse.Namespace) -> None:
     body: dict[str, Any] = {"name": args.name, "fifo": args.fifo}
@@ -211,3 +224,37 @@ def summary(group: dict[str, Any]) -> str:
 def delete_group(args: argparse.Namespace) -> None:
     result = client(args).delete(f"/v1/groups/{quote(args.name)}")
     emit(args, result, lambda: f"deleted group '{args.name}'")
+
+
+PEEK_COLUMNS = [
+    ("queue_id", "QUEUE"),
+    ("queue_offset", "OFFSET"),
+    ("message_id", "MESSAGE ID"),
+    ("tag", "TAG"),
+    ("body", "BODY"),
+]
+
+
+def peek_group(args: argparse.Namespace) -> None:
+    answer = client(args).get(
+        f"/v1/groups/{quote(args.name)}/peek", topic=args.topic, limit=args.limit
+    )
+
+    def human() -> str:
+        head = f"{answer['backlog']} message(s) of '{args.topic}' not yet consumed by '{args.name}'"
+        rows = [
+            {**m, "tag": m.get("tag") or "-", "body": str(m.get("body", ""))[:60]}
+            for m in answer["messages"]
+        ]
+        return head + ("\n\n" + render_table(rows, PEEK_COLUMNS) if rows else "")
+
+    emit(args, answer, human)
+
+
+def purge_group(args: argparse.Namespace) -> None:
+    answer = client(args).post(f"/v1/groups/{quote(args.name)}/purge", {"topic": args.topic})
+    emit(
+        args,
+        answer,
+        lambda: f"purged {answer['purged']} message(s) of '{args.topic}' for group '{args.name}'",
+    )

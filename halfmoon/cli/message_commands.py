@@ -102,6 +102,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--queue", type=int, default=None, help="this queue (default: the broker picks)"
     )
     send.add_argument(
+        "--priority", type=int, default=None, help="its priority (a priority topic's message)"
+    )
+    send.add_argument(
+        "--lite-topic", default=None, metavar="NAME", help="its lite topic (a lite topic's message)"
+    )
+    send.add_argument(
         "--property",
         dest="properties",
         action="append",
@@ -296,6 +302,10 @@ def send_message(args: argparse.Namespace) -> None:
         body["tag"] = args.tag
     if args.queue is not None:
         body["queue_id"] = args.queue
+    if args.priority is not None:
+        body["priority"] = args.priority
+    if args.lite_topic is not None:
+        body["lite_topic"] = args.lite_topic
     result = client(args).post(f"/v1/topics/{quote(args.topic)}/messages", body)
     emit(
         args,

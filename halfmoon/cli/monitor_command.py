@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from halfmoon.cli.admin_client import AdminClient, CliError, quote
+from halfmoon.cli.admin_client import AdminClient, CliError, default_admin_url, quote
 from halfmoon.cli.parser import add_command, client, positive_int
 from halfmoon.cli.timearg import duration
 
@@ -212,6 +212,14 @@ def run_monitor(args: argparse.Namespace) -> None:
     monitor = Monitor(client(args), int(args.stuck_after * 1000))
     deadline = None if args.duration is None else time.monotonic() + args.duration
     printed = 0
+    if not args.json:
+        # Said before the first event, which may be minutes away: the command is working.
+        print(
+            f"watching {args.admin or default_admin_url()} every {args.interval:g} s for dead "
+            f"letters, retries and half messages stuck over {args.stuck_after:g} s "
+            "(Ctrl-C stops)",
+            flush=True,
+        )
     try:
         while True:
             for event in monitor.poll():

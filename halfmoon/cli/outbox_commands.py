@@ -1,8 +1,11 @@
-"""``halfmoon outbox relay|status``: run the outbox relay, inspect an outbox table.
+"""``halfmoon outbox relay|status|parked|replay``: run the outbox relay, inspect an
+outbox table, list the failed (parked) messages and put them back to pending.
 
     halfmoon outbox relay --db postgresql+psycopg://app@db/app \\
         --target halfmoon://127.0.0.1:8081 --workers 2 --processes 2 --batch 500 --poll 500ms
     halfmoon outbox status --db sqlite:///app.db
+    halfmoon outbox parked --db sqlite:///app.db
+    halfmoon outbox replay ID --db sqlite:///app.db
 
 ``relay`` runs until SIGTERM/SIGINT, then finishes the batches in flight.
 ``--processes N`` runs N child processes of ``--workers`` threads each (one
@@ -90,6 +93,26 @@ def register(commands: argparse._SubParsersAction) -> None:
     status.add_argument("--db", required=True, metavar="URL")
     status.add_argument("--table-prefix", default="hm_")
 
+    parked = add_command(
+        sub,
+        "parked",
+        show_parked,
+        "failed messages (a permanent error parks one at once), with why",
+    )
+    parked.add_argument("--db", required=True, metavar="URL")
+    parked.add_argument("--table-prefix", default="hm_")
+    parked.add_argument(
+        "--limit", type=positive_int, default=100, help="at most this many (default 100)"
+    )
+
+    replay = add_command(
+        sub, "replay", replay_parked, "put failed messages back to pending, to publish again"
+    )
+    replay.add_argument("message_ids", nargs="*", metavar="ID", help="outbox message ids")
+    replay.add_argument("--all", action="store_true", help="every failed message")
+    replay.add_argument("--db", required=True, metavar="URL")
+    replay.add_argument("--table-prefix", default="hm_")
+
 
 def _open_outbox(url: str, prefix: str, pool_size: int = 5) -> Any:
     # Imported here, as below: the outbox needs sqlalchemy (the optional db extra), which
@@ -157,7 +180,7 @@ def _stop_on_signals() -> threading.Event:
 
 
 def _run_relay_processes(args: argparse.Namespace) -> int:
-    from halfmoon.outbox.relay import RelayProcesses  # here: see _open_outbox
+    from halfmoon.outbox.relay_processes import RelayProcesses  # here: see _open_outbox
     from halfmoon.outbox.targets import target_for_url
 
     outbox = _open_outbox(args.db, args.table_prefix)
@@ -212,4 +235,47 @@ def show_status(args: argparse.Namespace) -> int:
         "oldest_pending_age_seconds": round(status.oldest_pending_age, 3),
     }
     emit(args, data, lambda: "\n".join(f"{k:<28}{v}" for k, v in data.items()))
+    return 0
+
+
+def _unreadable(outbox: Any, exc: Exception) -> CliError:
+    cause = " ".join(str(getattr(exc, "orig", exc)).split())[:300]
+    return CliError(
+        f"cannot read the outbox table {outbox.table.name!r} ({cause}); check --db and "
+        "--table-prefix, or create it with 'outbox relay --create-tables'",
+        "OUTBOX_UNREADABLE",
+    )
+
+
+def show_parked(args: argparse.Namespace) -> int:
+    outbox = _open_outbox(args.db, args.table_prefix)
+    try:
+        rows = outbox.failed_messages(args.limit)
+    except Exception as exc:  # noqa: BLE001
+        raise _unreadable(outbox, exc) from None
+    data = {"messages": rows}
+
+    def human() -> str:
+        if not rows:
+            return "no failed messages"
+        return "\n".join(
+            f"{row['message_id']}  {row['aggregate_type']}/{row['aggregate_id']}  "
+            f"topic={row['topic']}  attempts={row['attempts']}  {row['last_error']}"
+            for row in rows
+        )
+
+    emit(args, data, human)
+    return 0
+
+
+def replay_parked(args: argparse.Namespace) -> int:
+    if bool(args.message_ids) == bool(args.all):
+        raise CliError("name the IDs to replay, or pass --all", "USAGE")
+    outbox = _open_outbox(args.db, args.table_prefix)
+    try:
+        count = outbox.retry_failed(None if args.all else args.message_ids)
+    except Exception as exc:  # noqa: BLE001
+        raise _unreadable(outbox, exc) from None
+    data = {"replayed": count}
+    emit(args, data, lambda: f"{count} message(s) back to pending")
     return 0

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
+from halfmoon import environment
 from halfmoon.cli import credentials
 from halfmoon.cli.admin_client import AdminClient, CliError, default_admin_url, default_namespace
 from halfmoon.errors import EXIT_USAGE
@@ -162,6 +162,14 @@ def admin_options() -> argparse.ArgumentParser:
     return common
 
 
+# The epilog of the commands that own a data directory (serve, broker).
+DATA_DIR_EXIT_STATUS = (
+    "exit status: 0 stopped cleanly; 1 failed (a port in use: UNAVAILABLE); 2 the command line "
+    "or configuration is wrong; 3 another live process holds the data directory "
+    "(DATA_DIR_LOCKED: nothing in it was touched; see docs/storage-format.md)"
+)
+
+
 def add_command(
     subparsers: argparse._SubParsersAction,
     name: str,
@@ -189,7 +197,7 @@ def client(args: argparse.Namespace) -> AdminClient:
         credentials=credentials.resolve(
             getattr(args, "access_key", None), getattr(args, "secret_key", None)
         ),
-        ca_file=getattr(args, "admin_ca", None) or os.environ.get(credentials.CA_ENV),
+        ca_file=getattr(args, "admin_ca", None) or environment.ADMIN_CA.get(),
     )
 
 

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import re
 import time
 from typing import Any
 
+from halfmoon import environment
 from halfmoon.cli.admin_client import CliError
 from halfmoon.cli.parser import add_command, client, emit, positive_int, subject
 from halfmoon.cli.progress import ProgressBar
 from halfmoon.cli.table import render_record
+from halfmoon.cli.timearg import duration
 
-GRPC_ENV = "HALFMOON_GRPC"
+GRPC_ENV = environment.GRPC.name
 MAX_PROBE_SIZE = 4 * 1024 * 1024
 PERCENTILES = (50, 90, 99, 99.9)
 _SIZE = re.compile(r"^\s*(\d+)\s*(b|k|kib|kb|m|mib|mb)?\s*$", re.IGNORECASE)
@@ -44,7 +45,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     probe = commands.add_parser("probe", help="measure send round trips through the gRPC endpoint")
     sub = probe.add_subparsers(dest="probe_command", metavar="ACTION", required=True)
     send = add_command(
-        sub, "send", probe_send, "send N messages of size S; report round-trip percentiles"
+        sub,
+        "send",
+        probe_send,
+        "send N messages of size S; report round-trip percentiles. The messages are real: "
+        "they are stored in TOPIC and its consumers receive them (tag 'probe' by default, "
+        "so a consumer can filter them out)",
     )
     subject(
         send,
@@ -63,7 +69,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--concurrency", type=positive_int, default=1, help="senders in parallel (default 1)"
     )
     send.add_argument(
-        "--timeout", type=float, default=3.0, help="seconds to wait for each send (default 3)"
+        "--timeout",
+        type=duration,
+        default=3.0,
+        help="how long to wait for each send: 500ms, 3s, a bare number is seconds (default 3s)",
     )
     send.add_argument("--tag", default="probe", help="tag of the probe messages (default probe)")
     send.add_argument(
@@ -117,8 +126,9 @@ def summarize(
 def grpc_address(args: argparse.Namespace) -> str:
     if args.grpc:
         return args.grpc
-    if os.environ.get(GRPC_ENV):
-        return os.environ[GRPC_ENV]
+    named = environment.GRPC.get()
+    if named:
+        return named
     brokers = client(args).get("/v1/cluster")["brokers"]
     if not brokers:
         raise CliError(

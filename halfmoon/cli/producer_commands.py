@@ -1,4 +1,5 @@
-"""``halfmoon producer status TOPIC``: which producers are connected and send to a topic.
+"""``halfmoon producer status TOPIC``: which producers are connected and send to a topic;
+``halfmoon producer list``: every connected producer, whatever it sends to.
 
 RocketMQ's producerConnection (``-g GROUP -t TOPIC``). A RocketMQ 5 producer
 names no producer group unless it is transactional, so the topic is the
@@ -34,6 +35,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     status.add_argument("topic", metavar="TOPIC")
     status.add_argument("--group", default=None, help="only this producer group")
+    add_command(
+        sub,
+        "list",
+        show_list,
+        "every connected producer: language, version, address, topics and send rate",
+    )
 
 
 def _rows(clients: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -54,5 +61,41 @@ def show_status(args: argparse.Namespace) -> None:
             return "connected clients are unknown here (the admin API runs without the gRPC server)"
         which = f" of group '{args.group}'" if args.group else ""
         return f"no producer{which} connected now has sent to '{args.topic}'"
+
+    emit(args, answer, human)
+
+
+LIST_COLUMNS = [
+    ("client_id", "CLIENT ID"),
+    ("group", "GROUP"),
+    ("peer", "ADDRESS"),
+    ("language", "LANGUAGE"),
+    ("version", "VERSION"),
+    ("topics", "TOPICS"),
+    ("sent", "SENT"),
+    ("rate", "RATE/S"),
+]
+
+
+def show_list(args: argparse.Namespace) -> None:
+    """``GET /v1/producers``: the dashboard's Producers page as a table."""
+    answer = client(args).get("/v1/producers")
+    clients = answer["clients"]
+
+    def human() -> str:
+        if not answer.get("registry", True):
+            return "connected clients are unknown here (the admin API runs without the gRPC server)"
+        if not clients:
+            return "no producer is connected now"
+        rows = [
+            {
+                **row,
+                "topics": ",".join(row.get("publishes") or []) or "-",
+                "sent": row.get("messages_sent", 0),
+                "rate": f"{float(row.get('send_rate') or 0):.1f}",
+            }
+            for row in _rows(clients)
+        ]
+        return render_table(rows, LIST_COLUMNS)
 
     emit(args, answer, human)

@@ -8,18 +8,23 @@ Configuration as for ``serve`` (file, ``HALFMOON_*`` variables, flags,
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import socket
 
 from halfmoon.cli.admin_client import CliError
-from halfmoon.cli.broker_command import lease_ttl
 from halfmoon.cli.parser import UsageError, add_command
-from halfmoon.cli.serve_command import build_config
-from halfmoon.cluster.etcd_json import parse_coordinator
-from halfmoon.cluster.keys import DEFAULT_TTL_S, check_name
+from halfmoon.cli.serve_command import (
+    add_log_options,
+    add_print_config,
+    build_config,
+    print_config,
+)
+from halfmoon.cluster.coordination.etcd_json import parse_coordinator
+from halfmoon.cluster.coordination.keys import check_name
 from halfmoon.config import parse_host_port
+from halfmoon.config.cluster import DEFAULT_TTL_S
 from halfmoon.errors import HalfmoonError
+from halfmoon.logs import quiet_native_logs
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -34,7 +39,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     proxy.add_argument(
         "--broker",
         metavar="HOST:PORT",
-        help="one broker process's internal endpoint (halfmoon broker --listen), for a "
+        help="one broker process's internal endpoint (cluster.proxy_broker; halfmoon broker "
+        "--listen), for a "
         "proxy in front of that broker alone; or route over a whole cluster with "
         "--cluster and --coordinator",
     )
@@ -42,39 +48,47 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--cluster",
         metavar="NAME",
         help="route over this cluster's brokers, as registered in etcd "
-        "(with --coordinator; default $HALFMOON_CLUSTER)",
+        "(with --coordinator; cluster.name, also $HALFMOON_CLUSTER)",
     )
     proxy.add_argument(
         "--coordinator",
         metavar="etcd://HOST:PORT",
-        help="the cluster's etcd endpoints, comma-separated (default $HALFMOON_COORDINATOR)",
+        help="the cluster's etcd endpoints, comma-separated (cluster.coordinator, also "
+        "$HALFMOON_COORDINATOR)",
     )
     proxy.add_argument(
         "--name",
         metavar="NAME",
-        help="this proxy's name in the cluster (default: HOST-PORT of --listen)",
+        help="this proxy's name in the cluster (cluster.proxy_name; default: HOST-PORT of "
+        "--listen)",
     )
     proxy.add_argument(
         "--workers",
         metavar="N",
         type=int,
-        default=1,
-        help="worker processes sharing the ports with SO_REUSEPORT (cluster mode; default 1)",
+        help="worker processes sharing the ports with SO_REUSEPORT (cluster.proxy_workers; "
+        "cluster mode; default 1)",
     )
     proxy.add_argument(
         "--lease-ttl",
-        metavar="SECONDS",
-        type=lease_ttl,
-        default=DEFAULT_TTL_S,
-        help=f"how long etcd keeps a proxy that stopped renewing listed (default {DEFAULT_TTL_S})",
+        metavar="DURATION",
+        help="how long etcd keeps a proxy that stopped renewing listed (cluster.lease_ttl_s: "
+        f"whole seconds such as 5s, a bare number is seconds; default {DEFAULT_TTL_S})",
     )
     # Set by a supervising proxy on the processes it starts (one worker each).
     proxy.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    # The pipe on which such a worker tells its parent it serves (the parent registers then).
+    proxy.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     proxy.add_argument(
         "--listen", metavar="HOST:PORT", help="gRPC endpoint (default 127.0.0.1:8081)"
     )
     proxy.add_argument(
         "--admin-listen", metavar="HOST:PORT", help="admin HTTP API (default 127.0.0.1:8082)"
+    )
+    proxy.add_argument(
+        "--amqp-listen",
+        metavar="HOST:PORT",
+        help='AMQP 0-9-1 endpoint, cluster mode (default 127.0.0.1:5673; "" turns it off)',
     )
     proxy.add_argument(
         "--insecure",
@@ -83,6 +97,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     proxy.add_argument("--tls-cert", metavar="PEM", help="certificate chain: serve TLS")
     proxy.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    add_log_options(proxy)
+    add_print_config(proxy)
     proxy.add_argument("--config", metavar="FILE", help="a TOML configuration file")
     proxy.add_argument(
         "--set",
@@ -94,18 +110,33 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
 
 
+# Dedicated flag (argparse destination) → the configuration key it sets; the serve
+# command's flags (--listen, --admin-listen, --amqp-listen, --tls-*) come on top.
+FLAG_KEYS: dict[str, str] = {
+    "broker": "cluster.proxy_broker",
+    "cluster": "cluster.name",
+    "coordinator": "cluster.coordinator",
+    "name": "cluster.proxy_name",
+    "workers": "cluster.proxy_workers",
+    "lease_ttl": "cluster.lease_ttl_s",
+}
+
+
 def run_proxy_command(args: argparse.Namespace) -> int:
-    cluster = args.cluster or os.environ.get("HALFMOON_CLUSTER") or None
-    coordinator = args.coordinator or os.environ.get("HALFMOON_COORDINATOR") or None
+    # The serve command's flags that a proxy does not have (it stores nothing).
+    args.data_dir = args.flush = None
+    config = build_config(args, {key: getattr(args, dest) for dest, key in FLAG_KEYS.items()})
+    cluster, coordinator = config.cluster.name, config.cluster.coordinator
     if (cluster is None) != (coordinator is None):
         raise UsageError("--cluster and --coordinator go together", "USAGE")
-    if (args.broker is None) == (cluster is None):
+    if (config.cluster.proxy_broker is None) == (cluster is None):
         raise UsageError(
             "give either --broker HOST:PORT (one broker) or --cluster and --coordinator "
             "(every broker of a cluster)",
             "USAGE",
         )
-    if args.workers < 1 or (args.workers > 1 and cluster is None):
+    workers = config.cluster.proxy_workers
+    if workers > 1 and cluster is None:
         raise UsageError("--workers is a positive count, for a cluster proxy", "USAGE")
     try:
         if cluster is not None and coordinator is not None:
@@ -113,24 +144,28 @@ def run_proxy_command(args: argparse.Namespace) -> int:
             check_name("cluster", cluster)
     except HalfmoonError as exc:
         raise UsageError(exc.message, exc.code) from None
-    # The serve command's flags that a proxy does not have (it stores nothing).
-    args.data_dir = args.flush = None
-    config = build_config(args)
+    if args.print_config:
+        return print_config(config)
+    quiet_native_logs(config.log)
     # Imported only now: the checks above must not pay for gRPC and the broker's modules.
-    from halfmoon.cluster.cluster_proxy import ProxyIdentity, run_cluster_proxy
-    from halfmoon.cluster.proxy_process import run_proxy
+    from halfmoon.cluster.proxy.cluster_proxy import ProxyIdentity, run_cluster_proxy
+    from halfmoon.cluster.proxy.proxy_process import run_proxy
 
     try:
         if cluster is None or coordinator is None:
-            return run_proxy(config, args.broker)
+            return run_proxy(config, config.cluster.proxy_broker)
         host, port = parse_host_port(config.server.listen, what="listen address")
         advertised = config.server.advertise_host or (
             host if host not in ("0.0.0.0", "::", "") else socket.getfqdn()
         )
-        name = args.name or re.sub(r"[^A-Za-z0-9_.-]", "-", f"{advertised}-{port}")
+        name = config.cluster.proxy_name or re.sub(r"[^A-Za-z0-9_.-]", "-", f"{advertised}-{port}")
         check_name("proxy", name)
-        identity = ProxyIdentity(coordinator, cluster, name, f"{advertised}:{port}", args.lease_ttl)
-        return run_cluster_proxy(config, identity, args.workers, worker=args.worker)
+        identity = ProxyIdentity(
+            coordinator, cluster, name, f"{advertised}:{port}", config.cluster.proxy_lease_ttl_s()
+        )
+        return run_cluster_proxy(
+            config, identity, workers, worker=args.worker, ready_fd=args.ready_fd
+        )
     except HalfmoonError as exc:
         raise CliError.of(exc) from None
     except OSError as exc:

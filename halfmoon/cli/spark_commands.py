@@ -97,12 +97,10 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _session(args: argparse.Namespace, name: str):  # type: ignore[no-untyped-def]
-    try:
-        from halfmoon.spark import build_session  # here: pyspark is optional
-    except ImportError as exc:
-        raise CliError(
-            f"pyspark is not installed ({exc}); install halfmoon[spark]", "SPARK_MISSING"
-        ) from None
+    # Here, not at the top: the spark extra is optional; without it this import raises
+    # MissingExtra, one line naming the extra and how to install it.
+    from halfmoon.spark import build_session
+
     spark = build_session(name, args.master)
     spark.sparkContext.setLogLevel("ERROR")
     return spark

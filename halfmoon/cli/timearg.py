@@ -8,9 +8,10 @@ import datetime as dt
 import re
 import time
 
+from halfmoon.config import parse_duration_ms
+
 # "-2h" reads as an option to argparse unless written --begin=-2h, so "2h" alone means ago too.
 _RELATIVE = re.compile(r"^-?(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 TIME_HELP = (
     "now, 30m / 2h / 1d (that long ago), 2026-01-31T12:00[:00][Z|+01:00] (local time "
     "without a zone), or epoch ms"
@@ -23,9 +24,8 @@ def parse_time_ms(text: str, now_ms: int | None = None) -> int:
     now = int(time.time() * 1000) if now_ms is None else now_ms
     if value.lower() == "now":
         return now
-    match = _RELATIVE.match(value.lower())
-    if match:
-        return now - int(float(match.group(1)) * _UNIT_MS[match.group(2)])
+    if _RELATIVE.match(value.lower()):
+        return now - int(parse_duration_ms(value.lstrip("-")))
     if value.isdigit():
         return int(value)
     try:
@@ -38,23 +38,12 @@ def parse_time_ms(text: str, now_ms: int | None = None) -> int:
 
 
 def duration(text: str) -> float:
-    """``500ms``, ``2s``, ``5m``, ``1h``, ``1.5`` (seconds) → seconds."""
-    raw = text.strip().lower()
+    """A positive duration in seconds: ``500ms``, ``2s``, ``5m``, ``1h``, ``1d``, or a bare
+    number of seconds (``1.5``); read as configuration keys read theirs."""
     try:
-        if raw.endswith("ms"):
-            value = float(raw[:-2]) / 1000
-        elif raw.endswith("s"):
-            value = float(raw[:-1])
-        elif raw.endswith("m"):
-            value = float(raw[:-1]) * 60
-        elif raw.endswith("h"):
-            value = float(raw[:-1]) * 3600
-        else:
-            value = float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a duration like 500ms or 2s, got {text!r}"
-        ) from None
-    if value <= 0:
+        seconds = parse_duration_ms(text, bare_unit_ms=1000) / 1000
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}: {exc}") from None
+    if seconds <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive duration, got {text!r}")
-    return value
+    return seconds

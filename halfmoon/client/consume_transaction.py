@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -38,7 +38,18 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
 from halfmoon.client.connection import ClientConfig
-from halfmoon.client.errors import ClientError, TransactionFenced, raise_for_status
+from halfmoon.client.errors import (
+    ClientError,
+    ConnectionFailed,
+    RequestTimeout,
+    ServerError,
+    TransactionAlreadyEnded,
+    TransactionFenced,
+    TransactionIncomplete,
+    TransactionOutcomeUnknown,
+    TransactionRolledBack,
+    raise_for_status,
+)
 from halfmoon.client.message import Message, MessageView, SendReceipt
 from halfmoon.client.route import QueueInfo
 from halfmoon.client.transaction import GROUP_ID_PREFIX, Transaction, TransactionProducer
@@ -51,6 +62,9 @@ EXPECTED_OFFSET_HEADER = "x-hm-txn-expected-offset"
 RETRY_BACKOFF_HEADER = "x-hm-txn-retry-backoff"
 
 Headers = tuple[tuple[str, str], ...]
+
+COMMITTED = "committed"
+ROLLED_BACK = "rolled back"
 
 
 class TransactionalConsumer(Protocol):
@@ -105,15 +119,22 @@ class ConsumeTransaction:
         producer: TransactionProducer | None = None,
         *,
         group: str | None = None,
+        timeout: float | None = None,
     ) -> None:
+        """``timeout`` (seconds): undecided this long after its first send, the broker rolls
+        the transaction back (None: the producer's ``transaction_timeout``, else the broker's
+        default, 60 s)."""
         self.consumer = consumer
         self.producer = producer
         self.group = group or uuid.uuid4().hex
-        self._sends = Transaction(producer, self.group) if producer is not None else None
+        self._sends = (
+            Transaction(producer, self.group, timeout=timeout) if producer is not None else None
+        )
         self._actions: dict[tuple[Any, ...], str] = {}
         self._offsets: dict[QueueInfo, int] = {}
         self._topic = ""
-        self.ended = False
+        self.ended = False  # a decision was asked for: no new sends or acks
+        self.outcome: str | None = None  # COMMITTED or ROLLED_BACK, once the broker said
 
     @property
     def _headers(self) -> Headers:
@@ -187,17 +208,30 @@ class ConsumeTransaction:
         self._topic = self._topic or message.topic
 
     async def commit(self) -> None:
-        """Apply every send, ack, reject and offset commit of the transaction, atomically."""
-        if self.ended:
+        """Apply every send, ack, reject and offset commit of the transaction, atomically.
+
+        Returns once committed. :class:`TransactionFenced`, :class:`TransactionIncomplete`
+        or :class:`TransactionRolledBack`: rolled back instead, nothing applied.
+        :class:`TransactionOutcomeUnknown`: no answer (the broker died, the connection
+        dropped); call ``commit()`` (or ``rollback()``) again: the retry reaches the broker
+        and returns the real outcome. A commit after a known outcome repeats it (returns
+        when committed, raises :class:`TransactionRolledBack` when rolled back)."""
+        if self.outcome == COMMITTED:
             return
+        if self.outcome == ROLLED_BACK:
+            raise TransactionRolledBack(
+                f"transaction group {self.group!r} was rolled back; it cannot be committed",
+                rpc="EndTransaction",
+            )
         self.ended = True
         if not self._actions:
             if self._sends is not None:
-                await self._sends.commit()
+                await self._decide(COMMITTED, self._sends.commit)
+            self.outcome = COMMITTED
             return
         headers = (*self._headers, (ACTIONS_HEADER, str(len(self._actions))))
         try:
-            await self._end("COMMIT", headers)
+            await self._decide(COMMITTED, lambda: self._end("COMMIT", headers))
         except TransactionFenced:
             if self._offsets:
                 await self._pull_consumer()._reload_committed(list(self._offsets))
@@ -209,14 +243,40 @@ class ConsumeTransaction:
 
     async def rollback(self) -> None:
         """Apply nothing: sent messages are discarded, received ones come back after their
-        invisible time (their attempt counted)."""
-        if self.ended:
+        invisible time (their attempt counted). After a commit whose outcome was unknown,
+        :class:`TransactionAlreadyEnded` says the commit had been applied."""
+        if self.outcome == ROLLED_BACK:
             return
+        if self.outcome == COMMITTED:
+            raise TransactionAlreadyEnded(
+                f"transaction group {self.group!r} is already committed; it cannot be rolled back",
+                rpc="EndTransaction",
+            )
         self.ended = True
         if self._actions or (self._sends is not None and self._sends.receipts):
-            await self._end("ROLLBACK", self._headers)
+            await self._decide(ROLLED_BACK, lambda: self._end("ROLLBACK", self._headers))
+        self.outcome = ROLLED_BACK
         if self._offsets:
             await self._pull_consumer()._reload_committed(list(self._offsets))
+
+    async def _decide(self, outcome: str, call: Callable[[], Awaitable[None]]) -> None:
+        """Run the decision's RPC; record the outcome the broker answered."""
+        verb = "commit" if outcome == COMMITTED else "rollback"
+        try:
+            await call()
+        except (TransactionFenced, TransactionIncomplete, TransactionRolledBack):
+            self.outcome = ROLLED_BACK
+            raise
+        except TransactionAlreadyEnded:
+            self.outcome = COMMITTED
+            raise
+        except (ConnectionFailed, RequestTimeout, ServerError) as exc:
+            raise TransactionOutcomeUnknown(
+                f"the {verb} of transaction group {self.group!r} got no answer ({exc}): it "
+                f"may or may not have been applied; call {verb}() again to learn the outcome",
+                rpc="EndTransaction",
+            ) from exc
+        self.outcome = outcome
 
     async def _end(self, resolution: str, headers: Headers) -> None:
         client: TransactionalConsumer | TransactionProducer = self.producer or self.consumer

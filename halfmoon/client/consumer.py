@@ -241,16 +241,22 @@ class ConsumerBase(BaseClient):
         raise_for_status(response.status, "ForwardMessageToDeadLetterQueue")
 
     def transaction(
-        self, producer: TransactionProducer | None = None, *, group: str | None = None
+        self,
+        producer: TransactionProducer | None = None,
+        *,
+        group: str | None = None,
+        timeout: float | None = None,
     ) -> ConsumeTransaction:
         """A transaction holding this consumer's acks, rejects (and, for a pull consumer, offset
         commits) and ``producer``'s sends, committed atomically (docs/transactions.md).
 
         ``async with consumer.transaction(producer) as tx: await tx.send(m); await tx.ack(r)``.
-        An ack outside a transaction stays a plain ack.
+        An ack outside a transaction stays a plain ack. ``timeout`` (seconds): undecided
+        this long after its first send, the broker rolls it back (None: the producer's
+        ``transaction_timeout``, else the broker's default, 60 s).
         """
         self._check_open()
-        return ConsumeTransaction(self, producer, group=group)
+        return ConsumeTransaction(self, producer, group=group, timeout=timeout)
 
     # -- offset consumption -------------------------------------------------------------
 

@@ -8,11 +8,12 @@ process: it keys an HMAC, and ``repr`` leaves it out.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
-ACCESS_ENV = "HALFMOON_ACCESS_KEY"
-SECRET_ENV = "HALFMOON_SECRET_KEY"
+from halfmoon import environment
+
+ACCESS_ENV = environment.ACCESS_KEY.name
+SECRET_ENV = environment.SECRET_KEY.name
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class Credentials:
     @classmethod
     def from_env(cls) -> Credentials | None:
         """From ``HALFMOON_ACCESS_KEY`` / ``HALFMOON_SECRET_KEY``; None when unset."""
-        access_key, secret_key = os.environ.get(ACCESS_ENV), os.environ.get(SECRET_ENV)
+        access_key, secret_key = environment.ACCESS_KEY.get(), environment.SECRET_KEY.get()
         if access_key and secret_key:
             return cls(access_key, secret_key)
         return None

@@ -123,6 +123,32 @@ class TransactionIncomplete(PreconditionFailed):
     protocol_code = "PRECONDITION_FAILED"
 
 
+class TransactionAlreadyEnded(BadRequest):
+    """A rollback of a transaction group already committed (a retried rollback after a
+    commit whose answer was lost): the commit stands."""
+
+    code = "TRANSACTION_ALREADY_ENDED"
+    protocol_code = "BAD_REQUEST"
+
+
+class TransactionRolledBack(PreconditionFailed):
+    """A commit found its transaction group already rolled back (by a rollback, an operator
+    or the broker's transaction timeout): nothing of it was applied."""
+
+    code = "TRANSACTION_ROLLED_BACK"
+    protocol_code = "PRECONDITION_FAILED"
+
+
+class TransactionOutcomeUnknown(ClientError):
+    """A commit or rollback got no answer (the broker died, the connection dropped, the
+    request timed out): it may or may not have been applied. Call it again: the retry
+    reaches the broker and returns the real outcome. ``__cause__`` is the transport error."""
+
+    code = "TRANSACTION_OUTCOME_UNKNOWN"
+    protocol_code = "INTERNAL_ERROR"  # raised in the client, never sent
+    retryable = True
+
+
 class TooManyRequests(ClientError):
     """The server is throttling; back off and retry."""
 
@@ -224,6 +250,8 @@ _BY_CODE: dict[int, type[ClientError]] = {
 _BY_OWN_CODE: dict[str, type[ClientError]] = {
     TransactionFenced.code: TransactionFenced,
     TransactionIncomplete.code: TransactionIncomplete,
+    TransactionRolledBack.code: TransactionRolledBack,
+    TransactionAlreadyEnded.code: TransactionAlreadyEnded,
 }
 
 

@@ -316,13 +316,17 @@ class PullConsumer(ConsumerBase):
     # -- transactional commits (consume_transaction.py) -----------------------------------------
 
     def transaction(
-        self, producer: TransactionProducer | None = None, *, group: str | None = None
+        self,
+        producer: TransactionProducer | None = None,
+        *,
+        group: str | None = None,
+        timeout: float | None = None,
     ) -> ConsumeTransaction:
         if self.auto_commit:
             raise ValueError(
                 "a transaction commits this consumer's offsets: create it with auto_commit=False"
             )
-        return super().transaction(producer, group=group)
+        return super().transaction(producer, group=group, timeout=timeout)
 
     def _offsets_to_commit(self, offsets: Mapping[QueueInfo, int] | None) -> dict[QueueInfo, int]:
         if offsets is not None:

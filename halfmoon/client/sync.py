@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
+from halfmoon.client.client import BaseClient
 from halfmoon.client.connection import ClientConfig
 from halfmoon.client.consume_transaction import ConsumeTransaction
 from halfmoon.client.message import Message, MessageView, SendReceipt
@@ -37,6 +38,7 @@ from halfmoon.client.transaction import (
 )
 
 T = TypeVar("T")
+ClientT = TypeVar("ClientT", bound=BaseClient)
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -74,8 +76,11 @@ def _build(factory: Any, *args: Any, **kwargs: Any) -> Any:
     return run_sync(make())
 
 
-class _SyncClient:
-    _client: Any
+class _SyncClient(Generic[ClientT]):
+    """Holds the async client it translates for."""
+
+    def __init__(self, client: ClientT) -> None:
+        self._client = client
 
     def start(self) -> None:
         """Connect (see the async client's ``start``)."""
@@ -93,16 +98,16 @@ class _SyncClient:
         self.close()
 
     @property
-    def client(self) -> Any:
+    def client(self) -> ClientT:
         """The underlying async client."""
         return self._client
 
 
-class SyncProducer(_SyncClient):
+class SyncProducer(_SyncClient[Producer]):
     """Blocking :class:`~halfmoon.client.Producer`."""
 
     def __init__(self, config: ClientConfig | str, **options: Any) -> None:
-        self._client: Producer = _build(Producer, config, **options)
+        super().__init__(_build(Producer, config, **options))
 
     def send(self, message: Message, *, timeout: float | None = None) -> SendReceipt:
         """Send one message and return its receipt."""
@@ -131,19 +136,25 @@ class SyncTransactionProducer(SyncProducer):
         listener: TransactionListener | None = None,
         **options: Any,
     ) -> None:
-        self._client: TransactionProducer = _build(
-            TransactionProducer, config, producer_group, listener, **options
+        # SyncProducer's __init__ would build a plain Producer: hold a transactional one.
+        _SyncClient.__init__(
+            self, _build(TransactionProducer, config, producer_group, listener, **options)
         )
+
+    @property
+    def client(self) -> TransactionProducer:
+        """The underlying async client."""
+        return cast(TransactionProducer, self._client)  # the one __init__ built
 
     def send_message_in_transaction(
         self, message: Message, arg: Any = None
     ) -> TransactionSendResult:
         """Half message, local transaction, decision (see the async method)."""
-        return run_sync(self._client.send_message_in_transaction(message, arg))
+        return run_sync(self.client.send_message_in_transaction(message, arg))
 
-    def begin(self, *, group: str | None = None) -> Transaction:
+    def begin(self, *, group: str | None = None, timeout: float | None = None) -> Transaction:
         """A transaction; drive it with :meth:`send_in`, :meth:`commit` and :meth:`rollback`."""
-        return self._client.begin(group=group)
+        return self.client.begin(group=group, timeout=timeout)
 
     def send_in(self, transaction: Transaction, message: Message) -> SendReceipt:
         return run_sync(transaction.send(message))
@@ -157,7 +168,7 @@ class SyncTransactionProducer(SyncProducer):
     def end_transaction(
         self, topic: str, message_id: str, transaction_id: str, resolution: TransactionResolution
     ) -> None:
-        run_sync(self._client.end_transaction(topic, message_id, transaction_id, resolution))
+        run_sync(self.client.end_transaction(topic, message_id, transaction_id, resolution))
 
 
 class SyncConsumeTransaction:
@@ -205,7 +216,7 @@ def _producer_of(producer: SyncTransactionProducer | None) -> TransactionProduce
     return producer.client if producer is not None else None
 
 
-class SyncSimpleConsumer(_SyncClient):
+class SyncSimpleConsumer(_SyncClient[SimpleConsumer]):
     """Blocking :class:`~halfmoon.client.SimpleConsumer`."""
 
     def __init__(
@@ -215,9 +226,7 @@ class SyncSimpleConsumer(_SyncClient):
         subscriptions: Mapping[str, MessageSelector] | None = None,
         **options: Any,
     ) -> None:
-        self._client: SimpleConsumer = _build(
-            SimpleConsumer, config, group, subscriptions, **options
-        )
+        super().__init__(_build(SimpleConsumer, config, group, subscriptions, **options))
 
     def receive(
         self, max_messages: int = 16, invisible_duration: float = 30.0, *, wait: float | None = None
@@ -234,13 +243,19 @@ class SyncSimpleConsumer(_SyncClient):
         return run_sync(self._client.change_invisible_duration(message, invisible_duration))
 
     def transaction(
-        self, producer: SyncTransactionProducer | None = None, *, group: str | None = None
+        self,
+        producer: SyncTransactionProducer | None = None,
+        *,
+        group: str | None = None,
+        timeout: float | None = None,
     ) -> SyncConsumeTransaction:
         """Acks and rejects of this consumer and ``producer``'s sends, committed together."""
-        return SyncConsumeTransaction(self._client.transaction(_producer_of(producer), group=group))
+        return SyncConsumeTransaction(
+            self._client.transaction(_producer_of(producer), group=group, timeout=timeout)
+        )
 
 
-class SyncPullConsumer(_SyncClient):
+class SyncPullConsumer(_SyncClient[PullConsumer]):
     """Blocking :class:`~halfmoon.client.pull_consumer.PullConsumer` (Spark executors read through
     this)."""
 
@@ -251,7 +266,7 @@ class SyncPullConsumer(_SyncClient):
         subscriptions: Mapping[str, MessageSelector] | None = None,
         **options: Any,
     ) -> None:
-        self._client: PullConsumer = _build(PullConsumer, config, group, subscriptions, **options)
+        super().__init__(_build(PullConsumer, config, group, subscriptions, **options))
 
     def fetch_queues(self, topic: str) -> list[QueueInfo]:
         return run_sync(self._client.fetch_queues(topic))
@@ -278,13 +293,19 @@ class SyncPullConsumer(_SyncClient):
         return run_sync(self._client.committed(queue))
 
     def transaction(
-        self, producer: SyncTransactionProducer | None = None, *, group: str | None = None
+        self,
+        producer: SyncTransactionProducer | None = None,
+        *,
+        group: str | None = None,
+        timeout: float | None = None,
     ) -> SyncConsumeTransaction:
         """Offset commits of this consumer and ``producer``'s sends, committed together."""
-        return SyncConsumeTransaction(self._client.transaction(_producer_of(producer), group=group))
+        return SyncConsumeTransaction(
+            self._client.transaction(_producer_of(producer), group=group, timeout=timeout)
+        )
 
 
-class SyncPushConsumer(_SyncClient):
+class SyncPushConsumer(_SyncClient[PushConsumer]):
     """:class:`~halfmoon.client.PushConsumer` started and stopped from synchronous code."""
 
     def __init__(
@@ -295,6 +316,4 @@ class SyncPushConsumer(_SyncClient):
         listener: MessageListener,
         **options: Any,
     ) -> None:
-        self._client: PushConsumer = _build(
-            PushConsumer, config, group, subscriptions, listener, **options
-        )
+        super().__init__(_build(PushConsumer, config, group, subscriptions, listener, **options))

@@ -40,7 +40,18 @@ from halfmoon.client.producer import Producer
 log = logging.getLogger("halfmoon.client.transaction")
 
 PROPERTY_TRANSACTION_GROUP = "__HM_TXN_GROUP"
+PROPERTY_TRANSACTION_TIMEOUT = "__HM_TXN_TIMEOUT_MS"
+# A Spark micro-batch's group stays open while its executors write: it asks for the broker's
+# default ceiling (transaction.group_timeout_max_ms), 15 minutes, as Kafka's sink must.
+BATCH_TRANSACTION_TIMEOUT_MS = 900_000
 GROUP_ID_PREFIX = "hm-group:"
+
+
+def _timeout_ms(seconds: float) -> int:
+    """A transaction timeout in whole milliseconds (at least 1)."""
+    if not seconds > 0:
+        raise ValueError(f"a transaction timeout must be positive seconds, got {seconds!r}")
+    return max(1, round(seconds * 1000))
 
 
 class TransactionResolution(enum.Enum):
@@ -89,6 +100,9 @@ class Transaction:
     group: str | None = None
     receipts: list[tuple[str, SendReceipt]] = field(default_factory=list)
     ended: bool = False
+    # A group undecided this long after its first send is rolled back by the broker (None:
+    # the producer's ``transaction_timeout``, else the broker's default, 60 s).
+    timeout: float | None = None
 
     async def send(self, message: Message) -> SendReceipt:
         """Store ``message`` as a half message of this transaction (invisible until commit)."""
@@ -98,6 +112,11 @@ class Transaction:
             )
         if self.group is not None:
             message.properties[PROPERTY_TRANSACTION_GROUP] = self.group
+            timeout = (
+                self.timeout if self.timeout is not None else self.producer.transaction_timeout
+            )
+            if timeout is not None:
+                message.properties[PROPERTY_TRANSACTION_TIMEOUT] = str(_timeout_ms(timeout))
         receipt = await self.producer.send_half(message)
         self.receipts.append((message.topic, receipt))
         return receipt
@@ -139,13 +158,20 @@ class TransactionProducer(Producer):
         listener: TransactionListener | None = None,
         *,
         check_workers: int = 4,
+        transaction_timeout: float | None = None,
         **options: Any,
     ) -> None:
+        """``transaction_timeout`` (seconds): a transaction group of this producer undecided
+        this long after its first send is rolled back by the broker (None: the broker's
+        ``transaction.group_timeout_ms``, 60 s by default); Kafka's transaction.timeout.ms."""
         super().__init__(config, **options)
         if not producer_group:
             raise ValueError(
                 "a transactional producer needs a producer group (the server checks its members)"
             )
+        if transaction_timeout is not None:
+            _timeout_ms(transaction_timeout)
+        self.transaction_timeout = transaction_timeout
         self.producer_group = producer_group
         self.listener = listener
         # Checks wait here for one of ``check_workers`` worker tasks (started at the first
@@ -199,10 +225,14 @@ class TransactionProducer(Producer):
             )
         return TransactionSendResult(receipt, resolution)
 
-    def begin(self, *, group: str | None = None) -> Transaction:
-        """A transaction to send half messages into; with ``group``, one atomic group decision."""
+    def begin(self, *, group: str | None = None, timeout: float | None = None) -> Transaction:
+        """A transaction to send half messages into; with ``group``, one atomic group decision,
+        rolled back by the broker when undecided ``timeout`` seconds after its first send
+        (None: the producer's ``transaction_timeout``)."""
         self._check_open()
-        return Transaction(self, group)
+        if timeout is not None:
+            _timeout_ms(timeout)
+        return Transaction(self, group, timeout=timeout)
 
     def begin_group(self) -> Transaction:
         """A transaction group with a fresh id: many messages, one atomic commit."""

@@ -4,6 +4,11 @@ Built on SQLAlchemy 2 Core; SQLite by default, PostgreSQL and MariaDB in
 production. See ``docs/toolkit.md``.
 """
 
+# ruff: noqa: E402 (the extra is checked before the imports that need it)
+from halfmoon.extras import require
+
+require("db")  # before the first sqlalchemy import: a missing extra is one clear line
+
 from halfmoon.outbox.checker import TransactionLogChecker, cleanup_transaction_log
 from halfmoon.outbox.compensation import (
     Compensation,
@@ -17,7 +22,8 @@ from halfmoon.outbox.errors import InvalidOutboxMessage, OutboxError, Unsupporte
 from halfmoon.outbox.inbox import DUPLICATE, Inbox
 from halfmoon.outbox.intermediate import IntermediateMover, IntermediatePublisher
 from halfmoon.outbox.outbox import Outbox, OutboxMessage, OutboxRecord, OutboxStatus
-from halfmoon.outbox.relay import Relay, RelayProcesses, RelayStats
+from halfmoon.outbox.relay import Relay, RelayStats
+from halfmoon.outbox.relay_processes import RelayProcesses
 from halfmoon.outbox.saga import Saga, SagaCompensationFailed, SagaResult
 from halfmoon.outbox.schema import OutboxTables, outbox_tables
 from halfmoon.outbox.targets import (

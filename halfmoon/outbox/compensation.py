@@ -46,6 +46,7 @@ from sqlalchemy import Connection, Table, update
 from halfmoon.client.message import Message, MessageView
 from halfmoon.client.push_consumer import ConsumeResult
 from halfmoon.errors import InvalidArgument
+from halfmoon.extras import require
 
 if TYPE_CHECKING:  # aio-pika is optional (only RabbitMQ needs it)
     from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
@@ -309,6 +310,7 @@ class RabbitRetryQueue:
         self.alerted = 0
 
     async def declare(self) -> None:
+        require("amqp")
         import aio_pika  # here: optional (only RabbitMQ needs it), and slow to import
 
         exchange = await self.channel.declare_exchange(
@@ -360,6 +362,7 @@ class RabbitRetryQueue:
         message_id: str | None,
         content_type: str | None,
     ) -> None:
+        require("amqp")
         import aio_pika  # here: optional (only RabbitMQ needs it), and slow to import
 
         message = aio_pika.Message(

@@ -30,7 +30,7 @@ import select as _select
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import (
     Connection,
@@ -109,13 +109,12 @@ class Outcome:
     next_attempt_at: int | None = None  # None with an error: give up (failed)
 
 
-class Claim:
+class Claim(Protocol):
     """A claimed batch. ``finish`` records the outcomes; leaving the ``with`` ends the claim."""
 
     rows: Sequence[Row]
 
-    def finish(self, outcomes: Sequence[Outcome], now_ms: int) -> None:
-        raise NotImplementedError
+    def finish(self, outcomes: Sequence[Outcome], now_ms: int) -> None: ...
 
 
 def _heads_query(tables: OutboxTables, now_ms: int, batch: int, failed_blocks: bool):  # noqa: ANN202

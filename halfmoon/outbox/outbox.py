@@ -64,6 +64,13 @@ class OutboxMessage:
             self.payload = self.payload.encode()
         if isinstance(self.keys, str):
             self.keys = [self.keys]
+        if not self.payload:
+            # A broker takes no empty body (halfmoon answers BAD_REQUEST): refused here, in
+            # the caller's transaction, rather than parked by the relay after the commit.
+            raise InvalidOutboxMessage(
+                f"outbox message for topic {self.topic!r} has an empty payload; "
+                "a message needs a body of at least one byte"
+            )
         if not isinstance(self.topic, str):
             raise InvalidOutboxMessage(
                 "outbox message topic must be a string (a halfmoon topic or RabbitMQ exchange)"
@@ -198,6 +205,19 @@ class Outbox:
             ).scalar()
         age = max(now_ms() - oldest, 0) / 1000 if oldest is not None else 0.0
         return OutboxStatus(counts.get(PENDING, 0), counts.get(SENT, 0), counts.get(FAILED, 0), age)
+
+    def failed_messages(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The failed (parked) rows, oldest first: what held each back and why."""
+        t = self.table
+        columns = (
+            t.c.message_id, t.c.aggregate_type, t.c.aggregate_id, t.c.topic,
+            t.c.attempts, t.c.created_at, t.c.last_error,
+        )  # fmt: skip
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(*columns).where(t.c.status == FAILED).order_by(t.c.id).limit(limit)
+            ).all()
+        return [dict(row._mapping) for row in rows]
 
     def retry_failed(self, message_ids: Iterable[str] | None = None) -> int:
         """Put failed rows back to pending (all, or the given ones); returns how many."""

@@ -11,8 +11,12 @@ Algorithm (each worker thread, any number of them in any number of processes):
    become ``sent``; a failed row gets ``attempts + 1`` and its next attempt
    at ``min(backoff_max, backoff_initial * 2 ** (attempts - 1))`` seconds
    from now; at ``max_attempts`` it becomes ``failed``, logged
-   (``event=outbox_message_failed``) and counted;
-4. a full batch loops at once; otherwise the worker sleeps until the poll
+   (``event=outbox_message_failed``) and counted; a *permanent* failure (the
+   target says the message itself cannot be delivered: see
+   :mod:`halfmoon.outbox.failures`) becomes ``failed`` at once, parked with its
+   reason (``event=outbox_message_parked``, WARNING);
+4. a full batch, or one that published anything (successors in its aggregates
+   are heads now), loops at once; otherwise the worker sleeps until the poll
    interval passes or a PostgreSQL NOTIFY (an insert trigger on the outbox
    table) wakes it.
 
@@ -41,9 +45,7 @@ workers use every core; the claims already keep order across processes.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
-import signal
 import socket
 import threading
 import time
@@ -51,15 +53,15 @@ import uuid
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import delete, select
 
 from halfmoon.metrics import MetricFamily, MetricsRegistry
-from halfmoon.outbox.dialects import Claimer, NotifyListener, Outcome, make_engine
+from halfmoon.outbox.dialects import Claimer, NotifyListener, Outcome
+from halfmoon.outbox.failures import permanent_reason
 from halfmoon.outbox.outbox import Outbox, OutboxRecord, now_ms
 from halfmoon.outbox.schema import SENT
-from halfmoon.outbox.targets import PublishTarget, target_for_url
+from halfmoon.outbox.targets import PublishTarget
 
 log = logging.getLogger("halfmoon.outbox")
 
@@ -227,12 +229,15 @@ class Relay:
             with self._wake:
                 seen = self._wakeups
             try:
-                claimed = self.run_once(owner)
+                claimed, sent = self._cycle(owner)
             except Exception as exc:  # noqa: BLE001 — a database hiccup must not end the worker
                 log.warning("event=outbox_cycle_failed worker=%s error=%r", owner, exc)
-                claimed = 0
+                claimed = sent = 0
                 self._stopping.wait(self.poll_interval)
-            if claimed >= self.batch_size:
+            # A full batch, or one that published anything (whose successors in the same
+            # aggregates are heads now), loops at once: a busy aggregate drains at the
+            # relay's rate, not one message per poll.
+            if claimed >= self.batch_size or sent > 0:
                 continue
             with self._wake:
                 if self._wakeups == seen and not self._stopping.is_set():
@@ -240,10 +245,13 @@ class Relay:
 
     def run_once(self, owner: str | None = None) -> int:
         """Claim, publish and mark one batch in the calling thread; the number of rows claimed."""
-        owner = owner or f"{self.instance}:once"
+        return self._cycle(owner or f"{self.instance}:once")[0]
+
+    def _cycle(self, owner: str) -> tuple[int, int]:
+        """One batch: (rows claimed, rows published)."""
         with self.claimer.claim(self.batch_size, now_ms(), owner) as claim:
             if not claim.rows:
-                return 0
+                return 0, 0
             records = [OutboxRecord.from_row(row) for row in claim.rows]
             started = time.monotonic()
             try:
@@ -253,7 +261,7 @@ class Relay:
             published_at = now_ms()
             claim.finish(self._outcomes(records, results, published_at), published_at)
         self._account(records, results, time.monotonic() - started, published_at)
-        return len(records)
+        return len(records), sum(1 for result in results if result is None)
 
     def _outcomes(
         self, records: Sequence[OutboxRecord], results: Sequence[BaseException | None], now: int
@@ -265,7 +273,20 @@ class Relay:
                 continue
             attempts = record.attempts + 1
             text = f"{type(error).__name__}: {error}"
-            if attempts >= self.max_attempts:
+            reason = permanent_reason(error)
+            if reason is not None:  # parked at once: no retry can deliver it as it is
+                outcomes.append(Outcome(record.id, f"permanent {reason}: {text}", None))
+                log.warning(
+                    "event=outbox_message_parked message_id=%s aggregate=%s/%s topic=%s "
+                    "reason=%s error=%r",
+                    record.message_id,
+                    record.aggregate_type,
+                    record.aggregate_id,
+                    record.topic,
+                    reason,
+                    text,
+                )
+            elif attempts >= self.max_attempts:
                 outcomes.append(Outcome(record.id, text, None))
                 log.error(
                     "event=outbox_message_failed message_id=%s aggregate=%s/%s topic=%s "
@@ -301,7 +322,8 @@ class Relay:
         gave_up = sum(
             1
             for rec, r in zip(records, results, strict=True)
-            if r is not None and rec.attempts + 1 >= self.max_attempts
+            if r is not None
+            and (rec.attempts + 1 >= self.max_attempts or permanent_reason(r) is not None)
         )
         with self._lock:
             self._batches += 1
@@ -421,164 +443,3 @@ class Relay:
                 "Median time from insert to publish (recent messages).",
             ).add(stats.delivery_latency_p50),
         ]
-
-
-# -- several processes ------------------------------------------------------------------------
-
-
-def _relay_process(
-    db_url: str,
-    target_url: str,
-    table_prefix: str,
-    options: dict[str, Any],
-    stop: Any,
-    running: Any,
-    published: Any,
-    slot: int,
-) -> None:
-    """A child process: one Relay until ``stop.value`` is set; publishes its counter into
-    ``published[slot]``.
-
-    The shared state is lock-free on purpose (one writer per slot, a flag the
-    parent sets): a child SIGKILLed while holding a ``multiprocessing`` lock, or
-    while waiting on a ``multiprocessing.Event``, leaves that lock taken or the
-    event's condition counting a sleeper that never wakes, and the parent's
-    next read or ``set()`` blocks forever.
-    """
-    signal.signal(
-        signal.SIGINT, signal.SIG_IGN
-    )  # Ctrl-C reaches the whole group: the parent decides
-    signal.signal(signal.SIGTERM, lambda *_: setattr(stop, "value", 1))
-    workers = int(options.get("workers", DEFAULT_WORKERS))
-    outbox = Outbox(make_engine(db_url, pool_size=workers + 2), table_prefix=table_prefix)
-    relay = Relay(outbox, target_for_url(target_url), **options)
-    relay.start()
-    relay.wait_listening(10.0)
-    running[slot] = 1
-    try:
-        while not stop.value:
-            time.sleep(0.05)  # the poll interval of the stop flag and the counter
-            published[slot] = relay.published
-    finally:
-        relay.stop()
-        published[slot] = relay.published
-
-
-class RelayProcesses:
-    """The relay in ``processes`` child processes, each a :class:`Relay` with ``workers`` threads.
-
-    ``relay_options`` are :class:`Relay`'s keyword arguments (``workers``,
-    ``batch_size``, ``poll_interval``, ...); the target is built from
-    ``target_url`` in each child (``halfmoon://`` or ``amqp://``), as is the
-    engine from ``db_url``. :meth:`start` returns once every child is
-    claiming; :meth:`supervise` restarts a child that died (its claimed rows
-    come back to the others: locks end with its connection, leases expire).
-    """
-
-    def __init__(
-        self,
-        db_url: str,
-        target_url: str,
-        *,
-        processes: int = 2,
-        table_prefix: str = "hm_",
-        **relay_options: Any,
-    ) -> None:
-        if processes < 1:
-            raise ValueError("processes must be at least 1")
-        # spawn, not fork: the parent may already run threads and an event loop.
-        self._mp = multiprocessing.get_context("spawn")
-        self.db_url = db_url
-        self.target_url = target_url
-        self.processes = processes
-        self.table_prefix = table_prefix
-        self.options = relay_options
-        # Lock-free shared memory: see _relay_process for why a SIGKILL forbids locks here.
-        self._stop = self._mp.RawValue("b", 0)
-        self._running = self._mp.RawArray("b", processes)
-        self._published = self._mp.RawArray("q", processes)
-        self._published_by_dead = 0  # counts of children that died, whose slot a replacement reuses
-        self._children: list[Any] = [None] * processes
-        self.restarts = 0
-
-    def _spawn(self, slot: int) -> None:
-        args = (
-            self.db_url,
-            self.target_url,
-            self.table_prefix,
-            self.options,
-            self._stop,
-            self._running,
-            self._published,
-            slot,
-        )
-        child = self._mp.Process(
-            target=_relay_process, args=args, name=f"outbox-relay-process-{slot}", daemon=True
-        )
-        child.start()
-        self._children[slot] = child
-
-    def start(self, timeout: float = 60.0) -> RelayProcesses:
-        """Start the children; wait until each runs its relay (or raise if one dies first)."""
-        self._stop.value = 0
-        for slot in range(self.processes):
-            self._running[slot] = 0
-            self._spawn(slot)
-        deadline = time.monotonic() + timeout
-        while sum(self._running[:]) < self.processes:
-            dead = [c for c in self._children if c is not None and c.exitcode is not None]
-            if dead or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(
-                    "outbox relay process failed to start (exit codes "
-                    f"{[c.exitcode for c in dead]})"
-                )
-            time.sleep(0.05)  # poll interval of the start-up check
-        log.info(
-            "event=outbox_relay_processes_started processes=%d options=%r",
-            self.processes,
-            self.options,
-        )
-        return self
-
-    @property
-    def published(self) -> int:
-        """Messages published by all children (each updates its count every 50 ms)."""
-        return self._published_by_dead + sum(self._published[:])
-
-    def supervise(self, stop: threading.Event, interval: float = 1.0) -> None:
-        """Until ``stop`` is set, restart any child that died."""
-        while not stop.wait(interval):
-            for slot, child in enumerate(self._children):
-                if child is not None and child.exitcode is not None and not self._stop.value:
-                    log.warning(
-                        "event=outbox_relay_process_died slot=%d exitcode=%s; restarting",
-                        slot,
-                        child.exitcode,
-                    )
-                    self.restarts += 1
-                    # The dead child writes no more; its replacement counts from zero in the same
-                    # slot.
-                    self._published_by_dead += self._published[slot]
-                    self._published[slot] = 0
-                    self._spawn(slot)
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """Ask every child to finish its batches in flight; kill the ones still running at
-        ``timeout``."""
-        self._stop.value = 1
-        deadline = time.monotonic() + timeout
-        for child in self._children:
-            if child is not None:
-                child.join(max(deadline - time.monotonic(), 0.01))
-        for child in self._children:
-            if child is not None and child.is_alive():
-                log.warning("event=outbox_relay_process_stop_timeout pid=%s", child.pid)
-                child.kill()
-                child.join(5)
-
-    def __enter__(self) -> RelayProcesses:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

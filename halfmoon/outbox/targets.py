@@ -12,6 +12,7 @@ to a target (the CLI's ``--target``).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import itertools
@@ -26,6 +27,7 @@ from halfmoon.client.endpoints import check_endpoints, split_endpoints
 from halfmoon.client.message import Message
 from halfmoon.client.producer import Producer
 from halfmoon.client.sync import run_sync
+from halfmoon.extras import require
 from halfmoon.outbox.errors import OutboxError
 from halfmoon.outbox.outbox import OutboxRecord
 
@@ -56,18 +58,21 @@ class UnroutableMessage(OutboxError):
     protocol_code = "INTERNAL_ERROR"
 
 
-class PublishTarget:
-    """The interface: ``start``, ``publish`` (thread-safe), ``close``."""
+class PublishTarget(abc.ABC):
+    """The interface: ``start``, ``publish`` (thread-safe), ``close``; a subclass implements
+    ``publish`` at least."""
 
     name = "target"
 
-    def start(self) -> None:
+    # start and close are documented no-ops: a target with nothing to open overrides neither.
+    def start(self) -> None:  # noqa: B027
         """Connect (optional: ``publish`` connects on first use)."""
 
+    @abc.abstractmethod
     def publish(self, records: Sequence[OutboxRecord]) -> Results:
-        raise NotImplementedError
+        """Publish ``records``; one result per record, in order (None: sent)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027
         """Release connections."""
 
     def __enter__(self) -> PublishTarget:
@@ -226,6 +231,7 @@ class RabbitTarget(PublishTarget):
         run_sync(self._ensure())
 
     async def _ensure(self) -> tuple[AbstractChannel, int]:
+        require("amqp")
         import aio_pika  # here: optional (only RabbitMQ needs it), and slow to import
 
         if self._lock is None:

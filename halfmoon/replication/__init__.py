@@ -1,5 +1,7 @@
 """Broker groups: a master and its replicas, the commit log streamed between them.
 
+- :mod:`defaults`: a group's defaults in one place (the lease, its renewal, the
+  controller's poll, the lag bounds), and the failover time and stall they give;
 - :mod:`keys`: where a group lives in etcd (members, master, epoch, in-sync set);
 - :mod:`coordination`: the group's side of etcd (membership lease, the election
   of the master by compare-and-swap, publishing the in-sync set);

@@ -1,14 +1,18 @@
 """The controller: appoints a new master when a broker group's master is gone.
 
 One controller acts per cluster at a time: it holds the key
-``/halfmoon/<cluster>/controller`` under its own etcd lease (created with a
-compare on ``create_revision == 0``, as any election in halfmoon). Every
-broker that is a group member runs one (``halfmoon.broker_node``), so whichever
-holds the key acts, and another takes over within a lease TTL when it dies.
+``/halfmoon/<cluster>/controller`` under its member's etcd lease (created
+with a compare on ``create_revision == 0``, as any election in halfmoon).
+Every broker that is a group member runs one (``halfmoon.broker_node``), so
+whichever holds the key acts, and another takes over when it dies: the key
+goes with the member's lease, in the same expiry as that member's master key
+if it was a master.
 
-Every ``POLL_S`` the acting controller looks at each group under
-``broker-groups/``. A group whose master key is gone (its lease expired: the
-master died, was paused or cut off from etcd) gets a new master:
+Every controller follows the cluster's keys with an etcd watch and looks at
+the groups the moment a key under ``broker-groups/`` or the controller key
+changes, and every ``CONTROLLER_POLL_S`` (``defaults``) whatever the watch
+says. A group whose master key is gone (its lease expired: the master died,
+was paused or cut off from etcd) gets a new master:
 
 - the candidates are the live members (member key present) named in the
   group's published in-sync set: those hold every acknowledged write. A live
@@ -19,13 +23,15 @@ master died, was paused or cut off from etcd) gets a new master:
   replication ``Status``) is chosen, so the others are behind it and catch up
   from their own end; a candidate that does not answer is taken last;
 - one etcd transaction, compared on the master key being absent and the epoch
-  and in-sync keys unchanged since read, writes the master key and the routing
-  entry (``brokers/<group>``, which proxies follow) under the *chosen member's*
-  lease, and the epoch key bumped by one. Two controllers racing (one about to
-  lose its key) cannot both appoint: the second transaction fails.
+  and in-sync keys unchanged since read, writes the master key under the
+  *chosen member's* lease and the epoch key bumped by one, and deletes the
+  group's routing entry (``brokers/<group>``, which proxies follow): the new
+  master writes that itself once it serves (``coordination``). Two
+  controllers racing (one about to lose its key) cannot both appoint: the
+  second transaction fails.
 
 A **planned switchover** (``cluster failover``: a request in the group's
-``switchover`` key, see ``halfmoon.cluster.switchover``) goes the other way
+``switchover`` key, see ``halfmoon.cluster.coordination.switchover``) goes the other way
 round: the group has a master, and the controller
 
 - checks the request against the group's keys (the target live, in the
@@ -59,23 +65,26 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from halfmoon.cluster import internal_tls
+from halfmoon.cluster.coordination.etcd import Compare, EtcdClient, WatchBatch, delete_op, put_op
+from halfmoon.cluster.coordination.etcd_json import EtcdRequestError, KeyValue
+from halfmoon.cluster.coordination.follow import follow_prefix
+from halfmoon.cluster.coordination.keys import ClusterKeys
 from halfmoon.cluster.errors import CoordinatorUnavailable
-from halfmoon.cluster.etcd import Compare, EtcdClient, put_op
-from halfmoon.cluster.etcd_json import KeyValue
-from halfmoon.cluster.keys import ClusterKeys
+from halfmoon.cluster.internal.internal_tls import InternalTls
+from halfmoon.cluster.internal.peer_tls import PLAIN_PEERS, PeerTls
+from halfmoon.config import replication_defaults as defaults
 from halfmoon.replication import protocol
 from halfmoon.replication.coordination import counters
 from halfmoon.replication.keys import GroupKeys
 
 log = logging.getLogger("halfmoon.replication.controller")
 
-POLL_S = 0.5
 STATUS_TIMEOUT_S = 1.0
 # How long a fenced master waits for the target to catch up, and then for the appointment.
 HANDOVER_TIMEOUT_S = 2.0
@@ -96,20 +105,32 @@ def controller_key(cluster: str) -> str:
 
 
 class Controller:
+    """The cluster's controller as run by one group member, holding its key under ``lease()``
+    (the member's own lease, renewed by the member: ``coordination``)."""
+
     def __init__(
-        self, coordinator: str, cluster: str, *, name: str, ttl_s: int = 10, unclean: bool = False
+        self,
+        coordinator: str,
+        cluster: str,
+        *,
+        name: str,
+        lease: Callable[[], int],
+        unclean: bool = False,
+        tls: PeerTls = PLAIN_PEERS,
     ) -> None:
         self.cluster = cluster
+        self._tls = tls.internal  # towards the group members, over the replication protocol
         self.name = name
-        self.ttl_s = ttl_s
         self.unclean = unclean
         self.active = threading.Event()  # set while this controller holds the key
         self.appointed = 0  # failovers done by this controller
         self.switched = 0  # planned switchovers done by this controller
-        self._client = EtcdClient.from_url(coordinator)
-        self._lease = 0
-        self._renewed = 0.0
+        self._client = EtcdClient.from_url(coordinator, tls=tls.etcd)
+        self._member_lease = lease
+        self._held_under = 0  # the lease the key was created under
         self._stop = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._main, name="halfmoon-controller", daemon=True)
 
     def start(self) -> None:
@@ -117,14 +138,22 @@ class Controller:
 
     def close(self) -> None:
         self._stop.set()
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # the loop ended meanwhile
+                loop.call_soon_threadsafe(wake.set)
         self._thread.join(10)
 
     def _main(self) -> None:
         asyncio.run(self._run())
 
     async def _run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = wake = asyncio.Event()
+        watch = asyncio.create_task(self._follow(wake), name="controller watch")
         try:
             while not self._stop.is_set():
+                wake.clear()
                 try:
                     if await self._hold():
                         await self.check_groups()
@@ -132,38 +161,63 @@ class Controller:
                     log.warning("event=controller_etcd_unavailable error=%s", error)
                 except Exception:
                     log.exception("event=controller_failed")
-                await asyncio.to_thread(self._stop.wait, POLL_S)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), defaults.CONTROLLER_POLL_S)
         finally:
-            if self._lease:
-                with contextlib.suppress(Exception):
-                    await self._client.revoke_lease(self._lease)  # hand over at once
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+            if self.active.is_set():
+                with contextlib.suppress(Exception):  # hand over at once
+                    await self._client.txn(
+                        [Compare(controller_key(self.cluster), "LEASE", self._held_under)],
+                        [delete_op(controller_key(self.cluster))],
+                    )
             with contextlib.suppress(Exception):
                 await self._client.close()
 
+    async def _follow(self, wake: asyncio.Event) -> None:
+        """Wake the loop as soon as a group's keys or the controller key change: a master key
+        gone (its lease expired) is acted on at once rather than at the next poll."""
+        prefix = ClusterKeys(self.cluster).prefix
+        watched = (prefix + "broker-groups/", controller_key(self.cluster))
+
+        async def listed(_kvs: list[KeyValue], _revision: int) -> None:
+            wake.set()
+
+        async def changed(batch: WatchBatch) -> None:
+            if any(e.kv.key.startswith(watched) for e in batch.events):
+                wake.set()
+
+        await follow_prefix(
+            self._client, prefix, what="controller", listed=listed, changed=changed,
+            heartbeat_s=defaults.CONTROLLER_POLL_S * 4,
+        )  # fmt: skip
+
     async def _hold(self) -> bool:
         """Hold (or try to take) the controller key; whether this controller acts now."""
-        now = time.monotonic()
-        if self._lease and now - self._renewed >= self.ttl_s / 3:
-            if await self._client.keep_alive(self._lease) > 0:
-                self._renewed = now
-            else:
-                log.warning("event=controller_lease_lost name=%s", self.name)
-                self._lease = 0
-                self.active.clear()
+        lease = self._member_lease()
+        key = controller_key(self.cluster)
         if self.active.is_set():
-            return True
-        if not self._lease:
-            self._lease = await self._client.grant_lease(self.ttl_s)
-            self._renewed = now
+            held = await self._client.get(key)
+            if held is not None and held.lease == self._held_under == lease:
+                return True
+            log.warning("event=controller_lease_lost name=%s", self.name)
+            self.active.clear()
+        if not lease:
+            return False
         value = json.dumps(
             {"name": self.name, "host": socket.gethostname(), "pid": os.getpid(),
              "since_ms": int(time.time() * 1000)}
         ).encode()  # fmt: skip
-        created, _ = await self._client.create(
-            controller_key(self.cluster), value, lease=self._lease
-        )
+        try:
+            created, _ = await self._client.create(key, value, lease=lease)
+        except EtcdRequestError as error:  # the member's lease just ended (leaving, rejoining)
+            log.info("event=controller_lease_gone name=%s error=%s", self.name, error)
+            return False
         if created:
             log.info("event=controller_active name=%s", self.name)
+            self._held_under = lease
             self.active.set()
         return created
 
@@ -195,7 +249,9 @@ class Controller:
                 group, sorted(isr), sorted(c.member for c in live),
             )  # fmt: skip
             return False
-        answered = await asyncio.gather(*(asyncio.to_thread(_log_end, c) for c in candidates))
+        answered = await asyncio.gather(
+            *(asyncio.to_thread(_log_end, c, self._tls) for c in candidates)
+        )
         chosen = max(answered, key=lambda c: (c.log_end, c.member))
         appointed = await self._appoint(
             group, keys, chosen, Compare(GroupKeys(self.cluster, group).master, "CREATE", 0),
@@ -227,10 +283,6 @@ class Controller:
              "instance": chosen.record.get("instance"), "elected_ms": int(time.time() * 1000),
              "appointed_by": self.name}
         ).encode()  # fmt: skip
-        route = json.dumps(
-            {**chosen.record, "role": "broker", "name": group, "member": chosen.member,
-             "epoch": epoch}
-        ).encode()  # fmt: skip
         epoch_value = json.dumps(
             # start_offset: the chosen log's end as it answered (-1: unknown); the member's
             # epoch table holds the exact one, recorded when it takes office.
@@ -249,14 +301,18 @@ class Controller:
             compares,
             [
                 put_op(group_keys.master, master_value, chosen.lease),
-                put_op(group_keys.route, route, chosen.lease),
+                # The route goes until the new master announces itself, once it serves
+                # (``coordination``): proxies never route to a master still opening.
+                delete_op(group_keys.route),
                 put_op(group_keys.epoch, epoch_value),
             ],
         )
         if not result.succeeded:
             return 0
-        # Tell the chosen member now rather than at its follower's next look at etcd.
-        await asyncio.to_thread(_nudge, chosen)
+        # Tell the members now rather than at their followers' next look at etcd: the chosen
+        # one takes office, the others follow it (it takes no sync write until one does).
+        others = [c for c in _live(keys) if c.member != chosen.member]
+        await asyncio.gather(*(asyncio.to_thread(_nudge, c, self._tls) for c in [chosen, *others]))
         return epoch
 
     async def switchover(self, group: str, keys: dict[str, KeyValue]) -> None:
@@ -309,11 +365,17 @@ class Controller:
         ]  # fmt: skip
         if not candidates:
             return _failed("SWITCHOVER_NO_CANDIDATE", "no live in-sync replica to hand over to")
-        answered = await asyncio.gather(*(asyncio.to_thread(_log_end, c) for c in candidates))
+        answered = await asyncio.gather(
+            *(asyncio.to_thread(_log_end, c, self._tls) for c in candidates)
+        )
         chosen = max(answered, key=lambda c: (c.log_end, c.member))
         try:
             handed = await asyncio.to_thread(
-                _handover, str(master.get("endpoint")), int(master.get("epoch", 0)), chosen.member
+                _handover,
+                str(master.get("endpoint")),
+                int(master.get("epoch", 0)),
+                chosen.member,
+                self._tls,
             )
         except grpc.RpcError as error:
             code, _, message = (error.details() or "").partition(": ")
@@ -354,10 +416,10 @@ def _json(kv: KeyValue | None) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _log_end(candidate: Candidate) -> Candidate:
+def _log_end(candidate: Candidate, tls: InternalTls) -> Candidate:
     """The candidate with its log's end, asked over the replication ``Status``."""
     try:
-        with internal_tls.channel(candidate.endpoint, []) as channel:
+        with tls.channel(candidate.endpoint, []) as channel:
             call = channel.unary_unary(protocol.STATUS)
             answer = protocol.decode(call(protocol.encode({}), timeout=STATUS_TIMEOUT_S))
         return Candidate(
@@ -384,23 +446,24 @@ def _failed(code: str, message: str) -> dict[str, Any]:
     return {"state": "failed", "code": code, "message": message}
 
 
-def _handover(endpoint: str, epoch: int, to: str) -> dict[str, Any]:
+def _handover(endpoint: str, epoch: int, to: str, tls: InternalTls) -> dict[str, Any]:
     """Ask the master to fence itself and wait for ``to`` (``Handover``); its answer."""
     request = {
         "epoch": epoch, "to": to, "timeout_ms": int(HANDOVER_TIMEOUT_S * 1000),
         "hold_ms": int(HANDOVER_HOLD_S * 1000),
     }  # fmt: skip
-    with internal_tls.channel(endpoint, []) as channel:
+    with tls.channel(endpoint, []) as channel:
         call = channel.unary_unary(protocol.HANDOVER)
         raw = call(protocol.encode(request), timeout=HANDOVER_TIMEOUT_S + 3)
     return protocol.decode(raw)
 
 
-def _nudge(candidate: Candidate) -> None:
-    """Ask an appointed member to look at etcd now (it would within a second anyway)."""
+def _nudge(candidate: Candidate, tls: InternalTls) -> None:
+    """Ask a member to look at etcd now, a master just appointed (it would within a second
+    anyway)."""
     with (
         contextlib.suppress(grpc.RpcError, ValueError),
-        internal_tls.channel(candidate.endpoint, []) as channel,
+        tls.channel(candidate.endpoint, []) as channel,
     ):
         call = channel.unary_unary(protocol.STATUS)
         call(protocol.encode({"check_appointment": True}), timeout=STATUS_TIMEOUT_S)

@@ -7,20 +7,29 @@ the broker's threads.
 - :meth:`GroupMember.join` grants the member's lease and writes its member key.
 - :meth:`GroupMember.campaign`: one transaction, Compare-And-Swap. It succeeds
   when the master key is absent (``create_revision == 0``) and the epoch key
-  is as read; it then writes the master key and the group's routing entry
-  (``brokers/<group>``) under this member's lease and the epoch key, bumped
-  by one, with no lease. Of two members campaigning at once exactly one wins;
+  is as read; it then writes the master key under this member's lease and
+  the epoch key, bumped by one, with no lease. Of two members campaigning at once exactly one wins;
   the epoch is bumped on every change of master and never goes back. A member
   finding the master key naming itself under another lease (its previous
   life, restarted before the lease expired) takes it over in the same way,
   comparing the key's modification revision instead, and bumps the epoch too.
+- Every ``FACTS_EVERY_S`` the member rewrites its member key, and a master its
+  routing entry (compared against its master key's revision), with fresh facts
+  (``facts_source``: the disk figures ``cluster list`` shows).
+- :meth:`GroupMember.announce`: once the master serves its broker (the
+  internal service registered, the port listening), it writes the group's
+  routing entry (``brokers/<group>``, which proxies follow) under its lease,
+  compared against the master key's revision it holds. Proxies therefore
+  never hear of a master before it can answer them: a master elected or
+  appointed but still opening its broker is not routed to yet.
 - :meth:`GroupMember.publish_isr` writes the in-sync set, compared against the
   master key's revision this member wrote: a member that is no longer master
   cannot write it.
-- The lease is renewed every TTL / 3. A master whose lease is found gone is
-  deposed (``on_deposed``): it must acknowledge nothing more. So is a master
-  that could not renew for TTL - TTL / 3 (etcd unreachable: partitioned,
-  or paused itself): its lease may be gone by the next renewal, so it stops
+- The lease is renewed every ``KEEPALIVE_INTERVAL_S`` (``defaults``). A
+  master whose lease is found gone is deposed (``on_deposed``): it must
+  acknowledge nothing more. So is a master that could not renew for TTL -
+  interval (etcd unreachable: partitioned, or paused itself): its lease may
+  be gone by the next renewal, so it stops
   before a controller can appoint another master. It does not
   campaign again by itself: the controller of the next step decides. Once
   back in touch with etcd (its key given up, a new lease taken) it is told
@@ -44,9 +53,13 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from halfmoon.cluster.coordination.etcd import Compare, EtcdClient, delete_op, put_op
+from halfmoon.cluster.coordination.etcd_json import KeyValue
+from halfmoon.cluster.coordination.etcd_tls import PLAIN, EtcdTls
+from halfmoon.cluster.coordination.membership import FACTS_EVERY_S
 from halfmoon.cluster.errors import CoordinatorUnavailable
-from halfmoon.cluster.etcd import Compare, EtcdClient, put_op
-from halfmoon.cluster.etcd_json import KeyValue
+from halfmoon.config import replication_defaults as defaults
+from halfmoon.process_start import process_started_ms
 from halfmoon.replication.keys import GroupKeys
 
 log = logging.getLogger("halfmoon.replication")
@@ -81,8 +94,11 @@ class GroupMember:
         *,
         ttl_s: int,
         facts: dict[str, Any] | None = None,
+        facts_source: Callable[[], dict[str, Any]] | None = None,
+        tls: EtcdTls = PLAIN,
     ) -> None:
         self.keys = GroupKeys(cluster, group)
+        self.facts_source = facts_source
         self.group = group
         self.member = member
         self.endpoint = endpoint
@@ -94,7 +110,7 @@ class GroupMember:
         self.on_deposed: Callable[[], None] | None = None
         self.on_demoted: Callable[[], None] | None = None  # deposed, then back in etcd
         self._deposed = False
-        self._client = EtcdClient.from_url(coordinator)
+        self._client = EtcdClient.from_url(coordinator, tls=tls)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name=f"halfmoon-group-{member}", daemon=True
@@ -110,6 +126,7 @@ class GroupMember:
         return json.dumps(
             {
                 **self.facts,
+                **self._current_facts(),
                 "name": self.member,
                 "group": self.group,
                 "endpoint": self.endpoint,
@@ -117,10 +134,47 @@ class GroupMember:
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "registered_ms": int(time.time() * 1000),
+                "started_ms": process_started_ms(),
                 "ttl_s": self.ttl_s,
                 **extra,
             }
         ).encode()
+
+    def _current_facts(self) -> dict[str, Any]:
+        if self.facts_source is None:
+            return {}
+        try:
+            return self.facts_source()
+        except Exception:
+            log.exception("event=member_facts_failed group=%s member=%s", self.group, self.member)
+            return {}
+
+    async def _republish_facts(self) -> None:
+        """The member key, and a master's routing entry, rewritten with fresh facts."""
+        await self._client.put(
+            self.keys.member(self.member),
+            self.record(role="member", lease=self.lease),
+            lease=self.lease,
+        )
+        if not self.master_revision:
+            return
+        route = await self._client.get(self.keys.route)
+        if route is None:
+            return
+        try:
+            shown = json.loads(route.value)
+        except ValueError:
+            return
+        if not isinstance(shown, dict) or shown.get("member") != self.member:
+            return
+        value = json.dumps({**shown, **self._current_facts()}).encode()
+        await self._client.txn(
+            [
+                Compare(self.keys.master, "MOD", self.master_revision),
+                Compare(self.keys.route, "MOD", route.mod_revision),
+            ],
+            [put_op(self.keys.route, value, route.lease)],
+        )
 
     # -- membership ------------------------------------------------------------------------
 
@@ -153,12 +207,12 @@ class GroupMember:
             self._thread.join(5)
 
     async def _renew_forever(self) -> None:
-        interval = self.ttl_s / 3
+        interval = min(defaults.KEEPALIVE_INTERVAL_S, self.ttl_s / 3)
         # When the last renewal that succeeded was sent: etcd's lease lives at least TTL from
         # then, and perhaps not a moment longer. A master cut off from etcd deposes itself a
         # renewal interval before that, without an answer from etcd, so it has stopped
         # acknowledging before the lease can expire and a controller appoint another master.
-        renewed_at = time.monotonic()
+        renewed_at = facts_at = time.monotonic()
         deposed_unrenewed = False
         while not self._stopping.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
@@ -185,6 +239,12 @@ class GroupMember:
                 continue
             if alive > 0:
                 renewed_at = sent_at
+                if time.monotonic() - facts_at >= FACTS_EVERY_S and self.facts_source:
+                    facts_at = time.monotonic()
+                    try:
+                        await self._republish_facts()
+                    except Exception as error:  # noqa: BLE001 - the renewals must go on
+                        log.warning("event=group_facts_failed error=%r", error)
                 continue
             log.error("event=group_lease_lost group=%s member=%s", self.group, self.member)
             self._depose("expired")
@@ -298,7 +358,6 @@ class GroupMember:
                 {"member": self.member, "endpoint": self.endpoint, "epoch": epoch,
                  "instance": self.instance, "elected_ms": int(time.time() * 1000)}
             ).encode()  # fmt: skip
-            route = self.record(role="broker", name=self.group, member=self.member, epoch=epoch)
             epoch_value = json.dumps(
                 {**counters(epoch_kv), "epoch": epoch, "master": self.member,
                  "start_offset": log_end, "cause": "election"}
@@ -307,7 +366,9 @@ class GroupMember:
                 [master_compare, epoch_compare],
                 [
                     put_op(keys.master, master_value, self.lease),
-                    put_op(keys.route, route, self.lease),
+                    # A route of the member's previous life (a restart within its lease)
+                    # goes: proxies hear of this master when it announces itself.
+                    delete_op(keys.route),
                     put_op(keys.epoch, epoch_value),
                 ],
             )
@@ -321,6 +382,28 @@ class GroupMember:
                 )
                 return record
         return None
+
+    def announce(self, epoch: int, **extra: Any) -> bool:
+        """Write the group's routing entry naming this master of ``epoch`` (once it serves),
+        if the master key is still the one it holds; whether it was written."""
+        return self._run(self._announce(epoch, extra), 5)
+
+    async def _announce(self, epoch: int, extra: dict[str, Any]) -> bool:
+        if not self.master_revision:
+            return False
+        route = self.record(
+            role="broker", name=self.group, member=self.member, epoch=epoch, **extra
+        )
+        result = await self._client.txn(
+            [Compare(self.keys.master, "MOD", self.master_revision)],
+            [put_op(self.keys.route, route, self.lease)],
+        )
+        if result.succeeded:
+            log.info(
+                "event=master_announced group=%s member=%s epoch=%d",
+                self.group, self.member, epoch,
+            )  # fmt: skip
+        return result.succeeded
 
     def reassert(self) -> bool:
         """Rewrite this master's key unchanged, if it is still the one this member wrote: its

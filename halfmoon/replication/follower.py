@@ -8,9 +8,14 @@ replica's flush policy, and acknowledges it; an acknowledgement also goes out
 every ``HEARTBEAT_S`` while idle, which is how the master knows the replica is
 alive and caught up. Every ``MASTER_CHECK_S`` the replica also asks etcd
 whether its master still is one, and leaves a master etcd no longer names.
-On any failure (master gone, stream broken, refused) it waits ``RETRY_S`` and
-starts over from its log's end: a replica restarted after a crash resumes
-where its own recovery left its log.
+On any failure (master gone, stream broken, refused) it waits and starts
+over from its log's end: a replica restarted after a crash resumes where its
+own recovery left its log. The wait is ``FIRST_RETRY_S`` for
+``FAST_RETRIES_FOR_S`` after etcd names another master or the replica is
+told to look now (:meth:`Follower.look_now`: a controller that just
+appointed a master tells every member), then doubles up to ``RETRY_S`` while
+nothing changes: a new master has no in-sync replica, and takes no sync
+write, until one follows it.
 
 Epochs: the replica knows the newest epoch it has seen (its epoch table's, or
 the master key's). It refuses a master, or a chunk, of an older epoch, and
@@ -39,7 +44,7 @@ from typing import Any
 
 import grpc
 
-from halfmoon.cluster import internal_tls
+from halfmoon.cluster.internal.internal_tls import PLAINTEXT, InternalTls
 from halfmoon.errors import HalfmoonError
 from halfmoon.replication import protocol
 from halfmoon.replication.coordination import MasterRecord
@@ -49,6 +54,10 @@ from halfmoon.store.store import MessageStore
 
 log = logging.getLogger("halfmoon.replication")
 
+FIRST_RETRY_S = 0.05
+# A master just named may still be taking office (refusing streams) for a moment: retried every
+# FIRST_RETRY_S for this long after a change, then less and less often.
+FAST_RETRIES_FOR_S = 1.0
 RETRY_S = 0.5
 MASTER_CHECK_S = 1.0  # how often a streaming replica asks etcd whether its master still is
 STREAM_DEADLINE_S = 3600.0
@@ -68,8 +77,10 @@ class Follower:
         window: int = protocol.DEFAULT_WINDOW_BYTES,
         acknowledged: int = 0,
         on_truncate: Callable[[int], None] | None = None,
+        tls: InternalTls = PLAINTEXT,
     ) -> None:
         self.store = store
+        self._tls = tls  # towards the master
         self.group = group
         self.member = member
         self.epochs = epochs
@@ -88,6 +99,7 @@ class Follower:
         self._committed_moved = threading.Condition()
         self.connected = threading.Event()
         self._stop = threading.Event()
+        self._look = threading.Event()  # ends the wait between attempts (look_now, close)
         self._call: Any = None
         self._pending_epochs: list[tuple[int, int]] = []
         self._thread = threading.Thread(target=self.run, name="halfmoon-follower", daemon=True)
@@ -95,8 +107,13 @@ class Follower:
     def start(self) -> None:
         self._thread.start()
 
+    def look_now(self) -> None:
+        """Ask etcd for the master now rather than after the wait between attempts."""
+        self._look.set()
+
     def close(self) -> None:
         self._stop.set()
+        self._look.set()
         call = self._call
         if call is not None:
             call.cancel()
@@ -138,9 +155,12 @@ class Follower:
         }
 
     def run(self) -> None:
+        delay, tried, changed_at = FIRST_RETRY_S, None, time.monotonic()
         while not self._stop.is_set():
             try:
                 master = self._find_master()
+                if master != tried:
+                    delay, tried, changed_at = FIRST_RETRY_S, master, time.monotonic()
                 if master is not None and master.epoch >= self.known_epoch:
                     self.master = master
                     self.known_epoch = master.epoch
@@ -159,12 +179,18 @@ class Follower:
             except Exception:
                 log.exception("event=replication_crashed group=%s", self.group)
             finally:
+                if self.connected.is_set():
+                    delay = FIRST_RETRY_S  # it streamed: its master has just gone
                 self.connected.clear()
-            self._stop.wait(RETRY_S)
+            if self._look.wait(delay):
+                self._look.clear()
+                delay, changed_at = FIRST_RETRY_S, time.monotonic()
+            elif time.monotonic() - changed_at >= FAST_RETRIES_FOR_S:
+                delay = min(delay * 2, RETRY_S)
 
     def _follow(self, master: MasterRecord) -> None:
         outgoing: queue.Queue[bytes | None] = queue.Queue()
-        channel = internal_tls.channel(  # mutual TLS when the cluster's internal CA is set
+        channel = self._tls.channel(  # mutual TLS when the cluster's internal CA is set
             master.endpoint,
             [
                 ("grpc.max_receive_message_length", protocol.MAX_MESSAGE_BYTES),
@@ -190,6 +216,9 @@ class Follower:
                 message = protocol.decode(raw)
                 if "welcome" in message:
                     self._welcome(protocol.field(message, "welcome", dict))
+                    # Acknowledged at once rather than at the first heartbeat: a master just
+                    # in office takes no sync write until a replica is in sync.
+                    outgoing.put(self._heartbeat_ack())
                     continue
                 self._apply(message, outgoing)
         finally:
@@ -306,11 +335,13 @@ class Follower:
         checked = time.monotonic()
         while not stop.wait(protocol.HEARTBEAT_S):
             with contextlib.suppress(Exception):
-                acked = self.store.visible_offset
-                outgoing.put(protocol.encode({"epoch": self.known_epoch, "acked": acked}))
+                outgoing.put(self._heartbeat_ack())
             if time.monotonic() - checked >= MASTER_CHECK_S:
                 checked = time.monotonic()
                 self._check_master()
+
+    def _heartbeat_ack(self) -> bytes:
+        return protocol.encode({"epoch": self.known_epoch, "acked": self.store.visible_offset})
 
     def _check_master(self) -> None:
         """Leave a master that etcd no longer names (a newer epoch elsewhere, or none)."""

@@ -9,10 +9,13 @@ master key names (:class:`Follower`), with no broker of its own: a replica
 serves the replication service only (``Status``), never proxies.
 A replica does not campaign again when its master goes: the controller
 (``controller``) appoints one of the in-sync replicas by writing the master key
-under that replica's lease; the replica notices when its follower next asks
-etcd for the master (every second), sets :attr:`GroupRole.promoted`, and the
-broker process calls :meth:`GroupRole.promote` to take office and open its
-broker over the replicated store.
+under that replica's lease; the replica notices when the controller asks it to look
+(or its follower next asks etcd for the master, every second), sets
+:attr:`GroupRole.promoted`, and the broker process calls
+:meth:`GroupRole.promote` to take office and open its broker over the
+replicated store. Once that broker serves, :meth:`GroupRole.announce` writes
+the group's routing entry, which proxies follow: a master, elected or
+appointed, is announced only when it can answer.
 
 A planned switchover (``Handover``, asked by a controller) fences the master's
 store, waits for the target replica to hold the whole log and answers; the
@@ -43,8 +46,12 @@ from typing import Any
 
 import grpc
 
-from halfmoon.cluster import fencing
-from halfmoon.cluster.replica_reads import ReplicaReadService
+from halfmoon.cluster.errors import CoordinatorUnavailable
+from halfmoon.cluster.internal import fencing
+from halfmoon.cluster.internal.internal_tls import PLAINTEXT, InternalTls
+from halfmoon.cluster.internal.peer_tls import PLAIN_PEERS, PeerTls
+from halfmoon.cluster.internal.replica_reads import ReplicaReadService
+from halfmoon.config import replication_defaults as defaults
 from halfmoon.errors import HalfmoonError
 from halfmoon.replication import protocol
 from halfmoon.replication.coordination import GroupMember, MasterRecord
@@ -62,8 +69,10 @@ class GroupOptions:
     group: str
     member: str
     settings: ReplicationSettings = field(default_factory=ReplicationSettings)
-    ttl_s: int = 10
+    ttl_s: int = defaults.LEASE_TTL_S
     facts: dict[str, Any] = field(default_factory=dict)
+    # Facts read again every 30 s (the disk figures of cluster list), see coordination.py.
+    facts_source: Callable[[], dict[str, Any]] | None = None
     unclean_election: bool = False  # the controller may appoint outside the in-sync set
 
 
@@ -78,6 +87,7 @@ class GroupRole:
         *,
         acknowledged: int = 0,
         on_truncate: Callable[[int], None] | None = None,
+        tls: InternalTls = PLAINTEXT,
     ) -> None:
         self.store = store
         self.options = options
@@ -98,7 +108,7 @@ class GroupRole:
             self.epoch = epochs.latest
             self.follower = Follower(
                 store, options.group, options.member, epochs, self._find_master,
-                acknowledged=acknowledged, on_truncate=on_truncate,
+                acknowledged=acknowledged, on_truncate=on_truncate, tls=tls,
             )  # fmt: skip
             self.follower.start()
 
@@ -162,6 +172,7 @@ class GroupRole:
         acknowledged: int = 0,
         on_truncate: Callable[[int], None] | None = None,
         campaign: bool = True,
+        tls: PeerTls = PLAIN_PEERS,
     ) -> GroupRole:
         """Join and campaign; ``acknowledged`` and ``on_truncate`` go to a replica's follower
         (what this member acknowledged as master before it was deposed; told of a cut).
@@ -169,7 +180,8 @@ class GroupRole:
         replica does, rather than race it for the key it just gave up."""
         member = GroupMember(
             coordinator, cluster, options.group, options.member, endpoint,
-            ttl_s=options.ttl_s, facts=options.facts,
+            ttl_s=options.ttl_s, facts={**options.facts, "mode": options.settings.mode},
+            facts_source=options.facts_source, tls=tls.etcd,
         )  # fmt: skip
         try:
             member.join()
@@ -181,8 +193,32 @@ class GroupRole:
             raise
         return cls(
             store, options, member, epochs, won, acknowledged=acknowledged,
-            on_truncate=on_truncate,
+            on_truncate=on_truncate, tls=tls.internal,
         )  # fmt: skip
+
+    def announce(self, deadline_s: float | None = None) -> bool:
+        """Tell proxies where this master is (the group's routing entry), once its broker
+        serves: called after the internal service is registered and the port listens, so a
+        proxy that hears of it can reach it at once. A master whose key changed meanwhile
+        (appointed elsewhere, its lease lost) steps down instead; so does one that cannot
+        reach etcd within ``deadline_s`` (the lease TTL), whose lease is gone by then anyway.
+        Whether it announced."""
+        assert self.leader is not None
+        deadline = time.monotonic() + (self.options.ttl_s if deadline_s is None else deadline_s)
+        while True:
+            try:
+                announced = self.member.announce(self.epoch)
+                break
+            except (CoordinatorUnavailable, TimeoutError) as error:
+                if time.monotonic() >= deadline or self.demoted.wait(0.1):
+                    log.warning(
+                        "event=announce_failed group=%s error=%s", self.options.group, error
+                    )
+                    announced = False
+                    break
+        if not announced and not self.demoted.is_set():
+            self._step_down(None)
+        return announced
 
     def check_epoch(self, sent: int) -> None:
         """The fence of a proxy's request meant for epoch ``sent`` (``InternalService``):
@@ -270,10 +306,13 @@ class GroupRole:
             body = protocol.decode(request)
         except HalfmoonError:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_REQUEST: bad Status")
-        if body.get("check_appointment") and self.follower is not None:
-            # A controller just appointed this replica: look now, not at the next check.
+        follower = self.follower
+        if body.get("check_appointment") and follower is not None:
+            # A controller just appointed a master (this replica or another): look now, not
+            # at the next check; the follower too, so it follows the new master at once.
             with contextlib.suppress(Exception):
                 self._find_master()
+            follower.look_now()
         status = self.status()
         try:
             asked = body.get("queues", [])

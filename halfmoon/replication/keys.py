@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from halfmoon.cluster.keys import ClusterKeys, check_name
+from halfmoon.cluster.coordination.keys import ClusterKeys, check_name
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,8 @@ class GroupKeys:
 
     @property
     def switchover(self) -> str:
-        """A planned switchover asked for and its outcome (``halfmoon.cluster.switchover``)."""
+        """A planned switchover asked for and its outcome
+        (``halfmoon.cluster.coordination.switchover``)."""
         return self.prefix + "switchover"
 
     def member(self, name: str) -> str:

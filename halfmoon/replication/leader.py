@@ -31,8 +31,9 @@ Algorithm:
 - A master whose lease was lost (``depose``) fails every waiting and later
   sync acknowledgement with :class:`MasterDeposed`.
 
-Defaults: ``max_lag_ms`` 10 s and ``max_lag_bytes`` 64 MiB (Kafka's
-``replica.lag.time.max.ms`` is 30 s), window 8 MiB, chunks of at most 1 MiB.
+Defaults (``defaults``): ``max_lag_ms`` 10 s and ``max_lag_bytes`` 64 MiB
+(Kafka's ``replica.lag.time.max.ms`` is 30 s); window 8 MiB, chunks of at
+most 1 MiB.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from typing import Any
 import grpc
 
 from halfmoon.cluster.errors import MasterDeposed, NotEnoughReplicas
+from halfmoon.config import replication_defaults as defaults
 from halfmoon.errors import HalfmoonError
 from halfmoon.replication import protocol
 from halfmoon.replication.epochs import EpochTable
@@ -65,10 +67,10 @@ IDLE_HEARTBEAT_S = 1.0
 
 @dataclass
 class ReplicationSettings:
-    mode: str = "async"  # "sync": acknowledge once the in-sync replicas have it
-    min_insync: int = 1
-    max_lag_ms: int = 10_000
-    max_lag_bytes: int = 64 * 1024 * 1024
+    mode: str = defaults.MODE  # "sync": acknowledge once the in-sync replicas have it
+    min_insync: int = defaults.MIN_INSYNC_REPLICAS
+    max_lag_ms: int = defaults.REPLICA_MAX_LAG_MS
+    max_lag_bytes: int = defaults.REPLICA_MAX_LAG_BYTES
     # Proxies may send pulls and bulk reads to in-sync replicas (RocketMQ's slaveReadEnable).
     replica_reads: bool = False
 
@@ -130,6 +132,7 @@ class ReplicationLeader:
         self._waiters: list[_Waiter] = []
         self._seq = itertools.count()
         self._deposed = False
+        self._refused: list[str] | None = None  # the last set etcd refused, said once
         self._closed = threading.Event()
         self._data = threading.Condition()  # new data for the streams
         store.add_batch_listener(self._wake_streams)  # visible
@@ -326,8 +329,15 @@ class ReplicationLeader:
         except Exception as exc:  # noqa: BLE001 - etcd away: keep the old set, try again
             log.warning("event=isr_publish_failed group=%s error=%s", self.group, exc)
             return False
-        if not published:
+        if not published:  # etcd no longer names this master: the set is not its to change
+            if desired != self._refused:  # checked ten times a second: each refusal said once
+                log.warning(
+                    "event=isr_publish_refused group=%s epoch=%d isr=%s wanted=%s",
+                    self.group, self.epoch, ",".join(self.isr), ",".join(desired),
+                )  # fmt: skip
+                self._refused = desired
             return False
+        self._refused = None
         with self._lock:
             left = sorted(set(self.isr) - set(desired))
             joined = sorted(set(desired) - set(self.isr))

@@ -90,6 +90,15 @@ class ReplicatedStore:
         finally:
             self._leave()
 
+    def append_fanout(
+        self, message: Message, others: Sequence[tuple[str, int]]
+    ) -> list[AppendResult]:
+        self._enter()
+        try:
+            return self.inner.append_fanout(message, others)
+        finally:
+            self._leave()
+
     def wait_durable(self, end_offset: int, timeout: float | None = None) -> bool:
         return self.inner.wait_durable(end_offset, timeout)
 

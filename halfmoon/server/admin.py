@@ -13,30 +13,9 @@ Every endpoint takes ``?namespace=NS``: the topic and group names the request
 gives are then taken in namespace NS and the topic and group lists show only
 NS's (see :mod:`halfmoon.server.admin_namespace`).
 
-Endpoints (``/openapi.json`` describes each, with its request and answer):
-
-    GET    /v1/status                       broker status
-    GET    /v1/config                       the running configuration
-    GET    /v1/topics                       list topics (?search=, ?offset=, ?limit=)
-    POST   /v1/topics                       create a topic
-    GET    /v1/topics/{topic}               one topic
-    PATCH  /v1/topics/{topic}               change queues / perm / type
-    DELETE /v1/topics/{topic}               delete a topic
-    GET    /v1/topics/{topic}/status        min/max offsets per queue
-    GET    /v1/groups                       list consumer groups (?search=, ?offset=, ?limit=)
-    POST   /v1/groups                       create a group
-    GET    /v1/groups/{group}               one group
-    PATCH  /v1/groups/{group}               change a group
-    DELETE /v1/groups/{group}               delete a group
-    GET    /v1/groups/{group}/progress      committed offset, lag, in flight per queue
-    GET    /v1/transactions                 undecided transactions (?topic=, ?limit=)
-    GET    /v1/transactions/parked          transactions parked after the check limit
-    POST   /v1/transactions/{id}/commit     an operator's commit (also of a parked one)
-    POST   /v1/transactions/{id}/rollback   an operator's rollback
-    POST   /v1/transactions/{id}/resume     put a parked transaction back under checks
-    POST   /v1/transaction-groups/{group}/commit|rollback   decide a transaction group
-    GET    /metrics                         Prometheus text
-    GET    /openapi.json, /healthz
+Each module of the API declares its routes beside their handlers (a
+:class:`~halfmoon.server.admin_routes.RouteTable`); ``/openapi.json`` is built from
+the same declarations (:mod:`halfmoon.server.admin_openapi`).
 """
 
 from __future__ import annotations
@@ -44,294 +23,36 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from pathlib import Path
 
 from aiohttp import web
 
 from halfmoon.auth import Guard
 from halfmoon.broker.facade import Broker
-from halfmoon.broker.groups import RetryPolicy
-from halfmoon.broker.message import MessageType
-from halfmoon.config import Config, config_to_dict
+from halfmoon.config import Config
 from halfmoon.errors import HalfmoonError
-from halfmoon.metrics import CONTENT_TYPE, MetricFamily, MetricsRegistry, default_registry
-from halfmoon.server import (
-    admin_dashboard,
-    admin_dead_letters,
-    admin_lite,
-    admin_messages,
-    admin_operations,
-    admin_users,
-)
+from halfmoon.metrics import MetricFamily, MetricsRegistry, default_registry
 from halfmoon.server.admin_auth import GUARD_KEY, admin_auth
+from halfmoon.server.admin_definitions import AMQP_KEY, AmqpHandle
 from halfmoon.server.admin_http import (
     BROKER_KEY,
+    CLIENTS_KEY,
     CLUSTER_KEY,
     CONFIG_KEY,
     REGISTRY_KEY,
-    ApiError,
     ClusterMembers,
-    broker_of,
-    call,
     error_reply,
-    existing_group,
-    existing_topic,
     http_status,
     jsonable,
-    read_body,
-    reject_unknown,
-    reply,
-    take,
 )
 from halfmoon.server.admin_namespace import namespaced_names
-from halfmoon.server.admin_openapi import openapi_document
-from halfmoon.server.admin_paging import page_of
+from halfmoon.server.admin_openapi import ROUTE_TABLES
+from halfmoon.server.overview_metrics import overview_collector
 from halfmoon.server.telemetry import ClientRegistry
 
+__all__ = ["admin_request_limit", "create_admin_app", "http_status"]
+
 log = logging.getLogger(__name__)
-
-TOPIC_TYPES = [t.value for t in MessageType]
-PERMS = ["rw", "r", "w"]
-CONSUME_FROM = ["latest", "earliest", "auto"]
-
-
-def retry_policy_from(body: dict[str, Any]) -> RetryPolicy | None:
-    data = take(body, "retry_policy", dict)
-    if data is None:
-        return None
-    kind = take(data, "kind", str, choices=["customized", "exponential"]) or "customized"
-    if kind == "exponential":
-        return RetryPolicy.exponential(
-            take(data, "initial_ms", int, required=True, minimum=0),
-            take(data, "max_ms", int, required=True, minimum=0),
-            float(take(data, "multiplier", (int, float)) or 2.0),
-        )
-    levels = take(data, "levels_ms", list, required=True)
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in levels):
-        raise ApiError("field 'levels_ms' must be an array of integers (milliseconds)")
-    return RetryPolicy.customized(tuple(levels))
-
-
-# -- handlers ----------------------------------------------------------------
-
-
-async def get_status(request: web.Request) -> web.Response:
-    return reply(await call(broker_of(request).status))
-
-
-async def get_config(request: web.Request) -> web.Response:
-    return reply(config_to_dict(request.app[CONFIG_KEY]))
-
-
-async def list_topics(request: web.Request) -> web.Response:
-    topics = await call(broker_of(request).list_topics)
-    return reply(page_of(request, "topics", topics))
-
-
-async def create_topic(request: web.Request) -> web.Response:
-    body = await read_body(request)
-    reject_unknown(body, {"name", "message_type", "queue_count", "perm", "brokers"})
-    name = take(body, "name", str, required=True)
-    message_type = take(body, "message_type", str, choices=TOPIC_TYPES) or "normal"
-    queue_count = take(body, "queue_count", int, minimum=1)
-    if queue_count is None:
-        queue_count = _default_queue_count(request)
-    perm = take(body, "perm", str, choices=PERMS) or "rw"
-    # Cluster mode only: the brokers to place the queues on (mqadmin updateTopic -b).
-    brokers = take(body, "brokers", list) or []
-    if not all(isinstance(b, str) for b in brokers):
-        raise ApiError("field 'brokers' must be an array of broker names")
-    topic = await call(
-        broker_of(request).create_topic,
-        name,
-        MessageType(message_type),
-        queue_count,
-        perm,
-        brokers,
-    )
-    return reply(topic, status=201)
-
-
-def _default_queue_count(request: web.Request) -> int:
-    # The broker's own setting: it may change at runtime (PATCH /v1/runtime-config).
-    return broker_of(request).config.default_queue_count
-
-
-async def get_topic(request: web.Request) -> web.Response:
-    return reply(await call(broker_of(request).get_topic, request.match_info["topic"]))
-
-
-async def update_topic(request: web.Request) -> web.Response:
-    body = await read_body(request)
-    reject_unknown(body, {"message_type", "queue_count", "perm", "trace"})
-    changes: dict[str, Any] = {
-        "queue_count": take(body, "queue_count", int, minimum=1),
-        "perm": take(body, "perm", str, choices=PERMS),
-        "trace": take(body, "trace", bool),
-    }
-    message_type = take(body, "message_type", str, choices=TOPIC_TYPES)
-    if message_type is not None:
-        changes["message_type"] = MessageType(message_type)
-    changes = {k: v for k, v in changes.items() if v is not None}
-    if not changes:
-        raise ApiError("nothing to change: give queue_count, perm, message_type or trace")
-    name = request.match_info["topic"]
-    return reply(await call(broker_of(request).update_topic, name, **changes))
-
-
-async def delete_topic(request: web.Request) -> web.Response:
-    name = request.match_info["topic"]
-    await call(broker_of(request).delete_topic, name)
-    return reply({"deleted": name})
-
-
-async def topic_status(request: web.Request) -> web.Response:
-    name = request.match_info["topic"]
-    queues = await call(broker_of(request).topic_status, name)
-    return reply({"topic": name, "queues": queues})
-
-
-GROUP_FIELDS = {
-    "fifo": bool,
-    "max_delivery_attempts": int,
-    "consume_from": str,
-    "consume_enabled": bool,
-    "broadcast": bool,
-}
-
-
-def group_settings(body: dict[str, Any]) -> dict[str, Any]:
-    settings: dict[str, Any] = {}
-    for name, kind in GROUP_FIELDS.items():
-        value = take(
-            body,
-            name,
-            kind,
-            choices=CONSUME_FROM if name == "consume_from" else None,
-            minimum=1 if name == "max_delivery_attempts" else None,
-        )
-        if value is not None:
-            settings[name] = value
-    policy = retry_policy_from(body)
-    if policy is not None:
-        settings["retry_policy"] = policy
-    return settings
-
-
-async def list_groups(request: web.Request) -> web.Response:
-    groups = await call(broker_of(request).list_groups)
-    return reply(page_of(request, "groups", groups))
-
-
-async def create_group(request: web.Request) -> web.Response:
-    body = await read_body(request)
-    reject_unknown(body, {"name", "retry_policy", *GROUP_FIELDS})
-    name = take(body, "name", str, required=True)
-    group = await call(broker_of(request).create_group, name, **group_settings(body))
-    return reply(group, status=201)
-
-
-async def get_group(request: web.Request) -> web.Response:
-    group = await call(existing_group, broker_of(request), request.match_info["group"])
-    return reply(group)
-
-
-async def update_group(request: web.Request) -> web.Response:
-    body = await read_body(request)
-    reject_unknown(body, {"retry_policy", *GROUP_FIELDS})
-    changes = group_settings(body)
-    if not changes:
-        raise ApiError(
-            f"nothing to change: give any of {', '.join([*GROUP_FIELDS, 'retry_policy'])}"
-        )
-    name = request.match_info["group"]
-    return reply(await call(broker_of(request).update_group, name, **changes))
-
-
-async def delete_group(request: web.Request) -> web.Response:
-    name = request.match_info["group"]
-    await call(broker_of(request).delete_group, name)
-    return reply({"deleted": name})
-
-
-async def group_progress(request: web.Request) -> web.Response:
-    broker = broker_of(request)
-    name = request.match_info["group"]
-    topic = request.query.get("topic") or None
-    await call(existing_group, broker, name)
-    if topic is not None:
-        await call(existing_topic, broker, topic)
-    queues = await call(broker.group_progress, name, topic)
-    return reply({"group": name, "topic": topic, "queues": queues})
-
-
-# -- transactions ------------------------------------------------------------
-
-TRANSACTION_LIMIT = 1000
-
-
-def _limit(request: web.Request) -> int:
-    text = request.query.get("limit")
-    if text is None:
-        return TRANSACTION_LIMIT
-    try:
-        value = int(text)
-    except ValueError:
-        raise ApiError(f"query parameter 'limit' must be an integer, not {text!r}") from None
-    if value < 1:
-        raise ApiError(f"query parameter 'limit' must be at least 1, not {value}")
-    return value
-
-
-async def list_transactions(request: web.Request) -> web.Response:
-    topic = request.query.get("topic") or None
-    found = await call(broker_of(request).list_transactions, topic, _limit(request))
-    return reply({"transactions": found})
-
-
-async def parked_transactions(request: web.Request) -> web.Response:
-    return reply(
-        {"transactions": await call(broker_of(request).parked_transactions, _limit(request))}
-    )
-
-
-async def decide_transaction(request: web.Request) -> web.Response:
-    """An operator's commit or rollback; answered once the decision is durable."""
-    transaction_id = request.match_info["transaction_id"]
-    resolution = request.match_info["resolution"]
-    state = await call(
-        broker_of(request).end_transaction, "", "", transaction_id, resolution, "operator"
-    )
-    return reply({"transaction_id": transaction_id, "state": state})
-
-
-async def resume_transaction(request: web.Request) -> web.Response:
-    info = await call(broker_of(request).resume_transaction, request.match_info["transaction_id"])
-    return reply(info)
-
-
-async def decide_transaction_group(request: web.Request) -> web.Response:
-    group = request.match_info["group"]
-    resolution = request.match_info["resolution"]
-    members = await call(broker_of(request).end_transaction_group, group, resolution, "operator")
-    state = "committed" if resolution == "commit" else "rolled_back"
-    return reply({"transaction_group": group, "state": state, "members_decided": members})
-
-
-async def get_metrics(request: web.Request) -> web.Response:
-    text = await call(request.app[REGISTRY_KEY].render)
-    response = web.Response(text=text)
-    response.headers["Content-Type"] = CONTENT_TYPE
-    return response
-
-
-async def get_openapi(request: web.Request) -> web.Response:
-    return web.json_response(openapi_document())
-
-
-async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
-
 
 # -- middleware: errors and request metrics ----------------------------------
 
@@ -354,6 +75,12 @@ async def errors_and_metrics(request: web.Request, handler: Handler) -> web.Stre
         message = {
             404: f"no such endpoint: {request.method} {request.path} (see /openapi.json)",
             405: f"{request.method} is not allowed on {request.path}",
+            413: (
+                f"the request is larger than the admin API's limit of "
+                f"{request.app[CONFIG_KEY].broker.max_body_size} bytes of message body "
+                f"({request.client_max_size} bytes of request); the limit follows "
+                "broker.max_body_size"
+            ),
         }.get(exc.status, exc.reason)
         response = error_reply(exc.status, code, message)
     except Exception as exc:  # the API must answer, never drop the connection
@@ -428,6 +155,20 @@ def broker_collector(broker: Broker) -> Callable[[], list[MetricFamily]]:
 # -- the application ----------------------------------------------------------
 
 
+# Room for a JSON request's other fields (properties, keys, a batch's framing) beside
+# the body.
+_REQUEST_OVERHEAD = 1024 * 1024
+
+
+def admin_request_limit(config: Config) -> int:
+    """The largest admin request body: a message body as large as the broker takes
+    (``broker.max_body_size``), base64-encoded as the API carries binary bodies, plus
+    room for the rest of the request. One limit, so a send the broker would take is
+    never refused by the API in front of it."""
+    body = config.broker.max_body_size
+    return (body + 2) // 3 * 4 + _REQUEST_OVERHEAD
+
+
 def create_admin_app(
     broker: Broker,
     config: Config,
@@ -435,13 +176,15 @@ def create_admin_app(
     clients: ClientRegistry | None = None,
     guard: Guard | None = None,
     cluster: ClusterMembers | None = None,
+    amqp: AmqpHandle | None = None,
 ) -> web.Application:
     """The admin API over ``broker``; run it with aiohttp's ``AppRunner`` on
     ``config.server.admin_listen``. ``registry`` defaults to the process-wide one;
-    ``clients`` is the gRPC server's ClientRegistry (connected consumers), if any."""
+    ``clients`` is the gRPC server's ClientRegistry (connected consumers), if any;
+    ``amqp`` the AMQP endpoint once it serves (its topology in the definitions)."""
     app = web.Application(
         middlewares=[errors_and_metrics, admin_auth, namespaced_names],
-        client_max_size=1024 * 1024,
+        client_max_size=admin_request_limit(config),
     )
     if guard is not None:  # users and ACLs (halfmoon.auth); checked by admin_auth when enabled
         app[GUARD_KEY] = guard
@@ -453,41 +196,18 @@ def create_admin_app(
     app[REGISTRY_KEY] = registry
     collector = broker_collector(broker)
     registry.add_collector(collector)
+    overview = overview_collector(broker, Path(config.store.data_dir))
+    registry.add_collector(overview)
 
     async def forget_broker(app: web.Application) -> None:
         registry.remove_collector(collector)
+        registry.remove_collector(overview)
 
     app.on_cleanup.append(forget_broker)
-    app.router.add_get("/v1/status", get_status)
-    app.router.add_get("/v1/config", get_config)
-    app.router.add_get("/v1/topics", list_topics)
-    app.router.add_post("/v1/topics", create_topic)
-    app.router.add_get("/v1/topics/{topic}", get_topic)
-    app.router.add_patch("/v1/topics/{topic}", update_topic)
-    app.router.add_delete("/v1/topics/{topic}", delete_topic)
-    app.router.add_get("/v1/topics/{topic}/status", topic_status)
-    app.router.add_get("/v1/groups", list_groups)
-    app.router.add_post("/v1/groups", create_group)
-    app.router.add_get("/v1/groups/{group}", get_group)
-    app.router.add_patch("/v1/groups/{group}", update_group)
-    app.router.add_delete("/v1/groups/{group}", delete_group)
-    app.router.add_get("/v1/groups/{group}/progress", group_progress)
-    app.router.add_get("/v1/transactions", list_transactions)
-    app.router.add_get("/v1/transactions/parked", parked_transactions)
-    app.router.add_post(
-        "/v1/transactions/{transaction_id}/{resolution:commit|rollback}", decide_transaction
-    )
-    app.router.add_post("/v1/transactions/{transaction_id}/resume", resume_transaction)
-    app.router.add_post(
-        "/v1/transaction-groups/{group}/{resolution:commit|rollback}", decide_transaction_group
-    )
-    app.router.add_get("/metrics", get_metrics)
-    app.router.add_get("/openapi.json", get_openapi)
-    app.router.add_get("/healthz", healthz)
-    admin_lite.add_routes(app)
-    admin_users.add_routes(app)
-    admin_messages.add_routes(app)
-    admin_operations.add_routes(app, clients)
-    admin_dead_letters.add_routes(app)
-    admin_dashboard.add_routes(app)
+    if clients is not None:  # the gRPC server's connected clients (admin_clients)
+        app[CLIENTS_KEY] = clients
+    if amqp is not None:
+        app[AMQP_KEY] = amqp
+    for table in ROUTE_TABLES:
+        table.add_to(app)
     return app

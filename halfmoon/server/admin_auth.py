@@ -13,7 +13,18 @@ with. What a route needs (:func:`route_needs`), in ACL 2.0's terms:
 - names are the stored ones, ``?namespace=NS`` applied, as the handler will
   act on them (:func:`stored_path_names`), so ``Namespace:NS`` policies see
   them and a ``Topic:orders-*`` policy does not reach ``NS%orders-1``;
-- ``/v1/users`` and ``/v1/acls``: super users only.
+- ``/v1/users``, ``/v1/acls`` and ``/v1/definitions`` (which holds users and their
+  secret keys): super users only;
+- a resource the path does not name but the request acts on is checked too, once
+  the handler knows it (:func:`authorize_also`): the group ``clone-offset``
+  writes to (``to``), the topic a dead letter is resent to (the body's or the
+  one stored in the letter), the topic whose bodies ``peek`` shows (Get), the
+  topic in which ``reset-offset``, ``purge``, ``clone-offset`` and
+  ``progress?topic=`` move or show a group's offsets (:data:`OFFSETS_IN_TOPIC`:
+  their answers show its queues and offsets); without a topic, ``clone-offset`` and
+  ``progress`` act on and show only the topics the user has that right on
+  (:func:`may_also`). The permission follows from what a request acts on, never only
+  from the path the caller chose.
 
 So a *read-only* dashboard user is a normal user with ``Cluster: Get, List``
 and an *admin* a super user (or ``Cluster: All``). Authorization runs before
@@ -32,6 +43,7 @@ from halfmoon.server.admin_http import error_reply
 from halfmoon.server.admin_namespace import created_name, stored_path_names
 
 GUARD_KEY: web.AppKey[Guard] = web.AppKey("guard", Guard)
+_USER = "halfmoon_admin_user"  # the authenticated user, for authorize_also
 # The dashboard's page, script and style sheet hold no data, and /v1/whoami only says
 # whether the request's credentials verify: the login form must load before there are
 # credentials. Every figure on the page comes from a protected route.
@@ -39,12 +51,16 @@ OPEN_ROUTES = frozenset(
     {
         ("GET", "/healthz"),
         ("GET", "/v1/whoami"),
+        ("GET", "/"),
         ("GET", "/dashboard"),
         ("GET", "/dashboard/"),
         ("GET", "/dashboard/{file}"),
     }
 )
-SUPER_ONLY = ("/v1/users", "/v1/acls")
+SUPER_ONLY = ("/v1/users", "/v1/acls", "/v1/definitions")  # definitions hold secret keys
+# What a group's offsets in a named topic need on that topic (beyond the group's own
+# permission): a consumer's Sub, or Get, as reading the topic's state does.
+OFFSETS_IN_TOPIC = ("Sub", "Get")
 _WRITE_ACTIONS = {"PATCH": "Update", "PUT": "Update", "DELETE": "Delete", "POST": "Update"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -79,6 +95,39 @@ def route_needs(
     return [Need(((resource, action), (CLUSTER, action)))]
 
 
+def authorize_also(request: web.Request, resource: Resource, *actions: str) -> None:
+    """Raise Forbidden unless the request's user may do one of ``actions`` on ``resource``
+    (or on Cluster).
+
+    For what a handler resolves after the edge check: a body's target, a stored message's
+    topic. Call it before looking the resource up, so that a refusal reads the same whether
+    it exists. Callable from a worker thread; a no-op when authentication is off.
+    """
+    guard = request.app.get(GUARD_KEY)
+    user = request.get(_USER)
+    if guard is None or not guard.enabled or user is None:
+        return
+    route = request.match_info.route.resource
+    template = route.canonical if route is not None else request.path
+    need = Need(tuple((on, action) for on in (resource, CLUSTER) for action in actions))
+    guard.authorize(user, [need], request.remote or "", f"{request.method} {template}")
+
+
+def may_also(request: web.Request, resource: Resource, *actions: str) -> bool:
+    """Whether the request's user may do one of ``actions`` on ``resource`` (or on Cluster):
+    :func:`authorize_also` as a question, for an answer that leaves out what the user may not
+    see (a group's progress in a topic that is not the user's). True when authentication is off.
+    """
+    guard = request.app.get(GUARD_KEY)
+    user = request.get(_USER)
+    if guard is None or not guard.enabled or user is None or user.is_super:
+        return True
+    peer = request.remote or ""
+    return any(
+        guard.may(user, on, action, peer) for on in (resource, CLUSTER) for action in actions
+    )
+
+
 @web.middleware
 async def admin_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     guard = request.app.get(GUARD_KEY)
@@ -97,6 +146,7 @@ async def admin_auth(request: web.Request, handler: Handler) -> web.StreamRespon
         answer = error_reply(exc.http_status, exc.code, exc.message)
         answer.headers["WWW-Authenticate"] = 'Basic realm="halfmoon", charset="UTF-8"'
         return answer
+    request[_USER] = user
     names = stored_path_names(request)
     needs = route_needs(request.method, template, names, await created_name(request))
     if needs is None:

@@ -1,10 +1,9 @@
 """The web dashboard: static pages on the admin listener, over the admin API only.
 
-    GET /dashboard            redirect to /dashboard/
-    GET /dashboard/           the single page (halfmoon/server/dashboard/index.html)
-    GET /dashboard/{file}     its scripts and style sheet
-    GET /v1/whoami            who the request's credentials are, and whether they may change
-                              things (the page shows mutating controls only then)
+``/`` and ``/dashboard`` redirect to ``/dashboard/``, the single page
+(halfmoon/server/dashboard/index.html), which loads its scripts and style sheet
+from ``/dashboard/{file}``; ``GET /v1/whoami`` says who the request's credentials
+are, and whether they may change things (the page shows mutating controls only then).
 
 The pages are plain HTML with hand-written scripts (no framework, no build step,
 no third-party front-end code): every figure they show and every button they offer
@@ -22,20 +21,83 @@ from aiohttp import web
 from halfmoon.auth import CLUSTER, Unauthenticated
 from halfmoon.server.admin_auth import GUARD_KEY
 from halfmoon.server.admin_http import reply
+from halfmoon.server.admin_routes import RouteTable
+from halfmoon.server.admin_schemas import STR, path
 
 STATIC_DIR = Path(__file__).with_name("dashboard")
 FILES = {
     "index.html": "text/html",
     "dashboard.js": "text/javascript",
+    "brokers.js": "text/javascript",
+    "topics.js": "text/javascript",
+    "messages.js": "text/javascript",
     "users.js": "text/javascript",
+    "operate.js": "text/javascript",
+    "charts.js": "text/javascript",
     "dashboard.css": "text/css",
 }
 
 
+SCHEMAS: dict[str, Any] = {
+    "WhoAmI": {
+        "type": "object",
+        "properties": {
+            "auth_enabled": {"type": "boolean"},
+            "authenticated": {"type": "boolean", "description": "the credentials verified"},
+            "access_key": {"type": "string", "nullable": True},
+            "reason": {"type": "string", "description": "why not authenticated"},
+            "super": {"type": "boolean"},
+            "can_write": {
+                "type": "boolean",
+                "description": "may Update the Cluster: the dashboard shows mutating controls",
+            },
+        },
+    },
+}
+
+routes = RouteTable(SCHEMAS)
+
+
+def _redirect(summary: str, operation_id: str) -> dict[str, Any]:
+    return {
+        "security": [],
+        "summary": summary,
+        "operationId": operation_id,
+        "responses": {"302": {"description": "to /dashboard/"}},
+    }
+
+
+@routes.operation("GET", "/", _redirect("Redirect to the dashboard", "redirectRoot"))
+@routes.operation("GET", "/dashboard", _redirect("Redirect to /dashboard/", "redirectDashboard"))
 async def redirect_to_index(request: web.Request) -> web.Response:
     raise web.HTTPFound("/dashboard/")
 
 
+@routes.operation(
+    "GET",
+    "/dashboard/",
+    {
+        "security": [],
+        "summary": "The web dashboard (docs/dashboard.md)",
+        "operationId": "getDashboard",
+        "responses": {
+            "200": {"description": "the page", "content": {"text/html": {"schema": STR}}}
+        },
+    },
+)
+@routes.operation(
+    "GET",
+    "/dashboard/{file}",
+    {
+        "security": [],
+        "summary": "The dashboard's scripts and style sheet",
+        "operationId": "getDashboardFile",
+        "parameters": [
+            path("file", schema={"type": "string", "enum": sorted(set(FILES) - {"index.html"})})
+        ],
+        "responses": {"200": {"description": "the file"}, "404": {"description": "no such file"}},
+    },
+)
 async def dashboard_file(request: web.Request) -> web.Response:
     name = request.match_info.get("file") or "index.html"
     content_type = FILES.get(name)
@@ -49,6 +111,14 @@ async def dashboard_file(request: web.Request) -> web.Response:
     return response
 
 
+@routes.route(
+    "GET",
+    "/v1/whoami",
+    "Who the credentials are, and whether they may change things",
+    "whoAmI",
+    (200, "WhoAmI", "the caller (authenticated or not)"),
+    public=True,
+)
 async def whoami(request: web.Request) -> web.Response:
     """The caller as the admin API sees it; open to all, so the page can ask before it
     has credentials whether it needs a login (a failed login answers 200 with
@@ -89,10 +159,3 @@ async def whoami(request: web.Request) -> web.Response:
         }
     )
     return reply(answer)
-
-
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/v1/whoami", whoami)
-    app.router.add_get("/dashboard", redirect_to_index)
-    app.router.add_get("/dashboard/", dashboard_file)
-    app.router.add_get("/dashboard/{file}", dashboard_file)

@@ -1,8 +1,5 @@
 """Resending a dead letter to the topic it was consumed from (rocketmq-dashboard's
-"resend" on a ``%DLQ%`` message).
-
-    GET  /v1/dead-letters                                               depth per group
-    POST /v1/topics/{topic}/queues/{queue_id}/offsets/{offset}/resend   {"topic"?}
+"resend" on a ``%DLQ%`` message), and the number of dead letters per group.
 
 The depth is counted on the server, one answer for every ``%DLQ%`` topic: the
 dashboard's overview asks for it every few seconds, and a broker with a thousand
@@ -22,14 +19,74 @@ from typing import Any
 
 from aiohttp import web
 
+from halfmoon.auth import topic as topic_resource
 from halfmoon.broker.errors import TopicNotFound
 from halfmoon.broker.message import MessageView, OutgoingMessage
 from halfmoon.broker.produce import SendResult
 from halfmoon.broker.topics import DLQ_PREFIX
+from halfmoon.server.admin_auth import authorize_also
 from halfmoon.server.admin_http import ApiError, broker_of, call, read_body, reject_unknown, reply
 from halfmoon.server.admin_http import take as take_field
+from halfmoon.server.admin_routes import RouteTable
+from halfmoon.server.admin_schemas import INT, STR, name_in_path, path_int
+
+SCHEMAS: dict[str, Any] = {
+    "DeadLetterDepths": {
+        "type": "object",
+        "properties": {
+            "total": {**INT, "description": "messages in every dead-letter topic"},
+            "groups": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"group": STR, "topic": STR, "messages": INT},
+                },
+            },
+        },
+    },
+    "DeadLetterResend": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "topic": {**STR, "description": "send here instead of the dead letter's own topic"}
+        },
+    },
+    "DeadLetterResent": {
+        "type": "object",
+        "properties": {
+            "resent_from": {
+                "type": "object",
+                "properties": {
+                    "topic": STR,
+                    "queue_id": INT,
+                    "queue_offset": INT,
+                    "message_id": STR,
+                },
+            },
+            "message_id": {**STR, "description": "the new message's id"},
+            "topic": STR,
+            "queue_id": INT,
+            "queue_offset": INT,
+        },
+    },
+}
+
+routes = RouteTable(SCHEMAS)
+
+POSITION = [
+    name_in_path("topic", "Dead-letter topic (%DLQ%<group>, percent-encoded)"),
+    path_int("queue_id"),
+    path_int("offset"),
+]
 
 
+@routes.route(
+    "GET",
+    "/v1/dead-letters",
+    "Dead letters per group",
+    "getDeadLetterDepths",
+    (200, "DeadLetterDepths", "depth of every %DLQ% topic"),
+)
 async def dead_letter_depths(request: web.Request) -> web.Response:
     broker = broker_of(request)
 
@@ -58,6 +115,18 @@ def _position(request: web.Request, name: str) -> int:
     return int(raw)
 
 
+@routes.route(
+    "POST",
+    "/v1/topics/{topic}/queues/{queue_id}/offsets/{offset}/resend",
+    "Resend a dead letter to its topic",
+    "resendDeadLetter",
+    (201, "DeadLetterResent", "sent again; the dead letter stays"),
+    400,
+    404,
+    body="DeadLetterResend",
+    body_required=False,  # no body: back to the dead letter's own topic
+    params=POSITION,
+)
 async def resend_dead_letter(request: web.Request) -> web.Response:
     body = await read_body(request) if request.can_read_body else {}
     reject_unknown(body, {"topic"})
@@ -77,6 +146,9 @@ async def resend_dead_letter(request: web.Request) -> web.Response:
                 if target is None
                 else f"the message at {topic}/{queue_id}/{offset} is not a dead letter"
             )
+        # The copy is a send to the destination: the caller needs the right to write there,
+        # checked before the answer can say whether that topic exists.
+        authorize_also(request, topic_resource(destination), "Update")
         if broker.find_topic(destination) is None:
             raise TopicNotFound(destination)
         copy = OutgoingMessage(
@@ -105,10 +177,3 @@ async def resend_dead_letter(request: web.Request) -> web.Response:
         "queue_offset": result.queue_offset,
     }
     return reply(answer, status=201)
-
-
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/v1/dead-letters", dead_letter_depths)
-    app.router.add_post(
-        "/v1/topics/{topic}/queues/{queue_id}/offsets/{offset}/resend", resend_dead_letter
-    )

@@ -1,17 +1,6 @@
 """Admin endpoints over stored messages: find, read, send, and scan (RocketMQ's
 queryMsgById / queryMsgByKey / queryMsgByOffset / sendMessage / consumeMessage / printMsg).
 
-    GET  /v1/messages/{message_id}?topic=T            by id, in T or in every topic
-    GET  /v1/messages/{message_id}/trace              its trace (halfmoon/broker/trace.py)
-    GET  /v1/topics/{topic}/messages?key=K&begin_ms=&end_ms=&limit=
-                                                      by key within a store-time range
-    POST /v1/topics/{topic}/messages                  send one message
-    GET  /v1/topics/{topic}/queues/{queue_id}/offsets/{offset}
-                                                      the message at queue + offset
-    GET  /v1/topics/{topic}/scan?queue=&offset=&begin_ms=&end_ms=&limit=
-                                 &filter_type=&filter=&bodies=&messages=
-                                                      read a range without any group
-
 Reads never touch consumer state: no offsets move, nothing becomes invisible.
 The message id is the unique id (``UNIQ_KEY``) the store indexes beside the
 keys, so a lookup by id is a key-index query; without ``topic`` every topic is
@@ -42,6 +31,7 @@ from halfmoon.broker.errors import TopicNotFound
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageType, MessageView, OutgoingMessage
 from halfmoon.broker.produce import SendResult
+from halfmoon.broker.trace import EVENTS as TRACE_EVENTS
 from halfmoon.errors import NotFound
 from halfmoon.server.admin_http import (
     ApiError,
@@ -52,6 +42,154 @@ from halfmoon.server.admin_http import (
     reply,
     take,
 )
+from halfmoon.server.admin_routes import RouteTable
+from halfmoon.server.admin_schemas import (
+    BOOL,
+    INT,
+    NULL_INT,
+    NULL_STR,
+    STR,
+    TOPIC,
+    path,
+    path_int,
+    query,
+    ref,
+)
+
+SCHEMAS: dict[str, Any] = {
+    "StoredMessage": {
+        "type": "object",
+        "properties": {
+            "message_id": STR,
+            "topic": STR,
+            "queue_id": INT,
+            "queue_offset": INT,
+            "commit_log_offset": INT,
+            "tag": NULL_STR,
+            "keys": {"type": "array", "items": STR},
+            "message_type": STR,
+            "message_group": NULL_STR,
+            "delivery_timestamp": NULL_INT,
+            "priority": NULL_INT,
+            "lite_topic": NULL_STR,
+            "born_timestamp": INT,
+            "store_timestamp": INT,
+            "born_host": STR,
+            "store_host": STR,
+            "properties": {"type": "object", "additionalProperties": STR},
+            "body_size": INT,
+            "origin_message_id": {
+                **NULL_STR,
+                "description": "the message a dead letter (or a retried copy) was made from",
+            },
+            "dead_letter_group": {**NULL_STR, "description": "the group that gave up on it"},
+            "dead_letter_attempts": {**NULL_INT, "description": "deliveries before it did"},
+            "dead_letter_topic": {**NULL_STR, "description": "the topic it was consumed from"},
+            "body": {**STR, "description": "absent when bodies=false"},
+            "body_encoding": {"type": "string", "enum": ["utf-8", "base64"]},
+        },
+    },
+    "MessageList": {
+        "type": "object",
+        "properties": {"messages": {"type": "array", "items": ref("StoredMessage")}},
+        "additionalProperties": True,
+    },
+    "MessageSend": {
+        "type": "object",
+        "required": ["body"],
+        "additionalProperties": False,
+        "properties": {
+            "body": STR,
+            "body_encoding": {"type": "string", "enum": ["utf-8", "base64"], "default": "utf-8"},
+            "tag": STR,
+            "keys": {"type": "array", "items": STR},
+            "queue_id": {**INT, "minimum": 0},
+            "properties": {"type": "object", "additionalProperties": STR},
+            "message_group": STR,
+            "delivery_timestamp": INT,
+            "priority": {**INT, "minimum": 0, "description": "a priority message (RIP-80)"},
+            "lite_topic": {**STR, "description": "a lite message (RIP-83)"},
+        },
+    },
+    "SendResult": {
+        "type": "object",
+        "properties": {
+            "message_id": STR,
+            "topic": STR,
+            "queue_id": INT,
+            "queue_offset": INT,
+            "commit_log_offset": INT,
+        },
+    },
+    "Scan": {
+        "type": "object",
+        "properties": {
+            "topic": STR,
+            "filter_type": STR,
+            "filter": STR,
+            "messages": {"type": "array", "items": ref("StoredMessage")},
+            "matched": INT,
+            "examined": INT,
+            "tag_counts": {"type": "object", "additionalProperties": INT},
+            "next_offsets": {
+                "type": "object",
+                "additionalProperties": INT,
+                "description": "queue id -> where to continue",
+            },
+            "complete": {
+                **BOOL,
+                "description": "false when the limit or the scan budget stopped it",
+            },
+        },
+    },
+    "MessageTrace": {
+        "type": "object",
+        "description": "what the broker recorded about a message (docs/dashboard.md)",
+        "properties": {
+            "message_id": STR,
+            "messages": {
+                "type": "array",
+                "description": "every stored copy (bodies left out)",
+                "items": {"type": "object"},
+            },
+            "events": {
+                "type": "array",
+                "description": "oldest first",
+                "items": {
+                    "type": "object",
+                    "required": ["time_ms", "event"],
+                    "properties": {
+                        "time_ms": INT,
+                        "event": {
+                            "type": "string",
+                            "enum": ["stored", *TRACE_EVENTS],
+                        },
+                        "group": STR,
+                        "attempt": INT,
+                        "mode": {"type": "string", "enum": ["pop", "pull"]},
+                        "client": STR,
+                        "source": {
+                            "type": "string",
+                            "description": "who decided: producer, check, operator or group",
+                        },
+                        "resolution": STR,
+                        "transaction_id": STR,
+                        "broker": {**STR, "description": "cluster mode: the broker it is on"},
+                    },
+                },
+            },
+        },
+    },
+}
+
+routes = RouteTable(SCHEMAS)
+
+MESSAGE_ID = path("message_id")
+TIME_RANGE = [
+    query("begin_ms", "earliest store time, ms since the epoch", INT),
+    query("end_ms", "latest store time, ms since the epoch", INT),
+]
+
 
 # Trace events that come before a stored copy of the message exists.
 BEFORE_STORED = frozenset({"half_stored", "check_sent", "check_answered", "parked", "resumed"})
@@ -144,6 +282,16 @@ def _time_range(request: web.Request) -> tuple[int, int]:
 # -- handlers ---------------------------------------------------------------------------
 
 
+@routes.route(
+    "GET",
+    "/v1/messages/{message_id}",
+    "Messages by id (every topic unless topic is given)",
+    "getMessageById",
+    (200, "MessageList", "every copy found"),
+    400,
+    404,
+    params=[MESSAGE_ID, query("topic", "search only this topic")],
+)
 async def get_message_by_id(request: web.Request) -> web.Response:
     broker = broker_of(request)
     message_id = request.match_info["message_id"]
@@ -152,6 +300,16 @@ async def get_message_by_id(request: web.Request) -> web.Response:
     return reply({"message_id": message_id, "messages": [message_json(m) for m in found]})
 
 
+@routes.route(
+    "GET",
+    "/v1/messages/{message_id}/trace",
+    "A message's trace: stored, delivered, acked, retried, dead-lettered, resent; "
+    "a transactional message's half, checks, answers and decision",
+    "getMessageTrace",
+    (200, "MessageTrace", "its copies and events"),
+    404,
+    params=[MESSAGE_ID],
+)
 async def get_message_trace(request: web.Request) -> web.Response:
     """The message's trace: where each copy is stored, then what the broker recorded."""
     broker = broker_of(request)
@@ -200,6 +358,21 @@ def _tie_rank(event: str) -> int:
     return 0 if event in BEFORE_STORED else 1 if event == "stored" else 2
 
 
+@routes.route(
+    "GET",
+    "/v1/topics/{topic}/messages",
+    "Messages by key within a store-time range",
+    "queryMessagesByKey",
+    (200, "MessageList", "matches, oldest first"),
+    400,
+    404,
+    params=[
+        TOPIC,
+        query("key", "the message key", required=True),
+        *TIME_RANGE,
+        query("limit", "at most this many (default 64)", INT),
+    ],
+)
 async def query_by_key(request: web.Request) -> web.Response:
     broker = broker_of(request)
     topic = request.match_info["topic"]
@@ -218,6 +391,16 @@ async def query_by_key(request: web.Request) -> web.Response:
     )
 
 
+@routes.route(
+    "GET",
+    "/v1/topics/{topic}/queues/{queue_id}/offsets/{offset}",
+    "The message at a queue offset",
+    "getMessageAt",
+    (200, "StoredMessage", "the message"),
+    400,
+    404,
+    params=[TOPIC, path_int("queue_id", "queue id"), path_int("offset", "queue offset")],
+)
 async def get_message_at(request: web.Request) -> web.Response:
     broker = broker_of(request)
     topic = request.match_info["topic"]
@@ -248,6 +431,18 @@ SEND_FIELDS = {
 }
 
 
+@routes.route(
+    "POST",
+    "/v1/topics/{topic}/messages",
+    "Send one message",
+    "sendMessage",
+    (201, "SendResult", "stored"),
+    400,
+    403,
+    404,
+    body="MessageSend",
+    params=[TOPIC],
+)
 async def send_message(request: web.Request) -> web.Response:
     body = await read_body(request)
     reject_unknown(body, SEND_FIELDS)
@@ -304,6 +499,26 @@ async def send_message(request: web.Request) -> web.Response:
     )
 
 
+@routes.route(
+    "GET",
+    "/v1/topics/{topic}/scan",
+    "Read a range of messages without a consumer group",
+    "scanMessages",
+    (200, "Scan", "messages, tag counts and where to continue"),
+    400,
+    404,
+    params=[
+        TOPIC,
+        query("queue", "one queue (default: all)", INT),
+        query("offset", "start offset (needs queue)", INT),
+        *TIME_RANGE,
+        query("limit", "at most this many messages (default 32, max 10000)", INT),
+        query("filter_type", "tag (default) or sql92"),
+        query("filter", "filter expression (default *)"),
+        query("bodies", "include bodies (default true)", BOOL),
+        query("messages", "false: counts only (default true)", BOOL),
+    ],
+)
 async def scan_messages(request: web.Request) -> web.Response:
     broker = broker_of(request)
     topic = request.match_info["topic"]
@@ -343,12 +558,3 @@ def _scan_json(found: ScanResult, bodies: bool) -> dict[str, Any]:
         "next_offsets": {str(q): o for q, o in found.next_offsets.items()},
         "complete": found.complete,
     }
-
-
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/v1/messages/{message_id}", get_message_by_id)
-    app.router.add_get("/v1/messages/{message_id}/trace", get_message_trace)
-    app.router.add_get("/v1/topics/{topic}/messages", query_by_key)
-    app.router.add_post("/v1/topics/{topic}/messages", send_message)
-    app.router.add_get("/v1/topics/{topic}/queues/{queue_id}/offsets/{offset}", get_message_at)
-    app.router.add_get("/v1/topics/{topic}/scan", scan_messages)

@@ -1,34 +1,10 @@
 """Admin endpoints for operators: cluster and broker status, runtime configuration,
-statistics, routes, connected clients, offset moves and re-consumption (RocketMQ's clusterList,
-brokerStatus, getBrokerConfig / updateBrokerConfig, statsAll, topicRoute,
-consumerStatus / consumerConnection, producerConnection, resetOffsetByTime,
-cloneGroupOffset, cleanUnusedTopic, and queryMsgByUniqueKey -g -d: consumeMessageDirectly).
-
-    GET   /v1/cluster                       the brokers (one: this process) and their addresses
-    POST  /v1/cluster/groups/{group}/failover  {"to"?}: a planned switchover of the broker
-                                            group's master (a proxy of a cluster only)
-    GET   /v1/cluster/unused-topics         topics brokers hold that etcd does not route
-    DELETE /v1/cluster/unused-topics        deletes them from those brokers (cleanUnusedTopic;
-                                            both a proxy of a cluster only)
-    GET   /v1/broker/status                 TPS, disk, store, pending transactions, clients
-    GET   /v1/runtime-config                keys that may change while running, with values
-    PATCH /v1/runtime-config                {"changes": {"broker.max_body_size": "8MiB", ...}}
-    GET   /v1/statistics?topic=&group=      in/out per second and over 24 h, and lag
-    GET   /v1/topics/{topic}/route          queues, permissions, accepted types, address
-    GET   /v1/groups/{group}/clients        connected consumers and what they subscribe
-    GET   /v1/topics/{topic}/producers      connected producers that published to the topic
-    POST  /v1/groups/{group}/reset-offset   {"topic", "timestamp_ms"}: new offset per queue
-    POST  /v1/groups/{group}/clone-offset   {"to", "topic"?}: the group's offsets onto another
-    POST  /v1/messages/{id}/consume         {"group", "client_id"}: a connected consumer
-                                            consumes the message again, now (its answer;
-                                            in cluster mode relayed to the proxy worker
-                                            holding the client: cluster/command_relay.py)
+statistics and routes (RocketMQ's clusterList, brokerStatus, getBrokerConfig /
+updateBrokerConfig, statsAll, topicRoute, cleanUnusedTopic); a planned switchover of a
+broker group's master and the unused topics answer on a proxy of a cluster only.
 
 Runtime changes last until the process stops (put them in the configuration
 file to keep them); all keys of one request are checked before any applies.
-Connected clients come from the gRPC server's client registry, which
-``halfmoon serve`` hands to the admin app; without it (an admin app on its
-own) the list is empty and ``registry`` is false.
 """
 
 from __future__ import annotations
@@ -43,8 +19,8 @@ from aiohttp import web
 from halfmoon.broker.facade import Broker
 from halfmoon.config import iter_keys
 from halfmoon.errors import InvalidArgument, NotFound
+from halfmoon.server.admin_clients import listed_sessions
 from halfmoon.server.admin_http import (
-    CLIENTS_KEY,
     CLUSTER_KEY,
     CONFIG_KEY,
     ApiError,
@@ -59,8 +35,197 @@ from halfmoon.server.admin_http import (
     reply,
     take,
 )
-from halfmoon.server.direct_consume import holds, stored_message, verify_here
-from halfmoon.server.telemetry import LISTING_FIELDS, ClientRegistry, consumers_of, producers_of
+from halfmoon.server.admin_routes import RouteTable
+from halfmoon.server.admin_schemas import (
+    BOOL,
+    INT,
+    NULL_STR,
+    NUM,
+    STR,
+    TOPIC,
+    name_in_path,
+    query,
+)
+
+SCHEMAS: dict[str, Any] = {
+    "Cluster": {
+        "type": "object",
+        "properties": {
+            "cluster": STR,
+            "brokers": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "broker": STR,
+                        "role": STR,
+                        "grpc": STR,
+                        "admin": STR,
+                        "version": STR,
+                        "uptime_ms": INT,
+                        "tps_in": NUM,
+                        "tps_out": NUM,
+                    },
+                },
+            },
+            "broker_groups": {
+                "type": "array",
+                "description": "cluster mode: each broker group (docs/replication.md)",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "group": STR,
+                        "master": NULL_STR,
+                        "epoch": INT,
+                        "mode": NULL_STR,
+                        "isr": {"type": "array", "items": STR},
+                        "members": {"type": "array", "items": STR},
+                        "failovers": INT,
+                        "switchovers": INT,
+                        "replicas": {
+                            "type": "object",
+                            "description": "per replica, as its master sees it",
+                            "additionalProperties": {
+                                "type": "object",
+                                "properties": {
+                                    "lag_bytes": INT,
+                                    "lag_ms": INT,
+                                    "acked": INT,
+                                    "in_sync": BOOL,
+                                    "connected": BOOL,
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+    "BrokerDetail": {
+        "type": "object",
+        "additionalProperties": True,
+        "description": "broker status plus store, disk, transactions and clients",
+    },
+    "RuntimeConfig": {
+        "type": "object",
+        "properties": {
+            "changed": {"type": "array", "items": STR},
+            "keys": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"key": STR, "value": {}, "description": STR},
+                },
+            },
+        },
+    },
+    "RuntimeConfigChange": {
+        "type": "object",
+        "required": ["changes"],
+        "additionalProperties": False,
+        "properties": {
+            "changes": {
+                "type": "object",
+                "description": "key -> value (text forms as in the config file)",
+            }
+        },
+    },
+    "Statistics": {
+        "type": "object",
+        "properties": {
+            "topic": NULL_STR,
+            "group": NULL_STR,
+            "now_ms": INT,
+            "rows": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "topic": STR,
+                        "group": NULL_STR,
+                        "direction": {"type": "string", "enum": ["in", "out"]},
+                        "per_second": NUM,
+                        "last_minute": INT,
+                        "total_1h": INT,
+                        "total_24h": INT,
+                        "last_hour": {
+                            "type": "array",
+                            "items": INT,
+                            "description": "per-minute counts, last 60 minutes, oldest first",
+                        },
+                        "lag": {**INT, "description": "out rows: messages not yet consumed"},
+                        "retrying": {
+                            **INT,
+                            "description": "out rows: in flight and delivered more than once",
+                        },
+                    },
+                },
+            },
+        },
+    },
+    "Route": {
+        "type": "object",
+        "properties": {
+            "topic": STR,
+            "brokers": {
+                "type": "array",
+                "items": {"type": "object", "properties": {"broker": STR, "address": STR}},
+            },
+            "queues": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "topic": STR,
+                        "queue_id": INT,
+                        "perm": STR,
+                        "broker": STR,
+                        "address": STR,
+                        "accepted_types": {"type": "array", "items": STR},
+                    },
+                },
+            },
+        },
+    },
+    "Switchover": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "to": {
+                **STR,
+                "description": "the in-sync replica to appoint (default: the most caught-up)",
+            },
+        },
+    },
+    "UnusedTopics": {
+        "type": "object",
+        "properties": {
+            "deleted": BOOL,
+            "topics": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"broker": STR, "topic": STR},
+                },
+            },
+        },
+    },
+    "SwitchoverResult": {
+        "type": "object",
+        "properties": {
+            "state": STR,
+            "master": STR,
+            "previous": STR,
+            "epoch": INT,
+            "end_offset": INT,
+            "fenced_ms": INT,
+            "took_ms": INT,
+        },
+    },
+}
+
+routes = RouteTable(SCHEMAS)
+
 
 # Keys the broker reads each time it uses them, so a change takes effect at once.
 # (Others are copied into long-lived objects at startup and need a restart.)
@@ -97,6 +262,18 @@ def _addresses(request: web.Request) -> tuple[str, str]:
     return listen, f"http://{request.host}"
 
 
+@routes.route(
+    "POST",
+    "/v1/cluster/groups/{group}/failover",
+    "Hand a broker group's master over to an in-sync replica (cluster mode)",
+    "failoverBrokerGroup",
+    (200, "SwitchoverResult", "the new master, appointed"),
+    400,
+    404,
+    409,
+    body="Switchover",
+    params=[name_in_path("group", "Broker group")],
+)
 async def failover_group(request: web.Request) -> web.Response:
     """A planned switchover (docs/replication.md): the master hands over to ``to`` (an
     in-sync replica) or to the most caught-up one; answers once the new master is appointed."""
@@ -109,10 +286,26 @@ async def failover_group(request: web.Request) -> web.Response:
     return reply(await call(cluster.switchover, request.match_info["group"], to))
 
 
+@routes.route(
+    "GET",
+    "/v1/cluster/unused-topics",
+    "Topics brokers hold that etcd does not route (cluster mode)",
+    "listUnusedTopics",
+    (200, "UnusedTopics", "per broker"),
+    404,
+)
 async def list_unused_topics(request: web.Request) -> web.Response:
     return reply(await call(_cluster_of(request, "unused topics").unused_topics, False))
 
 
+@routes.route(
+    "DELETE",
+    "/v1/cluster/unused-topics",
+    "Delete the topics brokers hold that etcd does not route (cleanUnusedTopic)",
+    "deleteUnusedTopics",
+    (200, "UnusedTopics", "what was deleted, per broker"),
+    404,
+)
 async def delete_unused_topics(request: web.Request) -> web.Response:
     return reply(await call(_cluster_of(request, "unused topics").unused_topics, True))
 
@@ -134,6 +327,9 @@ class NotInCluster(NotFound):
     protocol_code = "NOT_FOUND"
 
 
+@routes.route(
+    "GET", "/v1/cluster", "Brokers of the cluster", "getCluster", (200, "Cluster", "brokers")
+)
 async def get_cluster(request: web.Request) -> web.Response:
     cluster = request.app.get(CLUSTER_KEY)
     if cluster is not None:  # a proxy of a cluster: every member, from etcd
@@ -154,6 +350,13 @@ async def get_cluster(request: web.Request) -> web.Response:
     return reply({"cluster": status.get("name"), "brokers": [entry]})
 
 
+@routes.route(
+    "GET",
+    "/v1/broker/status",
+    "Broker status for operators",
+    "getBrokerStatus",
+    (200, "BrokerDetail", "numbers"),
+)
 async def get_broker_status(request: web.Request) -> web.Response:
     broker = broker_of(request)
 
@@ -180,28 +383,11 @@ async def get_broker_status(request: web.Request) -> web.Response:
         return data
 
     data = await call(collect)
-    sessions = await _listed_sessions(request)
+    sessions = await listed_sessions(request)
     if sessions is not None:
         data["clients"] = len(sessions)
         data["producers"] = sum(1 for s in sessions if s["is_producer"])
     return reply(data)
-
-
-async def _listed_sessions(request: web.Request) -> list[dict[str, Any]] | None:
-    """The connected clients, listed: every proxy worker's in cluster mode, this server's
-    otherwise; None for an admin app without a gRPC server."""
-    cluster = request.app.get(CLUSTER_KEY)
-    if cluster is not None:
-        return await cluster.sessions()
-    clients = request.app.get(CLIENTS_KEY)
-    return None if clients is None else [s.listing() for s in clients.sessions()]
-
-
-def _shown(session: dict[str, Any], *, subscriptions: bool) -> dict[str, Any]:
-    shown = {k: v for k, v in session.items() if k not in LISTING_FIELDS}
-    if not subscriptions:
-        shown.pop("subscriptions", None)
-    return shown
 
 
 def _runtime_values(broker: Broker) -> list[dict[str, Any]]:
@@ -212,10 +398,26 @@ def _runtime_values(broker: Broker) -> list[dict[str, Any]]:
     return out
 
 
+@routes.route(
+    "GET",
+    "/v1/runtime-config",
+    "Keys changeable at runtime",
+    "getRuntimeConfig",
+    (200, "RuntimeConfig", "keys"),
+)
 async def get_runtime_config(request: web.Request) -> web.Response:
     return reply({"keys": _runtime_values(broker_of(request))})
 
 
+@routes.route(
+    "PATCH",
+    "/v1/runtime-config",
+    "Change keys at runtime (until restart)",
+    "setRuntimeConfig",
+    (200, "RuntimeConfig", "changed"),
+    400,
+    body="RuntimeConfigChange",
+)
 async def set_runtime_config(request: web.Request) -> web.Response:
     body = await read_body(request)
     reject_unknown(body, {"changes"})
@@ -244,6 +446,22 @@ async def set_runtime_config(request: web.Request) -> web.Response:
     return reply({"changed": sorted(converted), "keys": _runtime_values(broker)})
 
 
+@routes.route(
+    "GET",
+    "/v1/statistics",
+    "Messages in/out per second and over 24 h",
+    "getStatistics",
+    (200, "Statistics", "rows"),
+    404,
+    params=[
+        query("topic", "only this topic"),
+        query("group", "only this group"),
+        query(
+            "last_hour",
+            "false: rows without their per-minute counts (a list needs only rates)",
+        ),
+    ],
+)
 async def get_statistics(request: web.Request) -> web.Response:
     broker = broker_of(request)
     topic = request.query.get("topic") or None
@@ -276,6 +494,15 @@ async def get_statistics(request: web.Request) -> web.Response:
     return reply({"topic": topic, "group": group, "now_ms": int(time.time() * 1000), "rows": rows})
 
 
+@routes.route(
+    "GET",
+    "/v1/topics/{topic}/route",
+    "Route of a topic",
+    "getTopicRoute",
+    (200, "Route", "queues and addresses"),
+    404,
+    params=[TOPIC],
+)
 async def get_route(request: web.Request) -> web.Response:
     broker = broker_of(request)
     name = request.match_info["topic"]
@@ -284,151 +511,11 @@ async def get_route(request: web.Request) -> web.Response:
         existing_topic(broker, name)
         return broker.route(name)
 
-    routes = jsonable(await call(collect))
+    routed = jsonable(await call(collect))
     grpc, _admin = _addresses(request)
     broker_name = broker.config.name
     # In cluster mode each queue names its broker; every broker is reached through a proxy.
-    queues = [{**q, "broker": q["broker"] or broker_name, "address": grpc} for q in routes]
+    queues = [{**q, "broker": q["broker"] or broker_name, "address": grpc} for q in routed]
     names = dict.fromkeys(q["broker"] for q in queues) or {broker_name: None}
     brokers = [{"broker": b, "address": grpc} for b in names]
     return reply({"topic": name, "brokers": brokers, "queues": queues})
-
-
-async def get_group_clients(request: web.Request) -> web.Response:
-    broker = broker_of(request)
-    name = request.match_info["group"]
-    group = jsonable(await call(existing_group, broker, name))
-    sessions = await _listed_sessions(request)
-    described = [_shown(s, subscriptions=True) for s in consumers_of(sessions or [], name)]
-    described.sort(key=lambda c: c["client_id"])
-    return reply(
-        {
-            "group": name,
-            "broadcast": group.get("broadcast"),
-            "registry": sessions is not None,
-            "clients": described,
-        }
-    )
-
-
-async def get_topic_producers(request: web.Request) -> web.Response:
-    """Producers with a live telemetry stream that have sent to the topic (RocketMQ's
-    producerConnection). A RocketMQ 5 producer names no group unless it is transactional,
-    so the topic is the subject and ``?group=`` narrows to one producer group."""
-    broker = broker_of(request)
-    name = request.match_info["topic"]
-    group = request.query.get("group") or None
-    await call(existing_topic, broker, name)
-    sessions = await _listed_sessions(request)
-    described = [_shown(s, subscriptions=False) for s in producers_of(sessions or [], name, group)]
-    described.sort(key=lambda c: c["client_id"])
-    return reply(
-        {"topic": name, "group": group, "registry": sessions is not None, "clients": described}
-    )
-
-
-async def reset_offset(request: web.Request) -> web.Response:
-    body = await read_body(request)
-    reject_unknown(body, {"topic", "timestamp_ms"})
-    topic = take(body, "topic", str, required=True)
-    timestamp = take(body, "timestamp_ms", int, required=True, minimum=0)
-    broker = broker_of(request)
-    name = request.match_info["group"]
-
-    def reset() -> dict[int, int]:
-        existing_group(broker, name)
-        existing_topic(broker, topic)
-        return broker.reset_offset(name, topic, timestamp)
-
-    offsets = await call(reset)
-    queues = [{"queue_id": q, "offset": o} for q, o in sorted(offsets.items())]
-    return reply({"group": name, "topic": topic, "timestamp_ms": timestamp, "queues": queues})
-
-
-async def clone_offset(request: web.Request) -> web.Response:
-    """Give group ``to`` the committed offsets of this group (RocketMQ's cloneGroupOffset), in
-    ``topic`` or in every topic this group has progress in; queues it has none in stay."""
-    body = await read_body(request)
-    reject_unknown(body, {"to", "topic"})
-    target = take(body, "to", str, required=True)
-    topic = take(body, "topic", str)
-    broker = broker_of(request)
-    source = request.match_info["group"]
-    if target == source:
-        raise ApiError("'to' names the group itself: clone into another group")
-
-    def clone() -> list[dict[str, Any]]:
-        existing_group(broker, source)
-        existing_group(broker, target)
-        if topic is not None:
-            existing_topic(broker, topic)
-        per_topic: dict[str, dict[int, int]] = {}
-        for q in broker.group_progress(source, topic):
-            per_topic.setdefault(q.topic, {})[q.queue_id] = q.committed_offset
-        moved = []
-        for name, offsets in sorted(per_topic.items()):
-            applied = broker.seek_group(target, name, offsets)
-            moved += [
-                {"topic": name, "queue_id": q, "offset": o} for q, o in sorted(applied.items())
-            ]
-        return moved
-
-    queues = await call(clone)
-    return reply({"group": source, "to": target, "topic": topic, "queues": queues})
-
-
-DEFAULT_CONSUME_TIMEOUT_MS = 5_000
-
-
-async def consume_directly(request: web.Request) -> web.Response:
-    """Ask one connected consumer of a group to consume a stored message now, in its listener,
-    and report its answer (RocketMQ's consumeMessageDirectly; it moves no offset and acks
-    nothing: a test of the consumer's code on a real message, e.g. a dead letter)."""
-    body = await read_body(request)
-    reject_unknown(body, {"group", "client_id", "topic", "timeout_ms"})
-    group = take(body, "group", str, required=True)
-    client_id = take(body, "client_id", str, required=True)
-    topic = take(body, "topic", str)
-    timeout_ms = take(body, "timeout_ms", int, minimum=1) or DEFAULT_CONSUME_TIMEOUT_MS
-    message_id = request.match_info["message_id"]
-    broker = broker_of(request)
-    await call(existing_group, broker, group)
-    view = await stored_message(broker, message_id, topic)
-    clients = request.app.get(CLIENTS_KEY)
-    cluster = request.app.get(CLUSTER_KEY)
-    if cluster is None or holds(clients, client_id, group):
-        answer = await verify_here(clients, client_id, group, view, timeout_ms / 1000)
-    else:  # the client's stream is on another proxy worker, if anywhere
-        answer = await cluster.consume_elsewhere(
-            client_id, group, message_id, view.topic, timeout_ms / 1000
-        )
-    return reply(
-        {
-            "message_id": message_id,
-            "topic": view.topic,
-            "group": group,
-            "client_id": client_id,
-            "consumed": answer.consumed,
-            "code": answer.code,
-            "message": answer.message,
-        }
-    )
-
-
-def add_routes(app: web.Application, clients: ClientRegistry | None = None) -> None:
-    if clients is not None:
-        app[CLIENTS_KEY] = clients
-    app.router.add_get("/v1/cluster", get_cluster)
-    app.router.add_post("/v1/cluster/groups/{group}/failover", failover_group)
-    app.router.add_get("/v1/cluster/unused-topics", list_unused_topics)
-    app.router.add_delete("/v1/cluster/unused-topics", delete_unused_topics)
-    app.router.add_get("/v1/broker/status", get_broker_status)
-    app.router.add_get("/v1/runtime-config", get_runtime_config)
-    app.router.add_patch("/v1/runtime-config", set_runtime_config)
-    app.router.add_get("/v1/statistics", get_statistics)
-    app.router.add_get("/v1/topics/{topic}/route", get_route)
-    app.router.add_get("/v1/groups/{group}/clients", get_group_clients)
-    app.router.add_get("/v1/topics/{topic}/producers", get_topic_producers)
-    app.router.add_post("/v1/groups/{group}/reset-offset", reset_offset)
-    app.router.add_post("/v1/groups/{group}/clone-offset", clone_offset)
-    app.router.add_post("/v1/messages/{message_id}/consume", consume_directly)

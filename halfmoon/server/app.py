@@ -13,47 +13,59 @@ Lifecycle (as uvicorn's): startup → serve → shutdown.
   and end every telemetry stream so in-flight RPCs finish, wait up to
   ``shutdown_grace`` for the rest, then close the broker (persists offsets
   and consumption state) and the store (flush, checkpoint, clean-shutdown
-  mark). A second signal skips the wait.
+  mark). A second request skips the wait; copies of one (a process group's
+  signal, a supervisor's) are one request (:mod:`halfmoon.shutdown_signals`).
 
 The front end (:func:`serve_front_end`: gRPC, admin API, sessions) takes any
 ``Broker``; ``halfmoon proxy`` runs it in front of a broker in another
-process (``halfmoon.cluster.proxy_process``).
+process (``halfmoon.cluster.proxy.proxy_process``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import signal
-import sys
+import shutil
+import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
 from aiohttp import web
 
+from halfmoon.amqp import AmqpServer
+from halfmoon.amqp.server import ActiveClaims
+from halfmoon.amqp.topology import TopologyStore
 from halfmoon.auth import Guard, local_guard
+from halfmoon.broker import broker_metrics
 from halfmoon.broker.broker import Broker as InProcessBroker
 from halfmoon.broker.facade import Broker, WatchesArrivals
 from halfmoon.config import Config, ServerConfig, parse_host_port
 from halfmoon.gc_tuning import freeze_startup_heap
+from halfmoon.lifecycle import CallsInFlight, Lifecycle
+from halfmoon.listen.permissive import PermissiveAdminListener
+from halfmoon.logs import configure_logging
 from halfmoon.metrics import MetricFamily, default_registry
 from halfmoon.server import lite_subscriptions
 from halfmoon.server.admin import create_admin_app
+from halfmoon.server.admin_definitions import AmqpHandle
 from halfmoon.server.admin_http import ClusterMembers
 from halfmoon.server.bulk_rpc import BulkReadService, bulk_read_handler
+from halfmoon.server.check_sender import TelemetryCheckSender
 from halfmoon.server.edge_security import Certificates, check_exposure
 from halfmoon.server.grpc_endpoint import GrpcEndpoint, format_address
 from halfmoon.server.grpc_service import MessagingServicer
 from halfmoon.server.handlers import messaging_handler
+from halfmoon.server.listeners import Listeners, bind_listeners
 from halfmoon.server.longpoll import ArrivalNotifier
-from halfmoon.server.permissive_admin import PermissiveAdminListener
 from halfmoon.server.rpc_guard import RpcGuard
-from halfmoon.server.telemetry import ClientRegistry, TelemetryCheckSender
+from halfmoon.server.telemetry import ClientRegistry
+from halfmoon.store.dirlock import holding_data_dir
 from halfmoon.store.store import MessageStore
 
 log = logging.getLogger("halfmoon.server")
@@ -111,50 +123,35 @@ class _AdminRunner(web.AppRunner):
 async def _start_admin(
     broker: Broker,
     config: Config,
+    sock: socket.socket,
     clients: ClientRegistry | None = None,
     guard: Guard | None = None,
     certificates: Certificates | None = None,
-    reuse_port: bool = False,
     cluster: ClusterMembers | None = None,
+    amqp: AmqpHandle | None = None,
 ) -> tuple[web.AppRunner, str]:
-    """Serve the admin API (an aiohttp application) on ``config.server.admin_listen``
-    (HTTPS with ``certificates``); the runner (for shutdown) and the bound address."""
-    host, port = parse_host_port(config.server.admin_listen, what="admin listen address")
-    app = create_admin_app(broker, config, clients=clients, guard=guard, cluster=cluster)
+    """Serve the admin API (an aiohttp application) on ``sock``, bound to
+    ``config.server.admin_listen`` (HTTPS with ``certificates``); the runner (for shutdown)
+    and the bound address."""
+    host, _ = parse_host_port(config.server.admin_listen, what="admin listen address")
+    port = int(sock.getsockname()[1])
+    app = create_admin_app(broker, config, clients=clients, guard=guard, cluster=cluster, amqp=amqp)
     runner = _AdminRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     ssl_context = certificates.ssl_context() if certificates is not None else None
     if ssl_context is not None and config.tls.mode == "permissive":
         assert runner.server is not None
-        try:
-            listener = PermissiveAdminListener(
-                runner.server, host, port, ssl_context, reuse_port=reuse_port
-            )
-        except BaseException:
-            await runner.cleanup()
-            raise
+        listener = PermissiveAdminListener(runner.server, host, port, ssl_context, sock=sock)
         runner.permissive = listener
         listener.start()
-        return runner, format_address(host, listener.port)
-    site = web.TCPSite(
-        runner,
-        host,
-        port,
-        reuse_address=True,
-        reuse_port=reuse_port or None,
-        ssl_context=ssl_context,
-    )
+        return runner, format_address(host, port)
+    site = web.SockSite(runner, sock, ssl_context=ssl_context)
     try:
         await site.start()
     except BaseException:
         await runner.cleanup()
         raise
-    bound = port  # the real port when 0 was asked for
-    for address in runner.addresses:
-        if isinstance(address, tuple) and len(address) >= 2:
-            bound = address[1]
-            break
-    return runner, format_address(host, bound)
+    return runner, format_address(host, port)
 
 
 async def _stop_admin(runner: web.AppRunner | None) -> None:
@@ -167,7 +164,11 @@ def _open_store_and_broker(config: Config) -> tuple[MessageStore, InProcessBroke
     try:
         metadata_dir = Path(config.store.data_dir) / METADATA_DIR_NAME
         broker = InProcessBroker(
-            store, metadata_dir, config.broker, transaction_config=config.transaction
+            store,
+            metadata_dir,
+            config.broker,
+            transaction_config=config.transaction,
+            journal_offsets=True,  # an answered ack or offset commit is as durable as a send
         )
     except BaseException:
         store.close()
@@ -176,29 +177,42 @@ def _open_store_and_broker(config: Config) -> tuple[MessageStore, InProcessBroke
 
 
 async def serve(config: Config, *, stop: asyncio.Event | None = None) -> None:
-    """Run until ``stop`` is set or SIGTERM/SIGINT arrives; then shut down cleanly."""
+    """Run until ``stop`` is set or SIGTERM/SIGINT arrives; then shut down cleanly.
+
+    Startup order is what keeps a second process harmless: the data directory's lock first
+    (:mod:`halfmoon.store.dirlock`; refused with ``DATA_DIR_LOCKED`` while another process
+    holds it), then both ports (a taken port fails here), and only then anything in the data
+    directory (users, store, metadata)."""
     loop = asyncio.get_running_loop()
     started = time.monotonic()
     check_exposure(config)
-    guard = local_guard(config.auth, Path(config.store.data_dir))
-    store, broker = await loop.run_in_executor(None, _open_store_and_broker, config)
-    try:
-        await serve_front_end(
-            config,
-            broker,
-            stop=stop,
-            tick=True,
-            started=started,
-            source=f"data={config.store.data_dir}",
-            guard=guard,
-        )
-    finally:
-        # Each step runs even if an earlier one failed: the store must get closed.
+    with holding_data_dir(config.store.data_dir, "halfmoon serve"):
+        listeners = await bind_listeners(config, amqp=True)
         try:
-            broker.close()
+            guard = local_guard(config.auth, Path(config.store.data_dir))
+            store, broker = await loop.run_in_executor(None, _open_store_and_broker, config)
+        except BaseException:
+            await listeners.close()
+            raise
+        try:
+            await serve_front_end(
+                config,
+                broker,
+                stop=stop,
+                tick=True,
+                started=started,
+                source=f"data={config.store.data_dir}",
+                guard=guard,
+                listeners=listeners,
+                amqp_metadata=Path(config.store.data_dir) / METADATA_DIR_NAME,
+            )
         finally:
-            store.close()
-            log.info("event=stopped")
+            # Each step runs even if an earlier one failed: the store must get closed.
+            try:
+                broker.close()
+            finally:
+                store.close()
+                log.info("event=stopped")
 
 
 async def serve_front_end(
@@ -214,6 +228,13 @@ async def serve_front_end(
     cluster: ClusterMembers | None = None,
     on_reload: Callable[[], object] | None = None,
     registry: ClientRegistry | None = None,
+    listeners: Listeners | None = None,
+    on_ready: Callable[[], Awaitable[object]] | None = None,
+    amqp_metadata: Path | None = None,
+    amqp_topology: TopologyStore | None = None,
+    amqp_free_bytes: Callable[[], int | None] | None = None,
+    amqp_holder: Callable[[], str] | None = None,
+    amqp_active: ActiveClaims | None = None,
 ) -> None:
     """The gRPC endpoint and the admin API in front of ``broker`` until stopped; the caller
     opened the broker and closes it. ``tick``: run the broker's tick thread here (False when
@@ -224,13 +245,32 @@ async def serve_front_end(
     ``guard`` authenticates and authorizes every request at both edges (when enabled).
     ``on_reload``: called on SIGHUP beside the listeners' certificate reload (a cluster
     proxy re-reads its etcd and internal-protocol certificates). ``registry``: the connected
-    clients' sessions, when the caller publishes them (a cluster proxy's session directory)."""
+    clients' sessions, when the caller publishes them (a cluster proxy's session directory).
+    ``listeners``: the ports, when the caller bound them first (:func:`bind_listeners`);
+    otherwise they are bound here. ``on_ready``: awaited once both listeners are bound and
+    serving, before the ready line (a cluster proxy registers in etcd then: never listed
+    while it cannot serve). ``amqp_metadata``: the data directory's metadata, where
+    ``halfmoon serve``'s AMQP endpoint keeps its exchanges, queues and bindings;
+    ``amqp_topology``: where a cluster proxy keeps them instead (etcd). With either,
+    ``server.amqp_listen`` is served (bound here with the other ports unless ``listeners``
+    holds it). ``amqp_free_bytes``: the free space where messages are stored, for the AMQP
+    disk alarm (default: the data directory's, when ``amqp_metadata`` names one).
+    ``amqp_holder``: who holds the AMQP endpoint's deliveries (a cluster proxy's lease:
+    ``Messaging.receive``'s ``holder``). ``amqp_active``: where single active consumers are
+    agreed on with the other proxies' workers."""
     server_config: ServerConfig = config.server
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
-    force = asyncio.Event()
-    host, port = parse_host_port(server_config.listen, what="listen address")
     started = time.monotonic() if started is None else started
+    serves_amqp = amqp_metadata is not None or amqp_topology is not None
+    if listeners is None:
+        listeners = await bind_listeners(config, reuse_port=reuse_port, amqp=serves_amqp)
+    server, endpoint, certificates = listeners.server, listeners.endpoint, listeners.certificates
+    lifecycle = Lifecycle(
+        server_config.shutdown_grace, on_stop=stop.set, on_reload=_reloads(certificates, on_reload)
+    )
+    calls = CallsInFlight()
+    host, bound = listeners.host, listeners.grpc_port
     registry = registry or ClientRegistry()
     registry.bind_loop(loop)
     if isinstance(broker, WatchesArrivals):  # a network hop away: only topics polled on
@@ -240,24 +280,12 @@ async def serve_front_end(
         notifier = ArrivalNotifier(loop)
         broker.add_arrival_listener(notifier.on_arrival)
     executor = ThreadPoolExecutor(server_config.worker_threads, thread_name_prefix="halfmoon-rpc")
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", server_config.max_request_bytes),
-            ("grpc.max_send_message_length", -1),
-            ("grpc.so_reuseport", 1 if reuse_port else 0),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-        ]
-    )
     ticker = TickThread(broker, server_config.tick_interval)
     admin = None
-    endpoint: GrpcEndpoint | None = None
+    admin_sock: socket.socket | None = listeners.admin_sock
+    amqp: AmqpServer | None = None
+    signals = contextlib.ExitStack()
     try:
-        certificates = Certificates(config.tls) if config.tls.mode != "disabled" else None
-        endpoint = GrpcEndpoint(
-            server, host, port, server_config.listen, certificates, reuse_port=reuse_port
-        )
-        bound = await endpoint.bind()
         advertised_host = server_config.advertise_host or (
             host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"
         )
@@ -272,8 +300,10 @@ async def serve_front_end(
         rpc_guard = RpcGuard(guard) if guard is not None and guard.enabled else None
         server.add_generic_rpc_handlers(
             (
-                messaging_handler(servicer, rpc_guard),
-                bulk_read_handler(BulkReadService(servicer, rpc_guard)),
+                messaging_handler(servicer, rpc_guard, calls),
+                bulk_read_handler(
+                    BulkReadService(broker, server_config, notifier, servicer.workers, rpc_guard)
+                ),
             )
         )
         await server.start()
@@ -281,25 +311,60 @@ async def serve_front_end(
         # Transaction checks reach producers over their telemetry streams.
         broker.set_check_sender(TelemetryCheckSender(registry))
         lite_subscriptions.install_notifier(broker, registry)  # NotifyUnsubscribeLiteCommand
-        collector = _grpc_collector(registry, notifier)
-        default_registry().add_collector(collector)
+        collectors = [_grpc_collector(registry, notifier)]
+        if not isinstance(broker, InProcessBroker):  # its counters live in other processes
+            collectors.append(_counted_collector(broker))
+        for collector in collectors:
+            default_registry().add_collector(collector)
+        # With port 0 the configured address is not where clients connect: what the admin
+        # API reports (cluster page, routes) is the bound one.
+        server_config.listen = format_address(host, bound)
+        # The admin API serves before the AMQP endpoint: its definitions reach the AMQP
+        # topology through this handle, filled in once the endpoint serves.
+        amqp_handle = AmqpHandle()
         admin, admin_address = await _start_admin(
-            broker,
-            config,
-            registry,
-            guard,
-            certificates,
-            reuse_port=reuse_port,
-            cluster=cluster,
-        )
+            broker, config, listeners.admin_sock, registry, guard, certificates, cluster=cluster,
+            amqp=amqp_handle,
+        )  # fmt: skip
+        admin_sock = None  # the admin runner's now: closed with it
+        amqp_address = "off"
+        if listeners.amqp_sock is not None and serves_amqp:
+            if amqp_free_bytes is None and amqp_metadata is not None:
+                amqp_free_bytes = functools.partial(_free_bytes, config.store.data_dir)
+            amqp = AmqpServer(
+                broker,
+                amqp_metadata,
+                guard=guard if guard is not None and guard.enabled else None,
+                executor=executor,
+                consumer_timeout_ms=round(server_config.amqp_consumer_timeout * 1000),
+                topology_store=amqp_topology,
+                free_bytes=amqp_free_bytes,
+                disk_free_limit_bytes=server_config.amqp_disk_free_limit_bytes,
+                delivery_holder=amqp_holder,
+                active_claims=amqp_active,
+            )
+            amqp_sock, listeners.amqp_sock = listeners.amqp_sock, None
+            amqp_bound = await amqp.start(
+                amqp_sock,
+                certificates.ssl_context() if certificates is not None else None,
+                permissive=config.tls.mode == "permissive",
+            )
+            amqp_address = format_address(listeners.amqp_host, amqp_bound)
+            amqp_handle.server = amqp
+            collectors.append(_amqp_collector(amqp))
+            default_registry().add_collector(collectors[-1])
         if tick:
             ticker.start()
-        _install_signal_handlers(loop, stop, force, certificates, on_reload)
+        signals.enter_context(lifecycle.capture_signals(loop))
+        if on_ready is not None:
+            await on_ready()
         freeze_startup_heap(server_config.gc_freeze)
         log.info(
-            "halfmoon ready grpc=%s admin=%s %s auth=%s tls=%s startup_ms=%d",
+            "halfmoon ready grpc=%s admin=%s amqp=%s dashboard=%s %s auth=%s tls=%s startup_ms=%d",
             format_address(host, bound),
             admin_address,
+            amqp_address,
+            f"{'https' if certificates is not None else 'http'}://{admin_address}/dashboard/",
             source,
             "on" if guard is not None and guard.enabled else "off",
             config.tls.mode,
@@ -309,21 +374,70 @@ async def serve_front_end(
         await stop.wait()
         janitor.cancel()
         servicer.renewer.close()
-        default_registry().remove_collector(collector)
-        log.info("event=shutdown_begin grace_s=%s", server_config.shutdown_grace)
+        for collector in collectors:
+            default_registry().remove_collector(collector)
+        lifecycle.shutdown_begins()
     finally:
         # Each step runs even if an earlier one failed: the broker must get closed after.
         try:
+            if amqp is not None:
+                await amqp.close()
             broker.set_check_sender(None)
             lite_subscriptions.remove_notifier(broker)
         finally:
             try:
-                await _shutdown(server, server_config, notifier, registry, force, admin, endpoint)
+                await _shutdown(server, lifecycle, calls, notifier, registry, admin, endpoint)
             finally:
+                if admin_sock is not None:  # bound, never served
+                    admin_sock.close()
+                if listeners.amqp_sock is not None:
+                    listeners.amqp_sock.close()
                 if ticker.is_alive():
                     ticker.stop()
-                executor.shutdown(wait=True, cancel_futures=False)
-                _remove_signal_handlers(loop)
+                # Waited for off the loop: a request still running there may need the loop
+                # to finish (a cluster proxy's broker calls run their etcd parts on it).
+                await loop.run_in_executor(None, executor.shutdown)
+                signals.close()
+
+
+def _free_bytes(data_dir: str | Path) -> int | None:
+    try:
+        return shutil.disk_usage(data_dir).free
+    except OSError:
+        return None
+
+
+def _counted_collector(broker: Broker) -> Callable[[], list[MetricFamily]]:
+    """A proxy's view of its brokers' own counters (asked for at scrape time)."""
+    return lambda: broker_metrics.families_of(broker.counted_metrics())
+
+
+def _amqp_collector(amqp: AmqpServer) -> Callable[[], list[MetricFamily]]:
+    """AMQP connections in ``halfmoon_clients``: kind AMQP, the client's platform as its
+    language, its product and version as its version (pika says "pika 1.3.2")."""
+
+    def collect() -> list[MetricFamily]:
+        family = MetricFamily(
+            "halfmoon_clients",
+            "gauge",
+            "Known clients by kind, language and client version (as halfmoon_grpc_clients).",
+        )
+        builds: dict[tuple[str, str], int] = {}
+        for connection in list(amqp.connections):
+            properties = getattr(connection, "client_properties", None) or {}
+            language = _text(properties.get("platform")) or "unknown"
+            product = _text(properties.get("product"))
+            version = f"{product} {_text(properties.get('version'))}".strip() or "unknown"
+            builds[(language, version)] = builds.get((language, version), 0) + 1
+        for (language, version), count in sorted(builds.items()):
+            family.add(count, kind="AMQP", language=language, version=version)
+        return [family]
+
+    return collect
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
 
 
 def _grpc_collector(
@@ -336,7 +450,7 @@ def _grpc_collector(
         clients = MetricFamily(
             "halfmoon_grpc_clients",
             "gauge",
-            "Known clients by type (heartbeat or stream in the last 5 minutes).",
+            "Known clients by type (a telemetry stream now, else a heartbeat in 5 minutes).",
         )
         by_type: dict[str, int] = {}
         for session in sessions:
@@ -344,6 +458,19 @@ def _grpc_collector(
             by_type[str(kind)] = by_type.get(str(kind), 0) + 1
         for kind, count in sorted(by_type.items()):
             clients.add(count, client_type=kind)
+        by_build = MetricFamily(
+            "halfmoon_clients",
+            "gauge",
+            "Known clients by kind, language and client version (as halfmoon_grpc_clients).",
+        )
+        builds: dict[tuple[str, str, str], int] = {}
+        for session in sessions:
+            described = session.describe()
+            key = (str(described["client_type"]), str(described["language"]))
+            build = (*key, str(described["version"]))
+            builds[build] = builds.get(build, 0) + 1
+        for (kind, language, version), count in sorted(builds.items()):
+            by_build.add(count, kind=kind, language=language, version=version)
         streams = MetricFamily(
             "halfmoon_grpc_telemetry_streams",
             "gauge",
@@ -354,17 +481,17 @@ def _grpc_collector(
             "halfmoon_grpc_long_polls", "gauge", "Receive/pull requests waiting for a message."
         )
         parked.add(notifier.parked())
-        return [clients, streams, parked]
+        return [clients, by_build, streams, parked]
 
     return collect
 
 
 async def _shutdown(
     server: grpc.aio.Server,
-    config: ServerConfig,
+    lifecycle: Lifecycle,
+    calls: CallsInFlight,
     notifier: ArrivalNotifier,
     registry: ClientRegistry,
-    force: asyncio.Event,
     admin: web.AppRunner | None,
     endpoint: GrpcEndpoint | None = None,
 ) -> None:
@@ -372,15 +499,11 @@ async def _shutdown(
     registry.close_all()
     if endpoint is not None:  # no new connections; open ones drain through gRPC's stop
         endpoint.stop_accepting()
-    stopping = asyncio.ensure_future(server.stop(config.shutdown_grace))
-    forced = asyncio.ensure_future(force.wait())
-    done, _ = await asyncio.wait({stopping, forced}, return_when=asyncio.FIRST_COMPLETED)
-    if forced in done and not stopping.done():
-        log.warning("event=shutdown_forced")
-        await server.stop(0)
-        with contextlib.suppress(Exception):
-            await stopping
-    forced.cancel()
+    # gRPC's own grace is a backstop past the drain's deadline: the drain cancels what is
+    # left itself, so that it can say how much.
+    await lifecycle.drain_async(
+        server.stop(2 * lifecycle.grace_s + 1), lambda: len(calls), lambda: server.stop(0)
+    )
     if endpoint is not None:
         await endpoint.close()
     try:
@@ -395,56 +518,25 @@ async def _expire_idle_clients(registry: ClientRegistry, stop: asyncio.Event) ->
         registry.expire_idle()
 
 
-def _install_signal_handlers(
-    loop: asyncio.AbstractEventLoop,
-    stop: asyncio.Event,
-    force: asyncio.Event,
-    certificates: Certificates | None = None,
-    on_reload: Callable[[], object] | None = None,
-) -> None:
-    def on_signal(signum: int) -> None:
-        if stop.is_set():
-            log.warning("event=signal_again signal=%s action=force", signal.Signals(signum).name)
-            force.set()
-        else:
-            log.info("event=signal signal=%s action=shutdown", signal.Signals(signum).name)
-            stop.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signum, on_signal, signum)
+def _reloads(
+    certificates: Certificates | None, on_reload: Callable[[], object] | None
+) -> Callable[[], None] | None:
+    """What SIGHUP does: re-read the listeners' certificates, then ``on_reload``."""
     reloads: list[Callable[[], object]] = [] if on_reload is None else [on_reload]
     if certificates is not None:
         reloads.insert(0, certificates.reload)
+    if not reloads:
+        return None
 
     def reload() -> None:
         for each in reloads:
             each()
 
-    if reloads:  # SIGHUP: new handshakes get the re-read certificates
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signal.SIGHUP, reload)
-
-
-def _remove_signal_handlers(loop: asyncio.AbstractEventLoop) -> None:
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.remove_signal_handler(signum)
-
-
-def configure_logging(level: int = logging.INFO) -> None:
-    """One event per line on stderr, unless the host program configured logging already."""
-    root = logging.getLogger()
-    if root.handlers:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    root.addHandler(handler)
-    root.setLevel(level)
+    return reload
 
 
 def run(config: Config) -> int:
     """Serve until signalled; the process exit status."""
-    configure_logging()
+    configure_logging(config.log)
     asyncio.run(serve(config))
     return 0

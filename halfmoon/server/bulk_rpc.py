@@ -27,15 +27,17 @@ from typing import Any
 import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from halfmoon.broker.facade import PullResult
+from halfmoon.broker.facade import Broker, PullResult
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageView
 from halfmoon.bulkread.format import METHOD, SERVICE, BulkAnswer, BulkRequest, FormatError
+from halfmoon.config import ServerConfig
 from halfmoon.errors import HalfmoonError
 from halfmoon.server import namespace as ns
 from halfmoon.server.errors import PROTOCOL_CODES, Code, RequestError, status_for
 from halfmoon.server.handlers import RPCS
-from halfmoon.server.rpc_common import ServicerBase, metadata
+from halfmoon.server.longpoll import ArrivalNotifier
+from halfmoon.server.rpc_common import Workers, metadata
 from halfmoon.server.rpc_guard import RpcGuard
 
 log = logging.getLogger("halfmoon.server.bulk")
@@ -108,11 +110,21 @@ def error_answer(error: BaseException) -> BulkAnswer:
 
 
 class BulkReadService:
-    """Serves ``/halfmoon.v1.BulkRead/Read`` with the broker, pool and notifier of the
-    MessagingService servicer it sits beside."""
+    """Serves ``/halfmoon.v1.BulkRead/Read`` with the broker, worker pool and notifier of
+    the MessagingService servicer it sits beside."""
 
-    def __init__(self, servicer: ServicerBase, guard: RpcGuard | None = None) -> None:
-        self.servicer = servicer
+    def __init__(
+        self,
+        broker: Broker,
+        config: ServerConfig,
+        notifier: ArrivalNotifier,
+        workers: Workers,
+        guard: RpcGuard | None = None,
+    ) -> None:
+        self.broker = broker
+        self.config = config
+        self.notifier = notifier
+        self.workers = workers
         self.guard = guard
 
     async def read(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -139,12 +151,11 @@ class BulkReadService:
         return answer.encode()
 
     async def _serve(self, request: BulkRequest, context: grpc.aio.ServicerContext) -> bytes:
-        servicer = self.servicer
         header = metadata(context, ns.HEADER)
         topic = _stored(request.topic, request.namespace, header, "topic")
         group = _stored(request.group, request.namespace, header, "group")
         spec = FilterSpec(request.filter_kind, request.filter_expression)
-        broker = servicer.broker
+        broker = self.broker
         queue_id = request.queue_id
 
         def read() -> tuple[PullResult, bytes]:
@@ -163,10 +174,10 @@ class BulkReadService:
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._budget(request, context)
-        notifier = servicer.notifier
+        notifier = self.notifier
         while True:
             with notifier.waiter(topic) as waiter:
-                result, encoded = await servicer._call(read)
+                result, encoded = await self.workers.call(read)
                 remaining = deadline - loop.time()
                 if (
                     result.messages
@@ -179,7 +190,7 @@ class BulkReadService:
                 await waiter.wait(remaining)
 
     def _budget(self, request: BulkRequest, context: grpc.aio.ServicerContext) -> float:
-        seconds = min(request.wait_ms / 1000, self.servicer.config.long_polling_max)
+        seconds = min(request.wait_ms / 1000, self.config.long_polling_max)
         remaining = context.time_remaining()
         if remaining is not None:
             seconds = min(seconds, remaining - _DEADLINE_MARGIN)

@@ -46,6 +46,9 @@ LOST_CEILING = 10
 MAX_ENTRIES = 1_000_000
 # A stream is stalled (its checks lost) after answering nothing for at least this long.
 MIN_LOST_AFTER_MS = 5_000
+# Defaults of the pacing limits, until ``pace_checks`` sets others.
+DEFAULT_MAX_PER_STREAM = 2_000
+DEFAULT_LOST_AFTER_MS = 6_000
 
 
 def _monotonic_ms() -> int:
@@ -64,8 +67,8 @@ class _Stream:
 class OutstandingChecks:
     def __init__(
         self,
-        max_per_stream: int = 2_000,
-        lost_after_ms: int = 6_000,
+        max_per_stream: int = DEFAULT_MAX_PER_STREAM,
+        lost_after_ms: int = DEFAULT_LOST_AFTER_MS,
         clock: Callable[[], int] = _monotonic_ms,
     ) -> None:
         self.max_per_stream = max_per_stream

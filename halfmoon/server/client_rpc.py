@@ -12,19 +12,40 @@ import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
+from halfmoon.broker.facade import Broker
+from halfmoon.config import ServerConfig
 from halfmoon.errors import HalfmoonError
 from halfmoon.server import client_settings, lite_subscriptions
 from halfmoon.server import namespace as ns
 from halfmoon.server.client_commands import reply_nonce
 from halfmoon.server.errors import Code, RequestError, ok, status, status_for
-from halfmoon.server.rpc_common import ServicerBase, metadata, peer_host, resource_name, unary
+from halfmoon.server.renewal import Renewer
+from halfmoon.server.rpc_common import Workers, metadata, peer_host, resource_name, unary
 from halfmoon.server.rpc_guard import PUBLISH_FILTER
-from halfmoon.server.telemetry import ClientSession
+from halfmoon.server.telemetry import ClientRegistry, ClientSession
 
 log = logging.getLogger("halfmoon.server.grpc")
 
 
-class ClientRpcs(ServicerBase):
+class ClientRpcs:
+    """Heartbeat, NotifyClientTermination and Telemetry: a client's session in the registry,
+    and the settings it is answered on its telemetry stream."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        config: ServerConfig,
+        registry: ClientRegistry,
+        renewer: Renewer,
+        workers: Workers,
+    ) -> None:
+        self.broker = broker
+        self.config = config
+        self.registry = registry
+        self.renewer = renewer
+        self.workers = workers
+        self.max_body_size = broker.config.max_body_size
+
     @unary(svc.HeartbeatResponse)
     async def Heartbeat(
         self, request: svc.HeartbeatRequest, context: grpc.aio.ServicerContext
@@ -32,7 +53,7 @@ class ClientRpcs(ServicerBase):
         client_id = metadata(context, "x-mq-client-id")
         group = resource_name(request.group, "group", context) if request.group.name else ""
         if group and request.client_type != pb.ClientType.PRODUCER:
-            await self._call(
+            await self.workers.call(
                 self.broker.get_group, group
             )  # auto-creates, or says it does not exist
         if client_id:
@@ -53,7 +74,7 @@ class ClientRpcs(ServicerBase):
             self.registry.remove(client_id)
             self.renewer.client_terminated(client_id)
             # A lite consumer's subscriptions end with it (a worker call: the broker's lock).
-            await self._call(self.broker.client_terminated, client_id)
+            await self.workers.call(self.broker.client_terminated, client_id)
         return svc.NotifyClientTerminationResponse(status=ok())
 
     async def Telemetry(
@@ -142,9 +163,9 @@ class ClientRpcs(ServicerBase):
                 group_name = stored.subscription.group.name
                 if not group_name:
                     raise RequestError("subscription.group is missing; set subscription.group.name")
-                group = await self._call(self.broker.get_group, group_name)
+                group = await self.workers.call(self.broker.get_group, group_name)
                 client_settings.validate_subscriptions(settings)
-                await self._call(self._subscribe, group_name, stored.subscription)
+                await self.workers.call(self._subscribe, group_name, stored.subscription)
                 answer = client_settings.consumer_settings(settings, group, self.config)
                 lite_subscriptions.add_lite_settings(answer, settings, self.broker)
             else:
@@ -170,8 +191,6 @@ class ClientRpcs(ServicerBase):
                     entry.topic.name,
                     exc.code,
                 )
-
-    # -- produce -------------------------------------------------------------------
 
 
 def _stored_settings(settings: pb.Settings, header: str) -> pb.Settings:

@@ -21,6 +21,7 @@ from halfmoon.broker.message import (
     PROPERTY_MESSAGE_GROUP,
     PROPERTY_TRANSACTION_GROUP,
     PROPERTY_TRANSACTION_ID,
+    PROPERTY_TRANSACTION_TIMEOUT,
     MessageType,
     MessageView,
     OutgoingMessage,
@@ -182,11 +183,14 @@ def outgoing_message(
     # twice as slow, and this runs once per message of every send.
     properties = {k: wire_properties[k] for k in wire_properties} if wire_properties else {}
     transaction_group = None
+    transaction_timeout_ms = None
     if message_type is MessageType.TRANSACTION and PROPERTY_TRANSACTION_GROUP in properties:
         # The transaction-group convention (docs/transactions.md): a reserved user
         # property on half messages, which the official clients never set. On any
         # other message it stays reserved and the broker refuses it.
         transaction_group = properties.pop(PROPERTY_TRANSACTION_GROUP)
+        if PROPERTY_TRANSACTION_TIMEOUT in properties:
+            transaction_timeout_ms = _timeout_ms(properties.pop(PROPERTY_TRANSACTION_TIMEOUT))
     return OutgoingMessage(
         topic=topic,
         body=body,
@@ -199,6 +203,7 @@ def outgoing_message(
         if message_type is MessageType.TRANSACTION and producer_group
         else None,
         transaction_group=transaction_group,
+        transaction_timeout_ms=transaction_timeout_ms,
         message_group=sp.message_group
         if sp.HasField("message_group") and sp.message_group
         else None,
@@ -222,6 +227,17 @@ def outgoing_message(
         if message_type is MessageType.LITE and sp.HasField("lite_topic")
         else None,
     )
+
+
+def _timeout_ms(value: str) -> int:
+    """A transaction group member's ``__HM_TXN_TIMEOUT_MS``: a whole number of ms."""
+    try:
+        return int(value)
+    except ValueError:
+        raise RequestError(
+            f"{PROPERTY_TRANSACTION_TIMEOUT} must be a whole number of milliseconds, got {value!r}",
+            code="ILLEGAL_TRANSACTION_TIMEOUT",
+        ) from None
 
 
 def filter_spec(expression: pb.FilterExpression | None) -> FilterSpec:

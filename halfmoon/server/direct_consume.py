@@ -6,7 +6,7 @@ is a connected consumer of the group, send it ``VerifyMessageCommand`` and
 wait for its answer (:mod:`halfmoon.server.client_commands`). The admin API
 runs these steps for a client connected to its own worker; in cluster mode a
 proxy worker runs them for a request another worker relayed to it
-(:mod:`halfmoon.cluster.command_relay`), so both paths answer alike.
+(:mod:`halfmoon.cluster.proxy.command_relay`), so both paths answer alike.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
   place, which affects new handshakes only as well.
 - Mode ``enforcing`` serves TLS only; ``permissive`` serves plaintext and
   TLS on one port (:mod:`halfmoon.server.grpc_endpoint`,
-  :mod:`halfmoon.server.permissive_admin`).
+  :mod:`halfmoon.listen.permissive`).
 """
 
 from __future__ import annotations

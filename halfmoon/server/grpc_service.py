@@ -12,32 +12,42 @@ raises into grpc, so no request can take the server down.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable
+from concurrent.futures import ThreadPoolExecutor
+
 import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc
 
+from halfmoon.broker.facade import Broker
 from halfmoon.broker.message import OutgoingMessage
 from halfmoon.broker.produce import SendResult
-from halfmoon.broker.transactions import EndRequest
-from halfmoon.server import convert, lite_subscriptions, txn_headers
+from halfmoon.broker.transactions import DecisionSource, EndRequest, Resolution
+from halfmoon.config import ServerConfig
+from halfmoon.server import convert, txn_headers
 from halfmoon.server import namespace as ns
 from halfmoon.server.client_rpc import ClientRpcs
+from halfmoon.server.end_batching import EndBatcher
 from halfmoon.server.errors import Code, RequestError, ok, status
+from halfmoon.server.longpoll import ArrivalNotifier
 from halfmoon.server.pop_rpc import PopRpcs
 from halfmoon.server.pull_rpc import PullRpcs
+from halfmoon.server.renewal import Renewer
 from halfmoon.server.rpc_common import (
     OK_STATUS,
-    metadata,
+    Workers,
     metadata_pair,
     peer_host,
     resource_name,
     unary,
     until_durable,
 )
+from halfmoon.server.telemetry import ClientRegistry
 
 _RESOLUTIONS = {
-    pb.TransactionResolution.COMMIT: "commit",
-    pb.TransactionResolution.ROLLBACK: "rollback",
+    pb.TransactionResolution.COMMIT: Resolution.COMMIT,
+    pb.TransactionResolution.ROLLBACK: Resolution.ROLLBACK,
 }
 _PERMISSION = {
     "rw": pb.Permission.READ_WRITE,
@@ -50,11 +60,15 @@ _PERMISSION = {
 TRANSACTION_GROUP_PREFIX = "hm-group:"
 
 
-class MessagingServicer(ClientRpcs, PopRpcs, PullRpcs):
-    """Every RPC of the RocketMQ 5 ``MessagingService``: routes, sends and transactions
-    here; client sessions, pop and pull consumption in the classes it combines."""
+class RouteRpcs:
+    """QueryRoute and QueryAssignment: where a topic's queues are, and which of them a
+    consumer of a group reads."""
 
-    # -- routes ----------------------------------------------------------------
+    def __init__(self, broker: Broker, workers: Workers, *, advertised: tuple[str, int]) -> None:
+        self.broker = broker
+        self.workers = workers
+        self.advertised = advertised
+        self.broker_name = broker.config.name
 
     def _broker_pb(self, endpoints: pb.Endpoints | None, name: str = "") -> pb.Broker:
         """The broker a queue lives on, at the endpoints the client should call for it.
@@ -77,7 +91,7 @@ class MessagingServicer(ClientRpcs, PopRpcs, PullRpcs):
         self, request: svc.QueryRouteRequest, context: grpc.aio.ServicerContext
     ) -> svc.QueryRouteResponse:
         topic = resource_name(request.topic, "topic", context)
-        routes = await self._call(self.broker.route, topic)
+        routes = await self.workers.call(self.broker.route, topic)
         dialed = request.endpoints if request.HasField("endpoints") else None
         queues = []
         for route in routes:
@@ -100,8 +114,8 @@ class MessagingServicer(ClientRpcs, PopRpcs, PullRpcs):
     ) -> svc.QueryAssignmentResponse:
         topic = resource_name(request.topic, "topic", context)
         group = resource_name(request.group, "group", context)
-        routes = await self._call(self.broker.route, topic)
-        config = await self._call(self.broker.get_group, group)
+        routes = await self.workers.call(self.broker.route, topic)
+        config = await self.workers.call(self.broker.get_group, group)
         readable = [r for r in routes if "r" in r.perm]
         if not readable:
             return svc.QueryAssignmentResponse(
@@ -136,9 +150,22 @@ class MessagingServicer(ClientRpcs, PopRpcs, PullRpcs):
             status=ok(), assignments=[pb.Assignment(message_queue=q) for q in queues]
         )
 
-    # -- clients -----------------------------------------------------------------
 
-    # -- produce -------------------------------------------------------------------
+class SendRpcs:
+    """SendMessage, EndTransaction and RecallMessage: the writes of producers."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        registry: ClientRegistry,
+        workers: Workers,
+        ends: EndBatcher,
+    ) -> None:
+        self.broker = broker
+        self.registry = registry
+        self.workers = workers
+        # EndTransactions of one loop turn decided with one append: end_batching.py.
+        self.ends = ends
 
     @unary(svc.SendMessageResponse)
     async def SendMessage(
@@ -158,10 +185,12 @@ class MessagingServicer(ClientRpcs, PopRpcs, PullRpcs):
             for m in outgoing:
                 m.born_host = m.born_host or peer
         results = await self._send(outgoing)
-        topics = {m.topic for m in outgoing}
         if client_id:
-            for topic in topics:
-                self.registry.note_topic(client_id, topic)
+            sent: dict[str, int] = {}
+            for m in outgoing:
+                sent[m.topic] = sent.get(m.topic, 0) + 1
+            for topic, count in sent.items():
+                self.registry.note_topic(client_id, topic, count)
         # Every entry carries a transaction id, the message id for a plain send: RocketMQ's
         # broker answers every send so (SendMessageProcessor sets it from the message id).
         # Added in place: building entries apart and passing the list copies each one again
@@ -179,29 +208,17 @@ class MessagingServicer(ClientRpcs, PopRpcs, PullRpcs):
         return response
 
     async def _send(self, outgoing: list[OutgoingMessage]) -> list[SendResult]:
-        """``broker.send_nowait``, on the event loop when it cannot block, else on a worker
-        thread; then wait, on the loop, until the answer's promise (durability) holds.
+        """``broker.send_nowait`` on the event loop, its answer awaited there: the results
+        once durable (no loop wake-up when they already are).
 
-        A send of ordinary messages to a topic that exists validates, appends to
-        the commit log's page-cache mapping and returns: tens of microseconds,
-        less than the two thread hand-offs of a worker call. Half messages too:
-        the transaction lock they take is held by a check scan one message at a
-        time. The first send to a topic may create it (metadata written to
-        disk) and a transaction group member may need a key-index lookup (is
-        its group decided?): ``sends_cheaply`` says no and those run on the
-        worker threads.
-
-        A broker in another process (a proxy's) takes the sends on the loop instead
-        (``send_async``): coalesced with other calls' sends, no thread hop.
+        The broker never blocks the loop: a send that only appends (a topic that
+        exists: tens of microseconds, less than two thread hand-offs) is written at
+        once; what would block (a topic to create, a transaction group member's index
+        lookup) it answers with a ``Pending`` that writes on a worker thread; a proxy's
+        brokers a network hop away answer one that awaits their send stream on the
+        loop, coalesced with other calls' sends.
         """
-        if self.send_async is not None:
-            return await self.send_async(outgoing)
-        if self.broker.sends_cheaply(outgoing):
-            written = self.broker.send_nowait(outgoing)
-        else:
-            written = await self._call(self.broker.send_nowait, outgoing)
-        await until_durable(written.durable)
-        return written.result
+        return await self.broker.send_nowait(outgoing)
 
     def _producer_group(self, client_id: str) -> str | None:
         """The producer group a client named in its heartbeats (halfmoon's client does)."""
@@ -230,11 +247,15 @@ class MessagingServicer(ClientRpcs, PopRpcs, PullRpcs):
                 "transaction id cannot be empty",
                 code="INVALID_TRANSACTION_ID",
             )
-        resolution = _RESOLUTIONS.get(request.resolution, "unknown")
-        source = "check" if request.source == pb.TransactionSource.SOURCE_SERVER_CHECK else "client"
+        resolution = _RESOLUTIONS.get(request.resolution, Resolution.UNKNOWN)
+        source = (
+            DecisionSource.CHECK
+            if request.source == pb.TransactionSource.SOURCE_SERVER_CHECK
+            else DecisionSource.CLIENT
+        )
         if request.transaction_id.startswith(TRANSACTION_GROUP_PREFIX):
             group = request.transaction_id[len(TRANSACTION_GROUP_PREFIX) :]
-            written = await self._call(
+            written = await self.workers.call(
                 self.broker.end_transaction_group_nowait,
                 group,
                 resolution,
@@ -248,9 +269,9 @@ class MessagingServicer(ClientRpcs, PopRpcs, PullRpcs):
             # Pending or recently decided: an append (or nothing), like a plain send; no thread
             # hop, and decided with the other EndTransactions of this loop turn (end_batching.py).
             ask = EndRequest(request.transaction_id, resolution, source, request.message_id, topic)
-            result = await self._ends.end(ask)
+            result = await self.ends.end(ask)
         else:  # may look the decision up in the key index
-            result = await self._call(
+            result = await self.workers.call(
                 end, topic, request.message_id, request.transaction_id, resolution, source
             )
         # The decision is acknowledged only once durable (it may publish the message).
@@ -261,24 +282,138 @@ class MessagingServicer(ClientRpcs, PopRpcs, PullRpcs):
     async def RecallMessage(
         self, request: svc.RecallMessageRequest, context: grpc.aio.ServicerContext
     ) -> svc.RecallMessageResponse:
-        message_id = await self._call(
+        message_id = await self.workers.call(
             self.broker.recall,
             resource_name(request.topic, "topic", context),
             request.recall_handle,
         )
         return svc.RecallMessageResponse(status=ok(), message_id=message_id)
 
-    # -- consume by pop -------------------------------------------------------------
 
-    @unary(svc.SyncLiteSubscriptionResponse)
-    async def SyncLiteSubscription(
-        self, request: svc.SyncLiteSubscriptionRequest, context: grpc.aio.ServicerContext
-    ) -> svc.SyncLiteSubscriptionResponse:
-        call = lite_subscriptions.sync_call(
-            request,
-            metadata(context, "x-mq-client-id"),
-            topic=resource_name(request.topic, "topic", context),
-            group=resource_name(request.group, "group", context),
+class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
+    """Every RPC of the RocketMQ 5 ``MessagingService``, each handed to the group that
+    serves it: routes, sends (here), client sessions (:mod:`~halfmoon.server.client_rpc`),
+    pop and pull consumption (:mod:`~halfmoon.server.pop_rpc`,
+    :mod:`~halfmoon.server.pull_rpc`). The groups share the broker facade, the client
+    registry, the arrival notifier, the worker pool and the invisible-time renewer."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        config: ServerConfig,
+        registry: ClientRegistry,
+        notifier: ArrivalNotifier,
+        *,
+        advertised: tuple[str, int],
+        executor: ThreadPoolExecutor | None = None,
+    ) -> None:
+        self.broker = broker
+        self.config = config
+        self.registry = registry
+        self.notifier = notifier
+        self.workers = Workers(
+            executor or ThreadPoolExecutor(config.worker_threads, thread_name_prefix="halfmoon-rpc")
         )
-        await self._call(self.broker.sync_lite_subscription, *call)
-        return svc.SyncLiteSubscriptionResponse(status=ok())
+        # Invisible-time renewal for push consumers (auto_renew receives): renewal.py.
+        self.renewer = Renewer(broker, config, self.workers.call, self._has_stream)
+        self.routes = RouteRpcs(broker, self.workers, advertised=advertised)
+        self.sends = SendRpcs(
+            broker, registry, self.workers, EndBatcher(broker.end_transactions_nowait)
+        )
+        self.clients = ClientRpcs(broker, config, registry, self.renewer, self.workers)
+        self.pop = PopRpcs(broker, config, registry, notifier, self.renewer, self.workers)
+        self.pull = PullRpcs(broker, config, notifier, self.workers)
+
+    def _has_stream(self, client_id: str) -> bool:
+        session = self.registry.get(client_id)
+        return session is not None and session.has_stream
+
+    # Each RPC returns its group's coroutine or stream as it is: no await of its own
+    # between grpc and the handler.
+
+    def QueryRoute(
+        self, request: svc.QueryRouteRequest, context: grpc.aio.ServicerContext
+    ) -> Awaitable[svc.QueryRouteResponse]:
+        return self.routes.QueryRoute(request, context)
+
+    def QueryAssignment(
+        self, request: svc.QueryAssignmentRequest, context: grpc.aio.ServicerContext
+    ) -> Awaitable[svc.QueryAssignmentResponse]:
+        return self.routes.QueryAssignment(request, context)
+
+    def SendMessage(
+        self, request: svc.SendMessageRequest, context: grpc.aio.ServicerContext
+    ) -> Awaitable[svc.SendMessageResponse]:
+        return self.sends.SendMessage(request, context)
+
+    def EndTransaction(
+        self, request: svc.EndTransactionRequest, context: grpc.aio.ServicerContext
+    ) -> Awaitable[svc.EndTransactionResponse]:
+        return self.sends.EndTransaction(request, context)
+
+    def RecallMessage(
+        self, request: svc.RecallMessageRequest, context: grpc.aio.ServicerContext
+    ) -> Awaitable[svc.RecallMessageResponse]:
+        return self.sends.RecallMessage(request, context)
+
+    def Heartbeat(
+        self, request: svc.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> Awaitable[svc.HeartbeatResponse]:
+        return self.clients.Heartbeat(request, context)
+
+    def NotifyClientTermination(
+        self, request: svc.NotifyClientTerminationRequest, context: grpc.aio.ServicerContext
+    ) -> Awaitable[svc.NotifyClientTerminationResponse]:
+        return self.clients.NotifyClientTermination(request, context)
+
+    def Telemetry(
+        self,
+        request_iterator: AsyncIterator[svc.TelemetryCommand],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[svc.TelemetryCommand]:
+        return self.clients.Telemetry(request_iterator, context)
+
+    def ReceiveMessage(
+        self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[svc.ReceiveMessageResponse]:
+        return self.pop.ReceiveMessage(request, context)
+
+    def AckMessage(
+        self, request: svc.AckMessageRequest, context: grpc.aio.ServicerContext
+    ) -> Awaitable[svc.AckMessageResponse]:
+        return self.pop.AckMessage(request, context)
+
+    def ChangeInvisibleDuration(
+        self, request: svc.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext
+    ) -> Awaitable[svc.ChangeInvisibleDurationResponse]:
+        return self.pop.ChangeInvisibleDuration(request, context)
+
+    def ForwardMessageToDeadLetterQueue(
+        self, request: svc.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext
+    ) -> Awaitable[svc.ForwardMessageToDeadLetterQueueResponse]:
+        return self.pop.ForwardMessageToDeadLetterQueue(request, context)
+
+    def SyncLiteSubscription(
+        self, request: svc.SyncLiteSubscriptionRequest, context: grpc.aio.ServicerContext
+    ) -> Awaitable[svc.SyncLiteSubscriptionResponse]:
+        return self.pop.SyncLiteSubscription(request, context)
+
+    def PullMessage(
+        self, request: svc.PullMessageRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[svc.PullMessageResponse]:
+        return self.pull.PullMessage(request, context)
+
+    def UpdateOffset(
+        self, request: svc.UpdateOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> Awaitable[svc.UpdateOffsetResponse]:
+        return self.pull.UpdateOffset(request, context)
+
+    def GetOffset(
+        self, request: svc.GetOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> Awaitable[svc.GetOffsetResponse]:
+        return self.pull.GetOffset(request, context)
+
+    def QueryOffset(
+        self, request: svc.QueryOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> Awaitable[svc.QueryOffsetResponse]:
+        return self.pull.QueryOffset(request, context)

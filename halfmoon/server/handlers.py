@@ -10,6 +10,7 @@ the method's response with a BAD_REQUEST status naming the problem.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 from rocketmq.grpc_protocol import service_pb2
 
+from halfmoon.lifecycle import CallsInFlight
 from halfmoon.metrics import default_registry
 from halfmoon.server.errors import Code, status
 from halfmoon.server.rpc_guard import RpcGuard
@@ -26,6 +28,12 @@ RPCS = default_registry().counter(
     "halfmoon_grpc_requests_total",
     "gRPC requests answered, by method and protocol status code.",
     ("method", "code"),
+)
+DURATION = default_registry().histogram(
+    "halfmoon_grpc_request_duration_seconds",
+    "Time to answer unary gRPC requests (SendMessage: the send latency), by method.",
+    ("method",),
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 
 
@@ -65,18 +73,26 @@ def _unary(
     request_type: type[Message],
     response_type: type[Message],
     guard: RpcGuard | None,
+    calls: CallsInFlight,
 ) -> Callable:
     method = handler.__name__
+    key = (method,)
 
     async def run(raw: bytes, context: grpc.aio.ServicerContext) -> Message:
+        started = time.perf_counter()
         request = _decode(request_type, raw)
         if isinstance(request, str):
             response = response_type(status=status(Code.BAD_REQUEST, request))
         elif guard is not None and (denied := guard.check(method, request, context)):
             response = response_type(status=denied)
         else:
-            response = await handler(request, context)
+            calls.enter()
+            try:
+                response = await handler(request, context)
+            finally:
+                calls.leave()
         _count(method, response)
+        DURATION.observe_key(key, time.perf_counter() - started)
         return response
 
     return run
@@ -87,6 +103,7 @@ def _server_stream(
     request_type: type[Message],
     response_type: type[Message],
     guard: RpcGuard | None,
+    calls: CallsInFlight,
 ) -> Callable:
     method = handler.__name__
 
@@ -103,11 +120,15 @@ def _server_stream(
             yield response
             return
         counted = False
-        async for response in handler(request, context):
-            if not counted and response.HasField("status"):  # type: ignore[arg-type]
-                _count(method, response)
-                counted = True
-            yield response
+        calls.enter()
+        try:
+            async for response in handler(request, context):
+                if not counted and response.HasField("status"):  # type: ignore[arg-type]
+                    _count(method, response)
+                    counted = True
+                yield response
+        finally:
+            calls.leave()
 
     return run
 
@@ -117,6 +138,7 @@ def _bidi_stream(
     request_type: type[Message],
     response_type: type[Message],
     guard: RpcGuard | None,
+    calls: CallsInFlight,
 ) -> Callable:
     method = handler.__name__
 
@@ -134,15 +156,23 @@ def _bidi_stream(
             async for raw in raw_requests:
                 yield _decode(request_type, raw)
 
-        async for response in handler(decoded(), context):
-            yield response
+        calls.enter()
+        try:
+            async for response in handler(decoded(), context):
+                yield response
+        finally:
+            calls.leave()
 
     return run
 
 
-def messaging_handler(servicer: Any, guard: RpcGuard | None = None) -> grpc.GenericRpcHandler:
+def messaging_handler(
+    servicer: Any, guard: RpcGuard | None = None, calls: CallsInFlight | None = None
+) -> grpc.GenericRpcHandler:
     """A generic handler serving every MessagingService method of ``servicer``; ``guard``
-    (authentication on) checks every request before its handler runs."""
+    (authentication on) checks every request before its handler runs; ``calls`` counts the
+    calls its handlers are running (what a shutdown waits for, then cancels)."""
+    calls = calls if calls is not None else CallsInFlight()
     handlers = {}
     for method in SERVICE.methods:
         request_type, response_type = _types(method)
@@ -150,16 +180,17 @@ def messaging_handler(servicer: Any, guard: RpcGuard | None = None) -> grpc.Gene
         serialize = response_type.SerializeToString
         if not method.client_streaming and not method.server_streaming:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                _unary(handler, request_type, response_type, guard), response_serializer=serialize
+                _unary(handler, request_type, response_type, guard, calls),
+                response_serializer=serialize,
             )
         elif not method.client_streaming:
             handlers[method.name] = grpc.unary_stream_rpc_method_handler(
-                _server_stream(handler, request_type, response_type, guard),
+                _server_stream(handler, request_type, response_type, guard, calls),
                 response_serializer=serialize,
             )
         else:
             handlers[method.name] = grpc.stream_stream_rpc_method_handler(
-                _bidi_stream(handler, request_type, response_type, guard),
+                _bidi_stream(handler, request_type, response_type, guard, calls),
                 response_serializer=serialize,
             )
     return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)

@@ -7,7 +7,7 @@ plaintext handler). So halfmoon puts a front listener on the public port
 and gives the gRPC server two loopback listeners of its own, one TLS (with
 the reloadable certificate: SIGHUP works as in ``enforcing``) and one
 plaintext. For each accepted connection the front waits for the first byte
-(:func:`halfmoon.server.tls_sniff.is_tls`), connects to the matching inner
+(:func:`halfmoon.listen.tls_sniff.is_tls`), connects to the matching inner
 listener and relays bytes both ways until either side closes. The TLS
 session is still between the client and gRPC's own TLS stack: the front
 never decrypts anything and holds no key.
@@ -28,8 +28,9 @@ import contextlib
 import logging
 import socket
 
+from halfmoon.listen import listening_socket
+from halfmoon.listen.tls_sniff import count, is_tls
 from halfmoon.server.client_address import SPLICED, SplicedPeers, grpc_peer
-from halfmoon.server.tls_sniff import count, is_tls
 
 log = logging.getLogger("halfmoon.server")
 
@@ -219,26 +220,6 @@ class _InnerSide(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.relay.close()
-
-
-def listening_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
-    """A bound, listening, non-blocking TCP socket. An IPv6 host (``::`` included) gets a
-    dual-stack socket, as gRPC's own listeners do, so IPv4 clients reach it as well."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        sock.bind((host or "0.0.0.0", port))
-        sock.listen(1024)
-        sock.setblocking(False)
-    except OSError as exc:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port} ({exc.strerror or exc})") from None
-    return sock
 
 
 class PermissiveFront:

@@ -11,19 +11,52 @@ import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
+from halfmoon.broker.facade import Broker
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageView
+from halfmoon.config import ServerConfig
 from halfmoon.errors import HalfmoonError
-from halfmoon.server import convert, txn_headers
+from halfmoon.server import convert, lite_subscriptions, txn_headers
 from halfmoon.server.errors import Code, RequestError, ok, status, status_for
-from halfmoon.server.rpc_common import OK_STATUS, ServicerBase, metadata, resource_name, unary
+from halfmoon.server.longpoll import ArrivalNotifier
+from halfmoon.server.renewal import Renewer
+from halfmoon.server.rpc_common import (
+    OK_STATUS,
+    Workers,
+    metadata,
+    poll_budget,
+    resource_name,
+    unary,
+    until_durable,
+)
+from halfmoon.server.telemetry import ClientRegistry
 
 # A redelivery wake-up already in the past (the broker held the message back, e.g. FIFO):
 # look again after this long rather than spinning.
 _MIN_REPOLL = 0.05
 
 
-class PopRpcs(ServicerBase):
+class PopRpcs:
+    """ReceiveMessage (a long poll on the arrival notifier), the ack, invisible-time change
+    and dead-letter forward of what it handed out, and a lite consumer's subscriptions."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        config: ServerConfig,
+        registry: ClientRegistry,
+        notifier: ArrivalNotifier,
+        renewer: Renewer,
+        workers: Workers,
+    ) -> None:
+        self.broker = broker
+        self.config = config
+        self.registry = registry
+        self.notifier = notifier
+        self.renewer = renewer
+        self.workers = workers
+        self.default_invisible_ms = broker.config.default_invisible_ms
+
     def _receive_once(
         self,
         group: str,
@@ -63,7 +96,8 @@ class PopRpcs(ServicerBase):
             spec = convert.filter_spec(
                 request.filter_expression if request.HasField("filter_expression") else None
             )
-            budget = self._poll_budget(
+            budget = poll_budget(
+                self.config,
                 request.long_polling_timeout if request.HasField("long_polling_timeout") else None,
                 context,
             )
@@ -130,7 +164,7 @@ class PopRpcs(ServicerBase):
                     group, topic, spec, batch, invisible_ms, client_id, queue_id
                 )
                 if found is None:
-                    views, wakeup_ms = await self._call(
+                    views, wakeup_ms = await self.workers.call(
                         self._receive_once,
                         group, topic, spec, batch, invisible_ms, client_id, queue_id,
                     )  # fmt: skip
@@ -179,11 +213,11 @@ class PopRpcs(ServicerBase):
             lite = any(e.HasField("lite_topic") for e in request.entries)
             return statuses, lite or self._is_fifo(group)
 
-        answered = self._ack_on_loop(group, topic, handles, lite_topics, txn)
+        answered = await self._ack_on_loop(group, topic, handles, lite_topics, txn)
         if answered is not None:
             statuses, fifo = answered
         else:
-            statuses, fifo = await self._call(ack_all)
+            statuses, fifo = await self.workers.call(ack_all)
         if fifo:
             # In a FIFO group (and a lite topic) an ack releases the next message of its queue.
             self.notifier.wake(topic)
@@ -202,7 +236,7 @@ class PopRpcs(ServicerBase):
             overall = status(Code.MULTIPLE_RESULTS, "some entries failed; see each entry's status")
         return svc.AckMessageResponse(status=overall, entries=results)
 
-    def _ack_on_loop(
+    async def _ack_on_loop(
         self,
         group: str,
         topic: str,
@@ -211,16 +245,22 @@ class PopRpcs(ServicerBase):
         txn: str | None,
     ) -> tuple[list[pb.Status], bool] | None:
         """The batch acked on the loop, when the broker can do it without blocking: plain
-        acks of an ordinary topic, bookkeeping in memory under one lock hold. None: the
-        caller acks on a worker thread."""
+        acks of an ordinary topic, bookkeeping in memory under one lock hold and one ack
+        record appended; answered once that record is durable. None: the caller acks on a
+        worker thread."""
         if txn is not None or not all(handles) or any(t is not None for t in lite_topics):
             return None
         config = self.broker.find_group(group)
         if config is None:
             return None
-        results = self.broker.ack_nowait(group, topic, handles)
-        if results is None:
+        written = self.broker.ack_nowait(group, topic, handles)
+        if written is None:
             return None
+        results = written.result
+        try:
+            await until_durable(written.durable)
+        except Exception as exc:  # noqa: BLE001 - every ack of the batch answers the failure
+            results = [exc if error is None else error for error in results]
         statuses = [
             OK_STATUS if error is None else status_for(error, "AckMessage") for error in results
         ]
@@ -246,7 +286,7 @@ class PopRpcs(ServicerBase):
         txn = txn_headers.transaction_group(context)
         if txn is not None:  # halfmoon's client: a reject applied on commit
             delay = convert.duration_ms(request.invisible_duration)
-            await self._call(
+            await self.workers.call(
                 self.broker.transactional_reject,
                 txn,
                 group,
@@ -257,7 +297,7 @@ class PopRpcs(ServicerBase):
             return svc.ChangeInvisibleDurationResponse(
                 status=ok(), receipt_handle=request.receipt_handle
             )
-        handle = await self._call(
+        handle = await self.workers.call(
             self.broker.change_invisible_duration,
             group,
             topic,
@@ -282,11 +322,11 @@ class PopRpcs(ServicerBase):
         )
         txn = txn_headers.transaction_group(context)
         if txn is not None:  # halfmoon's client: dead-lettered on commit
-            await self._call(
+            await self.workers.call(
                 self.broker.transactional_reject, txn, group, topic, current, None, True
             )
             return svc.ForwardMessageToDeadLetterQueueResponse(status=ok())
-        await self._call(
+        await self.workers.call(
             self.broker.forward_to_dead_letter,
             group,
             topic,
@@ -295,3 +335,16 @@ class PopRpcs(ServicerBase):
         )
         self.notifier.wake(topic)  # a FIFO queue blocked behind this message moves on
         return svc.ForwardMessageToDeadLetterQueueResponse(status=ok())
+
+    @unary(svc.SyncLiteSubscriptionResponse)
+    async def SyncLiteSubscription(
+        self, request: svc.SyncLiteSubscriptionRequest, context: grpc.aio.ServicerContext
+    ) -> svc.SyncLiteSubscriptionResponse:
+        call = lite_subscriptions.sync_call(
+            request,
+            metadata(context, "x-mq-client-id"),
+            topic=resource_name(request.topic, "topic", context),
+            group=resource_name(request.group, "group", context),
+        )
+        await self.workers.call(self.broker.sync_lite_subscription, *call)
+        return svc.SyncLiteSubscriptionResponse(status=ok())

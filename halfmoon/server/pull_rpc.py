@@ -10,14 +10,31 @@ import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
-from halfmoon.broker.facade import PullResult
+from halfmoon.broker.facade import Broker, PullResult
 from halfmoon.broker.filter_spec import FilterSpec
+from halfmoon.config import ServerConfig
 from halfmoon.server import convert, txn_headers
 from halfmoon.server.errors import Code, RequestError, ok, status, status_for
-from halfmoon.server.rpc_common import OK_STATUS, ServicerBase, resource_name, unary
+from halfmoon.server.longpoll import ArrivalNotifier
+from halfmoon.server.rpc_common import OK_STATUS, Workers, poll_budget, resource_name, unary
 
 
-class PullRpcs(ServicerBase):
+class PullRpcs:
+    """PullMessage (a long poll at an offset) and the offsets a pull consumer stores and
+    queries."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        config: ServerConfig,
+        notifier: ArrivalNotifier,
+        workers: Workers,
+    ) -> None:
+        self.broker = broker
+        self.config = config
+        self.notifier = notifier
+        self.workers = workers
+
     async def PullMessage(
         self, request: svc.PullMessageRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[svc.PullMessageResponse]:
@@ -32,7 +49,8 @@ class PullRpcs(ServicerBase):
             spec = convert.filter_spec(
                 request.filter_expression if request.HasField("filter_expression") else None
             )
-            budget = self._poll_budget(
+            budget = poll_budget(
+                self.config,
                 request.long_polling_timeout if request.HasField("long_polling_timeout") else None,
                 context,
             )
@@ -68,7 +86,7 @@ class PullRpcs(ServicerBase):
         deadline = loop.time() + budget
         while True:
             with self.notifier.waiter(topic) as waiter:
-                result = await self._call(
+                result = await self.workers.call(
                     self.broker.pull, group, topic, queue_id, offset, batch, spec
                 )
                 remaining = deadline - loop.time()
@@ -89,7 +107,7 @@ class PullRpcs(ServicerBase):
         topic = resource_name(request.message_queue.topic, "message_queue.topic", context)
         txn = txn_headers.transaction_group(context)
         if txn is not None:  # halfmoon's client: the offset moves on commit
-            await self._call(
+            await self.workers.call(
                 self.broker.transactional_offset,
                 txn,
                 group,
@@ -99,7 +117,7 @@ class PullRpcs(ServicerBase):
                 txn_headers.expected_offset(context),
             )
             return svc.UpdateOffsetResponse(status=ok())
-        await self._call(
+        await self.workers.call(
             self.broker.update_offset, group, topic, request.message_queue.id, request.offset
         )
         return svc.UpdateOffsetResponse(status=ok())
@@ -110,7 +128,9 @@ class PullRpcs(ServicerBase):
     ) -> svc.GetOffsetResponse:
         group = resource_name(request.group, "group", context)
         topic = resource_name(request.message_queue.topic, "message_queue.topic", context)
-        offset = await self._call(self.broker.get_offset, group, topic, request.message_queue.id)
+        offset = await self.workers.call(
+            self.broker.get_offset, group, topic, request.message_queue.id
+        )
         return svc.GetOffsetResponse(status=ok(), offset=offset)
 
     @unary(svc.QueryOffsetResponse)
@@ -132,12 +152,10 @@ class PullRpcs(ServicerBase):
             raise RequestError(
                 f"unknown query_offset_policy {policy}; use BEGINNING, END or TIMESTAMP"
             )
-        offset = await self._call(
+        offset = await self.workers.call(
             self.broker.query_offset, topic, request.message_queue.id, name, timestamp
         )
         return svc.QueryOffsetResponse(status=ok(), offset=offset)
-
-    # -- lite topics (server/lite_subscriptions.py) ------------------------------------
 
 
 # Only "nothing at this offset yet" is worth waiting for; filtered-out entries and bad

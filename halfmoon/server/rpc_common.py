@@ -1,12 +1,12 @@
-"""What every part of the gRPC servicer shares: the worker pool, the request
-helpers, and the decorator that turns any failure of a unary RPC into a Status.
+"""What every group of the gRPC servicer's RPCs shares: the worker pool, the
+request helpers, and the decorator that turns any failure of a unary RPC into a Status.
 
 The servicer's RPCs are grouped by idea over a few modules (routes and sends
 in :mod:`halfmoon.server.grpc_service`, client sessions in
 :mod:`halfmoon.server.client_rpc`, pop consumption in
 :mod:`halfmoon.server.pop_rpc`, pull consumption in
-:mod:`halfmoon.server.pull_rpc`); each group is a class over
-:class:`ServicerBase`, and ``MessagingServicer`` combines them.
+:mod:`halfmoon.server.pull_rpc`); each group is an object built from the parts
+it uses, and ``MessagingServicer`` holds the groups and hands each RPC to its own.
 """
 
 from __future__ import annotations
@@ -20,18 +20,12 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import duration_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
-from rocketmq.grpc_protocol import service_pb2_grpc
 
-from halfmoon.broker.facade import Broker, SendsAsync
 from halfmoon.config import ServerConfig
 from halfmoon.server import convert
 from halfmoon.server import namespace as ns
 from halfmoon.server.client_address import client_peer
-from halfmoon.server.end_batching import EndBatcher
 from halfmoon.server.errors import RequestError, ok, status_for
-from halfmoon.server.longpoll import ArrivalNotifier
-from halfmoon.server.renewal import Renewer
-from halfmoon.server.telemetry import ClientRegistry
 
 T = TypeVar("T")
 
@@ -72,9 +66,7 @@ def unary(response_type: type) -> Callable:
         rpc = handler.__name__
 
         @functools.wraps(handler)
-        async def wrapper(
-            self: ServicerBase, request: Any, context: grpc.aio.ServicerContext
-        ) -> Any:
+        async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
                 return await handler(self, request, context)
             except asyncio.CancelledError:
@@ -111,55 +103,30 @@ async def until_durable(durable: Future[None]) -> None:
     await asyncio.wrap_future(durable)
 
 
-class ServicerBase(service_pb2_grpc.MessagingServiceServicer):
-    """The state every RPC group uses: the broker facade, the client registry, the worker pool."""
+class Workers:
+    """The thread pool the RPCs hand their blocking broker calls to, so the event loop
+    stays free for the parked long polls."""
 
-    def __init__(
-        self,
-        broker: Broker,
-        config: ServerConfig,
-        registry: ClientRegistry,
-        notifier: ArrivalNotifier,
-        *,
-        advertised: tuple[str, int],
-        executor: ThreadPoolExecutor | None = None,
-    ) -> None:
-        self.broker = broker
-        self.config = config
-        self.registry = registry
-        self.notifier = notifier
-        self.advertised = advertised
-        self._executor = executor or ThreadPoolExecutor(
-            config.worker_threads, thread_name_prefix="halfmoon-rpc"
-        )
-        self.max_body_size = broker.config.max_body_size
-        self.default_invisible_ms = broker.config.default_invisible_ms
-        self.broker_name = broker.config.name
-        # A broker a network hop away takes sends on the loop (coalesced there, no thread).
-        self.send_async = broker.send_async if isinstance(broker, SendsAsync) else None
-        # Invisible-time renewal for push consumers (auto_renew receives): renewal.py.
-        self.renewer = Renewer(broker, config, self._call, self._has_stream)
-        # EndTransactions of one loop turn decided with one append: end_batching.py.
-        self._ends = EndBatcher(broker.end_transactions_nowait)
+    def __init__(self, executor: ThreadPoolExecutor) -> None:
+        self._executor = executor
 
-    def _has_stream(self, client_id: str) -> bool:
-        session = self.registry.get(client_id)
-        return session is not None and session.has_stream
-
-    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
 
-    # -- routes ----------------------------------------------------------------
 
-    def _poll_budget(
-        self, asked: duration_pb2.Duration | None, context: grpc.aio.ServicerContext
-    ) -> float:
-        seconds = self.config.long_polling_default
-        if asked is not None:
-            seconds = convert.duration_ms(asked) / 1000
-        seconds = min(max(seconds, 0.0), self.config.long_polling_max)
-        remaining = context.time_remaining()
-        if remaining is not None:
-            seconds = min(seconds, remaining - _DEADLINE_MARGIN)
-        return max(seconds, 0.0)
+def poll_budget(
+    config: ServerConfig,
+    asked: duration_pb2.Duration | None,
+    context: grpc.aio.ServicerContext,
+) -> float:
+    """How long a long poll may wait: what the client asked (else the default), within the
+    configured maximum and answered before the client's own deadline."""
+    seconds = config.long_polling_default
+    if asked is not None:
+        seconds = convert.duration_ms(asked) / 1000
+    seconds = min(max(seconds, 0.0), config.long_polling_max)
+    remaining = context.time_remaining()
+    if remaining is not None:
+        seconds = min(seconds, remaining - _DEADLINE_MARGIN)
+    return max(seconds, 0.0)

@@ -6,6 +6,10 @@ UNAUTHORIZED or FORBIDDEN status, and the handler never runs. The signature
 and the policies are :class:`halfmoon.auth.Guard`'s business; this module
 only reads the metadata, the peer and the request's names.
 
+A request naming a client id (``x-mq-client-id``) another user is using is
+refused FORBIDDEN (:mod:`halfmoon.server.client_owners`): a client id is not a
+way into someone else's session.
+
 For a telemetry stream the authenticated user's Pub permissions are handed
 to the session (``PUBLISH_FILTER``), so transaction checks go only to
 producers allowed to Pub on the message's topic.
@@ -20,10 +24,11 @@ from typing import Any
 import grpc
 from rocketmq.grpc_protocol import definition_pb2
 
-from halfmoon.auth import Guard
+from halfmoon.auth import Forbidden, Guard
 from halfmoon.errors import HalfmoonError
 from halfmoon.server import namespace as ns
 from halfmoon.server.client_address import client_peer
+from halfmoon.server.client_owners import ClientOwners
 from halfmoon.server.errors import status_for
 from halfmoon.server.rpc_permissions import needs
 
@@ -42,8 +47,9 @@ def peer_ip(context: grpc.aio.ServicerContext) -> str:
 
 
 class RpcGuard:
-    def __init__(self, guard: Guard) -> None:
+    def __init__(self, guard: Guard, owners: ClientOwners | None = None) -> None:
         self.guard = guard
+        self.owners = owners or ClientOwners()
 
     def check(
         self, method: str, request: Any, context: grpc.aio.ServicerContext
@@ -58,6 +64,13 @@ class RpcGuard:
         peer = peer_ip(context)
         try:
             user = guard.authenticate_signed(metadata, peer, method)
+            client_id = metadata.get("x-mq-client-id")
+            if client_id and not self.owners.claim(client_id, user.access_key):
+                guard.audit_denial(user, peer, method, "client id of another user")
+                raise Forbidden(
+                    f"client id {client_id[:128]!r} is in use by another user ({method}); "
+                    "give every client a client id of its own"
+                )
             if request is not None:
                 guard.authorize(
                     user, needs(method, request, metadata.get(ns.HEADER, "")), peer, method

@@ -1,14 +1,25 @@
 """What each MessagingService RPC needs, in ACL 2.0's terms (RocketMQ's proxy maps them so).
 
-- send, recall, end a transaction: Pub on the topic;
+- send, recall, end a transaction: Pub on the topic (the broker then checks that the
+  transaction or recall handle belongs to that topic, and answers as if it did not
+  exist when it does not: the topic a caller names is bound to what it acts on);
 - route lookup: Pub or Sub on the topic;
 - assignment, receive, ack, change invisibility, dead-letter, pull, offsets,
   lite subscriptions: Sub on the topic and Sub on the group;
-- heartbeat, termination, telemetry: a known user, nothing more (a producer
+- a consumer's heartbeat naming its group: Sub on the group (it may create the group,
+  as a first receive would; RocketMQ's proxy asks the same);
+- a producer's heartbeat, termination, telemetry: a known user, nothing more (a producer
   learns of transaction checks only for topics it may Pub on: see
   ``TelemetryCheckSender``);
 - BulkRead (``halfmoon.v1.BulkRead``, halfmoon's own): as pull, Sub on the topic and group;
-- ending a transaction *group* (``hm-group:<id>``, no topic): Pub on Cluster.
+- ending a transaction *group* (``hm-group:<id>``): Pub on Cluster, whatever topic the
+  request names. A group's members may be in any topic (sends, acks and offset
+  commits of many topics and groups, on many brokers), so the topic field says
+  nothing about what the decision publishes;
+- ending a single transaction without a topic: Pub on Cluster (nothing binds it).
+
+The client id a request names is bound to its user before any of this
+(:mod:`halfmoon.server.client_owners`).
 
 Names are the stored ones (namespace applied), so ``Namespace:<ns>`` policies
 see them. A method missing here needs Update on Cluster: a new RPC is closed
@@ -23,6 +34,7 @@ from typing import Any
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from halfmoon.auth import CLUSTER, Need, group, topic
+from halfmoon.broker.transactions.ids import GROUP_ID_PREFIX
 from halfmoon.server import namespace as ns
 
 Needs = list[Need]
@@ -65,7 +77,7 @@ def _send(request: Any, header: str) -> Needs:
 
 
 def _end_transaction(request: Any, header: str) -> Needs:
-    if not request.topic.name:
+    if request.transaction_id.startswith(GROUP_ID_PREFIX) or not request.topic.name:
         return [Need.of(CLUSTER, "Pub")]
     return _pub(request.topic, header, "Pub")
 
@@ -77,13 +89,19 @@ def _bulk_read(request: Any, header: str) -> Needs:
     return _sub(topic_resource, group_resource, header)
 
 
+def _heartbeat(request: Any, header: str) -> Needs:
+    if request.client_type == pb.ClientType.PRODUCER:
+        return []
+    return _sub(pb.Resource(), request.group, header)
+
+
 def _nothing(request: Any, header: str) -> Needs:
     return []
 
 
 NEEDS: dict[str, Callable[[Any, str], Needs]] = {
     "QueryRoute": lambda r, h: _pub(r.topic, h, "Pub", "Sub"),
-    "Heartbeat": _nothing,
+    "Heartbeat": _heartbeat,
     "NotifyClientTermination": _nothing,
     "Telemetry": _nothing,
     "SendMessage": _send,

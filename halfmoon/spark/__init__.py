@@ -15,6 +15,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+# ruff: noqa: E402 (the extra is checked before the imports that need it)
+from halfmoon.extras import require
+
+require("spark")  # before the first pyarrow/pyspark import: a missing extra is one clear line
+
 from halfmoon.spark.options import DataLossError, SparkOptionError
 from halfmoon.spark.rows import ARROW_SCHEMA, SCHEMA_DDL
 

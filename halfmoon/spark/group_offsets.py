@@ -5,7 +5,7 @@ registers, in the batch's data transaction group, the end offsets of N for
 every halfmoon source of the query as ``sourceGroup``'s committed offsets
 (halfmoon's transactional UpdateOffset). The group commit then publishes the
 batch's rows and moves the offsets in one atomic decision, so
-``halfmoon group progress`` shows exactly what the pipeline wrote, not one
+``halfmoon consumer progress`` shows exactly what the pipeline wrote, not one
 batch behind (the source's ``commitOffsets`` runs when the next batch starts).
 
 Where the offsets come from: Spark writes each batch's source offsets to the

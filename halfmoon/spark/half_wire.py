@@ -19,7 +19,11 @@ from collections.abc import Mapping, Sequence
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from halfmoon.client.transaction import PROPERTY_TRANSACTION_GROUP
+from halfmoon.client.transaction import (
+    BATCH_TRANSACTION_TIMEOUT_MS,
+    PROPERTY_TRANSACTION_GROUP,
+    PROPERTY_TRANSACTION_TIMEOUT,
+)
 
 _LEN = 2  # protobuf wire type of strings, bytes and embedded messages
 _VARINT = 0
@@ -92,7 +96,9 @@ class HalfEncoder:
         )
         # Last of the properties: when a row names the group property itself, this one wins
         # (a map's last entry does), as Wire.send_halves overwrites it.
-        self._group_property = _map_entry(PROPERTY_TRANSACTION_GROUP, group)
+        self._group_property = _map_entry(PROPERTY_TRANSACTION_GROUP, group) + _map_entry(
+            PROPERTY_TRANSACTION_TIMEOUT, str(BATCH_TRANSACTION_TIMEOUT_MS)
+        )
         self._topics: dict[str, bytes] = {}
 
     def encode(

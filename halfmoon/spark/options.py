@@ -19,7 +19,7 @@ Names follow Spark's Kafka source where an equivalent exists
                        which: ``tag`` (default, ``"A || B"``) or ``sql92``.
 ``group``              the consumer group the reads are made as (default ``halfmoon-spark``).
 ``commitOffsets``      streams: ``true`` stores each finished batch's end offsets as ``group``'s
-                       committed offsets, so ``halfmoon group progress`` shows the lag.
+                       committed offsets, so ``halfmoon consumer progress`` shows the lag.
 ``maxRecordsPerPartition``  split a queue's range into tasks of at most this many offsets.
 ``accessKey``          with ``secretKey``: sign every request (a broker with authentication on);
                        default ``$HALFMOON_ACCESS_KEY`` / ``$HALFMOON_SECRET_KEY``. The secret is

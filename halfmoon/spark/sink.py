@@ -49,11 +49,8 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
 import re
-import signal
 import sys
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -72,6 +69,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from halfmoon import failpoints
 from halfmoon.client.credentials import Credentials
 from halfmoon.client.errors import ClientError
 from halfmoon.client.message import Message, born_host, message_ids
@@ -104,9 +102,6 @@ ADMIN_TIMEOUT = 10.0
 SEND_CHUNK = 1024
 SEND_CHUNK_BYTES = 3 * 1024 * 1024
 _SINK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-# Tests stop the driver at an exact point of the protocol with SIGKILL: this names the
-# point and a file to create there. Never set in production.
-FAILPOINT_ENV = "HALFMOON_SPARK_SINK_FAILPOINT"
 
 
 class SinkError(HalfmoonError):
@@ -321,7 +316,7 @@ class CommitProtocol:
             self.wire.send_halves([marker], key)
             read_from = self.wire.query_offset(queue, "latest")
             self.wire.end_group(key, self.options.marker_topic, commit=True)  # the commit point
-            failpoint("after-marker-commit")
+            failpoints.spark_sink("after-marker-commit")
         except ClientError as exc:
             if group_decided(exc) != "committed":
                 raise
@@ -471,17 +466,6 @@ def _marker_selector(key: str) -> pb.FilterExpression | None:
     return selector_wire(("TAG", marker_tag(key)))
 
 
-def failpoint(name: str) -> None:
-    """Tests only: at point ``name`` create the named file and wait to be killed."""
-    setting = os.environ.get(FAILPOINT_ENV, "")
-    point, _, path = setting.partition("=")
-    if point != name or not path:
-        return
-    Path(path).write_text(str(os.getpid()))
-    threading.Event().wait(120)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
 def log_to_driver() -> None:
     """Make this process's sink events reach the Spark driver's log.
 
@@ -563,7 +547,7 @@ class HalfmoonStreamWriter(DataSourceStreamArrowWriter):
         if source_group is not None and checkpoint is not None:
             # The source's offsets join the batch's data group: committed with its rows.
             register_in_group(protocol.wire, group, source_group, checkpoint, batchId)
-        failpoint("before-marker")
+        failpoints.spark_sink("before-marker")
         winner = protocol.commit(commits[0].sink, batchId, group, self.topic)
         rows = sum(m.count for m in commits)
         # One line per batch with what an operator asks after a restart: was this a
@@ -578,7 +562,7 @@ class HalfmoonStreamWriter(DataSourceStreamArrowWriter):
             str(winner != group).lower(),
             len(protocol.orphans_rolled_back),
         )
-        failpoint("after-broker-commit")
+        failpoints.spark_sink("after-broker-commit")
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log_to_driver()

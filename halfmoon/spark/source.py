@@ -17,7 +17,7 @@ admission control (``maxRecordsPerTrigger`` through Spark's ``ReadLimit``)
 cuts the span, and ``Trigger.AvailableNow`` fixes the target at the start.
 A restart resumes from the checkpointed end of the last batch: no gap, no
 duplicate. With ``commitOffsets`` the end of each finished batch is stored
-as the consumer group's offsets (for lag in ``halfmoon group progress``;
+as the consumer group's offsets (for lag in ``halfmoon consumer progress``;
 Spark's checkpoint remains the source of truth, as with Kafka).
 """
 

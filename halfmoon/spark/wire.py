@@ -35,7 +35,7 @@ from halfmoon.bulkread.format import METHOD as BULK_READ_METHOD
 from halfmoon.bulkread.format import BulkAnswer, BulkRequest, FormatError
 from halfmoon.client.consume_transaction import EXPECTED_OFFSET_HEADER, GROUP_HEADER
 from halfmoon.client.credentials import Credentials
-from halfmoon.client.endpoints import channel_target, endpoints_pb, endpoints_text
+from halfmoon.client.endpoints import channel_target, endpoints_pb, endpoints_text, split_endpoints
 from halfmoon.client.errors import (
     ClientError,
     error_for_rpc_error,
@@ -43,7 +43,12 @@ from halfmoon.client.errors import (
     raise_for_status,
 )
 from halfmoon.client.message import Message, message_ids, to_wire
-from halfmoon.client.transaction import GROUP_ID_PREFIX, PROPERTY_TRANSACTION_GROUP
+from halfmoon.client.transaction import (
+    BATCH_TRANSACTION_TIMEOUT_MS,
+    GROUP_ID_PREFIX,
+    PROPERTY_TRANSACTION_GROUP,
+    PROPERTY_TRANSACTION_TIMEOUT,
+)
 from halfmoon.spark.options import SparkOptionError, TlsOptions
 
 Code = pb.Code
@@ -54,6 +59,8 @@ _OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
+# Answers that only read: asked again when the proxy asked died under the call.
+_READS = frozenset({"QueryRoute", "QueryOffset", "GetOffset"})
 _channels: dict[tuple[str, TlsOptions | None], grpc.Channel] = {}
 _channels_lock = threading.Lock()
 _client_id = f"spark-{uuid.uuid4().hex[:12]}"
@@ -120,11 +127,14 @@ def _stub(endpoint: str, tls: TlsOptions | None = None) -> service_pb2_grpc.Mess
 def _metadata(
     credentials: Credentials | None = None, extra: tuple[tuple[str, str], ...] = ()
 ) -> tuple[tuple[str, str], ...]:
+    # One client id per user: a server with authentication on binds a client id to the user
+    # that signs with it, and a job may read as one user and write as another.
+    client_id = _client_id if credentials is None else f"{_client_id}-{credentials.access_key}"
     headers = (
-        ("x-mq-client-id", _client_id),
+        ("x-mq-client-id", client_id),
         ("x-mq-language", "PYTHON"),
         ("x-mq-protocol", "GRPC_V2"),
-        ("x-mq-request-id", f"{_client_id}-{next(_request_seq)}"),
+        ("x-mq-request-id", f"{client_id}-{next(_request_seq)}"),
         *extra,
     )
     if credentials is None:
@@ -187,15 +197,29 @@ class Wire:
         headers: tuple[tuple[str, str], ...] = (),
     ) -> Any:
         target = endpoint or self.endpoint
+        method = getattr(_stub(target, self.tls), rpc)
         try:
-            response = getattr(_stub(target, self.tls), rpc)(
+            return method(
                 request,
                 timeout=timeout or self.timeout,
                 metadata=_metadata(self.credentials, headers),
             )
         except grpc.RpcError as exc:
+            failover = len(split_endpoints(target)) > 1  # one proxy: nothing else to reach
+            if not (failover and rpc in _READS and exc.code() is grpc.StatusCode.UNAVAILABLE):
+                raise error_for_rpc_error(exc, rpc, target) from None
+        # A read sent to a proxy that died under it (``a;b`` lists more than one): once
+        # more, waiting for the channel to reach the next proxy of the list. Reads only: a
+        # send or a decision may have been applied before its answer was lost.
+        try:
+            return method(
+                request,
+                timeout=timeout or self.timeout,
+                metadata=_metadata(self.credentials, headers),
+                wait_for_ready=True,
+            )
+        except grpc.RpcError as exc:
             raise error_for_rpc_error(exc, rpc, target) from None
-        return response
 
     # -- routes and offsets -----------------------------------------------------------------
 
@@ -361,6 +385,7 @@ class Wire:
         by_topic: dict[str, list[pb.Message]] = {}
         for message in messages:
             message.properties[PROPERTY_TRANSACTION_GROUP] = group
+            message.properties[PROPERTY_TRANSACTION_TIMEOUT] = str(BATCH_TRANSACTION_TIMEOUT_MS)
             by_topic.setdefault(message.topic, []).append(
                 to_wire(message, message_ids.next(), transactional=True)
             )

@@ -24,8 +24,9 @@ from halfmoon.store.message import (
     SysFlag,
     tag_hash,
 )
+from halfmoon.store.reader import MessageNotFound
 from halfmoon.store.recovery import RecoveryReport, Reporter
-from halfmoon.store.store import MessageNotFound, MessageStore, StoreClosed
+from halfmoon.store.store import MessageStore
 from halfmoon.store.validate import (
     IllegalMessageField,
     IllegalPropertyKey,
@@ -35,6 +36,7 @@ from halfmoon.store.validate import (
     MessageBodyTooLarge,
     MessagePropertiesTooLarge,
 )
+from halfmoon.store.writer import StoreClosed
 
 __all__ = [
     "KEY_SEPARATOR",

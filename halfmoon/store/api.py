@@ -133,6 +133,16 @@ class Store(Protocol):
         Thread-safe.
         """
 
+    def append_fanout(
+        self, message: Message, others: Sequence[tuple[str, int]]
+    ) -> list[AppendResult]:
+        """Append ``message`` once, indexed into its own queue and each of ``others``
+        (topic, queue id), each with its own queue offset: one commit-log record, one
+        consume-queue entry per destination. Reads of any of those queues (``get``), and
+        ``query_by_key`` in any of their topics, see it as a message of that queue; ``read_at``
+        sees it as its first destination's. One result per destination, its own first, all
+        with the record's offset and size. Validated as :meth:`append`, destinations too."""
+
     def durable(self, end_offset: int) -> Future[None]:
         """A future that completes when the commit log is durable up to ``end_offset``.
 

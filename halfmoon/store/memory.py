@@ -36,7 +36,8 @@ from halfmoon.store.api import (
     StoreStats,
     TagHashes,
 )
-from halfmoon.store.message import Message, StoredMessage, tag_hash
+from halfmoon.store.fanout import check_destinations
+from halfmoon.store.message import Message, StoredMessage, SysFlag, tag_hash
 from halfmoon.store.validate import check_encoded, check_message, check_ranges
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,68 @@ class MemoryStore:
                     log.exception("store listener failed")
         return results
 
+    def append_fanout(
+        self, message: Message, others: Sequence[tuple[str, int]]
+    ) -> list[AppendResult]:
+        """As the real store's: one record, an entry in each destination's queue."""
+        if not others:
+            return self.append([message])
+        destinations = check_destinations(message, others)
+        check_message(message, self._max_body_size, MAX_PROPERTIES_SIZE)
+        try:
+            buffer = record.prepare(message, self._store_host).buffer
+            record.add_destinations(buffer, message.topic, list(others))
+        except (ValueError, UnicodeEncodeError, OverflowError) as exc:
+            check_ranges(message)
+            raise InvalidArgument(f"message cannot be stored: {exc}") from exc
+        size = len(buffer)
+        with self._lock:
+            if self._closed:
+                raise InvalidArgument("the store is closed")
+            now = self._now_ms()
+            clo = self._next_offset
+            self._next_offset += size
+            placements = []
+            for key in destinations:
+                queue = self._queues.get(key)
+                if queue is None:
+                    queue = self._queues[key] = _Queue()
+                placements.append((key[0], key[1], queue.max_offset))
+                queue.entries.append(_Entry(clo, size, tag_hash(message.tags), now))
+            self._records[clo] = StoredMessage(
+                topic=message.topic,
+                body=bytes(message.body),
+                queue_id=message.queue_id,
+                queue_offset=placements[0][2],
+                commit_log_offset=clo,
+                size=size,
+                properties=dict(message.properties),
+                flags=message.flags,
+                sys_flag=message.sys_flag & ~SysFlag.DESTINATIONS,
+                born_timestamp=message.born_timestamp,
+                born_host=message.born_host,
+                store_timestamp=now,
+                store_host=self._store_host,
+                reconsume_times=message.reconsume_times,
+                prepared_transaction_offset=message.prepared_transaction_offset,
+                destinations=tuple(placements[1:]),
+            )
+            results = [AppendResult(t, q, o, clo, size, now) for t, q, o in placements]
+            listeners = list(self._listeners)
+            batch_listeners = list(self._batch_listeners)
+        for batch_listener in batch_listeners:
+            try:
+                batch_listener(results)
+            except Exception:  # a listener must not break appends; log and keep it
+                log.exception("store listener failed")
+        for result in results:
+            for listener in listeners:
+                try:
+                    listener(result)
+                except Exception:  # a listener must not break appends; log and keep it
+                    log.exception("store listener failed")
+        return results
+
     def durable(self, end_offset: int) -> Future[None]:
         return _completed()
 
@@ -225,7 +288,10 @@ class MemoryStore:
                 position += 1
                 if tag_hashes is not None and entry.tag_hash not in tag_hashes:
                     continue
-                candidates.append((position, self._records[entry.commit_log_offset]))
+                stored = self._records[entry.commit_log_offset]
+                if stored.destinations:  # a fanout record: as this queue holds it
+                    stored = stored.at(topic, queue_id, position - 1) or stored
+                candidates.append((position, stored))
         # The predicate runs outside the lock: it may be slow (SQL92).
         messages: list[StoredMessage] = []
         next_offset = position
@@ -263,10 +329,11 @@ class MemoryStore:
         max_results: int = 64,
     ) -> list[StoredMessage]:
         with self._lock:
+            in_topic = (m.in_topic(topic) for m in reversed(self._records.values()))
             found = [
                 m
-                for m in reversed(self._records.values())
-                if m.topic == topic
+                for m in in_topic
+                if m is not None
                 and begin_timestamp <= m.store_timestamp <= end_timestamp
                 and (key in m.keys or m.unique_id == key)
             ]

@@ -8,6 +8,7 @@ the key index. Everything else is opaque to the store.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 from dataclasses import dataclass, field
@@ -30,6 +31,10 @@ class SysFlag(enum.IntFlag):
     TRANSACTION_ROLLED_BACK = 0x0C
     # Body is compressed by the producer; the store never looks inside.
     COMPRESSED = 0x01
+    # The record names more than one destination (a destination list follows its
+    # properties, ``record.py``): one record indexed into several queues. Set and read by
+    # the store only; the messages it hands out never carry it.
+    DESTINATIONS = 0x100
 
     TRANSACTION_MASK = 0x0C
 
@@ -82,6 +87,9 @@ class StoredMessage:
     store_host: str
     reconsume_times: int
     prepared_transaction_offset: int
+    # The record's other destinations (topic, queue id, queue offset) besides the one named
+    # by ``topic``, ``queue_id`` and ``queue_offset``: empty for a record of one queue.
+    destinations: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def tags(self) -> str | None:
@@ -95,6 +103,33 @@ class StoredMessage:
         keys = raw.split(KEY_SEPARATOR)
         # Every read decodes the keys: filter only when there is an empty one to drop.
         return [k for k in keys if k] if "" in keys else keys
+
+    def placements(self) -> list[tuple[str, int, int]]:
+        """Every (topic, queue id, queue offset) the record is indexed at, its own first."""
+        return [(self.topic, self.queue_id, self.queue_offset), *self.destinations]
+
+    def at(self, topic: str, queue_id: int, queue_offset: int) -> StoredMessage | None:
+        """The message as the queue (topic, queue_id) holds it at ``queue_offset``: this one,
+        or a copy naming that destination; None when the record is not indexed there."""
+        if self.topic == topic and self.queue_id == queue_id and self.queue_offset == queue_offset:
+            return self
+        for placement in self.destinations:
+            if placement == (topic, queue_id, queue_offset):
+                return dataclasses.replace(
+                    self, topic=topic, queue_id=queue_id, queue_offset=queue_offset
+                )
+        return None
+
+    def in_topic(self, topic: str) -> StoredMessage | None:
+        """The message as ``topic`` holds it (its first queue there), or None."""
+        if self.topic == topic:
+            return self
+        for t, queue_id, queue_offset in self.destinations:
+            if t == topic:
+                return dataclasses.replace(
+                    self, topic=t, queue_id=queue_id, queue_offset=queue_offset
+                )
+        return None
 
     @property
     def unique_id(self) -> str | None:

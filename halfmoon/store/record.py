@@ -24,6 +24,23 @@ two in step. All integers are big-endian. A record is::
 Properties are ``key \\x01 value \\x02`` repeated (RocketMQ's encoding), so
 neither separator may appear in a key or value (see ``validate``).
 
+A record stored once for several queues (a fanout) has ``SysFlag.DESTINATIONS``
+set in ``sys_flag`` and, after the properties, the list of its other
+destinations; the header's topic, queue id and queue offset are its first::
+
+    ..  u16  destination_count
+    then per destination:
+        u8   shared            bytes its topic shares with the previous one's (the
+                               header's topic for the first), as leveldb's blocks
+                               share key prefixes: queues bound together are
+                               often named alike
+        u8   suffix_length     then the rest of the topic (ASCII)
+        i32  queue_id
+        i64  queue_offset      filled in by the writer, as the header's is
+
+Every destination gets its own consume-queue entry pointing at the one
+record. Records without the flag are byte for byte what they always were.
+
 A record never straddles two segments. When the next record does not fit in
 what is left of a segment, the writer fills the rest with a blank record
 (``total_size`` = bytes left, ``BLANK_MAGIC``) if at least ``BLANK_SIZE``
@@ -41,7 +58,7 @@ import zlib
 from dataclasses import dataclass
 from typing import NoReturn
 
-from halfmoon.store.message import Message, StoredMessage
+from halfmoon.store.message import Message, StoredMessage, SysFlag
 
 # -- the format: every magic number, field position and struct of the framing.
 # The commit log, recovery and tools take these from here, never by number.
@@ -57,6 +74,7 @@ CRC = struct.Struct(">I")
 CRC_START = 12  # the CRC covers bytes [CRC_START, total_size)
 QUEUE_OFFSET_AT = 20
 COMMIT_LOG_OFFSET_AT = 28
+SYS_FLAG_AT = 36
 STORE_TIMESTAMP_AT = 48
 STORE_FIELDS = struct.Struct(">qq")  # queue_offset, commit_log_offset, at QUEUE_OFFSET_AT
 I64 = struct.Struct(">q")  # one i64 field (commit_log_offset, store_timestamp)
@@ -68,6 +86,10 @@ HEADER_SIZE = _HEADER.size  # 72: everything up to and including body_length
 _UNSEALED_HEADER = struct.Struct(">II4xii16xiq8xiqI")
 MIN_RECORD_SIZE = HEADER_SIZE + 5  # header, then topic, host and properties lengths (1+1+1+2)
 _U16 = struct.Struct(">H")
+_I32 = struct.Struct(">i")
+_DESTINATION = struct.Struct(">iq")  # queue_id, queue_offset after a destination's topic
+DESTINATIONS_FLAG = SysFlag.DESTINATIONS.value
+MAX_DESTINATIONS = 65535
 
 
 def _field_at(index: int) -> int:
@@ -79,7 +101,7 @@ def _field_at(index: int) -> int:
 assert _UNSEALED_HEADER.size == HEADER_SIZE
 assert (_field_at(1), _field_at(2), _field_at(3)) == (MAGIC_AT, CRC_AT, CRC_START)
 assert (_field_at(5), _field_at(6)) == (QUEUE_OFFSET_AT, COMMIT_LOG_OFFSET_AT)
-assert _field_at(9) == STORE_TIMESTAMP_AT
+assert (_field_at(7), _field_at(9)) == (SYS_FLAG_AT, STORE_TIMESTAMP_AT)
 
 # What records are read from: a segment's mapping, or bytes copied out of one.
 Buffer = bytes | bytearray | memoryview | mmap.mmap
@@ -235,6 +257,8 @@ def _pack_unsealed(
 ) -> bytearray:
     if len(props) > MAX_PROPERTIES_BYTES:
         raise ValueError("properties too long for the record format")
+    if sys_flag & DESTINATIONS_FLAG:
+        raise ValueError("sys_flag bit DESTINATIONS is set by the store only (add_destinations)")
     names = _names(topic, born_host, store_host)
     head = _UNSEALED_HEADER.pack(
         HEADER_SIZE + len(body) + len(names) + 2 + len(props),
@@ -248,6 +272,67 @@ def _pack_unsealed(
         len(body),
     )
     return bytearray().join((head, body, names, _U16.pack(len(props)), props))
+
+
+def add_destinations(
+    buffer: bytearray, topic: str, destinations: list[tuple[str, int]]
+) -> list[int]:
+    """Make the unsealed record of one queue (``topic``'s) a record of several: set the
+    flag, append the list of its other ``destinations`` and fix the size. Returns where
+    each destination's queue offset is, for the writer to fill in before sealing."""
+    if not 0 < len(destinations) <= MAX_DESTINATIONS:
+        raise ValueError(f"a record names 1 to {MAX_DESTINATIONS} other destinations")
+    (sys_flag,) = _I32.unpack_from(buffer, SYS_FLAG_AT)
+    _I32.pack_into(buffer, SYS_FLAG_AT, sys_flag | DESTINATIONS_FLAG)
+    buffer += _U16.pack(len(destinations))
+    positions = []
+    previous = topic.encode("ascii")
+    for name, queue_id in destinations:
+        raw = name.encode("ascii")
+        if len(raw) > MAX_TOPIC_BYTES:
+            raise ValueError("topic too long for the record format")
+        shared = _shared_prefix(previous, raw)
+        buffer += bytes((shared, len(raw) - shared)) + raw[shared:]
+        positions.append(len(buffer) + 4)
+        buffer += _DESTINATION.pack(queue_id, 0)
+        previous = raw
+    FRAME.pack_into(buffer, 0, len(buffer), MESSAGE_MAGIC)
+    return positions
+
+
+def _shared_prefix(a: bytes, b: bytes) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def fill_destination_offset(buffer: bytearray, position: int, queue_offset: int) -> None:
+    I64.pack_into(buffer, position, queue_offset)
+
+
+def _decode_destinations(raw: bytes, topic: str) -> tuple[tuple[str, int, int], ...]:
+    """The destination list after a record's properties, whose header names ``topic``
+    (raises IndexError, struct.error, UnicodeDecodeError or ValueError when it does not
+    parse exactly)."""
+    (count,) = _U16.unpack_from(raw, 0)
+    position = 2
+    found = []
+    previous = topic.encode("ascii")
+    for _ in range(count):
+        shared, n = raw[position], raw[position + 1]
+        suffix = raw[position + 2 : position + 2 + n]
+        if shared > len(previous) or len(suffix) != n:
+            raise ValueError("destination topic runs past the record or its predecessor")
+        name = previous[:shared] + suffix
+        queue_id, queue_offset = _DESTINATION.unpack_from(raw, position + 2 + n)
+        found.append((name.decode("ascii"), queue_id, queue_offset))
+        position += 2 + n + _DESTINATION.size
+        previous = name
+    if position != len(raw) or not found:
+        raise ValueError("destination list length disagrees with the record size")
+    return tuple(found)
 
 
 def seal(
@@ -394,11 +479,17 @@ def decode_at(
                 properties = decode_properties(raw)
         else:
             properties = {}
-    except (IndexError, UnicodeDecodeError) as exc:
+        fields_end = q + 2 + n
+        destinations: tuple[tuple[str, int, int], ...] = ()
+        if sys_flag & DESTINATIONS_FLAG:
+            destinations = _decode_destinations(tail[fields_end:], topic)
+            sys_flag &= ~DESTINATIONS_FLAG
+            fields_end = len(tail)  # _decode_destinations checked the list ends the record
+    except (IndexError, UnicodeDecodeError, ValueError, struct.error) as exc:
         raise RecordError(
             "bad_fields", base_offset + position, f"fields do not parse: {exc}"
         ) from None
-    if q + 2 + n != len(tail) or len(body) != body_length:
+    if fields_end != len(tail) or len(body) != body_length:
         raise RecordError(
             "bad_fields", base_offset + position, "field lengths disagree with the record size"
         )
@@ -418,6 +509,7 @@ def decode_at(
         store_host,
         reconsume_times,
         prepared_offset,
+        destinations,
     )
 
 

@@ -80,19 +80,31 @@ def dispatch(
     queues: ConsumeQueues | None,
     index: KeyIndex | None,
 ) -> None:
-    """Write one record's consume-queue entry and key-index entries (recovery's path)."""
+    """Write one record's consume-queue entries (one per destination: a fanout record has
+    several) and key-index entries (per destination topic) (recovery's path)."""
     if queues is not None:
-        queues.put(
-            message.topic,
-            message.queue_id,
-            message.queue_offset,
-            message.commit_log_offset,
-            message.size,
-            tag_hash(message.properties.get(PROPERTY_TAGS)),
-        )
+        for topic, queue_id, queue_offset in message.placements():
+            _put_entry(queues, message, topic, queue_id, queue_offset)
     if index is not None:
-        for key in index_keys(message.properties):
-            index.put(message.topic, key, message.commit_log_offset, message.store_timestamp)
+        keys = index_keys(message.properties)
+        topics = dict.fromkeys(t for t, _, _ in message.placements())
+        for topic in topics:
+            for key in keys:
+                index.put(topic, key, message.commit_log_offset, message.store_timestamp)
+
+
+def _put_entry(
+    queues: ConsumeQueues, message: StoredMessage, topic: str, queue_id: int, queue_offset: int
+) -> None:
+    """The consume-queue entry of one of the record's destinations."""
+    queues.put(
+        topic,
+        queue_id,
+        queue_offset,
+        message.commit_log_offset,
+        message.size,
+        tag_hash(message.properties.get(PROPERTY_TAGS)),
+    )
 
 
 @dataclass
@@ -234,12 +246,13 @@ def recover(
     skip = policy == "lenient"
     indexed_up_to = -1 if rebuild_index else index.max_commit_log_offset()  # it ignores lower ones
     for message in _records(commitlog, report.redispatched_from, end, skip):
-        key = (message.topic, message.queue_id)
-        if key not in rebuild:
-            try:
-                dispatch(message, queues, None)
-            except QueueGapError:
-                rebuild.add(key)
+        for topic, queue_id, queue_offset in message.placements():
+            key = (topic, queue_id)
+            if key not in rebuild:
+                try:
+                    _put_entry(queues, message, topic, queue_id, queue_offset)
+                except QueueGapError:
+                    rebuild.add(key)
         if not rebuild_index and message.commit_log_offset >= indexed_up_to:
             dispatch(message, None, index)
     if rebuild or rebuild_index:
@@ -286,12 +299,15 @@ def _rebuild(
         index.reset()
     broken: set[tuple[str, int]] = set()
     for message in _records(commitlog, commitlog.min_offset, end, skip):
-        key = (message.topic, message.queue_id)
-        if key in rebuild and key not in broken:
-            try:
-                dispatch(message, queues, None)
-            except QueueGapError as exc:
-                broken.add(key)
-                log.error("event=consume_queue_gap topic=%s queue_id=%d error=%r", *key, str(exc))
+        for topic, queue_id, queue_offset in message.placements():
+            key = (topic, queue_id)
+            if key in rebuild and key not in broken:
+                try:
+                    _put_entry(queues, message, topic, queue_id, queue_offset)
+                except QueueGapError as exc:
+                    broken.add(key)
+                    log.error(
+                        "event=consume_queue_gap topic=%s queue_id=%d error=%r", *key, str(exc)
+                    )
         if rebuild_index:
             dispatch(message, None, index)

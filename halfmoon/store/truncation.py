@@ -27,16 +27,13 @@ zeros and would set the log's end beyond T. Its per-queue maxima are
 dropped, since they may count truncated entries (recovery would take the
 queues for damaged and rebuild them from the whole log: correct, but slow).
 
-Tests only: ``HALFMOON_STORE_FAILPOINT=NAME=PATH`` makes the process write
-its pid to PATH at the point NAME and wait to be killed (as the Spark sink's
-failpoints do).
+Crash tests stop a truncation midway at the store's failpoints
+(:mod:`halfmoon.failpoints`): ``truncate-after-log`` in step 2,
+``truncate-before-clear`` between 2 and 3.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -45,7 +42,6 @@ from halfmoon.store.checkpoint import Checkpoint
 from halfmoon.store.fsutil import fsync_directory, replace_atomically
 
 INTENT_FILE = "truncate"
-FAILPOINT_ENV = "HALFMOON_STORE_FAILPOINT"
 
 
 class TruncationRefused(StorageError):
@@ -92,13 +88,3 @@ def capped(checkpoint: Checkpoint | None, offset: int) -> Checkpoint | None:
         dispatched_offset=min(checkpoint.dispatched_offset, offset),
         queue_offsets={},
     )
-
-
-def failpoint(name: str) -> None:
-    """Tests only: at point ``name`` write the pid to the named file and wait to be killed."""
-    point, _, path = os.environ.get(FAILPOINT_ENV, "").partition("=")
-    if point != name or not path:
-        return
-    Path(path).write_text(str(os.getpid()))
-    threading.Event().wait(120)
-    os.kill(os.getpid(), signal.SIGKILL)

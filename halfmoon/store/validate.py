@@ -10,7 +10,7 @@ import functools
 import re
 
 from halfmoon.errors import InvalidArgument
-from halfmoon.store.message import Message
+from halfmoon.store.message import Message, SysFlag
 from halfmoon.store.record import PAIR_SEPARATOR, PROPERTY_SEPARATOR, encode_properties
 
 TOPIC_PATTERN = re.compile(r"[%a-zA-Z0-9_-]{1,127}")  # matched whole (fullmatch)
@@ -24,8 +24,10 @@ class IllegalTopic(InvalidArgument):
 
 
 class IllegalQueueId(InvalidArgument):
-    code = "ILLEGAL_QUEUE_ID"
-    protocol_code = "BAD_REQUEST"
+    """A queue id the store cannot hold (outside [0, 2**31)), or, raised by the broker, one its
+    topic does not have."""
+
+    code = "BAD_REQUEST"  # the protocol has no queue-id Code
 
 
 class MessageBodyTooLarge(InvalidArgument):
@@ -76,7 +78,7 @@ def check_message(message: Message, max_body_size: int, max_properties_size: int
     body = message.body
     if type(body) is not bytes and not isinstance(body, bytes | bytearray | memoryview):
         raise IllegalMessageField(f"message body must be bytes, got {type(body).__name__}")
-    _check_body_size(body, max_body_size)
+    check_body_size(body, max_body_size)
     properties = message.properties
     if not properties and type(properties) is dict:
         return b""
@@ -119,7 +121,7 @@ def check_encoded(
     _check_place(topic, queue_id)
     if type(body) is not bytes:
         raise IllegalMessageField(f"message body must be bytes, got {type(body).__name__}")
-    _check_body_size(body, max_body_size)
+    check_body_size(body, max_body_size)
     check_encoded_properties(properties, max_properties_size)
 
 
@@ -131,11 +133,15 @@ def _check_place(topic: str, queue_id: int) -> None:
         raise IllegalQueueId(f"queue id must be an integer in [0, 2**31), got {queue_id!r}")
 
 
-def _check_body_size(body: bytes | bytearray | memoryview, max_body_size: int) -> None:
+def check_body_size(
+    body: bytes | bytearray | memoryview, max_body_size: int, setting: str = "store.max_body_size"
+) -> None:
+    """The one body-size rule (the store's limit here; the broker's, ``setting``
+    ``broker.max_body_size``, before it plans a send)."""
     if len(body) > max_body_size:
         raise MessageBodyTooLarge(
             f"message body of {len(body)} bytes exceeds the limit of {max_body_size} bytes; "
-            "send a smaller body or raise max_body_size"
+            f"send a smaller body or raise {setting}"
         )
 
 
@@ -217,5 +223,10 @@ def check_ranges(message: Message) -> None:
             raise IllegalMessageField(
                 f"{name} must be an integer in [{low}, {high}], got {value!r}"
             )
+    if message.sys_flag & SysFlag.DESTINATIONS:
+        raise IllegalMessageField(
+            "sys_flag bit 0x100 (DESTINATIONS) is the store's own: send to several queues "
+            "with append_fanout"
+        )
     if len(message.born_host.encode("utf-8")) > 255:
         raise IllegalMessageField("born_host must be at most 255 bytes of UTF-8")

@@ -58,3 +58,32 @@ def test_sealed_value_tampering_is_detected(tmp_path):
     flipped = sealed[:-6] + ("A" if sealed[-6] != "A" else "B") + sealed[-5:]
     with pytest.raises(AuthStoreCorrupt):
         box.open(flipped)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda s: s.delete_user("root"),
+        lambda s: s.update_user("root", enabled=False),
+        lambda s: s.update_user("root", user_type="Normal"),
+    ],
+    ids=["delete", "disable", "demote"],
+)
+def test_the_last_enabled_super_user_cannot_be_removed(tmp_path, change):
+    from halfmoon.auth.errors import LastSuperUser
+
+    store = open_store(tmp_path)
+    store.create_user("root", "root-secret-key", "Super")
+    store.create_user("ops", "ops-secret-key", "Super", enabled=False)  # does not count
+    store.create_user("alice", "alice-secret-key")
+    with pytest.raises(LastSuperUser) as refused:
+        change(store)
+    assert refused.value.code == "LAST_SUPER_USER" and "'root'" in refused.value.message
+    assert open_store(tmp_path).user("root").enabled  # nothing was written
+    assert open_store(tmp_path).user("root").is_super
+    store.update_user("ops", enabled=True)  # a second one: now root may go
+    change(store)
+    with pytest.raises(LastSuperUser):
+        store.delete_user("ops")
+    store.update_user("alice", enabled=False)  # normal users are never held back
+    store.delete_user("alice")

@@ -21,10 +21,11 @@ def test_benchmark_measures_each_kill() -> None:
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    kills = re.findall(r"kill +\d+: b\d → first ack ([\d.]+)s", proc.stdout)
+    # Each kill's line gives its timeline (expired, appointed, announced, ...) before the ack.
+    kills = re.findall(r"kill +\d+: b\d → (?:[a-z-]+ [\d.]+ )*first ack ([\d.]+)s", proc.stdout)
     assert len(kills) == 2, proc.stdout
     for seconds in map(float, kills):
-        # The lease (2 s) was renewed at most TTL / 3 before the kill: etcd expires it no sooner.
+        # The lease (2 s) was renewed at most 0.5 s before the kill: etcd expires it no sooner.
         assert seconds >= 1.3, proc.stdout
     summary = re.search(
         r"failover_s min=([\d.]+) p50=([\d.]+) p90=([\d.]+) max=([\d.]+)", proc.stdout

@@ -11,6 +11,8 @@ from tests.bench.runner import run_bench
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
+pytestmark = pytest.mark.slow  # minutes on a busy machine: handed to a worker early
+
 
 def test_spark_bench_runs_every_scenario(tmp_path: Path) -> None:
     stdout, report = run_bench(

@@ -13,7 +13,7 @@ from halfmoon.broker import Broker, BrokerConfig, FakeClock, MessageType, Outgoi
 from halfmoon.broker.encoded import EncodedMessage, encode_for_broker, encode_message, is_plain
 from halfmoon.broker.errors import IllegalMessageKey, IllegalMessageTag, IllegalTopic
 from halfmoon.broker.message import IllegalPropertyKey
-from halfmoon.cluster import wire
+from halfmoon.cluster.internal import wire
 from halfmoon.errors import HalfmoonError
 from halfmoon.store.config import StoreConfig
 from halfmoon.store.store import MessageStore
@@ -72,8 +72,8 @@ def test_the_encoded_path_stores_the_same_records_byte_for_byte(
     plain, encoded = pair
     for message in PLAIN:
         assert is_plain(message)
-        want = plain.send_nowait([message]).result
-        got = encoded.send_nowait(encode_for_broker([message])).result
+        want = plain.send_nowait([message]).write().result
+        got = encoded.send_nowait(encode_for_broker([message])).write().result
         assert got == want
         assert _raw(encoded, got[0].commit_log_offset) == _raw(plain, want[0].commit_log_offset)
         assert encoded.store.query_by_key("t" if message.topic == "t" else "f", "id-1") == (
@@ -84,7 +84,7 @@ def test_the_encoded_path_stores_the_same_records_byte_for_byte(
 
 def test_a_send_of_many_encoded_messages_is_one_append(pair: tuple[Broker, Broker]) -> None:
     _, encoded = pair
-    results = encoded.send_nowait(encode_for_broker(PLAIN[:3] * 3)).result
+    results = encoded.send_nowait(encode_for_broker(PLAIN[:3] * 3)).write().result
     assert [r.queue_id for r in results][2::3] == [2, 2, 2]
     ends = [r.end_offset for r in results]
     assert ends == sorted(ends) and len(set(ends)) == 9
@@ -95,7 +95,7 @@ def test_what_the_short_path_cannot_take_goes_the_full_way(
 ) -> None:
     plain, encoded = pair
     encoded.config.auto_create_topics = True
-    created = encoded.send_nowait(encode_for_broker([OutgoingMessage("new", b"x")])).result
+    created = encoded.send_nowait(encode_for_broker([OutgoingMessage("new", b"x")])).write().result
     assert created[0].topic == "new" and encoded.find_topic("new") is not None
     refused = [
         OutgoingMessage("f", b"x"),  # a normal message to a FIFO topic
@@ -105,9 +105,9 @@ def test_what_the_short_path_cannot_take_goes_the_full_way(
     ]
     for message in refused:
         with pytest.raises(HalfmoonError) as full:
-            plain.send_nowait([message])
+            plain.send_nowait([message]).write()
         with pytest.raises(HalfmoonError) as short:
-            encoded.send_nowait(encode_for_broker([message]))
+            encoded.send_nowait(encode_for_broker([message])).write()
         assert (type(short.value), str(short.value)) == (type(full.value), str(full.value))
 
 
@@ -155,7 +155,7 @@ def test_a_malformed_encoding_is_refused_and_nothing_is_written(
     before = store.stats().commit_log_max_offset
     good = encode_message(OutgoingMessage("t", b"fine", message_id="id-good"))
     with pytest.raises(HalfmoonError) as refused:
-        encoded.send_nowait([good, _bad(**changes)])  # all or nothing
+        encoded.send_nowait([good, _bad(**changes)]).write()  # all or nothing
     assert refused.value.code == code
     assert store.stats().commit_log_max_offset == before
 
@@ -173,6 +173,6 @@ def test_an_encoding_claiming_another_type_goes_the_full_way(pair: tuple[Broker,
     encoded.create_topic("tx", queue_count=1, message_type=MessageType.TRANSACTION)
     half = encode_message(OutgoingMessage("tx", b"x", message_id="id-half"))
     half.message_type = MessageType.TRANSACTION
-    result = encoded.send_nowait([half]).result[0]
+    result = encoded.send_nowait([half]).write().result[0]
     assert result.transaction_id is not None  # stored as a half message, not a visible one
     assert encoded.store.max_offset("tx", 0) == 0

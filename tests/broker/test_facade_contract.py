@@ -12,6 +12,7 @@ halfmoon/broker_node.py).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import threading
@@ -34,9 +35,9 @@ from halfmoon.broker import (
     dead_letter_topic,
 )
 from halfmoon.broker.broker import Broker as InProcessBroker
-from halfmoon.broker.facade import Broker, Written
+from halfmoon.broker.facade import Broker, Pending, Written, operations
 from halfmoon.broker.transaction_state import TxnState
-from halfmoon.cluster.remote_broker import RemoteBroker
+from halfmoon.cluster.internal.remote_broker import RemoteBroker
 from halfmoon.errors import HalfmoonError, InvalidArgument, NotFound
 from halfmoon.store.memory import MemoryStore
 from tests.broker.conftest import open_real_store
@@ -132,7 +133,8 @@ def facade(open_facade: Callable[..., Broker]) -> Broker:
 
 
 def has_cheap_path(broker: Broker) -> bool:
-    """Whether the ``*_cheaply`` checks may say yes: not from a network hop away."""
+    """Whether the ``*_cheaply`` checks may say yes and a send be written at once: not from
+    a network hop away."""
     return not isinstance(broker, RemoteBroker)
 
 
@@ -152,8 +154,8 @@ def half(body: bytes, **kw: object) -> OutgoingMessage:
 def _members() -> list[str]:
     return sorted(
         name
-        for name, value in vars(Broker).items()
-        if not name.startswith("_") and (callable(value) or isinstance(value, property))
+        for name, value in operations(Broker).items()
+        if callable(value) or isinstance(value, property)
     )
 
 
@@ -163,7 +165,7 @@ def test_every_operation_is_documented_and_implemented_with_the_same_signature(
     members = _members()
     assert len(members) >= 50
     for name in members:
-        declared = vars(Broker)[name]
+        declared = operations(Broker)[name]
         assert inspect.getdoc(declared), f"facade operation {name} has no documentation"
         if isinstance(declared, property):  # an attribute satisfies it
             assert hasattr(facade, name), f"{type(facade).__name__} lacks {name}"
@@ -267,28 +269,138 @@ def test_send_returns_once_durable_and_stores_all_or_nothing(facade: Broker) -> 
 
 
 def test_send_nowait_gives_a_future_that_completes_when_durable(facade: Broker) -> None:
-    written = facade.send_nowait([OutgoingMessage("orders", b"a"), OutgoingMessage("orders", b"b")])
+    written = facade.send_nowait(
+        [OutgoingMessage("orders", b"a"), OutgoingMessage("orders", b"b")]
+    ).write()
     assert isinstance(written, Written) and len(written.result) == 2
     assert written.durable.result(timeout=WAIT_S) is None
     assert bodies(facade, "billing", "orders") == [b"a", b"b"]
-    empty = facade.send_nowait([])
+    empty = facade.send_nowait([]).write()
     assert empty.result == [] and empty.durable.done()
 
 
-def test_sends_cheaply_only_to_existing_topics_and_outside_transaction_groups(
+def test_send_nowait_writes_at_once_only_to_existing_topics_outside_transaction_groups(
     open_facade: Callable[..., Broker],
 ) -> None:
+    # A send that only appends is written by the call; one that would block (a topic to
+    # create, a group's index lookup, a network hop) is left to its answer, written when
+    # asked for: nothing is stored before.
     facade = open_facade(BrokerConfig(auto_create_topics=True))
     facade.create_topic("orders")
     facade.create_topic("payments", MessageType.TRANSACTION)
     cheap = has_cheap_path(facade)
-    assert facade.sends_cheaply([OutgoingMessage("orders", b"a")]) is cheap
-    assert facade.sends_cheaply([half(b"h")]) is cheap
-    assert not facade.sends_cheaply([OutgoingMessage("new", b"a")])  # would create "new"
-    assert not facade.sends_cheaply([OutgoingMessage("orders", b"a"), OutgoingMessage("new", b"")])
-    assert not facade.sends_cheaply([half(b"h", transaction_group="tg")])
-    facade.send([OutgoingMessage("new", b"a")])
-    assert facade.sends_cheaply([OutgoingMessage("new", b"a")]) is cheap
+
+    def written_at_once(*messages: OutgoingMessage) -> bool:
+        answer = facade.send_nowait(list(messages))
+        at_once = isinstance(answer, Written)
+        assert at_once or isinstance(answer, Pending)
+        answer.write().durable.result(timeout=WAIT_S)
+        return at_once
+
+    assert written_at_once(OutgoingMessage("orders", b"a")) is cheap
+    assert written_at_once(half(b"h")) is cheap
+    assert not written_at_once(OutgoingMessage("orders", b"b"), OutgoingMessage("new", b""))
+    assert written_at_once(OutgoingMessage("new", b"a")) is cheap  # created by the send before
+    assert not written_at_once(half(b"h", transaction_group="tg"))
+    later = facade.send_nowait([OutgoingMessage("later", b"x")])
+    assert isinstance(later, Pending)
+    assert "later" not in {t.name for t in facade.list_topics()}  # not written yet
+    assert [r.topic for r in later.write().result] == ["later"]
+    assert bodies(facade, "billing", "orders") == [b"a", b"b"]
+
+
+def test_send_nowait_answers_are_awaited_on_an_event_loop(
+    open_facade: Callable[..., Broker],
+) -> None:
+    # Written and Pending alike: the results once durable, the writes left to the answer
+    # made off the loop (a worker thread, or a proxy's send stream).
+    facade = open_facade(BrokerConfig(auto_create_topics=True))
+    facade.create_topic("orders")
+    facade.create_group("billing", consume_from="earliest")
+
+    async def sent() -> list[list[str]]:
+        answers = [
+            facade.send_nowait([OutgoingMessage("orders", b"a")]),
+            facade.send_nowait([OutgoingMessage("auto-created", b"b")]),
+            facade.send_fanout_nowait(OutgoingMessage("orders", b"c"), ["auto-created"]),
+        ]
+        return [[r.topic for r in await answer] for answer in answers]
+
+    assert asyncio.run(sent()) == [["orders"], ["auto-created"], ["orders", "auto-created"]]
+    assert bodies(facade, "billing", "orders") == [b"a", b"c"]
+
+
+def _fanout_topics(facade: Broker) -> list[str]:
+    names = ["fan-a", "fan-b", "fan-c"]
+    for name in names:
+        facade.create_topic(name, queue_count=1)
+        facade.create_group(f"g-{name}", consume_from="earliest")
+        facade.subscribe(f"g-{name}", name)
+    return names
+
+
+def test_send_fanout_gives_every_topic_the_message_under_one_id(facade: Broker) -> None:
+    a, b, c = _fanout_topics(facade)
+    results = facade.send_fanout(OutgoingMessage(a, b"x", keys=["k1"]), [b, c])
+    assert [r.topic for r in results] == [a, b, c]
+    assert len({r.message_id for r in results}) == 1
+    assert [r.queue_offset for r in results] == [0, 0, 0]
+    assert len({r.commit_log_offset for r in results}) == 1  # stored once: one record
+    views = {t: facade.receive(f"g-{t}", t, EVERYTHING, 32, 30_000) for t in (a, b, c)}
+    for topic, got in views.items():
+        assert [(v.topic, v.body, v.message_id, v.keys) for v in got] == [
+            (topic, b"x", results[0].message_id, ["k1"])
+        ]
+    facade.ack(f"g-{a}", a, views[a][0].receipt_handle)  # settled in one queue only
+    progress = {p.topic: p for p in facade.group_progress(f"g-{b}", b)}
+    assert progress[b].inflight == 1
+
+
+def test_every_reader_sees_a_fanout_once_in_each_topic(facade: Broker) -> None:
+    a, b, c = _fanout_topics(facade)
+    facade.send([OutgoingMessage(b, b"before", keys=["k1"])])
+    (sent, in_b, _) = facade.send_fanout(OutgoingMessage(a, b"x", keys=["k1"]), [b, c])
+    pulled = facade.pull(f"g-{b}", b, 0, 0, 10, EVERYTHING)
+    assert [(m.topic, m.queue_offset, m.body) for m in pulled.messages] == [
+        (b, 0, b"before"),
+        (b, 1, b"x"),
+    ]
+    bulk = facade.bulk_read(f"g-{c}", c, 0, 0, 100, 1 << 20, EVERYTHING)
+    assert [(m.topic, m.queue_offset, m.body) for m in bulk.messages] == [(c, 0, b"x")]
+    by_id = facade.messages_by_id(sent.message_id)
+    assert sorted((m.topic, m.body) for m in by_id) == [(a, b"x"), (b, b"x"), (c, b"x")]
+    assert [m.topic for m in facade.messages_by_id(sent.message_id, b)] == [b]
+    assert [m.body for m in facade.messages_by_key(b, "k1", 0, 2**63 - 1, 10)] == [b"x", b"before"]
+    assert facade.message_at(b, 0, in_b.queue_offset).topic == b
+    scanned = facade.scan(c, None, None, 0, 2**63 - 1, 10, EVERYTHING)
+    assert [(m.topic, m.body) for m in scanned.messages] == [(c, b"x")]
+
+
+def test_send_fanout_refuses_a_topic_named_twice_and_stores_nothing(facade: Broker) -> None:
+    a, b, _ = _fanout_topics(facade)
+    with pytest.raises(InvalidArgument):
+        facade.send_fanout(OutgoingMessage(a, b"x"), [b, b])
+    with pytest.raises(HalfmoonError):
+        facade.send_fanout(OutgoingMessage(a, b"x"), [b, "no-such-topic!"])
+    assert [s.max_offset for s in facade.topic_status(a)] == [0]
+    assert [s.max_offset for s in facade.topic_status(b)] == [0]
+
+
+def test_send_fanout_nowait_completes_when_durable(facade: Broker) -> None:
+    a, b, c = _fanout_topics(facade)
+    written = facade.send_fanout_nowait(OutgoingMessage(a, b"y"), [b, c]).write()
+    assert written.durable.result(timeout=WAIT_S) is None
+    assert [r.topic for r in written.result] == [a, b, c]
+    assert bodies(facade, f"g-{c}", c) == [b"y"]
+
+
+def test_a_half_message_fanout_is_a_half_message_per_topic(facade: Broker) -> None:
+    facade.create_topic("payments", MessageType.TRANSACTION)
+    facade.create_topic("refunds", MessageType.TRANSACTION)
+    results = facade.send_fanout(half(b"h"), ["refunds"])
+    assert [r.topic for r in results] == ["payments", "refunds"]
+    assert all(r.transaction_id for r in results)
+    assert len({r.transaction_id for r in results}) == 2  # each decided on its own
 
 
 def test_a_delay_message_can_be_recalled_before_its_time(facade: Broker, clock: FakeClock) -> None:

@@ -190,6 +190,32 @@ def test_retrying_counts_the_in_flight_messages_delivered_more_than_once(broker:
     assert broker.pop.progress(GROUP, TOPIC) == [(0, 3, 3, 0)]
 
 
+def test_ready_counts_what_a_receive_would_hand_out_now(broker: Broker) -> None:
+    assert broker.pop.ready(GROUP, TOPIC) == {}
+    broker.send("a", "b", "c", "d")
+    a, b, c = broker.receive(batch=3)
+    assert broker.pop.ready(GROUP, TOPIC) == {0: 1}  # "d", never delivered
+    broker.pop.ack(GROUP, TOPIC, b.receipt_handle)  # done above the committed "a"
+    assert broker.pop.ready(GROUP, TOPIC) == {0: 1}
+    broker.pop.change_invisible_duration(GROUP, TOPIC, c.receipt_handle, 0)  # requeued
+    assert broker.pop.ready(GROUP, TOPIC) == {0: 2}
+    broker.clock.advance(INVISIBLE)  # "a" times out
+    assert broker.pop.ready(GROUP, TOPIC) == {0: 3}
+    assert len(broker.receive(batch=4)) == 3
+    assert broker.pop.ready(GROUP, TOPIC) == {0: 0}
+
+
+def test_requeued_messages_go_out_in_queue_order_whenever_they_were_requeued(
+    broker: Broker,
+) -> None:
+    broker.send("a", "b", "c")
+    views = broker.receive(batch=3)
+    for view in reversed(views):  # "c" first, "a" last
+        broker.pop.change_invisible_duration(GROUP, TOPIC, view.receipt_handle, 0)
+        broker.clock.advance(5)
+    assert [v.body for v in broker.receive(batch=3)] == [b"a", b"b", b"c"]
+
+
 def test_unacked_message_reappears_after_invisible_time(broker: Broker) -> None:
     broker.send("a")
     (first,) = broker.receive()

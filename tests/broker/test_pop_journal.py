@@ -166,8 +166,9 @@ def test_acks_after_the_last_snapshot_are_not_delivered_again(tmp_path: Path) ->
     clock.advance(BrokerConfig().offset_persist_interval_ms)
     broker.tick()  # the snapshot journals the queue: m3..m6 in flight
     broker.ack("workers", "jobs", got[1].receipt_handle)
-    assert broker.ack_nowait("workers", "jobs", [got[3].receipt_handle]) is None  # a worker's
-    assert broker._pop.ack_many("workers", "jobs", [got[3].receipt_handle]) == [None]
+    written = broker.ack_nowait("workers", "jobs", [got[3].receipt_handle])  # on a loop
+    assert written is not None and written.result == [None]
+    written.durable.result(5)
     later = broker.receive("workers", "jobs", FilterSpec(), 1, 60_000)
     assert [v.body for v in later] == [b"m7"]  # past the journaled cursor
     broker.ack("workers", "jobs", later[0].receipt_handle)
@@ -190,7 +191,7 @@ def test_an_ack_answers_with_the_error_of_its_records_durability(tmp_path: Path)
     few replicas are in sync: the ack says so, as an offset commit does."""
     clock = FakeClock()
     broker = prepared(tmp_path, clock)
-    got = broker.receive("workers", "jobs", FilterSpec(), 2, 60_000)
+    got = broker.receive("workers", "jobs", FilterSpec(), 3, 60_000)
     failed: Future[None] = Future()
     failed.set_exception(NotEnoughReplicas("1 in sync, 2 required"))
     store = broker.store
@@ -204,18 +205,23 @@ def test_an_ack_answers_with_the_error_of_its_records_durability(tmp_path: Path)
     with pytest.raises(NotEnoughReplicas):
         broker.ack("workers", "jobs", got[0].receipt_handle)
     results = broker._pop.ack_many("workers", "jobs", [got[1].receipt_handle, "garbled"])
-    assert results is not None
     assert isinstance(results[0], NotEnoughReplicas)
     assert results[1] is not None and not isinstance(results[1], NotEnoughReplicas)
-    assert len(asked) == 2 and asked[1] > asked[0]
+    # On an event loop: the acks are applied, their answer is the record's durability.
+    written = broker.ack_nowait("workers", "jobs", [got[2].receipt_handle])
+    assert written is not None and written.result == [None]
+    assert isinstance(written.durable.exception(1), NotEnoughReplicas)
+    assert len(asked) == 3 and asked[2] > asked[1] > asked[0]
     crash(broker)
 
 
-def test_local_mode_journals_no_acks(tmp_path: Path) -> None:
+def test_a_broker_without_a_journal_records_no_acks(tmp_path: Path) -> None:
     clock = FakeClock()
     broker = prepared(tmp_path, clock, journal=False)
     got = broker.receive("workers", "jobs", FilterSpec(), 2, 60_000)
-    assert broker.ack_nowait("workers", "jobs", [v.receipt_handle for v in got]) == [None, None]
+    written = broker.ack_nowait("workers", "jobs", [v.receipt_handle for v in got])
+    assert written is not None and written.result == [None, None]
+    assert written.durable.done()
     assert broker.store.max_offset(POP_TOPIC, 0) == 0
     crash(broker)
 

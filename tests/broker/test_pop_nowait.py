@@ -11,7 +11,8 @@ from halfmoon.broker.broker import Broker as FullBroker
 from halfmoon.broker.clock import FakeClock
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageType, MessageView, OutgoingMessage
-from halfmoon.broker.pop import LOOP_BACKLOG_LIMIT, PopGroupSettings
+from halfmoon.broker.pop import PopGroupSettings
+from halfmoon.broker.pop_receive import LOOP_BACKLOG_LIMIT
 from halfmoon.broker.receipt import InvalidReceiptHandle
 from halfmoon.store.memory import MemoryStore
 from tests.broker.test_pop import GROUP, INVISIBLE, TOPIC, Broker, bodies
@@ -79,7 +80,7 @@ def test_it_declines_a_group_far_behind_a_queues_end(broker: Broker) -> None:
 def test_it_declines_while_another_call_holds_the_groups_state(broker: Broker) -> None:
     broker.receive()
     broker.send("a")
-    state = broker.pop._state(GROUP, TOPIC)
+    state = broker.pop.states.state(GROUP, TOPIC)
     held, release = threading.Event(), threading.Event()
 
     def holder() -> None:
@@ -145,8 +146,10 @@ def test_ack_many_acks_a_batch_and_reports_each_bad_handle(broker: Broker) -> No
     assert results is not None
     assert results[0] is None and results[2] is None
     assert isinstance(results[1], InvalidReceiptHandle)
-    again = broker.pop.ack_many(GROUP, TOPIC, [handles[0], handles[1]], blocking=False)
-    assert again is not None
+    batch = broker.pop.ack_many_nowait(GROUP, TOPIC, [handles[0], handles[1]])
+    assert batch is not None
+    again, durable = batch
+    assert durable.done()  # no journal: nothing to wait for
     assert isinstance(again[0], InvalidReceiptHandle)  # acked already
     assert again[1] is None
     broker.clock.advance(INVISIBLE + 1)
@@ -157,7 +160,7 @@ def test_ack_many_without_blocking_acks_nothing_while_the_state_is_busy(broker: 
     broker.receive()
     broker.send("a")
     handle = broker.receive()[0].receipt_handle
-    state = broker.pop._state(GROUP, TOPIC)
+    state = broker.pop.states.state(GROUP, TOPIC)
     held, release = threading.Event(), threading.Event()
 
     def holder() -> None:
@@ -169,7 +172,7 @@ def test_ack_many_without_blocking_acks_nothing_while_the_state_is_busy(broker: 
     thread.start()
     try:
         assert held.wait(5)
-        assert broker.pop.ack_many(GROUP, TOPIC, [handle], blocking=False) is None
+        assert broker.pop.ack_many_nowait(GROUP, TOPIC, [handle]) is None
     finally:
         release.set()
         thread.join(5)

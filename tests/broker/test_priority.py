@@ -113,3 +113,48 @@ def test_a_retried_message_keeps_its_priority(jobs: Broker, clock: FakeClock) ->
     clock.advance(30_001)
     (again,) = receive(jobs)
     assert (again.body, again.delivery_attempt) == (b"p3", 2)  # before the low backlog
+
+
+def test_half_and_delay_messages_with_a_priority_land_in_their_priority(
+    jobs: Broker, clock: FakeClock
+) -> None:
+    """AMQP's priority queues in a transaction or with x-delay: a half or delay message may
+    carry a priority to a priority topic (elsewhere it is still a type mismatch)."""
+    jobs.send([priority_message(0, b"low")])
+    jobs.send(
+        [
+            OutgoingMessage(
+                TOPIC,
+                b"committed",
+                message_type=MessageType.TRANSACTION,
+                transaction_group="tg",
+                producer_group="p",
+                priority=2,
+            ),
+            OutgoingMessage(
+                TOPIC,
+                b"due",
+                message_type=MessageType.DELAY,
+                delivery_timestamp=clock.now_ms() + 1000,
+                priority=3,
+            ),
+        ]
+    )
+    assert [v.body for v in receive(jobs, batch=5)] == [b"low"]  # neither visible yet
+    jobs.end_transaction_group("tg", "commit")
+    clock.advance(1001)
+    jobs.tick()
+    views = receive(jobs, batch=5, group="second")
+    assert [(v.body, v.queue_id) for v in views] == [(b"due", 3), (b"committed", 2), (b"low", 0)]
+    with pytest.raises(MessageTypeMismatch):  # a half message without one: still refused
+        jobs.send(
+            [
+                OutgoingMessage(
+                    TOPIC,
+                    b"x",
+                    message_type=MessageType.TRANSACTION,
+                    transaction_group="tg2",
+                    producer_group="p",
+                )
+            ]
+        )

@@ -10,6 +10,7 @@ from halfmoon.broker import (
     Broker,
     FakeClock,
     FilterSpec,
+    MessageBodyTooLarge,
     MessageType,
     OutgoingMessage,
     verify_body_digest,
@@ -85,6 +86,17 @@ def test_validation_errors_have_stable_codes_and_write_nothing(
         broker.send(batch)
     assert getattr(info.value, "code", None) == code, info.value
     assert store.stats().commit_log_max_offset == 0
+
+
+def test_a_body_too_large_names_the_setting_whose_limit_it_passed(broker: Broker) -> None:
+    # One rule (store/validate.py check_body_size) for the broker's limit and the store's.
+    broker.create_topic("t")
+    broker.update_config({"max_body_size": 8})
+    with pytest.raises(MessageBodyTooLarge) as info:
+        broker.send([out(body=b"nine byte")])
+    assert info.value.code == "MESSAGE_BODY_TOO_LARGE"
+    assert "9 bytes exceeds the limit of 8 bytes" in info.value.message
+    assert info.value.message.endswith("raise broker.max_body_size")
 
 
 @pytest.mark.parametrize(

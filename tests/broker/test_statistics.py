@@ -120,3 +120,37 @@ def test_the_running_total_is_the_sum_of_the_buckets_in_the_window(steps):
             assert ring.total(minute) == plain
             last_three = sum(ring.at(m) for m in range(minute - 2, minute + 1))
             assert ring.total(minute, 3) == last_three
+
+
+def test_history_sums_steps_per_kind_for_a_topic_and_for_a_group():
+    clock = FakeClock(START)
+    stats = TrafficStatistics(clock.now_ms)
+    stats.record_in(["orders"] * 5)
+    stats.record_out("billing", "orders", 4)
+    stats.record("acked", "billing", "orders", 3)
+    stats.record("redelivered", "billing", "orders", 1)
+    stats.record_out("audit", "orders", 2)
+    stats.record_in(["other"] * 7)
+    clock.advance(MINUTE_MS * 2)
+    stats.record_in(["orders"])
+    hour = stats.history("orders", None, 60)
+    assert hour["minutes"] == 60 and hour["step_ms"] == MINUTE_MS
+    assert hour["start_ms"] == START + 2 * MINUTE_MS - 59 * MINUTE_MS
+    series = hour["series"]
+    assert series["in"][-3:] == [5, 0, 1] and sum(series["in"]) == 6
+    assert sum(series["out"]) == 6  # both groups
+    assert sum(series["acked"]) == 3 and sum(series["redelivered"]) == 1
+    group = stats.history(None, "billing", 60)["series"]
+    assert sum(group["out"]) == 4 and sum(group["in"]) == 6  # the topics it consumed
+    day = stats.history("orders", None, WINDOW_MINUTES)
+    assert day["step_ms"] == 12 * MINUTE_MS and len(day["series"]["in"]) == 120
+    assert sum(day["series"]["in"]) == 6
+
+
+def test_history_forgets_idle_consumption_series():
+    clock = FakeClock(START)
+    stats = TrafficStatistics(clock.now_ms, window_minutes=10)
+    stats.record("acked", "billing", "orders", 3)
+    clock.advance(MINUTE_MS * 10)
+    assert sum(stats.history("orders", None, 10)["series"]["acked"]) == 0
+    assert not stats._consumption  # dropped, not kept at zero

@@ -236,6 +236,34 @@ def test_a_transaction_committed_through_a_check(
     assert trace[0]["producer_group"] == "pg"
 
 
+def test_a_check_answered_before_the_scan_counted_it_is_still_traced_in_order(
+    store: MemoryStore, clock: FakeClock
+) -> None:
+    # A live producer can answer a check while the sender is still returning: the commit lands
+    # before the scan counts the check, and the trace must still say the check went out first.
+    sender = RecordingSender()
+    broker = Broker(store, None, BrokerConfig(), clock, TransactionConfig(check_max=3))
+    broker.create_topic("orders", MessageType.TRANSACTION, queue_count=1)
+    broker.set_check_sender(sender)
+    (result,) = broker.send(
+        [OutgoingMessage("orders", b"x", message_type=MessageType.TRANSACTION, producer_group="pg")]
+    )
+
+    def answer_at_once(transaction_id: str) -> None:
+        broker.end_transaction("orders", result.message_id, transaction_id, "commit", "check")
+
+    sender.on_send = answer_at_once
+    clock.advance(30_000)
+    broker.tick()
+    assert len(sender.sent) == 1
+    assert [(e["event"], e.get("check")) for e in broker.message_trace(result.message_id)] == [
+        ("half_stored", None),
+        ("check_sent", 1),
+        ("check_answered", None),
+        ("committed", None),
+    ]
+
+
 def test_rollback_by_an_operator_and_parking(store: MemoryStore, clock: FakeClock) -> None:
     sender = RecordingSender()
     sender.live = True
@@ -267,3 +295,22 @@ def test_a_producer_commit_says_so(broker: Broker) -> None:
         ("half_stored", None),
         ("committed", "producer"),
     ]
+
+
+def test_a_fanout_is_traced_once_per_queue_it_was_consumed_from(broker: Broker) -> None:
+    for topic in ("fan-a", "fan-b"):
+        broker.create_topic(topic, queue_count=1)
+        broker.create_group(f"g-{topic}", consume_from="earliest")
+        broker.subscribe(f"g-{topic}", topic)
+    (sent, _) = broker.send_fanout(OutgoingMessage("fan-a", b"body"), ["fan-b"])
+    (got,) = broker.receive("g-fan-a", "fan-a", ANY, 1, 10_000, client_id="c-1")
+    broker.ack("g-fan-a", "fan-a", got.receipt_handle)
+    (other,) = broker.receive("g-fan-b", "fan-b", ANY, 1, 10_000, client_id="c-2")
+    # One record holds the message for both queues: its trace holds both queues' consumers,
+    # each event once and naming its group.
+    assert events(broker, sent.message_id) == [
+        ("delivered", "g-fan-a", 1, None),
+        ("acked", "g-fan-a", 1, None),
+        ("delivered", "g-fan-b", 1, None),
+    ]
+    assert other.message_id == sent.message_id

@@ -10,12 +10,14 @@ from halfmoon.broker.errors import TopicNotFound
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageType, MessageView, OutgoingMessage
 from halfmoon.broker.receipt import InvalidReceiptHandle
+from halfmoon.broker.transaction_state import TransactionAlreadyEnded
 from halfmoon.broker.transactions import TransactionGroupEnded
 from halfmoon.broker.transactions.consume import (
     MAX_ACTIONS_PER_GROUP,
     ConsumeActionConflict,
     TransactionFenced,
     TransactionIncomplete,
+    TransactionRolledBack,
 )
 from halfmoon.errors import InvalidArgument
 
@@ -99,6 +101,30 @@ def test_rollback_redelivers_with_the_attempt_counted(b: Broker, clock: FakeCloc
     clock.advance(INVISIBLE + 1)
     (again,) = receive(b)
     assert again.body == b"a" and again.delivery_attempt == 2
+
+
+def test_a_retried_decision_answers_the_outcome_already_made(b: Broker, clock: FakeClock) -> None:
+    """A client retrying a commit whose answer it missed learns the real outcome: a commit
+    again is OK (nothing more applied), a rollback of it is refused; a commit of a
+    rolled-back group says it was rolled back."""
+    produce(b, b"a", b"b")
+    first, second = receive(b)
+    output(b, "t1", b"A")
+    b.transactional_ack("t1", GROUP, IN, first.receipt_handle)
+    assert commit(b, "t1", actions=1) == 1
+    assert commit(b, "t1", actions=1) == 0  # the retry: committed, nothing decided twice
+    with pytest.raises(TransactionAlreadyEnded, match="already committed"):
+        b.end_transaction_group("t1", "rollback")
+    assert visible(b) == [b"A"]
+    output(b, "t2", b"B")
+    b.transactional_ack("t2", GROUP, IN, second.receipt_handle)
+    b.end_transaction_group("t2", "rollback")
+    with pytest.raises(TransactionRolledBack):
+        commit(b, "t2", actions=1)
+    b.end_transaction_group("t2", "rollback")  # a retried rollback: OK
+    clock.advance(INVISIBLE + 1)
+    assert [m.body for m in receive(b)] == [b"b"]  # only the rolled-back input comes back
+    assert visible(b) == [b"A"]
 
 
 def test_an_ack_outside_a_transaction_is_a_plain_ack(b: Broker, clock: FakeClock) -> None:

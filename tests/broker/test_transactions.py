@@ -203,7 +203,7 @@ def test_check_message_carries_the_transaction_id(txn_broker: Broker) -> None:
     (result,) = txn_broker.send([half(body=b"open")])
     service = txn_broker.transactions
     entry = service.pending[decode_transaction_id(result.transaction_id)]
-    view = service.check_view(entry)
+    view = service.checks.check_view(entry)
     assert (view.body, view.transaction_id, view.topic) == (
         b"open",
         result.transaction_id,
@@ -244,6 +244,25 @@ def test_forged_and_foreign_ids_are_invalid(txn_broker: Broker) -> None:
         end(txn_broker, result, "maybe")
     with pytest.raises(InvalidArgument):
         end(txn_broker, result, "commit", source="nobody")
+
+
+def test_a_transaction_of_another_topic_is_answered_as_unknown(txn_broker: Broker) -> None:
+    """The topic a caller names is the one it was authorized on: a transaction of another
+    topic, pending or decided, gets the answer of one that does not exist, naming nothing."""
+    txn_broker.create_topic("payments-tx", MessageType.TRANSACTION)
+    pending, decided = txn_broker.send([half("payments-tx", b"p"), half("payments-tx", b"d")])
+    end(txn_broker, decided, "rollback")
+    missing = encode_transaction_id(999_999)
+    answers = []
+    for tid in (pending.transaction_id, decided.transaction_id, missing):
+        for message_id in ("", pending.message_id):
+            with pytest.raises(InvalidTransactionId) as info:
+                txn_broker.end_transaction("orders", message_id, tid, "commit", "client")
+            answers.append(info.value.message.replace(tid, "ID"))
+            assert "payments" not in info.value.message and pending.message_id not in answers[-1]
+    assert len(set(answers)) == 1, answers
+    assert visible(txn_broker, "payments-tx") == []  # nothing was decided by those calls
+    assert end(txn_broker, pending, "commit") is TxnState.COMMITTED  # its own topic may
 
 
 def test_decision_found_after_it_left_the_cache(store: MemoryStore, clock: FakeClock) -> None:
@@ -313,6 +332,9 @@ def test_members_cannot_be_ended_alone_before_the_group(txn_broker: Broker) -> N
         with pytest.raises(TransactionGroupMember) as info:
             end(txn_broker, member, resolution)
         assert isinstance(info.value, TransactionStateError)
+        # A transaction id is a position anyone can compute: its answer does not hand out
+        # the group's id, which would let its holder add to the group.
+        assert "g4" not in info.value.message
     assert end(txn_broker, member, "unknown") is TxnState.PREPARED
     with pytest.raises(IllegalTransactionGroup):
         txn_broker.send([half(transaction_group="has space")])

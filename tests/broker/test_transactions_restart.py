@@ -129,7 +129,7 @@ def test_check_counts_and_parking_survive_a_restart(
     for _ in range(2):
         scan_checks(broker, clock)
     assert sender.sent.count(checked.transaction_id) == 2
-    broker.transactions.park(decode_transaction_id(parked.transaction_id))
+    broker.transactions.checks.park(decode_transaction_id(parked.transaction_id))
     broker = real_broker()
     infos = {i.message_id: i for i in broker.list_transactions()}
     assert (infos[checked.message_id].checks_sent, infos[checked.message_id].state) == (
@@ -153,7 +153,7 @@ def test_the_due_index_is_rebuilt_on_restart(real_broker: OpenBroker, clock: Fak
     broker = real_broker()
     broker.create_topic("orders", MessageType.TRANSACTION, queue_count=2)
     snapshotted = halves(broker, b"a", b"b", b"parked", b"decided")
-    broker.transactions.park(decode_transaction_id(snapshotted[2].transaction_id))
+    broker.transactions.checks.park(decode_transaction_id(snapshotted[2].transaction_id))
     broker.transactions.snapshot()
     replayed = halves(broker, b"c", b"d")  # after the snapshot: found by replaying the half queue
     halves(broker, b"member", group="job-9")
@@ -232,7 +232,7 @@ def test_the_snapshot_is_compact_json(real_broker: OpenBroker, tmp_path: Path) -
     broker = real_broker()
     broker.create_topic("orders", MessageType.TRANSACTION, queue_count=2)
     results = halves(broker, b"a", b"b", b"c")
-    broker.transactions.park(decode_transaction_id(results[1].transaction_id))
+    broker.transactions.checks.park(decode_transaction_id(results[1].transaction_id))
     broker.close()
     text = (tmp_path / "meta" / "transactions.json").read_text()
     data = json.loads(text)

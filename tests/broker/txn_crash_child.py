@@ -53,7 +53,7 @@ def main() -> None:
         # often lands in the middle of a group commit: some members written, others not.
         results = append(messages)
         if any(m.prepared_transaction_offset for m in messages):
-            time.sleep(0.002)
+            time.sleep(0.002)  # the window a kill is meant to land in
         return results
 
     store.append = slow_commit_append  # type: ignore[method-assign]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -67,6 +68,15 @@ def failed(result: subprocess.CompletedProcess[str], status: int = 1) -> str:
     assert lines[0].startswith("halfmoon: error: ")
     assert result.stdout == ""
     return lines[0]
+
+
+def failed_json(result: subprocess.CompletedProcess[str], status: int = 1) -> dict[str, str]:
+    """The error object a failed ``--json`` command prints as its one stderr line."""
+    assert result.returncode == status, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {result.stderr!r}"
+    assert result.stdout == ""
+    return json.loads(lines[0])["error"]
 
 
 def table(text: str) -> list[list[str]]:
@@ -153,10 +163,12 @@ def test_broker_refusals_are_one_line(admin):
     ok(halfmoon("topic", "create", name, admin=admin))
     assert failed(halfmoon("topic", "create", name, admin=admin)).endswith("(TOPIC_EXISTS)")
     assert failed(halfmoon("topic", "create", "%DLQ%x", admin=admin)).endswith("(ILLEGAL_TOPIC)")
-    # --json changes the output, not the errors.
-    assert failed(halfmoon("topic", "describe", "nope", "--json", admin=admin)).endswith(
-        "(TOPIC_NOT_FOUND)"
-    )
+    # --json, anywhere on the line: the error is the admin API's error object.
+    for args in (("topic", "describe", "nope", "--json"), ("--json", "topic", "describe", "nope")):
+        error = failed_json(halfmoon(*args, admin=admin))
+        assert error["code"] == "TOPIC_NOT_FOUND" and "nope" in error["message"]
+    assert failed_json(halfmoon("--json", "topic", "frobnicate"), status=2)["code"] == "USAGE"
+    assert json.loads(ok(halfmoon("--json", "topic", "list", admin=admin)))["topics"]
 
 
 @pytest.mark.parametrize(
@@ -171,7 +183,6 @@ def test_broker_refusals_are_one_line(admin):
         (("topic", "explode"), "invalid choice: 'explode'"),
         (("group", "create", "g", "--from", "middle"), "invalid choice: 'middle'"),
         (("frobnicate",), "invalid choice: 'frobnicate'"),
-        ((), "required: COMMAND"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(args, fragment):
@@ -235,7 +246,8 @@ def test_group_describe_shows_lag_per_queue(admin):
     out = ok(halfmoon("group", "describe", group, admin=admin))
     assert "total lag: 5" in out
     progress = next(r for r in table(out) if r[:1] == [topic])
-    assert progress == [topic, "0", "1", "6", "5", "1", "0"]  # one in flight, not retried
+    # 4 ready, 1 in flight, not retried
+    assert progress == [topic, "0", "1", "6", "5", "4", "1", "0"]
 
     data = json.loads(
         ok(halfmoon("group", "describe", group, "--topic", topic, "--json", admin=admin))
@@ -268,7 +280,7 @@ def test_group_errors(admin):
 
 def test_status_human_and_json(admin):
     out = ok(halfmoon("status", admin=admin))
-    assert "name:" in out and "halfmoon" in out
+    assert "broker:" in out and "halfmoon" in out
     assert "topics:" in out
     data = json.loads(ok(halfmoon("status", "--json", admin=admin)))
     assert data["topics"] == len(admin.broker.list_topics())
@@ -349,19 +361,13 @@ def test_serve_refuses_bad_configuration_before_starting(args, env, fragment):
     assert fragment in line
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("taken", ["--listen", "--admin-listen"])
 def test_serve_on_a_taken_port_stops_with_one_clear_line(tmp_path, taken):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         busy = f"127.0.0.1:{holder.getsockname()[1]}"
-        ports = {"--listen": f"127.0.0.1:{free_port()}", "--admin-listen": "127.0.0.1:0"}
+        ports = {"--listen": "127.0.0.1:0", "--admin-listen": "127.0.0.1:0"}
         ports[taken] = busy
         result = halfmoon(
             "serve", "--data-dir", str(tmp_path / "data"), "--set", "store.segment_size=4MiB",
@@ -375,11 +381,10 @@ def test_serve_on_a_taken_port_stops_with_one_clear_line(tmp_path, taken):
 
 
 def test_serve_runs_the_admin_api_the_cli_talks_to(tmp_path):
-    admin_port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "halfmoon", "serve", "--data-dir", str(tmp_path / "data"),
-         "--listen", f"127.0.0.1:{free_port()}", "--admin-listen", f"127.0.0.1:{admin_port}",
-         "--flush", "async", "--set", "store.segment_size=4MiB"],
+         "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+         "--amqp-listen", "127.0.0.1:0", "--flush", "async", "--set", "store.segment_size=4MiB"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={k: v for k, v in os.environ.items() if not k.startswith("HALFMOON_")},
     )  # fmt: skip
@@ -390,7 +395,7 @@ def test_serve_runs_the_admin_api_the_cli_talks_to(tmp_path):
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
-            if "ready" in line:
+            if "halfmoon ready" in line:  # not "already in use"
                 ready.set()
 
     threading.Thread(target=pump, daemon=True).start()
@@ -399,7 +404,9 @@ def test_serve_runs_the_admin_api_the_cli_talks_to(tmp_path):
         while not ready.wait(0.05):
             assert proc.poll() is None, "serve exited early:\n" + "".join(lines)
             assert time.monotonic() < deadline, "serve not ready in 30 s:\n" + "".join(lines)
-        url = f"http://127.0.0.1:{admin_port}"
+        admin = re.search(r"\badmin=(\S+)", next(x for x in lines if "halfmoon ready" in x))
+        assert admin is not None, lines
+        url = f"http://{admin.group(1)}"  # the port it bound, as the ready line reports it
         ok(halfmoon("topic", "create", "orders", "--queues", "3", "--admin", url))
         data = json.loads(ok(halfmoon("topic", "list", "--json", "--admin", url)))
         assert [t["name"] for t in data["topics"]] == ["orders"]

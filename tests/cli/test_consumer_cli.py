@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from halfmoon.client import ClientError, Message, MessageSelector, SyncProducer, SyncSimpleConsumer
-from tests.cli.test_cli import failed, ok, table, unique
+from tests.cli.test_cli import failed, failed_json, ok, table, unique
 from tests.server.conftest import ServerProcess, wait_until
 
 
@@ -92,7 +92,7 @@ def test_progress_shows_lag_per_queue_clients_and_rate(server):
         out = ok(cli(server, "consumer", "progress", group))
         sections = out.strip().split("\n\n")
         assert table(sections[0])[0][:3] == ["TOPIC", "QUEUE", "BROKER"]
-        assert table(sections[0])[1] == [topic, "0", "6", "2", "4", "0", "0"]
+        assert table(sections[0])[1] == [topic, "0", "6", "2", "4", "4", "0", "0"]  # all 4 ready
         assert table(sections[1])[1][0] == consumer.client.client_id
         tps_line, lag_line = sections[2].splitlines()
         # 2 messages in the last 60 s (a minute boundary in between prorates it a little)
@@ -159,10 +159,10 @@ def test_consumer_errors_are_one_line(server):
         cli(server, "consumer", "reset-offset", "ghost", "--topic", topic, "--time", "now")
     )
     assert line.endswith("(CONSUMER_GROUP_NOT_FOUND)")
-    line = failed(
+    error = failed_json(
         cli(server, "consumer", "reset-offset", group, "--topic", "nope", "--time", "now", "--json")
     )
-    assert line.endswith("(TOPIC_NOT_FOUND)")
+    assert error["code"] == "TOPIC_NOT_FOUND"
     assert "bad time 'soon'" in failed(
         cli(server, "consumer", "reset-offset", group, "--topic", topic, "--time", "soon"), status=2
     )
@@ -263,3 +263,73 @@ def test_producer_status_lists_producers_connected_to_a_topic(server):
         )
         assert other["clients"] == []  # --group narrows to one producer group
     failed(cli(server, "producer", "status", unique("missing")))
+
+
+def test_producer_list_shows_every_connected_producer_with_what_it_sends(server):
+    first, second = unique("orders"), unique("invoices")
+    server.create_topic(first, queues=1)
+    server.create_topic(second, queues=1)
+    with (
+        SyncProducer(server.grpc, topics=[first]) as one,
+        SyncProducer(server.grpc, topics=[second]) as other,
+    ):
+        one.send(Message(first, b"a"))
+        one.send(Message(first, b"b"))
+        other.send(Message(second, b"c"))
+        ours = {one.client.client_id: first, other.client.client_id: second}
+
+        def listed() -> dict[str, dict] | None:
+            data = json.loads(ok(cli(server, "producer", "list", "--json")))
+            assert data["registry"] is True
+            found = {c["client_id"]: c for c in data["clients"] if c["client_id"] in ours}
+            sent = {c.get("messages_sent") for c in found.values()}
+            return found if len(found) == 2 and 0 not in sent and None not in sent else None
+
+        found = wait_until(listed, 15, "both producers listed with what they sent")
+        for client_id, topic in ours.items():
+            assert found[client_id]["publishes"] == [topic]  # type: ignore[index]
+        assert found[one.client.client_id]["messages_sent"] == 2  # type: ignore[index]
+        rows = table(ok(cli(server, "producer", "list")))
+        assert rows[0][:3] == ["CLIENT", "ID", "GROUP"] and rows[0][-2:] == ["SENT", "RATE/S"]
+        by_id = {row[0]: row for row in rows[1:]}
+        assert by_id[one.client.client_id][-3:-1] == [first, "2"]
+        assert by_id[other.client.client_id][-3:-1] == [second, "1"]
+    # closed: they leave the list (the registry drops a session when its stream ends)
+    wait_until(
+        lambda: (
+            not {
+                c["client_id"]
+                for c in json.loads(ok(cli(server, "producer", "list", "--json")))["clients"]
+            }
+            & set(ours)
+        ),
+        15,
+        "closed producers gone from the list",
+    )
+
+
+def test_group_peek_consumes_nothing_and_purge_skips_one_groups_backlog(server):
+    topic, group = topic_and_group(server)
+    other = unique("bystander")
+    server.create_group(other)
+    send(server, topic, 3, tag="t")
+    out = ok(cli(server, "group", "peek", group, "--topic", topic))
+    assert out.startswith(f"3 message(s) of '{topic}' not yet consumed by '{group}'"), out
+    rows = table(out.split("\n\n", 1)[1])
+    assert len(rows) == 4 and rows[1][-1] == "m0", rows  # a header and three messages
+    again = json.loads(
+        ok(cli(server, "group", "peek", group, "--topic", topic, "--limit", "2", "--json"))
+    )
+    assert again["backlog"] == 3 and len(again["messages"]) == 2  # peeking moved nothing
+    out = ok(cli(server, "group", "purge", group, "--topic", topic))
+    assert out == f"purged 3 message(s) of '{topic}' for group '{group}'\n"
+    assert (
+        json.loads(ok(cli(server, "group", "peek", group, "--topic", topic, "--json")))["backlog"]
+        == 0
+    )
+    kept = json.loads(ok(cli(server, "group", "peek", other, "--topic", topic, "--json")))
+    assert kept["backlog"] == 3
+    with SyncSimpleConsumer(server.grpc, group, {topic: MessageSelector.all()}) as consumer:
+        assert consumer.receive(3, 30, wait=1) == []  # purged: the group gets none of them
+    line = failed(cli(server, "group", "purge", group, "--topic", "no-such-topic"))
+    assert "TOPIC_NOT_FOUND" in line, line

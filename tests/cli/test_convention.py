@@ -16,8 +16,11 @@ import pytest
 from halfmoon.cli.main import build_parser, main
 from halfmoon.cli.parser import leaf_commands
 
-# What a positional may be: the subject's kinds, by metavar.
-SUBJECT_METAVARS = {"NAME", "TOPIC", "GROUP", "ID", "KEY", "KEY=VALUE", "ACCESS_KEY", "SUBJECT"}
+# What a positional may be: the subject's kinds, by metavar (FILE: a document a command
+# writes or reads whole, as `definitions export FILE`, rabbitmqctl's export_definitions PATH).
+SUBJECT_METAVARS = {
+    "NAME", "TOPIC", "GROUP", "ID", "KEY", "KEY=VALUE", "ACCESS_KEY", "SUBJECT", "FILE",
+}  # fmt: skip
 # Option names that carry a broker object; required, they would be a subject
 # spelled as a flag, unless a positional subject already comes first.
 OBJECT_OPTIONS = {"--topic", "--group", "--name", "--id", "--message-id", "--transaction"}

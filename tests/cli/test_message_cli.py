@@ -10,9 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 from halfmoon.broker.filter_spec import FilterSpec
-from halfmoon.broker.message import OutgoingMessage
+from halfmoon.broker.message import MessageType, OutgoingMessage
+from halfmoon.server.admin import admin_request_limit
 from tests.cli.admin_harness import AdminServer
-from tests.cli.test_cli import failed, halfmoon, ok, table, unique
+from tests.cli.test_cli import failed, failed_json, halfmoon, ok, table, unique
 
 
 @pytest.fixture(scope="module")
@@ -113,15 +114,29 @@ def test_send_json_and_a_binary_body_from_a_file(admin, tmp_path):
     assert got["message_id"] == result["message_id"]
 
 
+def test_send_a_priority_and_a_lite_message(admin):
+    jobs, chat = unique("jobs"), unique("chat")
+    admin.broker.create_topic(jobs, MessageType.PRIORITY, queue_count=8)
+    admin.broker.create_topic(chat, MessageType.LITE)
+    sent = halfmoon(
+        "message", "send", jobs, "--body", "urgent", "--priority", "7", "--json", admin=admin
+    )
+    urgent = json.loads(ok(sent))
+    read = ["message", "read", jobs, "--queue", str(urgent["queue_id"]), "--offset", "0"]
+    assert json.loads(ok(halfmoon(*read, "--json", admin=admin)))["priority"] == 7
+    ok(halfmoon("message", "send", chat, "--body", "hi", "--lite-topic", "session-42", admin=admin))
+    listed = json.loads(ok(halfmoon("topic", "lite-list", chat, "--json", admin=admin)))
+    assert [t["lite_topic"] for t in listed["lite_topics"]] == ["session-42"]
+
+
 def test_get_errors(admin):
     topic = topic_with(admin)
     line = failed(halfmoon("message", "get", "01DEADBEEF", admin=admin))
     assert "no message with id '01DEADBEEF' in any topic" in line and line.endswith(
         "(MESSAGE_NOT_FOUND)"
     )
-    assert failed(
-        halfmoon("message", "get", "x", "--topic", topic, "--json", admin=admin)
-    ).endswith("(MESSAGE_NOT_FOUND)")
+    error = failed_json(halfmoon("message", "get", "x", "--topic", topic, "--json", admin=admin))
+    assert error["code"] == "MESSAGE_NOT_FOUND" and "no message with id 'x'" in error["message"]
     assert failed(halfmoon("message", "get", "x", "--topic", "nope", admin=admin)).endswith(
         "(TOPIC_NOT_FOUND)"
     )
@@ -399,3 +414,26 @@ def test_trace_shows_what_the_broker_did(admin):
     assert [e["event"] for e in answer["events"]] == ["stored", "delivered", "acked"]
     result = halfmoon("message", "trace", "no-such-id", admin=admin)
     assert result.returncode != 0 and "MESSAGE_NOT_FOUND" in result.stderr
+
+
+def test_a_body_as_large_as_the_broker_takes_goes_through_the_admin_api(admin, tmp_path):
+    # Binary, so the API carries it base64-encoded: a third larger on the wire.
+    limit = admin.config.broker.max_body_size
+    body = tmp_path / "largest.bin"
+    body.write_bytes(bytes(range(256)) * (limit // 256))
+    assert body.stat().st_size == limit
+    topic = topic_with(admin)
+    sent = json.loads(
+        ok(halfmoon("message", "send", topic, "--body-file", str(body), "--json", admin=admin))
+    )
+    assert sent["message_id"]
+
+
+def test_a_request_over_the_limit_names_the_limit_and_the_setting(admin):
+    status, answer = admin.call(
+        "POST", "/v1/topics/x/messages", raw=b"x" * (admin_request_limit(admin.config) + 1)
+    )
+    assert status == 413
+    assert answer["error"]["code"] == "PAYLOAD_TOO_LARGE"
+    assert "broker.max_body_size" in answer["error"]["message"]
+    assert str(admin.config.broker.max_body_size) in answer["error"]["message"]

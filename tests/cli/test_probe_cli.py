@@ -92,7 +92,7 @@ def test_probe_errors_are_one_line(server):
             "--grpc",
             f"127.0.0.1:{port}",
             "--timeout",
-            "1",
+            "1s",
         )
     )
     assert f"127.0.0.1:{port}" in line

@@ -10,7 +10,7 @@ import pytest
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import OutgoingMessage
 from tests.cli.admin_harness import AdminServer
-from tests.cli.test_cli import failed, halfmoon, ok, table, unique
+from tests.cli.test_cli import failed, failed_json, halfmoon, ok, table, unique
 
 
 @pytest.fixture
@@ -70,6 +70,5 @@ def test_in_and_out_per_topic_and_group_with_lag(admin):
 
 def test_unknown_topic_or_group_is_one_line(admin):
     assert failed(halfmoon("stats", "--topic", "nope", admin=admin)).endswith("(TOPIC_NOT_FOUND)")
-    assert failed(halfmoon("stats", "--group", "ghost", "--json", admin=admin)).endswith(
-        "(CONSUMER_GROUP_NOT_FOUND)"
-    )
+    error = failed_json(halfmoon("stats", "--group", "ghost", "--json", admin=admin))
+    assert error["code"] == "CONSUMER_GROUP_NOT_FOUND"

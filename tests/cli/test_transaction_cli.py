@@ -55,8 +55,8 @@ def park(admin: AdminServer, transaction_id: str) -> None:
     service = admin.broker.transactions
     half_offset = decode_transaction_id(transaction_id)
     for _ in range(CHECK_MAX):
-        service.record_check(half_offset, service.clock.now_ms())
-    assert service.park(half_offset)
+        service.checks.record_check(service.pending[half_offset], service.clock.now_ms())
+    assert service.checks.park(half_offset)
 
 
 def test_list_commit_rollback_as_an_operator(admin):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import TypeVar
 
 from tests.server.conftest import ServerProcess, free_port, server, server_factory, wait_until
@@ -17,7 +17,6 @@ __all__ = [
     "wait_until",
     "run",
     "unique",
-    "eventually",
 ]
 
 T = TypeVar("T")
@@ -31,18 +30,3 @@ def run(coro: Awaitable[T], timeout: float = 60.0) -> T:
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{next(_names)}"
-
-
-async def eventually(
-    predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05
-) -> object:
-    """Poll ``predicate`` on the loop until truthy; fail with ``what`` at the deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(interval)

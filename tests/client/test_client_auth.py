@@ -20,7 +20,8 @@ from halfmoon.client import (
     TransactionResolution,
 )
 from halfmoon.client.errors import Unauthorized
-from tests.client.conftest import ServerProcess, eventually, run, unique
+from tests.client.conftest import ServerProcess, run, unique
+from tests.waiting import until
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +111,7 @@ def test_transaction_checks_go_only_to_producers_allowed_to_pub(server: ServerPr
             async with TransactionProducer(
                 server.grpc, group, insider, credentials=ALICE, topics=[topic]
             ):
-                await eventually(lambda: insider.checked, 20, "a check at alice's producer")
+                await until(lambda: insider.checked, 20, "a check at alice's producer")
             assert sent.receipt.message_id in insider.checked
             assert outsider.checked == []
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from halfmoon.client import Message, MessageView, Producer, PullConsumer
-from tests.client.conftest import ServerProcess, free_port, unique
+from tests.client.conftest import ServerProcess, unique
 from tests.server.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -104,9 +104,7 @@ async def read_all(server: ServerProcess, topic: str) -> list[MessageView]:
 
 def test_every_input_gives_exactly_one_output_across_kills(tmp_path: Path) -> None:
     rng = random.Random(int(os.environ.get("HALFMOON_CTP_SEED", "16")))
-    server = ServerProcess(
-        tmp_path / "data", grpc_port=free_port(), admin_port=free_port(), settings=SETTINGS
-    ).start()
+    server = ServerProcess(tmp_path / "data", settings=SETTINGS).start()
     workers: list[Worker] = []
     try:
         source, sink, group = unique("ctp-a"), unique("ctp-b"), unique("ctp-g")

@@ -18,7 +18,8 @@ from halfmoon.client import (
     PushConsumer,
     SimpleConsumer,
 )
-from tests.client.conftest import ServerProcess, eventually, run, unique
+from tests.client.conftest import ServerProcess, run, unique
+from tests.waiting import until
 
 
 def test_simple_consumer_ack_and_invisible_duration(server: ServerProcess) -> None:
@@ -118,7 +119,7 @@ def test_push_consumer_retries_then_dead_letters(server: ServerProcess) -> None:
             assert consumer.max_attempts == 3
             await producer.send(Message(topic, b"poison"))
             await producer.send(Message(topic, b"flaky"))
-            await eventually(
+            await until(
                 lambda: consumer.dead_lettered == 1 and consumer.consumed == 1,
                 20,
                 "one dead letter and one success",
@@ -158,9 +159,7 @@ def test_push_consumer_orderly_keeps_group_order_across_retries(server: ServerPr
             assert consumer.orderly
             for n in range(12):
                 await producer.send(Message(topic, str(n).encode(), message_group=f"g{n % 2}"))
-            await eventually(
-                lambda: sum(len(v) for v in seen.values()) == 12, 20, "all twelve consumed"
-            )
+            await until(lambda: sum(len(v) for v in seen.values()) == 12, 20, "all twelve consumed")
             assert seen == {"g0": [0, 2, 4, 6, 8, 10], "g1": [1, 3, 5, 7, 9, 11]}
 
     run(scenario())
@@ -200,7 +199,7 @@ def test_broadcasting_each_consumer_sees_everything(server: ServerProcess) -> No
             assert code == 200, status
             stored = sum(q["max_offset"] - q["min_offset"] for q in status["queues"])
             assert stored >= 30
-            await eventually(
+            await until(
                 lambda: all(sum(c.offsets.values()) == stored for c in consumers),
                 20,
                 "every consumer pulling everything stored",

@@ -6,7 +6,8 @@ import asyncio
 import threading
 
 from halfmoon.client import Backoff, ClientError, Message, MessageSelector, Producer, SimpleConsumer
-from tests.client.conftest import eventually, run
+from tests.client.conftest import run
+from tests.waiting import until
 
 
 def test_producer_survives_server_restart(server_factory) -> None:
@@ -37,7 +38,7 @@ def test_producer_survives_server_restart(server_factory) -> None:
                 n += 1
 
         senders = [asyncio.create_task(sender(w)) for w in range(4)]
-        await eventually(lambda: len(acked) >= 50, 15, "50 acknowledged sends before the kill")
+        await until(lambda: len(acked) >= 50, 15, "50 acknowledged sends before the kill")
         before_kill = len(acked)
         restarted = threading.Event()
 
@@ -47,7 +48,7 @@ def test_producer_survives_server_restart(server_factory) -> None:
             restarted.set()
 
         await asyncio.to_thread(kill_and_restart)
-        await eventually(
+        await until(
             lambda: len(acked) >= before_kill + 50,
             20,
             "50 more acknowledged sends after the restart",

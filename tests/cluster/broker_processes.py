@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+from tests.waiting import wait_until
+
 READY = re.compile(r"halfmoon broker ready .*internal=(\S+)(?: send_port=(\d+))?")
 START_TIMEOUT_S = 30.0
 
@@ -29,7 +31,9 @@ class BrokerProcess:
         env: dict[str, str] | None = None,
         wrapper: tuple[str, ...] = (),
         address: str = "127.0.0.1:0",
+        own_process_group: bool = False,
     ) -> None:
+        self.own_process_group = own_process_group  # os.killpg reaches it
         self.data_dir = data_dir
         self.wrapper = wrapper  # a command the broker runs under (``ip netns exec NS``)
         self.name = name
@@ -66,6 +70,7 @@ class BrokerProcess:
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+            process_group=0 if self.own_process_group else None,
         )
         ready = threading.Event()
         found: list[re.Match[str]] = []
@@ -115,10 +120,9 @@ class BrokerProcess:
         """SIGSTOP, then wait until every thread is stopped: the signal takes effect
         asynchronously, and a call sent in between could still be answered."""
         os.kill(self.pid, signal.SIGSTOP)
-        deadline = time.monotonic() + timeout
-        while not _all_threads_stopped(self.pid):
-            assert time.monotonic() < deadline, f"process {self.pid} did not stop"
-            time.sleep(0.01)
+        wait_until(
+            lambda: _all_threads_stopped(self.pid), timeout, f"process {self.pid} to stop", 0.01
+        )
 
     def resume(self) -> None:
         os.kill(self.pid, signal.SIGCONT)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import itertools
 import sys
-import time
 from pathlib import Path
 
 from tests.cluster.broker_processes import BrokerProcess
 from tests.cluster.etcd_server import EtcdServer, EtcdTls
 from tests.server.conftest import ServerProcess
+
+# Re-exported: the cluster and partition tests import it from here.
+from tests.waiting import wait_until as wait_until
 
 _clusters = itertools.count()
 # The configuration sections only proxies take; the others (store, broker, transaction)
@@ -27,6 +29,8 @@ SHARED_SECTIONS = ("etcd.", "internal.")
 
 class ClusterProxy(ServerProcess):
     """One ``halfmoon proxy --cluster`` process."""
+
+    binds_port_zero = False  # named after its port, which its workers share
 
     def __init__(
         self,
@@ -153,12 +157,3 @@ class ClusterServer(ClusterProxy):
         for broker in self.brokers:
             broker.kill()
         self.own_etcd.stop()
-
-
-def wait_until(condition: object, timeout: float, what: str) -> None:
-    """Poll ``condition()`` until true; AssertionError naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)

@@ -57,6 +57,9 @@ class EtcdTls:
     client_cert_auth: bool = True
 
 
+PORT_ATTEMPTS = 3
+
+
 class EtcdServer:
     def __init__(self, data_dir: Path, tls: EtcdTls | None = None) -> None:
         self.binary = etcd_binary()
@@ -96,6 +99,21 @@ class EtcdServer:
         return context
 
     def start(self) -> None:
+        """Start etcd; a first start whose ports another process took meanwhile (they are
+        picked ahead, and etcd reports no port of its own choosing) tries fresh ones. A
+        restart keeps its ports: the clients under test know them."""
+        first = self.process is None
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                return self._start_once()
+            except RuntimeError as error:
+                taken = "address already in use" in str(error)
+                if not (first and taken) or attempt == PORT_ATTEMPTS - 1:
+                    raise
+                self.client_port, self.peer_port = free_port(), free_port()
+                shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _start_once(self) -> None:
         client = f"{self.scheme}://{self.address}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         with open(self.log_path, "ab") as log:

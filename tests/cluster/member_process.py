@@ -16,8 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from halfmoon.cluster.etcd import EtcdClient
-from halfmoon.cluster.membership import Membership
+from halfmoon.cluster.coordination.etcd import EtcdClient
+from halfmoon.cluster.coordination.membership import Membership
 
 ROOT = Path(__file__).resolve().parents[2]
 TTL = 2  # etcd's smallest lease

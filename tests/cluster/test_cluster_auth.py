@@ -283,3 +283,58 @@ def test_transaction_checks_go_only_to_producers_allowed_to_pub(
             alice.shutdown()
     finally:
         mallory.shutdown()
+
+
+def _root_half(p: ClusterProxy, topic: str, **properties: str) -> svc.SendResultEntry:
+    with grpc.insecure_channel(p.address) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        message = pb.Message(
+            topic=pb.Resource(name=topic),
+            body=b"payment",
+            system_properties=pb.SystemProperties(
+                message_id=secrets.token_hex(8).upper(),
+                body_encoding=pb.Encoding.IDENTITY,
+                message_type=pb.MessageType.TRANSACTION,
+            ),
+        )
+        message.user_properties.update(properties)
+        answer = stub.SendMessage(
+            svc.SendMessageRequest(messages=[message]), metadata=_signed(p, *ROOT), timeout=5
+        )
+        assert answer.status.code == pb.Code.OK, answer.status
+        return answer.entries[0]
+
+
+def _end(p: ClusterProxy, user: tuple[str, str], topic: str, tid: str) -> pb.Status:
+    with grpc.insecure_channel(p.address) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        request = svc.EndTransactionRequest(
+            topic=pb.Resource(name=topic),
+            transaction_id=tid,
+            resolution=pb.TransactionResolution.COMMIT,
+        )
+        return stub.EndTransaction(request, metadata=_signed(p, *user), timeout=5).status
+
+
+def test_a_decision_through_a_proxy_needs_the_right_on_what_it_decides(
+    cluster: ClusterServer, users: None
+) -> None:
+    """The same permission rules behind a proxy: alice may Pub on txn-*, not on payments."""
+    payments, own = unique("payments-tx"), unique("txn-own")
+    cluster.create_topic(payments, "transaction")
+    cluster.create_topic(own, "transaction")
+    group = unique("batch")
+    _root_half(proxy(cluster, 1), payments, __HM_TXN_GROUP=group)
+    single = _root_half(proxy(cluster, 1), payments)
+    through = proxy(cluster, 0)
+    # A group decision needs Pub on Cluster, whichever topic the request names.
+    refused = _end(through, ALICE, own, f"hm-group:{group}")
+    assert refused.code == pb.Code.FORBIDDEN and "Pub on Cluster" in refused.message, refused
+    # Another topic's transaction, named with her own topic: as if it did not exist.
+    unknown = _end(through, ALICE, own, single.transaction_id)
+    assert unknown.code == pb.Code.INVALID_TRANSACTION_ID, unknown
+    assert payments not in unknown.message and single.message_id not in unknown.message
+    code, body = through.admin_call("GET", f"/v1/transactions?topic={payments}")
+    assert code == 200, body
+    members = [t for t in body["transactions"] if t["transaction_group"] == group]  # type: ignore[index]
+    assert [t["state"] for t in members] == ["prepared"], body

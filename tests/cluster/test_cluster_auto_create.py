@@ -17,8 +17,9 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from halfmoon.cluster.etcd_json import range_prefix_sync
-from halfmoon.cluster.keys import ClusterKeys
+from halfmoon.cluster.coordination.etcd_json import range_prefix_sync
+from halfmoon.cluster.coordination.etcd_tls import PLAIN
+from halfmoon.cluster.coordination.keys import ClusterKeys
 from tests.cluster.cluster_server import ClusterServer
 from tests.cluster.test_cluster_routing import message, receive_bodies, unique
 
@@ -78,7 +79,7 @@ def test_route_queries_racing_on_both_proxies_create_the_topic_once(
         assert owners[0] == owners[1], owners
         assert set(owners[0]) == {"broker-a", "broker-b"}, owners
         kvs, _ = range_prefix_sync(
-            [f"http://{cluster.etcd.address}"], ClusterKeys(cluster.cluster).topic(topic)
+            [f"http://{cluster.etcd.address}"], ClusterKeys(cluster.cluster).topic(topic), tls=PLAIN
         )
         assert len(kvs) == 1 and kvs[0].json()["message_type"] == "mixed", kvs
 

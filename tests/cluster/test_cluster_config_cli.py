@@ -6,9 +6,9 @@ import asyncio
 import json
 from typing import Any
 
-from halfmoon.cluster.etcd import EtcdClient
-from halfmoon.cluster.metadata import ClusterMetadata
-from halfmoon.cluster.view import ClusterView
+from halfmoon.cluster.coordination.etcd import EtcdClient
+from halfmoon.cluster.coordination.metadata import ClusterMetadata
+from halfmoon.cluster.coordination.view import ClusterView
 from tests.cli.test_cli import failed, halfmoon, ok, table
 from tests.cluster.etcd_server import EtcdServer, free_port
 

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 
 import pytest
 
-from halfmoon.cluster.etcd import EtcdClient
-from halfmoon.cluster.metadata import ClusterMetadata
+from halfmoon.cluster.coordination.etcd import EtcdClient
+from halfmoon.cluster.coordination.metadata import ClusterMetadata
 from tests.cli.test_cli import failed, halfmoon, ok, table
 from tests.cluster.etcd_server import EtcdServer, free_port
 from tests.cluster.member_process import TTL, Member
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -73,10 +73,12 @@ def test_a_killed_member_leaves_the_list_after_its_ttl(
     members.append(Member(etcd.url, cluster_name, "b1", "127.0.0.1:1001"))
     members.append(Member(etcd.url, cluster_name, "b2", "127.0.0.1:1002"))
     members[0].kill()
-    deadline = time.monotonic() + TTL + 5
-    while "b1" in {b["name"] for b in listing(etcd, cluster_name)["brokers"]}:
-        assert time.monotonic() < deadline, "b1 is still listed after its lease's TTL"
-        time.sleep(0.2)
+    wait_until(
+        lambda: "b1" not in {b["name"] for b in listing(etcd, cluster_name)["brokers"]},
+        TTL + 5,
+        "b1 to leave the list with its lease",
+        interval=0.2,
+    )
     assert [b["name"] for b in listing(etcd, cluster_name)["brokers"]] == ["b2"]
     members[1].terminate()
     out = ok(halfmoon("cluster", "list", "--coordinator", etcd.url, "--cluster", cluster_name))
@@ -106,14 +108,8 @@ def test_a_member_that_stops_renewing_is_shown_late_until_it_renews_again(
     def state() -> str:
         return {b["name"]: b["state"] for b in listing(etcd, cluster_name)["brokers"]}["b1"]
 
-    def wait_for(wanted: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while state() != wanted:
-            assert time.monotonic() < deadline, f"b1 never became {wanted}"
-            time.sleep(0.2)
-
     assert state() == "live"
     members[0].pause()  # alive but not renewing, as a process stuck or cut off
-    wait_for("late", timeout=5)
+    wait_until(lambda: state() == "late", 5, "b1 to be shown late", interval=0.2)
     members[0].resume()
-    wait_for("live", timeout=5)
+    wait_until(lambda: state() == "live", 5, "b1 to be shown live again", interval=0.2)

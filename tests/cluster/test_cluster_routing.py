@@ -26,9 +26,9 @@ from rocketmq import (
     SimpleConsumer,
 )
 
-from halfmoon.cluster.etcd import EtcdClient
-from halfmoon.cluster.metadata import ClusterMetadata
-from halfmoon.cluster.placement import ClusterTopic
+from halfmoon.cluster.coordination.etcd import EtcdClient
+from halfmoon.cluster.coordination.metadata import ClusterMetadata
+from halfmoon.cluster.coordination.placement import ClusterTopic
 from tests.cluster.cluster_server import ClusterProxy, ClusterServer, wait_until
 from tests.server.conftest import ROOT, unique
 
@@ -283,8 +283,13 @@ def test_wiping_write_perm_drains_one_broker_while_the_other_takes_the_sends(
                "--admin", cluster.proxies[1].admin)  # fmt: skip
     assert wipe.returncode == 0, wipe.stderr
     try:
-        perms = {q["broker"]: q["perm"] for q in route(cluster, 0, topic)[1]["queues"]}  # type: ignore[index]
-        assert perms == {"broker-a": "r", "broker-b": "rw"}, perms
+
+        def perms() -> dict[str, str]:
+            return {q["broker"]: q["perm"] for q in route(cluster, 0, topic)[1]["queues"]}  # type: ignore[index]
+
+        # Every proxy asks each broker's writability four times a second: the other proxy
+        # routes the drained broker's queues read-only within a moment.
+        wait_until(lambda: perms() == {"broker-a": "r", "broker-b": "rw"}, 5, "the drain routed")
         producer = started(Producer(config(cluster)))
         try:
             for i in range(12):

@@ -24,12 +24,14 @@ from typing import Any
 import pytest
 
 from halfmoon.auth.config import EtcdTlsConfig, InternalTlsConfig
-from halfmoon.cluster import etcd_tls, internal_tls, wire
-from halfmoon.cluster.connection import BrokerConnection
+from halfmoon.cluster.coordination import etcd_tls
+from halfmoon.cluster.coordination.etcd import EtcdClient
+from halfmoon.cluster.coordination.etcd_json import call_sync, parse_coordinator
 from halfmoon.cluster.errors import CoordinatorUnavailable
-from halfmoon.cluster.etcd import EtcdClient
-from halfmoon.cluster.etcd_json import call_sync, parse_coordinator
-from halfmoon.cluster.send_frames import HEADER, frame
+from halfmoon.cluster.internal import wire
+from halfmoon.cluster.internal.connection import BrokerConnection
+from halfmoon.cluster.internal.internal_tls import PLAINTEXT, InternalTls
+from halfmoon.cluster.internal.send.frames import HEADER, frame
 from halfmoon.errors import HalfmoonError
 from tests.cluster.cluster_server import ClusterServer, wait_until
 from tests.cluster.etcd_server import EtcdTls
@@ -135,16 +137,6 @@ def cluster(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clus
         server.stop()
 
 
-@pytest.fixture
-def process_tls() -> Iterator[None]:
-    """This test process's own etcd and internal TLS settings, put back afterwards."""
-    try:
-        yield
-    finally:
-        etcd_tls.configure(EtcdTlsConfig())
-        internal_tls.configure(InternalTlsConfig())
-
-
 def cli(cluster: ClusterServer, pki: Pki, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(
         os.environ,
@@ -181,26 +173,22 @@ def test_the_official_client_over_tls_through_a_cluster_secured_end_to_end(
 
 
 def test_a_broker_refuses_callers_without_a_cluster_certificate(
-    cluster: ClusterServer, pki: Pki, process_tls: None, tmp_path: Path
+    cluster: ClusterServer, pki: Pki, tmp_path: Path
 ) -> None:
     stranger_ca = _ca(tmp_path / "stranger", "stranger CA")
     stranger = stranger_ca.issue("stranger")
+    # A certificate of another CA (it trusts the broker, the broker does not trust it).
+    strangers = InternalTls(InternalTlsConfig(pki.internal_ca.bundle, stranger.cert, stranger.key))
+    peers = InternalTls(InternalTlsConfig(pki.internal_ca.bundle, pki.peer.cert, pki.peer.key))
     for broker in cluster.brokers:
         # Plaintext: the handshake never happens, nothing is called.
-        internal_tls.configure(InternalTlsConfig())
         with pytest.raises(HalfmoonError):
-            BrokerConnection(broker.address, timeout_s=2).hello()
-        # A certificate of another CA (it trusts the broker, the broker does not trust it).
-        internal_tls.configure(
-            InternalTlsConfig(pki.internal_ca.bundle, stranger.cert, stranger.key)
-        )
+            BrokerConnection(broker.address, timeout_s=2, tls=PLAINTEXT).hello()
         with pytest.raises(HalfmoonError):
-            BrokerConnection(broker.address, timeout_s=2).hello()
+            BrokerConnection(broker.address, timeout_s=2, tls=strangers).hello()
         # A cluster certificate: answered.
-        internal_tls.configure(
-            InternalTlsConfig(pki.internal_ca.bundle, pki.peer.cert, pki.peer.key)
-        )
-        assert BrokerConnection(broker.address, timeout_s=10).hello()["broker"] == broker.name
+        connection = BrokerConnection(broker.address, timeout_s=10, tls=peers)
+        assert connection.hello()["broker"] == broker.name
 
 
 def _send_listener_hello(host: str, port: int, context: ssl.SSLContext | None) -> object:
@@ -240,21 +228,22 @@ def test_a_brokers_send_listener_refuses_callers_without_a_cluster_certificate(
 
 
 def test_etcd_answers_only_callers_with_a_client_certificate(
-    cluster: ClusterServer, pki: Pki, process_tls: None
+    cluster: ClusterServer, pki: Pki
 ) -> None:
     endpoints = parse_coordinator(cluster.etcd.url)
     request = ("/kv/range", {"key": "AA=="})
-    etcd_tls.configure(EtcdTlsConfig())  # plain HTTP to a TLS port
+    with pytest.raises(CoordinatorUnavailable):  # plain HTTP to a TLS port
+        call_sync(endpoints, *request, timeout=3, tls=etcd_tls.PLAIN)
+    no_certificate = etcd_tls.EtcdTls(EtcdTlsConfig(ca=pki.etcd_ca.bundle))
     with pytest.raises(CoordinatorUnavailable):
-        call_sync(endpoints, *request, timeout=3)
-    etcd_tls.configure(EtcdTlsConfig(ca=pki.etcd_ca.bundle))  # TLS, no client certificate
-    with pytest.raises(CoordinatorUnavailable):
-        call_sync(endpoints, *request, timeout=3)
-    etcd_tls.configure(EtcdTlsConfig(pki.etcd_ca.bundle, pki.etcd_client.cert, pki.etcd_client.key))
-    assert "header" in call_sync(endpoints, *request, timeout=5)
+        call_sync(endpoints, *request, timeout=3, tls=no_certificate)
+    client_tls = etcd_tls.EtcdTls(
+        EtcdTlsConfig(pki.etcd_ca.bundle, pki.etcd_client.cert, pki.etcd_client.key)
+    )
+    assert "header" in call_sync(endpoints, *request, timeout=5, tls=client_tls)
 
     async def watched() -> bytes:
-        async with EtcdClient.from_url(cluster.etcd.url) as client:
+        async with EtcdClient.from_url(cluster.etcd.url, tls=client_tls) as client:
             _, revision = await client.get_prefix("/tls-test/")
             await client.put("/tls-test/k", b"v")
             async for batch in client.watch_prefix("/tls-test/", revision + 1):

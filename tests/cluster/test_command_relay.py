@@ -3,7 +3,7 @@
 A real cluster (etcd, two brokers, two proxies). The consumer connects to one
 proxy only and the admin request goes to the other, which relays the command
 through etcd to the worker holding the client's stream
-(halfmoon/cluster/command_relay.py). Also: a proxy with two workers on one
+(halfmoon/cluster/proxy/command_relay.py). Also: a proxy with two workers on one
 port answers whichever worker the request reaches, an unknown client is
 CLIENT_NOT_CONNECTED everywhere, a silent client is CLIENT_DID_NOT_ANSWER, and
 a killed owner ends in PROXY_WORKER_DID_NOT_ANSWER within the deadline.
@@ -28,9 +28,9 @@ from halfmoon.client import (
     SyncProducer,
     SyncPushConsumer,
 )
-from halfmoon.cluster.command_relay import FORWARD_MARGIN_S
-from halfmoon.cluster.etcd import EtcdClient
-from halfmoon.cluster.session_directory import sessions_prefix
+from halfmoon.cluster.coordination.etcd import EtcdClient
+from halfmoon.cluster.proxy.command_relay import FORWARD_MARGIN_S
+from halfmoon.cluster.proxy.session_directory import sessions_prefix
 from tests.cluster.cluster_server import ClusterProxy, ClusterServer
 from tests.server.conftest import unique, wait_until
 

@@ -7,9 +7,10 @@ import time
 
 import pytest
 
+from halfmoon.cluster.coordination.etcd import EtcdClient, WatchCompacted
+from halfmoon.cluster.coordination.etcd_json import parse_coordinator, prefix_end, range_prefix_sync
+from halfmoon.cluster.coordination.etcd_tls import PLAIN
 from halfmoon.cluster.errors import BadCoordinatorAddress, CoordinatorUnavailable
-from halfmoon.cluster.etcd import EtcdClient, WatchCompacted
-from halfmoon.cluster.etcd_json import parse_coordinator, prefix_end, range_prefix_sync
 from tests.cluster.etcd_server import EtcdServer, free_port
 
 
@@ -39,7 +40,7 @@ def test_put_get_delete_and_prefix_reads(etcd: EtcdServer, cluster_name: str) ->
             assert await client.get(prefix + "a") is None
 
     run(scenario())
-    kvs, _ = range_prefix_sync(parse_coordinator(etcd.url), prefix)
+    kvs, _ = range_prefix_sync(parse_coordinator(etcd.url), prefix, tls=PLAIN)
     assert [k.key for k in kvs] == [prefix + "b"]
 
 
@@ -130,7 +131,7 @@ def test_an_unreachable_etcd_is_a_coordinator_error(etcd: EtcdServer) -> None:
 
     run(scenario())
     with pytest.raises(CoordinatorUnavailable):
-        range_prefix_sync(parse_coordinator(dead), "/x", timeout=2)
+        range_prefix_sync(parse_coordinator(dead), "/x", timeout=2, tls=PLAIN)
 
 
 @pytest.mark.parametrize(
@@ -148,3 +149,22 @@ def test_coordinator_addresses_and_prefix_ranges() -> None:
     assert prefix_end("/a/") == b"/a0"
     assert prefix_end(b"a\xff") == b"b"
     assert prefix_end(b"\xff") == b"\0"
+
+
+def test_a_first_start_whose_port_was_taken_meanwhile_takes_fresh_ones(tmp_path) -> None:
+    # The test etcd's ports are picked ahead; another process can bind one before etcd does.
+    import socket
+
+    from tests.cluster.etcd_server import EtcdServer
+
+    server = EtcdServer(tmp_path / "etcd")
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", server.client_port))
+    holder.listen()
+    taken = server.client_port
+    try:
+        server.start()
+        assert server.client_port != taken
+    finally:
+        holder.close()
+        server.stop()

@@ -12,12 +12,12 @@ import pytest
 
 from halfmoon.broker.facade import Written
 from halfmoon.broker.message import OutgoingMessage
-from halfmoon.cluster import fencing
-from halfmoon.cluster.broker_pool import BrokerPool
 from halfmoon.cluster.errors import EpochStale, MasterDeposed
-from halfmoon.cluster.fencing import group_epoch
-from halfmoon.cluster.internal_service import InternalService
-from halfmoon.cluster.wire import MalformedRequest
+from halfmoon.cluster.internal import fencing
+from halfmoon.cluster.internal.fencing import group_epoch
+from halfmoon.cluster.internal.internal_service import InternalService
+from halfmoon.cluster.internal.wire import MalformedRequest
+from halfmoon.cluster.proxy.broker_pool import BrokerPool
 
 
 def refusal(sent: int, current: int | None, deposed: bool = False) -> Any:

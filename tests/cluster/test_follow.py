@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from halfmoon.cluster.etcd import EtcdClient, KeyValue, WatchBatch
-from halfmoon.cluster.follow import follow_prefix
+from halfmoon.cluster.coordination.etcd import EtcdClient, KeyValue, WatchBatch
+from halfmoon.cluster.coordination.follow import follow_prefix
 from tests.cluster.etcd_server import EtcdServer
 
 

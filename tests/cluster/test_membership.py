@@ -10,13 +10,16 @@ from collections.abc import Iterator
 
 import pytest
 
+from halfmoon.cluster.coordination.etcd import EtcdClient
+from halfmoon.cluster.coordination.etcd_tls import PLAIN
+from halfmoon.cluster.coordination.keys import ClusterKeys
+from halfmoon.cluster.coordination.membership import Membership
+from halfmoon.cluster.coordination.registration import register_member
 from halfmoon.cluster.errors import BadClusterName, CoordinatorUnavailable, MemberNameTaken
-from halfmoon.cluster.etcd import EtcdClient
-from halfmoon.cluster.keys import ClusterKeys
-from halfmoon.cluster.membership import Membership
-from halfmoon.cluster.registration import register_member
+from halfmoon.process_start import process_started_ms
 from tests.cluster.etcd_server import EtcdServer, free_port
 from tests.cluster.member_process import TTL, Member
+from tests.waiting import until, wait_until
 
 
 @pytest.fixture
@@ -36,14 +39,6 @@ def entry(etcd: EtcdServer, cluster: str, name: str) -> dict | None:  # type: ig
     return asyncio.run(read())
 
 
-def wait_until_gone(etcd: EtcdServer, cluster: str, name: str, timeout: float) -> float:
-    start = time.monotonic()
-    while entry(etcd, cluster, name) is not None:
-        assert time.monotonic() - start < timeout, f"{name} still registered after {timeout} s"
-        time.sleep(0.1)
-    return time.monotonic() - start
-
-
 def test_a_killed_member_disappears_when_its_lease_expires(
     etcd: EtcdServer, cluster_name: str, members: list[Member]
 ) -> None:
@@ -54,8 +49,9 @@ def test_a_killed_member_disappears_when_its_lease_expires(
     assert entry(etcd, cluster_name, "b1") is not None, (
         "the entry outlives the process until its TTL"
     )
-    waited = wait_until_gone(etcd, cluster_name, "b1", timeout=TTL + 5)
-    assert waited <= TTL + 5
+    wait_until(
+        lambda: entry(etcd, cluster_name, "b1") is None, TTL + 5, "b1's lease to expire", 0.1
+    )
 
 
 def test_a_clean_stop_deregisters_at_once(
@@ -156,10 +152,7 @@ def test_a_member_whose_lease_was_lost_registers_again(etcd: EtcdServer, cluster
             lost = member.lease
             await client.revoke_lease(lost)  # as if etcd had expired it while we were away
             assert await client.get(member.key) is None
-            deadline = time.monotonic() + 5
-            while (kv := await client.get(member.key)) is None:
-                assert time.monotonic() < deadline, "the member never registered again"
-                await asyncio.sleep(0.1)
+            kv = await until(lambda: client.get(member.key), 5, "the member to register again")
             assert kv.lease == member.lease != lost
             assert json.loads(kv.value)["instance"] == member.instance
             await member.stop()
@@ -177,7 +170,14 @@ def test_a_synchronous_process_registers_in_the_background(
     etcd: EtcdServer, cluster_name: str
 ) -> None:
     deregister = register_member(
-        etcd.url, cluster_name, "broker", "b1", "127.0.0.1:7", {"data_dir": "/d"}, ttl_s=TTL
+        etcd.url,
+        cluster_name,
+        "broker",
+        "b1",
+        "127.0.0.1:7",
+        {"data_dir": "/d"},
+        ttl_s=TTL,
+        tls=PLAIN,
     )
     try:
         # Past several TTLs with this thread asleep: the lease is renewed in the background.
@@ -197,9 +197,11 @@ def test_a_failed_background_registration_raises_and_leaves_no_thread(
 ) -> None:
     members.append(Member(etcd.url, cluster_name, "b1", "127.0.0.1:1001"))
     with pytest.raises(MemberNameTaken):
-        register_member(etcd.url, cluster_name, "broker", "b1", "127.0.0.1:9", ttl_s=TTL)
+        register_member(etcd.url, cluster_name, "broker", "b1", "127.0.0.1:9", ttl_s=TTL, tls=PLAIN)
     with pytest.raises(CoordinatorUnavailable):
-        register_member(f"etcd://127.0.0.1:{free_port()}", cluster_name, "broker", "b2", "x:1")
+        register_member(
+            f"etcd://127.0.0.1:{free_port()}", cluster_name, "broker", "b2", "x:1", tls=PLAIN
+        )
     threads = [t.name for t in threading.enumerate()]
     assert not any(n.startswith("halfmoon-membership-") for n in threads)
 
@@ -212,16 +214,11 @@ def test_membership_survives_an_etcd_crash_longer_than_its_ttl(
             member = Membership(client, cluster_name, "broker", "b1", "127.0.0.1:1", ttl_s=TTL)
             await member.start()
             own_etcd.kill()
-            deadline = time.monotonic() + 10
-            while member.registered:
-                assert time.monotonic() < deadline, "a failed renewal must clear 'registered'"
-                await asyncio.sleep(0.1)
+            await until(lambda: not member.registered, 10, "a failed renewal to clear it")
             await asyncio.sleep(TTL + 1)  # down for longer than the lease's TTL
             await asyncio.to_thread(own_etcd.restart)
-            deadline = time.monotonic() + 10
-            while not member.registered or (kv := await client.get(member.key)) is None:
-                assert time.monotonic() < deadline, "the member did not come back after etcd did"
-                await asyncio.sleep(0.1)
+            await until(lambda: member.registered, 10, "the member to come back after etcd")
+            kv = await until(lambda: client.get(member.key), 10, "the member's entry")
             assert json.loads(kv.value)["instance"] == member.instance
             await member.stop()
             assert await client.get(member.key) is None
@@ -255,10 +252,18 @@ def test_changing_facts_are_republished_under_the_same_lease(
                 assert kv is not None and kv.lease == first.lease  # same lease, same entry
                 return int(json.loads(kv.value)["reads"])
 
-            deadline = time.monotonic() + 10
-            while await published_reads() < 3:
-                assert time.monotonic() < deadline, "the facts were never republished"
-                await asyncio.sleep(0.1)
+            async def republished() -> bool:
+                return await published_reads() >= 3
+
+            await until(republished, 10, "the facts to be republished")
+            # Rewritten, but the process started when it did: UPTIME counts from that.
+            last = await client.get(member.key)
+            assert last is not None
+            assert (
+                json.loads(last.value)["registered_ms"] > json.loads(first.value)["registered_ms"]
+            )
+            assert json.loads(last.value)["started_ms"] == process_started_ms()
+            assert process_started_ms() <= json.loads(first.value)["registered_ms"]
             await member.stop()
 
     asyncio.run(scenario())

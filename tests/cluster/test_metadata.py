@@ -12,12 +12,12 @@ import pytest
 
 from halfmoon.broker.errors import IllegalGroup, IllegalTopic, TopicNotFound
 from halfmoon.broker.groups import GroupConfig
+from halfmoon.cluster.coordination.etcd import EtcdClient
+from halfmoon.cluster.coordination.etcd_json import b64
+from halfmoon.cluster.coordination.membership import Membership
+from halfmoon.cluster.coordination.metadata import ClusterMetadata, encode
+from halfmoon.cluster.coordination.placement import ClusterTopic
 from halfmoon.cluster.errors import BadClusterName, CoordinatorConflict, NoLiveBrokers
-from halfmoon.cluster.etcd import EtcdClient
-from halfmoon.cluster.etcd_json import b64
-from halfmoon.cluster.membership import Membership
-from halfmoon.cluster.metadata import ClusterMetadata, encode
-from halfmoon.cluster.placement import ClusterTopic
 from halfmoon.errors import InvalidArgument
 from tests.cluster.etcd_server import EtcdServer
 

@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
+from halfmoon.cluster.coordination.placement import ClusterTopic, grow_queues, place_queues
 from halfmoon.cluster.errors import NoLiveBrokers
-from halfmoon.cluster.placement import ClusterTopic, grow_queues, place_queues
 
 
 def test_spread_places_queues_evenly_over_every_live_broker() -> None:

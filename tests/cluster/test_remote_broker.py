@@ -19,11 +19,12 @@ import pytest
 
 from halfmoon.broker import FakeClock, FilterSpec, MessageType, OutgoingMessage, TopicNotFound
 from halfmoon.broker.transactions.check import CheckRequest
-from halfmoon.cluster import wire
-from halfmoon.cluster.connection import SEND_TIMEOUT_S, BrokerConnection
-from halfmoon.cluster.etcd_json import parse_coordinator
-from halfmoon.cluster.members import read_members
-from halfmoon.cluster.remote_broker import RemoteBroker
+from halfmoon.cluster.coordination.etcd_json import parse_coordinator
+from halfmoon.cluster.coordination.etcd_tls import PLAIN
+from halfmoon.cluster.coordination.members import read_members
+from halfmoon.cluster.internal import wire
+from halfmoon.cluster.internal.connection import SEND_TIMEOUT_S, BrokerConnection
+from halfmoon.cluster.internal.remote_broker import RemoteBroker
 from halfmoon.errors import HalfmoonError
 from tests.cluster.broker_processes import BrokerProcess
 from tests.cluster.etcd_server import EtcdServer
@@ -389,14 +390,14 @@ def test_a_broker_registers_in_etcd_with_its_internal_address_and_leaves_on_stop
         tmp_path / "data", extra=("--cluster", cluster_name, "--coordinator", etcd.url)
     ).start()
     try:
-        (member,) = read_members(parse_coordinator(etcd.url), cluster_name)["brokers"]
+        (member,) = read_members(parse_coordinator(etcd.url), cluster_name, tls=PLAIN)["brokers"]
         assert (member["name"], member["endpoint"]) == ("broker-a", broker.address)
         remote = RemoteBroker(member["endpoint"])  # reachable there
         assert remote.broker_name == "broker-a"
         remote.close()
     finally:
         assert broker.stop() == 0
-    assert read_members(parse_coordinator(etcd.url), cluster_name)["brokers"] == []
+    assert read_members(parse_coordinator(etcd.url), cluster_name, tls=PLAIN)["brokers"] == []
 
 
 def test_the_event_stream_is_reopened_after_a_broker_restart(
@@ -416,3 +417,44 @@ def test_the_event_stream_is_reopened_after_a_broker_restart(
             remote.send([OutgoingMessage("orders", b"after restart", queue_id=0)])
         arrived.wait(0.2)
     assert arrived.is_set()
+
+
+def test_a_standalone_cluster_brokers_answered_acks_survive_its_sigkill(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """A cluster-mode broker outside a broker group journals its acks too (``%HM_POP%``):
+    under sync flush an answered ack is durable, not only at the consumption snapshot
+    (made an hour apart here). After a SIGKILL only the never-acked messages come back."""
+    process = BrokerProcess(
+        tmp_path / "data",
+        name="solo",
+        extra=(
+            "--cluster", "acks-solo", "--coordinator", etcd.url, "--lease-ttl", "2",
+            "--set", "broker.offset_persist_interval_ms=1h",
+        ),
+    ).start()  # fmt: skip
+    remote = RemoteBroker(process.address, timeout_s=10)
+    try:
+        remote.create_topic("jobs", queue_count=2)
+        remote.create_group("workers", consume_from="earliest")
+        remote.send([OutgoingMessage("jobs", f"j-{i}".encode()) for i in range(60)])
+        views = []
+        deadline = time.monotonic() + WAIT_S
+        while len(views) < 60 and time.monotonic() < deadline:
+            views += remote.receive("workers", "jobs", EVERYTHING, 32, 60_000)
+        assert len(views) == 60
+        for view in views[:50]:
+            remote.ack("workers", "jobs", view.receipt_handle)  # answered, or it raises
+        process.kill()
+        remote.close()
+        process.start()
+        remote = RemoteBroker(process.address, timeout_s=10)
+        again: list[bytes] = []
+        deadline = time.monotonic() + WAIT_S
+        while len(again) < 10 and time.monotonic() < deadline:
+            again += [v.body for v in remote.receive("workers", "jobs", EVERYTHING, 32, 60_000)]
+        again += [v.body for v in remote.receive("workers", "jobs", EVERYTHING, 32, 60_000)]
+        assert sorted(again) == sorted(v.body for v in views[50:])
+    finally:
+        remote.close()
+        process.kill()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from halfmoon.broker.filter_spec import FilterCache, FilterSpec
-from halfmoon.cluster.replica_reads import read_committed
+from halfmoon.cluster.internal.replica_reads import read_committed
 from halfmoon.store.api import GetStatus
 from tests.store.storeutil import message, open_store
 

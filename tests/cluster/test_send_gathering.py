@@ -10,8 +10,9 @@ import asyncio
 from typing import Any
 
 from halfmoon.broker.message import OutgoingMessage
-from halfmoon.cluster import send_stream, wire
-from halfmoon.cluster.send_stream import StreamSender
+from halfmoon.cluster.internal import wire
+from halfmoon.cluster.internal.send import stream as send_stream
+from halfmoon.cluster.internal.send.stream import StreamSender
 
 
 class FakeLink:

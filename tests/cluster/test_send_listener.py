@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from halfmoon.broker import OutgoingMessage, TopicExists, TopicNotFound
-from halfmoon.cluster import wire
-from halfmoon.cluster.remote_broker import RemoteBroker
-from halfmoon.cluster.send_frames import HEADER, MAX_FRAME_BYTES, frame
-from halfmoon.cluster.send_stream import StreamSender
+from halfmoon.cluster.internal import wire
+from halfmoon.cluster.internal.remote_broker import RemoteBroker
+from halfmoon.cluster.internal.send.frames import HEADER, MAX_FRAME_BYTES, frame
+from halfmoon.cluster.internal.send.stream import StreamSender
 from tests.cluster.broker_processes import BrokerProcess
 
 WAIT_S = 10.0

@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 
 from halfmoon.broker import OutgoingMessage
-from halfmoon.cluster import wire
-from halfmoon.cluster.send_frames import HEADER, frame
-from halfmoon.cluster.send_listener import MAX_IN_FLIGHT_PER_CONNECTION, SendListener
+from halfmoon.cluster.internal import wire
+from halfmoon.cluster.internal.send.frames import HEADER, frame
+from halfmoon.cluster.internal.send.listener import MAX_IN_FLIGHT_PER_CONNECTION, SendListener
+from tests.waiting import wait_until
 
 WAIT_S = 10.0
 EXTRA = 6  # requests sent beyond the bound
@@ -79,14 +80,6 @@ def read_frame(sock: socket.socket) -> Any:
     return wire.decode(exactly(size))
 
 
-def poll(predicate: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
-        time.sleep(0.01)
-
-
 def test_a_connection_has_at_most_the_bound_of_requests_waiting_for_durability(
     held: tuple[HeldService, SendListener],
 ) -> None:
@@ -98,7 +91,12 @@ def test_a_connection_has_at_most_the_bound_of_requests_waiting_for_durability(
         message = OutgoingMessage("orders", b"x", message_id="m")
         sock.sendall(b"".join(frame(wire.encode([i, 60_000, [[message]]])) for i in range(total)))
 
-        poll(lambda: service.stored() >= MAX_IN_FLIGHT_PER_CONNECTION, "the first requests")
+        wait_until(
+            lambda: service.stored() >= MAX_IN_FLIGHT_PER_CONNECTION,
+            WAIT_S,
+            "the first requests",
+            interval=0.01,
+        )
         # Every frame is in the listener's socket buffer; the ones past the bound stay
         # unread while the first ones wait (watched for a while: nothing else is due).
         watch_until = time.monotonic() + 0.5
@@ -109,7 +107,12 @@ def test_a_connection_has_at_most_the_bound_of_requests_waiting_for_durability(
         # One write becomes durable: its request is answered and one more frame is read.
         service.durable[0].set_result(None)
         assert read_frame(sock) == [0, ["stored-1"]]
-        poll(lambda: service.stored() == MAX_IN_FLIGHT_PER_CONNECTION + 1, "one more request")
+        wait_until(
+            lambda: service.stored() == MAX_IN_FLIGHT_PER_CONNECTION + 1,
+            WAIT_S,
+            "one more request",
+            interval=0.01,
+        )
 
         # The rest become durable as they arrive: every request is answered once.
         answered = {0}

@@ -1,5 +1,5 @@
 """A switchover request is checked against the group's keys before it is written: each wrong
-request fails with its stable code (halfmoon.cluster.switchover)."""
+request fails with its stable code (halfmoon.cluster.coordination.switchover)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from halfmoon.cluster.coordination.etcd_json import KeyValue
+from halfmoon.cluster.coordination.switchover import check_request
 from halfmoon.cluster.errors import SwitchoverRefused
-from halfmoon.cluster.etcd_json import KeyValue
-from halfmoon.cluster.switchover import check_request
 
 
 def kv(key: str, value: dict[str, object]) -> KeyValue:

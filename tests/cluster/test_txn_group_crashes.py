@@ -21,12 +21,18 @@ import pytest
 
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageType, OutgoingMessage
-from halfmoon.cluster.etcd import EtcdClient
-from halfmoon.cluster.etcd_json import parse_coordinator, range_prefix_sync
-from halfmoon.cluster.metadata import ClusterMetadata
-from halfmoon.cluster.remote_broker import RemoteBroker
-from halfmoon.cluster.txn_groups import CLEANUP_INTERVAL_S, CRASH_ENV, GROUPS_DIR, coordinator_for
+from halfmoon.cluster.coordination.etcd import EtcdClient
+from halfmoon.cluster.coordination.etcd_json import parse_coordinator, range_prefix_sync
+from halfmoon.cluster.coordination.etcd_tls import PLAIN
+from halfmoon.cluster.coordination.metadata import ClusterMetadata
+from halfmoon.cluster.internal.remote_broker import RemoteBroker
+from halfmoon.cluster.internal.txn_groups import (
+    CLEANUP_INTERVAL_S,
+    GROUPS_DIR,
+    coordinator_for,
+)
 from halfmoon.errors import HalfmoonError
+from halfmoon.failpoints import TXN_GROUP_ENV
 from tests.cluster.broker_processes import BrokerProcess
 from tests.cluster.etcd_server import EtcdServer
 
@@ -54,7 +60,7 @@ class Cluster:
 
     def start(self, name: str, crash_at: str | None = None) -> None:
         process = self.processes[name]
-        process.env = {CRASH_ENV: crash_at} if crash_at else {}
+        process.env = {TXN_GROUP_ENV: crash_at} if crash_at else {}
         process.start()
         old = self.remotes.pop(name, None)
         if old is not None:
@@ -257,7 +263,7 @@ def test_participant_killed_during_its_recovery(make_cluster) -> None:
     cluster.remotes["broker-a"].end_transaction_group(group, "commit")
     # Restarted, broker-b gets the decision from broker-a and is killed before applying it.
     process = cluster.processes["broker-b"]
-    process.env = {CRASH_ENV: "participant-before-apply"}
+    process.env = {TXN_GROUP_ENV: "participant-before-apply"}
     process.start()
     process.wait_stopped()
     assert process.process is not None and process.process.returncode == -9
@@ -350,7 +356,7 @@ def test_a_commit_the_coordinator_turns_into_a_rollback_drops_every_member(make_
 def group_records(etcd: EtcdServer, cluster_name: str) -> set[str]:
     """The transaction groups etcd holds a coordinator record for."""
     found, _ = range_prefix_sync(
-        parse_coordinator(etcd.url), f"/halfmoon/{cluster_name}/{GROUPS_DIR}"
+        parse_coordinator(etcd.url), f"/halfmoon/{cluster_name}/{GROUPS_DIR}", tls=PLAIN
     )
     return {unquote(kv.key.rsplit("/", 1)[-1]) for kv in found}
 
@@ -419,3 +425,31 @@ def test_a_group_with_a_participant_down_keeps_its_record_until_the_participant_
     cluster.start("broker-b")
     wait_for_state(cluster, group, all_visible(cluster, group))
     wait_for_records(etcd, cluster_name, set())
+
+
+def test_a_group_spanning_brokers_times_out_by_its_coordinators_decision(make_cluster) -> None:
+    """Nobody decides a group with members on both brokers: past the transaction timeout
+    the participant asks the coordinator, which records the rollback first and tells the
+    others; every member on every broker is gone and a late commit is refused. The
+    coordinator is SIGKILLed and restarted meanwhile: the deadline is in its log."""
+    cluster = make_cluster(*BROKERS, extra=("--set", "transaction.group_timeout_ms=4s"))
+    for name in BROKERS:
+        cluster.start(name)
+    group = group_coordinated_by("broker-a", BROKERS)
+    cluster.send_members(group)
+    assert cluster.state(group) == none_visible(cluster, group)
+    cluster.kill("broker-a")
+    cluster.start("broker-a")
+    nothing = {name: (0, 0) for name in BROKERS}
+    wait_for_state(cluster, group, nothing)  # within 4 s + a resolve round (15 s allowed)
+    with pytest.raises(HalfmoonError) as late:
+        cluster.remotes["broker-b"].end_transaction_group(group, "commit")
+    assert late.value.code == "TRANSACTION_ROLLED_BACK"
+    timed_out = [
+        line
+        for name in BROKERS
+        for line in cluster.processes[name].output
+        if "event=transaction_group_timed_out" in line
+    ]
+    assert timed_out, "no broker logged the timeout"
+    assert cluster.state(group) == nothing

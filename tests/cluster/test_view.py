@@ -7,11 +7,11 @@ import time
 
 import pytest
 
+from halfmoon.cluster.coordination.etcd import EtcdClient
+from halfmoon.cluster.coordination.membership import Membership
+from halfmoon.cluster.coordination.metadata import ClusterMetadata
+from halfmoon.cluster.coordination.view import ClusterView
 from halfmoon.cluster.errors import CoordinatorUnavailable
-from halfmoon.cluster.etcd import EtcdClient
-from halfmoon.cluster.membership import Membership
-from halfmoon.cluster.metadata import ClusterMetadata
-from halfmoon.cluster.view import ClusterView
 from tests.cluster.etcd_server import EtcdServer, free_port
 
 LATENCY_BOUND_S = 1.0

@@ -8,7 +8,8 @@ import pytest
 from halfmoon.broker import GroupConfig, MessageType, OutgoingMessage, RetryPolicy, TopicNotFound
 from halfmoon.broker.browse import ScanResult
 from halfmoon.broker.transaction_state import TxnState
-from halfmoon.cluster import wire
+from halfmoon.broker.transactions import DecisionSource, Resolution
+from halfmoon.cluster.internal import wire
 from halfmoon.errors import HalfmoonError
 
 
@@ -68,3 +69,9 @@ def test_errors_cross_as_the_same_class_with_code_and_message() -> None:
 def test_the_version_token_names_version_and_type_table() -> None:
     version, fingerprint = wire.version_token().split(":")
     assert int(version) == wire.WIRE_VERSION and len(fingerprint) == 16
+
+
+def test_a_decisions_resolution_and_source_cross_as_themselves() -> None:
+    for member in (*Resolution, *DecisionSource):
+        assert wire.decode(wire.encode([member])) == [member]
+        assert type(wire.decode(wire.encode(member))) is type(member)

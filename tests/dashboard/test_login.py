@@ -8,7 +8,9 @@ from tests.dashboard.conftest import READER, SUPER, log_in
 
 MUTATING = (
     "#create-topic, #update-topic, #send-test, #reset-offset, #commit, #rollback, #resume,"
-    " button.danger, main input[type=checkbox]"
+    " #create-group, #update-group, button.danger, #purge, #export, #import,"
+    # Selection boxes (transactions); the system-topics toggle only filters the view.
+    " main input[type=checkbox]:not(#show-system)"
 )
 # The only buttons a read-only user may see: searching, paging and the body views.
 READ_ONLY_BUTTONS = {
@@ -31,6 +33,9 @@ def test_a_read_only_user_sees_everything_and_no_mutating_control(page, secured)
         ("topic?name=visible", "topic"),
         ("groups", "groups"),
         ("group?name=watchers", "group"),
+        ("backlog?group=watchers&topic=visible", "backlog"),
+        ("producers", "producers"),
+        ("definitions", "definitions"),
         ("messages", "messages"),
         ("transactions", "transactions"),
         ("cluster", "cluster"),

@@ -38,6 +38,9 @@ def test_a_proxy_serves_the_overview_with_the_brokers_traffic(
     assert status == 200
     (row,) = stats["rows"]  # type: ignore[index]
     assert len(row["last_hour"]) == 60 and sum(row["last_hour"]) == 3
+    # The rate charts' history comes from the brokers through the proxy, summed.
+    status, history = proxied.admin_call("GET", "/v1/statistics/history?topic=through-proxy")
+    assert status == 200 and sum(history["series"]["in"]) == 3, history  # type: ignore[index]
 
     context = browser.new_context()
     try:
@@ -46,6 +49,8 @@ def test_a_proxy_serves_the_overview_with_the_brokers_traffic(
         assert page.page.locator("#dead-letters .value").inner_text() == "0"
         page.open("topics?search=through", "topics")
         assert page.page.locator("main tbody tr").count() == 1
+        page.open("topic?name=through-proxy", "topic")
+        assert page.page.locator("#rates svg.chart polyline.acked").count() == 1
     finally:
         context.close()
     assert not page.errors, page.errors

@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from contextlib import contextmanager
 
-from tests.dashboard.conftest import READER, SUPER, dashboard_in, log_in
+from tests.dashboard.conftest import READER, SUPER, dashboard_in, goto, log_in
 
 USER_CONTROLS = "#create-user, #update-user, #create-policy, main button.danger"
 
@@ -63,8 +63,41 @@ def test_a_super_user_manages_users_and_policies_and_a_reader_cannot(page, secur
         reader_page = log_in(reader, READER)
         reader.wait_loaded("overview")
         for route in ("users", f"user?name={name}"):
-            reader_page.goto(f"{secured.admin}/dashboard/#/{route}")
+            goto(reader_page, f"{secured.admin}/dashboard/#/{route}")
             reader_page.wait_for_selector("#banner:not([hidden]):has-text('FORBIDDEN')")
             assert reader_page.locator(USER_CONTROLS).count() == 0, route
             reader_page.evaluate("document.getElementById('banner').hidden = true")
         reader.errors[:] = [e for e in reader.errors if "status of 403" not in e]
+
+
+def test_the_last_super_user_is_offered_no_delete_and_a_refused_disable_shows_why(page, secured):
+    browser_page = log_in(page, SUPER)
+    page.wait_loaded("overview")
+    page.open("users", "users")
+    # root is the only enabled super user: its own row offers no delete, the others do.
+    own = browser_page.locator("main tbody tr", has=browser_page.locator("a:text-is('root')"))
+    assert own.locator("button.danger").count() == 0
+    assert own.locator(".last-super-user").count() == 1
+    reader = browser_page.locator("main tbody tr", has=browser_page.locator("a:text-is('reader')"))
+    assert reader.locator("button.danger").count() == 1
+
+    # Disabling it through its page is refused by the API, and the page says why.
+    page.open("user?name=root", "user")
+    update = browser_page.locator("#update-user")
+    update.locator("select[name=enabled]").select_option("disabled")
+    update.get_by_role("button", name="update").click()  # confirmed by the fixture
+    browser_page.wait_for_selector("#banner:not([hidden]):has-text('LAST_SUPER_USER')")
+    page.screenshot("last-super-user")
+    status, user = secured.admin_call("GET", "/v1/users/root")
+    assert status == 200 and user["enabled"] is True
+    page.errors[:] = [e for e in page.errors if "status of 409" not in e]
+
+    # With a second super user, either may go: the delete is offered again.
+    second = f"admin-{uuid.uuid4().hex[:8]}"
+    body = {"access_key": second, "secret_key": "second-secret-key", "user_type": "Super"}
+    assert secured.admin_call("POST", "/v1/users", body)[0] == 201
+    try:
+        page.open("users", "users")
+        assert own.locator("button.danger").count() == 1
+    finally:
+        assert secured.admin_call("DELETE", f"/v1/users/{second}")[0] == 200

@@ -30,6 +30,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 
 from halfmoon.client import MessageSelector, SyncSimpleConsumer
 from halfmoon.verify import Decision, History, Outcome, Send
+from tests.waiting import wait_until
 
 OP_TIMEOUT_S = 3.0
 GROUP_PROPERTY = "__HM_TXN_GROUP"
@@ -267,9 +268,10 @@ class Consumer:
 
 
 def wait_for(condition: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
+    """:func:`~tests.waiting.wait_until` that answers instead of failing: the history
+    checker says afterwards what is missing, which a timeout here could not."""
+    try:
+        wait_until(condition, seconds, "the workload's condition", interval=0.2)
+    except AssertionError:
+        return False
     return True

@@ -34,6 +34,7 @@ import shutil
 import signal
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
@@ -143,6 +144,13 @@ def remove_leftovers() -> list[str]:
         if owner is not None and base36(owner) != mine and not _alive(owner):
             run("ip", "link", "del", name, check=False)
             removed.append(name)
+    # Files ip netns exec binds over /etc for a namespace (tests/test_doc_commands.py's hosts).
+    etc_netns = Path("/etc/netns")
+    for directory in etc_netns.iterdir() if etc_netns.is_dir() else ():
+        owner = _owner(directory.name)
+        if owner is not None and base36(owner) != mine and not _alive(owner):
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(str(directory))
     tables = run("nft", "list", "tables", "bridge", check=False).stdout.split()
     for name in tables:
         owner = _owner(name)

@@ -40,9 +40,10 @@ from tests.netns.sends import RETRYABLE, RawSender
 from tests.server.conftest import ROOT
 
 MESSAGES = int(os.environ.get("HALFMOON_NETNS_MESSAGES", "200"))
-# The proxy's deadline on a call to a broker (halfmoon.cluster.connection.DEFAULT_TIMEOUT_S).
+# The proxy's deadline on a call to a broker
+# (halfmoon.cluster.internal.connection.DEFAULT_TIMEOUT_S).
 BROKER_DEADLINE_S = 10.0
-# The proxy's deadline on a send to a broker (halfmoon.cluster.connection.SEND_TIMEOUT_S).
+# The proxy's deadline on a send to a broker (halfmoon.cluster.internal.connection.SEND_TIMEOUT_S).
 SEND_DEADLINE_S = 5.0
 
 

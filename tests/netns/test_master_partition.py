@@ -32,7 +32,7 @@ from tests.cluster.cluster_server import wait_until
 from tests.netns.group import LEASE_TTL_S, KeyWatch, NetGroup
 from tests.netns.network import VirtualNetwork
 from tests.netns.sends import Attempt, RawSender
-from tests.replication.group_cluster import receive_all, wait_for
+from tests.replication.group_cluster import receive_all
 
 AFTER_DEPOSED_S = 3.0  # how long sends go on after the key is gone, and after healing
 
@@ -202,7 +202,7 @@ def test_a_replica_takes_over_and_the_old_masters_unacknowledged_tail_is_never_d
         sender.close()
     wait_until(lambda: _role(group, 0) == "replica", 20, "the old master to follow")
     # Its follower cuts the tail before it streams.
-    cut = wait_for(lambda: group.status(0)["truncated_to"], 20, "the old master's tail cut")
+    cut = wait_until(lambda: group.status(0)["truncated_to"], 20, "the old master's tail cut")
     assert cut <= end_at_cut
     wait_until(
         lambda: group.status(0)["visible_offset"] == group.status(index)["end_offset"],

@@ -36,7 +36,7 @@ class GroupCluster:
         max_lag_ms: int = 1500,
         flush: str = "sync",
         replica_reads: bool = False,
-        lease_ttl_s: int = 2,
+        lease_ttl_s: int | None = None,  # None: the brokers' default
     ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
@@ -44,7 +44,7 @@ class GroupCluster:
         self.flags = (
             "--cluster", CLUSTER,
             "--coordinator", "",  # filled once etcd has its port
-            "--lease-ttl", str(lease_ttl_s),
+            *(("--lease-ttl", str(lease_ttl_s)) if lease_ttl_s is not None else ()),
             "--group", GROUP,
             "--replication", mode,
             "--min-insync-replicas", str(min_insync),
@@ -132,18 +132,6 @@ def running(cluster: GroupCluster) -> Iterator[GroupCluster]:
 def held(broker: BrokerProcess, topic: str, queues: int) -> int:
     """How many messages of ``topic`` the member's own consume queues hold."""
     return sum(status(broker, [(topic, q) for q in range(queues)])["max_offsets"])
-
-
-def wait_for(condition: Any, timeout: float, what: str) -> Any:
-    """Poll ``condition()`` until it returns something true; that value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def receive_all(address: str, at_least: int, timeout: float) -> list[str]:

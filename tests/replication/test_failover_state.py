@@ -45,7 +45,7 @@ from rocketmq.v5.consumer import LiteSimpleConsumer
 
 from halfmoon.broker.message import MessageType, OutgoingMessage
 from halfmoon.broker.topics import POP_TOPIC, TIMER_PROGRESS_TOPIC
-from halfmoon.cluster.remote_broker import RemoteBroker
+from halfmoon.cluster.internal.remote_broker import RemoteBroker
 from tests.cluster.broker_processes import BrokerProcess
 from tests.replication.group_cluster import (
     GroupCluster,
@@ -53,10 +53,10 @@ from tests.replication.group_cluster import (
     held,
     running,
     status,
-    wait_for,
 )
 from tests.replication.test_group_replication import message, producer
 from tests.server.test_lite_priority_python import lite_message, manager_of, subscribe
+from tests.waiting import wait_until
 
 INVISIBLE_S = 20
 
@@ -64,7 +64,7 @@ INVISIBLE_S = 20
 @pytest.fixture
 def group(tmp_path: Path) -> Iterator[GroupCluster]:
     with running(GroupCluster(tmp_path / "group", mode="sync", min_insync=1)) as cluster:
-        wait_for(lambda: status(cluster.master)["isr"] == ["b1", "b2"], 15, "replicas in sync")
+        wait_until(lambda: status(cluster.master)["isr"] == ["b1", "b2"], 15, "replicas in sync")
         yield cluster
 
 
@@ -72,7 +72,7 @@ def fail_over(group: GroupCluster) -> BrokerProcess:
     """SIGKILL the master, delete its data directory; the replica that takes office."""
     group.master.kill()
     shutil.rmtree(group.master.data_dir)
-    new_master = wait_for(
+    new_master = wait_until(
         lambda: acting_master(group),
         20,
         "a replica to take office",
@@ -155,7 +155,7 @@ def test_pop_consumed_unacked_and_unreceived_messages_survive_a_failover(
         unreceived = {f"body-{i}" for i in range(30)} - acked - unacked
         if journaled:
             records = held(group.replicas[0], POP_TOPIC, 1)
-            wait_for(
+            wait_until(
                 lambda: held(group.replicas[0], POP_TOPIC, 1) > records,
                 15,
                 "the group's queues journaled after the acks",
@@ -186,7 +186,7 @@ def test_lite_consumption_survives_a_failover(group: GroupCluster) -> None:
     reader.startup()
     sender = producer(group, "chat")
     try:
-        wait_for(lambda: manager_of(reader).lite_subscription_quota > 0, 10, "lite settings")  # type: ignore[attr-defined]
+        wait_until(lambda: manager_of(reader).lite_subscription_quota > 0, 10, "lite settings")  # type: ignore[attr-defined]
         subscribe(reader, "s1")
         for i in range(8):
             sender.send(lite_message("chat", "s1", f"body-{i}"))
@@ -200,7 +200,7 @@ def test_lite_consumption_survives_a_failover(group: GroupCluster) -> None:
         fail_over(group)
         # A new master holds no lite subscriptions (they are per client, in memory, as on
         # RocketMQ); the client sends its whole set every 30 s: now, here.
-        wait_for(lambda: _resubscribed(reader), 30, "the subscription on the new master")
+        wait_until(lambda: _resubscribed(reader), 30, "the subscription on the new master")
         seen = receive_until(reader, {f"body-{i}" for i in range(3, 8)}, timeout=60)
     finally:
         sender.shutdown()
@@ -233,7 +233,7 @@ def test_delay_messages_due_after_a_failover_are_delivered_by_the_new_master_on_
         receive_until(reader, {f"early-{i}" for i in range(5)}, timeout=20)
         # The timer's progress after those deliveries reaches the replicas as a record.
         records = held(group.replicas[0], TIMER_PROGRESS_TOPIC, 1)
-        wait_for(
+        wait_until(
             lambda: held(group.replicas[0], TIMER_PROGRESS_TOPIC, 1) > records,
             15,
             "the timer's progress journaled",
@@ -302,7 +302,7 @@ def test_pending_half_messages_are_checked_back_by_the_new_master(group: GroupCl
             sender.send(_body("payments", body), sender.begin_transaction())  # never decided
         fail_over(group)  # at once: before the old master's first check (6 s)
         # Asked about by the new master (through the proxy), each answered once at least.
-        wait_for(lambda: halves <= set(checker.asked), 60, "every pending half checked back")
+        wait_until(lambda: halves <= set(checker.asked), 60, "every pending half checked back")
         seen = receive_until(
             reader, {"committed-0", "commit-0", "commit-1", "commit-2"}, timeout=30, hold_s=3
         )

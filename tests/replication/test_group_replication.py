@@ -36,7 +36,7 @@ from rocketmq.grpc_protocol import Code
 from halfmoon.broker.offset_journal import OffsetJournal
 from halfmoon.broker.offsets import OffsetTable
 from halfmoon.broker.topics import OFFSETS_TOPIC
-from halfmoon.cluster.etcd import EtcdClient
+from halfmoon.cluster.coordination.etcd import EtcdClient
 from halfmoon.replication.keys import GroupKeys
 from halfmoon.store import MessageStore, StoreConfig
 from tests.replication.group_cluster import (
@@ -45,8 +45,8 @@ from tests.replication.group_cluster import (
     GroupCluster,
     held,
     status,
-    wait_for,
 )
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def isr_in_etcd(group: GroupCluster) -> list[str]:
 
 
 def wait_isr(group: GroupCluster, expected: list[str], timeout: float = 15.0) -> None:
-    wait_for(lambda: status(group.master)["isr"] == expected, timeout, f"the ISR {expected}")
+    wait_until(lambda: status(group.master)["isr"] == expected, timeout, f"the ISR {expected}")
     assert isr_in_etcd(group) == expected  # published before it is used
 
 
@@ -188,7 +188,7 @@ def test_a_killed_replica_leaves_the_isr_and_sync_sends_are_refused_until_it_is_
             client.send(message("orders", i))
         group.replicas[1].kill()
         wait_isr(group, ["b1"])
-        wait_for(
+        wait_until(
             lambda: (
                 json.loads(cluster_list(group, "--json"))["broker_groups"][0]["members"]
                 == ["b0", "b1"]
@@ -203,7 +203,7 @@ def test_a_killed_replica_leaves_the_isr_and_sync_sends_are_refused_until_it_is_
         # being appended meanwhile.) A queue counts what is flushed, so wait until the master
         # made visible everything written by now: a refused send written would be counted.
         written = status(group.master)["end_offset"]
-        wait_for(
+        wait_until(
             lambda: status(group.master)["visible_offset"] >= written, 10, "the master's flush"
         )
         assert held(group.master, "orders", 2) == 5
@@ -235,7 +235,7 @@ def test_async_sends_do_not_wait_for_a_paused_replica(async_group: GroupCluster)
     replica = group.replicas[0]
     try:
         client.send(message("orders", 0))
-        wait_for(
+        wait_until(
             lambda: status(replica)["visible_offset"] >= status(group.master)["end_offset"],
             10,
             "the replica to catch up",
@@ -251,7 +251,7 @@ def test_async_sends_do_not_wait_for_a_paused_replica(async_group: GroupCluster)
             assert master["replicas"]["b1"]["acked"] < master_end  # it does not have them
         finally:
             replica.resume()
-        wait_for(
+        wait_until(
             lambda: status(replica)["visible_offset"] >= master_end, 10, "the replica to catch up"
         )
     finally:
@@ -290,7 +290,7 @@ def test_a_restarted_master_takes_office_again_in_a_new_epoch_and_replicas_follo
         epochs = status(group.master)["epochs"]
         assert epochs[0] == [1, 0] and epochs[1][0] == 2 and epochs[1][1] >= end_of_epoch_1
         wait_isr(group, ["b1", "b2"])
-        wait_for(lambda: client_sends(client, 3), 30, "a send through the proxy")
+        wait_until(lambda: client_sends(client, 3), 30, "a send through the proxy")
     finally:
         client.shutdown()
     for member in group.brokers:
@@ -325,19 +325,24 @@ def test_replicas_leave_a_master_etcd_no_longer_names_and_it_cannot_change_the_i
 
     asyncio.run(appoint())
     follower = group.replicas[0]
-    wait_for(
+    wait_until(
         lambda: (s := status(follower))["master"] == "b2" and s["epoch"] == 2,
         10,
         "the replica to follow the appointed master",
     )
-    wait_for(
+    wait_until(
         lambda: all(r["streams"] == 0 for r in status(group.master)["replicas"].values()),
         10,
         "both replicas to leave the old master",
     )
-    # The old master sees its replicas gone but can no longer publish a smaller set: the
-    # compare on the master key it wrote fails. Its ISR, and etcd's, stay as they were.
-    time.sleep(2.5)  # longer than --replica-max-lag-ms: the window in which it would shrink
+    # The old master sees its replicas gone (past --replica-max-lag-ms) but can no longer
+    # publish a smaller set: the compare on the master key it wrote fails. Its ISR, and
+    # etcd's, stay as they were.
+    wait_until(
+        lambda: any("event=isr_publish_refused" in line for line in group.master.output),
+        15,
+        "the old master's attempt to shrink the in-sync set, refused",
+    )
     assert status(group.master)["isr"] == ["b1", "b2"]
     assert isr_in_etcd(group) == ["b1", "b2"]
 

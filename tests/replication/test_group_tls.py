@@ -19,7 +19,8 @@ from rocketmq import ClientConfiguration, Credentials, Message, Producer
 from halfmoon.replication import protocol
 from tests.cluster.broker_processes import BrokerProcess
 from tests.cluster.cluster_server import ClusterProxy
-from tests.replication.group_cluster import CLUSTER, GroupCluster, wait_for
+from tests.replication.group_cluster import CLUSTER, GroupCluster
+from tests.waiting import wait_until
 
 pytest.importorskip("cryptography")
 from tests.server.certificates import CertificateAuthority, Issued  # noqa: E402
@@ -77,7 +78,7 @@ def test_replicas_follow_the_master_over_mutual_tls(
     cluster_cert = grpc.ssl_channel_credentials(
         ca.bundle.read_bytes(), peer.key.read_bytes(), peer.cert.read_bytes()
     )
-    wait_for(lambda: status(group.master, cluster_cert)["isr"] == ["b1", "b2"], 20, "the ISR")
+    wait_until(lambda: status(group.master, cluster_cert)["isr"] == ["b1", "b2"], 20, "the ISR")
     assert group.proxy is not None
     group.proxy.create_topic("orders", "normal", queues=2)
     config = ClientConfiguration(group.proxy.address, Credentials(), request_timeout=5)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from concurrent.futures import Future
 from pathlib import Path
@@ -116,6 +117,22 @@ def test_the_isr_changes_only_once_published(store: MessageStore, tmp_path: Path
     assert not lead.check_isr() and lead.isr == []
     published.accept = True
     assert lead.check_isr() and lead.isr == ["a"]
+
+
+def test_a_refused_set_is_reported_once_not_at_every_check(
+    store: MessageStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The set is checked ten times a second: a master etcd no longer names says so once."""
+    clock, published = Clock(), Published()
+    lead = leader(store, tmp_path, clock, published, min_insync=1)
+    a = lead.connect("a", 0)
+    lead.acknowledge(a, 0)
+    published.accept = False
+    with caplog.at_level(logging.WARNING, logger="halfmoon.replication"):
+        for _ in range(3):
+            assert not lead.check_isr()
+    refused = [m for m in caplog.messages if "event=isr_publish_refused" in m]
+    assert refused == ["event=isr_publish_refused group=g1 epoch=1 isr= wanted=a"]
 
 
 def test_a_replica_rejoins_only_holding_every_acknowledged_write(
@@ -244,10 +261,14 @@ def test_a_fenced_store_refuses_writes_and_waits_for_the_ones_in_flight(
         gated.append([message(2)])
     with pytest.raises(MasterSwitching):
         gated.put([message(3)])
+    with pytest.raises(MasterSwitching):
+        gated.append_fanout(message(3), [("other", 0)])
     assert store.end_offset == end  # nothing written while fenced
     gated.unfence()
     gated.append([message(4)])
     assert store.end_offset > end
+    fanned = gated.append_fanout(message(5), [("other", 0)])
+    assert [r.topic for r in fanned] == ["orders", "other"]
 
 
 def test_wait_replica_returns_the_end_once_the_replica_holds_it(

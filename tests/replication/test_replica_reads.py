@@ -27,18 +27,19 @@ import pytest
 from halfmoon.broker.facade import PullResult
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.client import Message, SyncProducer
-from halfmoon.cluster import wire
-from halfmoon.cluster.replica_reads import READ
+from halfmoon.cluster.internal import wire
+from halfmoon.cluster.internal.replica_reads import READ
 from halfmoon.spark.wire import Wire
 from tests.cluster.broker_processes import BrokerProcess
-from tests.replication.group_cluster import GroupCluster, receive_all, status, wait_for
+from tests.replication.group_cluster import GroupCluster, receive_all, status
+from tests.waiting import wait_until
 
 TOPIC = "events"
 READER = "replica-readers"
 
 
 def wait_isr(group: GroupCluster, isr: list[str]) -> None:
-    wait_for(lambda: status(group.master)["isr"] == isr, 20, f"in-sync set {isr}")
+    wait_until(lambda: status(group.master)["isr"] == isr, 20, f"in-sync set {isr}")
 
 
 def stopped(broker: BrokerProcess) -> bool:
@@ -116,7 +117,7 @@ def test_replicas_serve_exactly_what_the_group_acknowledged(reads_group: GroupCl
             [Message(TOPIC, f"m-{i}".encode()) for i in range(20)]
         )]  # fmt: skip
     # Acknowledged under sync: both replicas hold them, and learn so from the master.
-    assert wait_for(lambda: sorted(pulled(proxy)) == sorted(sent), 10, "the replicas' reads")
+    assert wait_until(lambda: sorted(pulled(proxy)) == sorted(sent), 10, "the replicas' reads")
     assert sorted(bulk_read(proxy)) == sorted(sent)
     before = served(group)
     for _ in range(6):
@@ -154,19 +155,19 @@ def test_replicas_serve_exactly_what_the_group_acknowledged(reads_group: GroupCl
     # (b2 is in the set until it lags 1.5 s; then the set is too small for min_insync 2).
     b1, b2 = group.replicas
     b2.pause()
-    wait_for(lambda: stopped(b2), 10, "b2 to stop")  # every thread: no ack can leave it now
+    wait_until(lambda: stopped(b2), 10, "b2 to stop")  # every thread: no ack can leave it now
     try:
         with pytest.raises(Exception), SyncProducer(group.proxy.address) as producer:  # noqa: B017
             producer.send_batch([Message(TOPIC, b"never-acknowledged")])
         master_end = status(group.master)["end_offset"]
-        wait_for(lambda: status(b1)["end_offset"] >= master_end, 10, "b1 to hold it")
+        wait_until(lambda: status(b1)["end_offset"] >= master_end, 10, "b1 to hold it")
         held = read_directly(b1)
         assert held.max_offset == len(sent), "the unacknowledged message is past the end"
         assert sorted(m.message_id for m in held.messages) == sorted(sent)
         assert status(b1)["committed_offset"] < status(b1)["end_offset"]
         wait_isr(group, ["b1"])
         # b1 alone in the set now holds it; b1 has heard the master's committed point since.
-        wait_for(
+        wait_until(
             lambda: status(b1)["committed_offset"] == status(group.master)["committed_offset"],
             10,
             "b1 to know the master's committed point",

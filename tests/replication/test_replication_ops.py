@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.replication.group_cluster import CLUSTER, GroupCluster, role, running, status, wait_for
+from tests.replication.group_cluster import CLUSTER, GroupCluster, role, running, status
 from tests.replication.test_group_replication import message, producer
 from tests.replication.test_switchover import failover, halfmoon
+from tests.waiting import wait_until
 
 SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$")
 
@@ -65,14 +66,14 @@ def cluster_view(group: GroupCluster) -> dict:
 
 
 def test_lag_epoch_in_sync_and_failovers_are_exported_and_listed(group: GroupCluster) -> None:
-    wait_for(lambda: status(group.master)["isr"] == ["b1", "b2"], 15, "both replicas in sync")
+    wait_until(lambda: status(group.master)["isr"] == ["b1", "b2"], 15, "both replicas in sync")
     assert group.proxy is not None
     group.proxy.create_topic("orders", "normal", queues=2)
     client = producer(group, "orders")
     try:
         for i in range(20):
             client.send(message("orders", i))
-        caught_up = wait_for(
+        caught_up = wait_until(
             lambda: (
                 (s := scrape(group))
                 and metric(s, "halfmoon_replication_lag_bytes", group="g1", replica="b1") == 0
@@ -93,7 +94,7 @@ def test_lag_epoch_in_sync_and_failovers_are_exported_and_listed(group: GroupClu
         try:
             for i in range(20, 60):
                 client.send(message("orders", i))
-            lagging = wait_for(
+            lagging = wait_until(
                 lambda: (
                     (s := scrape(group))
                     and (metric(s, "halfmoon_replication_lag_bytes", group="g1", replica="b2") or 0)
@@ -123,11 +124,11 @@ def test_lag_epoch_in_sync_and_failovers_are_exported_and_listed(group: GroupClu
             group.brokers[2].resume()
     finally:
         client.shutdown()
-    wait_for(lambda: status(group.master)["isr"] == ["b1", "b2"], 20, "b2 back in sync")
+    wait_until(lambda: status(group.master)["isr"] == ["b1", "b2"], 20, "b2 back in sync")
 
     done = failover(group, "--to", "b1")
     assert done.returncode == 0, done.stderr
-    planned = wait_for(
+    planned = wait_until(
         lambda: (s := scrape(group)) and failovers(s, "planned") == 1 and s,
         15,
         "the planned failover counted",
@@ -135,12 +136,12 @@ def test_lag_epoch_in_sync_and_failovers_are_exported_and_listed(group: GroupClu
     assert metric(planned, "halfmoon_replication_epoch", group="g1") == 2
     assert failovers(planned, "automatic") == 0
 
-    wait_for(
+    wait_until(
         lambda: role(group.brokers[0], timeout=1.0) == "replica", 30, "b0 to rejoin as a replica"
     )
-    wait_for(lambda: sorted(status(group.brokers[1])["isr"]) == ["b0", "b2"], 30, "all in sync")
+    wait_until(lambda: sorted(status(group.brokers[1])["isr"]) == ["b0", "b2"], 30, "all in sync")
     group.brokers[1].kill()  # the new master SIGKILLed: its lease expires, a controller acts
-    automatic = wait_for(
+    automatic = wait_until(
         lambda: (
             (s := scrape(group))
             and failovers(s, "automatic") == 1

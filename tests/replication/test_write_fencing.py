@@ -24,10 +24,10 @@ import pytest
 from rocketmq import Producer
 
 from halfmoon.broker import OutgoingMessage
+from halfmoon.cluster.coordination.etcd import EtcdClient
+from halfmoon.cluster.coordination.keys import ClusterKeys
 from halfmoon.cluster.errors import EpochStale, MasterDeposed
-from halfmoon.cluster.etcd import EtcdClient
-from halfmoon.cluster.keys import ClusterKeys
-from halfmoon.cluster.remote_broker import RemoteBroker
+from halfmoon.cluster.internal.remote_broker import RemoteBroker
 from halfmoon.errors import HalfmoonError
 from halfmoon.replication.keys import GroupKeys
 from tests.cluster.broker_processes import BrokerProcess
@@ -39,9 +39,9 @@ from tests.replication.group_cluster import (
     held,
     running,
     status,
-    wait_for,
 )
 from tests.replication.test_group_replication import client_sends, message, producer
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -105,16 +105,16 @@ def refusals(member: BrokerProcess, epoch: int) -> list[HalfmoonError]:
 def test_a_write_meant_for_the_epoch_before_a_failover_is_refused_by_the_new_master(
     group: GroupCluster,
 ) -> None:
-    wait_for(lambda: status(group.master)["isr"] == ["b1"], 15, "the replica in sync")
+    wait_until(lambda: status(group.master)["isr"] == ["b1"], 15, "the replica in sync")
     assert group.proxy is not None
     group.proxy.create_topic("orders", "normal", queues=1)
     client = producer(group, "orders")
     try:
         client.send(message("orders", 0))
         group.master.kill()
-        new_master = wait_for(lambda: acting_master(group), 20, "the replica to take office")
+        new_master = wait_until(lambda: acting_master(group), 20, "the replica to take office")
         # The official client, through the proxy, reaches the new master (epoch 2).
-        wait_for(lambda: client_sends(client, 1), 30, "a send through the proxy")
+        wait_until(lambda: client_sends(client, 1), 30, "a send through the proxy")
     finally:
         client.shutdown()
     assert status(new_master)["epoch"] == 2
@@ -138,7 +138,7 @@ def test_a_master_another_was_appointed_over_refuses_writes_meant_for_the_new_ep
     long_lease_group: GroupCluster,
 ) -> None:
     group = long_lease_group
-    wait_for(lambda: status(group.master)["isr"] == ["b1"], 15, "the replica in sync")
+    wait_until(lambda: status(group.master)["isr"] == ["b1"], 15, "the replica in sync")
     assert group.proxy is not None
     group.proxy.create_topic("orders", "normal", queues=1)
     client = producer(group, "orders")
@@ -171,7 +171,7 @@ def test_a_proxy_tags_its_writes_with_the_epoch_the_groups_routing_entry_names(
     the master does not have, the master refuses what the proxy sends it (the proxy carries
     the epoch from etcd); named again with the master's own, sends go through."""
     group = long_lease_group
-    wait_for(lambda: status(group.master)["isr"] == ["b1"], 15, "the replica in sync")
+    wait_until(lambda: status(group.master)["isr"] == ["b1"], 15, "the replica in sync")
     assert group.proxy is not None
     group.proxy.create_topic("orders", "normal", queues=1)
     key = ClusterKeys(CLUSTER).broker(GROUP)
@@ -190,13 +190,13 @@ def test_a_proxy_tags_its_writes_with_the_epoch_the_groups_routing_entry_names(
         # The proxy reconnects for epoch 2 once its view shows the entry (meanwhile the group
         # is unreachable for a moment); from then on the master, in epoch 1, refuses every
         # send, and stores none.
-        wait_for(lambda: deposed(send_error(client, 1)), 30, "a send refused as deposed")
+        wait_until(lambda: deposed(send_error(client, 1)), 30, "a send refused as deposed")
         before = held(group.master, "orders", 1)
         for i in range(2, 4):
             assert deposed(send_error(client, i))
         assert held(group.master, "orders", 1) == before
         asyncio.run(route(1))
-        wait_for(lambda: client_sends(client, 4), 30, "a send through the proxy")
+        wait_until(lambda: client_sends(client, 4), 30, "a send through the proxy")
     finally:
         client.shutdown()
     assert held(group.master, "orders", 1) == before + 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,7 +61,8 @@ class CertificateAuthority:
     def bundle(self) -> Path:
         return self.issued.cert
 
-    def issue(self, name: str, *, server: bool = True) -> Issued:
+    def issue(self, name: str, *, server: bool = True, hosts: Sequence[str] = ()) -> Issued:
+        """A certificate for ``name``; a server's names localhost, 127.0.0.1 and ``hosts``."""
         key = _key()
         now = datetime.datetime.now(datetime.UTC)
         builder = (
@@ -75,7 +77,11 @@ class CertificateAuthority:
         if server:
             builder = builder.add_extension(
                 x509.SubjectAlternativeName(
-                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                    [
+                        x509.DNSName("localhost"),
+                        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                        *(x509.DNSName(host) for host in hosts),
+                    ]
                 ),
                 critical=False,
             )

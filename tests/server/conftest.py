@@ -1,7 +1,8 @@
 """A real ``halfmoon serve`` process for the server tests, and helpers around it.
 
-The server runs as a subprocess (``python -m halfmoon serve``) on free
-loopback ports and its own data directory; the fixture waits for the ready
+The server runs as a subprocess (``python -m halfmoon serve``) on loopback
+ports it binds itself (port 0, read back from its ready line) and its own data
+directory; the fixture waits for the ready
 line with a deadline. Modules share one server (the official client has
 startup costs); tests that restart or kill it start their own.
 """
@@ -12,6 +13,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,6 +26,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.waiting import wait_until as wait_until  # re-exported: many tests import it from here
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT = 30.0
@@ -43,7 +47,13 @@ class PortTaken(RuntimeError):
 
 
 class ServerProcess:
-    """One ``halfmoon serve`` subprocess; ``grpc`` is HOST:PORT for the clients."""
+    """One ``halfmoon serve`` subprocess; ``grpc`` is HOST:PORT for the clients (once started)."""
+
+    # False for a server whose command line names its own port (a cluster proxy names
+    # itself after it, and its workers share it): it is given free ports before the start.
+    binds_port_zero = True
+    # True: the process leads its own process group (os.killpg reaches it and its children).
+    own_process_group = False
 
     def __init__(
         self,
@@ -59,15 +69,20 @@ class ServerProcess:
         self.env = env or {}
         # (access key, secret key) for admin_call and cli, when authentication is on.
         self.credentials = credentials
-        self.grpc_port = grpc_port or free_port()
-        self.admin_port = admin_port or free_port()
-        # Ports picked here may be taken by another process between the pick and the bind
-        # (many servers start at once on a busy machine): a first start then picks again.
-        self._repick_ports = grpc_port is None and admin_port is None
+        # Unless told which ports, the first start binds port 0 and reads the ports it got
+        # from the ready line (restarts reuse them): no pick that another process can take
+        # before the bind. A server that must know its port up front (binds_port_zero)
+        # picks free ones and picks again when one was taken before the bind.
+        self._repick_ports = grpc_port is None and admin_port is None and not self.binds_port_zero
+        if self._repick_ports:
+            grpc_port, admin_port = free_port(), free_port()
+        self.grpc_port = grpc_port or 0
+        self.admin_port = admin_port or 0
         self.settings = DEFAULT_SETTINGS + tuple(settings)
         self.lines: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
         self._ready = threading.Event()
+        self.amqp_address = ""  # HOST:PORT of the AMQP listener, from the ready line
 
     @property
     def grpc(self) -> str:
@@ -86,6 +101,10 @@ class ServerProcess:
         ]  # fmt: skip
         for setting in self.settings:
             cmd += ["--set", setting]
+        if self.amqp_address and not any(
+            setting.startswith("server.amqp_listen=") for setting in self.settings
+        ):  # a restart serves AMQP where the first start's port 0 put it, as gRPC and admin
+            cmd += ["--set", f"server.amqp_listen={self.amqp_address}"]
         return cmd
 
     def start(self, timeout: float = READY_TIMEOUT) -> ServerProcess:
@@ -112,6 +131,7 @@ class ServerProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            process_group=0 if self.own_process_group else None,
         )
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
         deadline = time.monotonic() + timeout
@@ -134,7 +154,22 @@ class ServerProcess:
         for line in proc.stdout:
             self.lines.append(line.rstrip("\n"))
             if "halfmoon ready" in line:
+                self._learn_ports(line)
                 self._ready.set()
+
+    def _learn_ports(self, ready_line: str) -> None:
+        """Take the ports a start on port 0 got from its ready line: ``grpc=H:P admin=H:P``
+        in the text format, ``"grpc": "H:P"`` in the JSON one."""
+        if ready_line.lstrip().startswith("{"):
+            fields = {k: str(v) for k, v in json.loads(ready_line).items()}
+        else:
+            fields = dict(re.findall(r"\b(\w+)=(\S+)", ready_line))
+        for key, attribute in (("grpc", "grpc_port"), ("admin", "admin_port")):
+            found = re.search(r":(\d+)$", fields.get(key, ""))
+            if found and getattr(self, attribute) == 0:
+                setattr(self, attribute, int(found.group(1)))
+        amqp = fields.get("amqp", "")
+        self.amqp_address = amqp if re.search(r":\d+$", amqp) else ""
 
     def log_tail(self, n: int = 60) -> str:
         return "\n".join(self.lines[-n:])
@@ -238,20 +273,6 @@ def unique(prefix: str) -> str:
     """A name no earlier test or run used (topics and groups outlive a test on a shared
     server): a counter, and the milliseconds of the day."""
     return f"{prefix}-{next(_names)}-{int(time.time() * 1000) % 100000}"
-
-
-def wait_until(
-    predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05
-) -> object:
-    """Poll ``predicate`` until it returns something truthy; fail with ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def audit_denials(lines: list[str], seen: int = 0, containing: str = "") -> list[str]:

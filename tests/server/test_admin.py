@@ -290,7 +290,10 @@ def test_config_endpoint_shows_the_running_configuration(admin):
         "auth",
         "tls",
         "etcd",
+        "cluster",
+        "replication",
         "internal",
+        "log",
     }
 
 

@@ -3,6 +3,7 @@ and resending a dead letter (against a real Broker on a real port)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +12,7 @@ from halfmoon.broker.dead_letters import write_dead_letter
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageType, OutgoingMessage
 from halfmoon.config import load_config
+from halfmoon.server.admin_dashboard import FILES, STATIC_DIR
 from tests.cli.admin_harness import AdminServer
 
 
@@ -116,6 +118,21 @@ def test_the_dashboard_page_is_served_and_unknown_files_are_not(admin):
     assert status == 200
     status, answer = admin.call("GET", "/dashboard/../admin.py")
     assert status == 404
+
+
+def test_every_script_is_served_loaded_and_small(admin):
+    """A script split off dashboard.js is served and loaded by the page, after dashboard.js
+    (whose helpers, PAGES and TITLES the others use at load), and none outgrows 600 lines."""
+    scripts = sorted(path.name for path in STATIC_DIR.glob("*.js"))
+    assert {"dashboard.js", "brokers.js", "topics.js", "messages.js"} <= set(scripts)
+    assert set(scripts) <= set(FILES)
+    page = (STATIC_DIR / "index.html").read_text()
+    loaded = re.findall(r'<script src="/dashboard/([^"]+)"></script>', page)
+    assert sorted(loaded) == scripts and loaded[0] == "dashboard.js"
+    for name in scripts:
+        status, _ = admin.call("GET", f"/dashboard/{name}")
+        assert status == 200, name
+        assert len((STATIC_DIR / name).read_text().splitlines()) <= 600, name
 
 
 def test_dead_letter_depth_is_counted_per_group_in_one_answer(admin):

@@ -30,11 +30,12 @@ READER = ("reader", "reader-secret-key")
 OPEN = {
     ("get", "/healthz"),
     ("get", "/v1/whoami"),
+    ("get", "/"),
     ("get", "/dashboard"),
     ("get", "/dashboard/"),
     ("get", "/dashboard/{file}"),
 }
-SUPER_ONLY = ("/v1/users", "/v1/acls")
+SUPER_ONLY = ("/v1/users", "/v1/acls", "/v1/definitions")
 
 
 @pytest.fixture(scope="module")

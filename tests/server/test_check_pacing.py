@@ -17,7 +17,8 @@ from halfmoon.broker import Broker, BrokerConfig, FakeClock
 from halfmoon.broker.message import MessageType, OutgoingMessage
 from halfmoon.broker.transactions import TransactionConfig
 from halfmoon.broker.transactions.check import CheckRequest
-from halfmoon.server.telemetry import ClientRegistry, TelemetryCheckSender
+from halfmoon.server.check_sender import TelemetryCheckSender
+from halfmoon.server.telemetry import ClientRegistry
 from halfmoon.store.memory import MemoryStore
 
 PRODUCER = definition_pb2.ClientType.PRODUCER
@@ -166,8 +167,8 @@ def test_no_second_check_while_the_first_is_outstanding_and_an_answer_clears_it(
         s = Setup(cap=5)
         s.connect("p1")
         (tid,) = s.plant(1)
-        message = s.broker.transactions.check_view(
-            s.broker.transactions.checkable(
+        message = s.broker.transactions.checks.check_view(
+            s.broker.transactions.checks.checkable(
                 next(iter(s.broker.transactions.pending)), s.clock.now_ms() + 10_000
             )
         )
@@ -195,8 +196,8 @@ def test_round_robin_prefers_streams_with_room() -> None:
         for client_id in ("p1", "p2"):
             s.connect(client_id)
         (tid,) = s.plant(1)
-        message = s.broker.transactions.check_view(
-            s.broker.transactions.checkable(
+        message = s.broker.transactions.checks.check_view(
+            s.broker.transactions.checks.checkable(
                 next(iter(s.broker.transactions.pending)), s.clock.now_ms() + 10_000
             )
         )

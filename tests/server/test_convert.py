@@ -326,3 +326,17 @@ def test_unknown_topic_and_group_add_rocketmqs_wording() -> None:
     # Errors without a RocketMQ counterpart keep halfmoon's sentence alone.
     assert status_for(TopicExists("t")).message == TopicExists("t").message
     assert rocketmq_wording(HalfmoonError("x", code="TOPIC_NOT_FOUND")) == ""
+
+
+def test_a_group_members_timeout_property_reaches_the_broker_message() -> None:
+    half = wire(message_type=pb.MessageType.TRANSACTION)
+    half.user_properties["__HM_TXN_GROUP"] = "g1"
+    half.user_properties["__HM_TXN_TIMEOUT_MS"] = "5000"
+    msg = convert.outgoing_message(half, producer_group="pg")
+    assert (msg.transaction_group, msg.transaction_timeout_ms) == ("g1", 5000)
+    assert msg.properties == {"k": "v"}  # both reserved properties are taken out
+    half.user_properties["__HM_TXN_TIMEOUT_MS"] = "soon"
+    with pytest.raises(HalfmoonError) as bad:
+        convert.outgoing_message(half, producer_group="pg")
+    assert bad.value.code == "ILLEGAL_TRANSACTION_TIMEOUT"
+    assert code_for(bad.value) == pb.Code.BAD_REQUEST

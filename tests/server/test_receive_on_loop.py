@@ -44,13 +44,14 @@ async def send(endpoint: InProcess, body: bytes) -> None:
 def count_worker_calls(endpoint: InProcess) -> list[str]:
     """The names of the broker calls the servicer hands to its worker threads from now on."""
     calls: list[str] = []
-    original = endpoint.servicer._call
+    workers = endpoint.servicer.workers
+    original = workers.call
 
     async def counting(fn: Any, *args: Any, **kwargs: Any) -> Any:
         calls.append(getattr(fn, "__name__", repr(fn)))
         return await original(fn, *args, **kwargs)
 
-    endpoint.servicer._call = counting  # type: ignore[method-assign]
+    workers.call = counting  # type: ignore[method-assign]
     return calls
 
 

@@ -15,8 +15,9 @@ from halfmoon.client import (
     PushConsumer,
     TransactionProducer,
 )
-from tests.client.conftest import eventually, run, unique
+from tests.client.conftest import run, unique
 from tests.server.conftest import ServerProcess
+from tests.waiting import until
 
 ROUNDS = 30
 
@@ -46,7 +47,7 @@ def test_one_transaction_across_two_topics_reaches_each_group_once(server: Serve
                 await txn.send(Message(topic_a, b"a%d" % i))
                 await txn.send(Message(topic_b, b"b%d" % i))
                 await txn.commit()
-            await eventually(lambda: len(deliveries) >= 2 * ROUNDS, 30, f"{2 * ROUNDS} deliveries")
+            await until(lambda: len(deliveries) >= 2 * ROUNDS, 30, f"{2 * ROUNDS} deliveries")
 
     run(scenario())
 

@@ -57,7 +57,21 @@ def topic(name: str, namespace: str = "") -> pb.Resource:
          ["Sub on Topic:t", "Sub on Group:g"]),
         ("EndTransaction", svc.EndTransactionRequest(topic=topic("t")), "", ["Pub on Topic:t"]),
         ("EndTransaction", svc.EndTransactionRequest(), "", ["Pub on Cluster"]),
-        ("Heartbeat", svc.HeartbeatRequest(group=topic("g")), "", []),
+        # A group's members may be in any topic: the topic the caller names does not count.
+        (
+            "EndTransaction",
+            svc.EndTransactionRequest(topic=topic("orders-1"), transaction_id="hm-group:G"),
+            "",
+            ["Pub on Cluster"],
+        ),
+        ("Heartbeat", svc.HeartbeatRequest(group=topic("g")), "", ["Sub on Group:g"]),
+        (
+            "Heartbeat",
+            svc.HeartbeatRequest(group=topic("pg"), client_type=pb.ClientType.PRODUCER),
+            "",
+            [],
+        ),
+        ("Heartbeat", svc.HeartbeatRequest(), "", []),
     ],
 )  # fmt: skip
 def test_what_requests_need(

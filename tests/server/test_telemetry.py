@@ -14,7 +14,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from halfmoon.server.telemetry import recover_orphaned_transaction_command
+from halfmoon.server.check_sender import recover_orphaned_transaction_command
 from tests.server.inprocess import InProcess, run
 
 

@@ -6,7 +6,7 @@ import ssl
 
 import pytest
 
-from halfmoon.server.tls_sniff import is_tls
+from halfmoon.listen.tls_sniff import is_tls
 
 
 def client_hello(version: ssl.TLSVersion) -> bytes:

@@ -10,7 +10,8 @@ from rocketmq.grpc_protocol import definition_pb2
 
 from halfmoon.broker.message import MessageType, MessageView
 from halfmoon.broker.transactions.check import CheckRequest
-from halfmoon.server.telemetry import ClientRegistry, TelemetryCheckSender
+from halfmoon.server.check_sender import TelemetryCheckSender
+from halfmoon.server.telemetry import ClientRegistry
 
 PRODUCER = definition_pb2.ClientType.PRODUCER
 
@@ -124,8 +125,8 @@ def test_no_event_loop_means_nothing_was_taken() -> None:
 
 def test_a_check_command_is_the_half_message_as_wire_message_builds_it() -> None:
     # check_command writes the wire message in place; what the producer reads is unchanged.
+    from halfmoon.server.check_sender import check_command, recover_orphaned_transaction_command
     from halfmoon.server.convert import wire_message
-    from halfmoon.server.telemetry import check_command, recover_orphaned_transaction_command
 
     plain = view()
     full = MessageView(

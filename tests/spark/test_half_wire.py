@@ -9,7 +9,11 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
 from halfmoon.client.message import Message, to_timestamp, to_wire
-from halfmoon.client.transaction import PROPERTY_TRANSACTION_GROUP
+from halfmoon.client.transaction import (
+    BATCH_TRANSACTION_TIMEOUT_MS,
+    PROPERTY_TRANSACTION_GROUP,
+    PROPERTY_TRANSACTION_TIMEOUT,
+)
 from halfmoon.spark.half_wire import HalfEncoder, varint
 from halfmoon.spark.sink import SinkError, _encoded_rows
 
@@ -18,6 +22,8 @@ BORN_MS = 1_764_033_333_123
 
 def expected(message: Message, message_id: str, group: str) -> pb.Message:
     message.properties[PROPERTY_TRANSACTION_GROUP] = group
+    # A batch's group asks for the longest timeout the broker allows by default.
+    message.properties[PROPERTY_TRANSACTION_TIMEOUT] = str(BATCH_TRANSACTION_TIMEOUT_MS)
     wire = to_wire(message, message_id, transactional=True)
     wire.system_properties.born_timestamp.CopyFrom(to_timestamp(BORN_MS))
     wire.system_properties.born_host = "10.1.2.3"
@@ -83,7 +89,11 @@ def test_rows_become_halves_column_by_column_with_defaults() -> None:
         b"text",
         ["one"],
     )
-    assert dict(first.user_properties) == {"p": "1", PROPERTY_TRANSACTION_GROUP: "g"}
+    assert dict(first.user_properties) == {
+        "p": "1",
+        PROPERTY_TRANSACTION_GROUP: "g",
+        PROPERTY_TRANSACTION_TIMEOUT: str(BATCH_TRANSACTION_TIMEOUT_MS),
+    }
     assert (second.topic.name, second.body, list(second.system_properties.keys)) == (
         "elsewhere",
         b"more",

@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 
 from halfmoon.client import Message, SyncProducer
+from halfmoon.failpoints import SPARK_SINK_ENV
 from halfmoon.spark.sink import (
-    FAILPOINT_ENV,
     MARKER_TOPIC,
     PROPERTY_DATA_GROUP,
     PROPERTY_MARKER,
@@ -82,7 +82,7 @@ def test_driver_killed_between_broker_commit_and_checkpoint_writes_each_row_once
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYSPARK_PYTHON=sys.executable)
 
     crashed = _driver(
-        server, checkpoint, {**env, FAILPOINT_ENV: f"after-broker-commit={failpoint}"}
+        server, checkpoint, {**env, SPARK_SINK_ENV: f"after-broker-commit={failpoint}"}
     )
     try:
         wait_until(
@@ -152,7 +152,7 @@ def test_driver_killed_before_the_commit_point_leaves_no_pending_group_after_res
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYSPARK_PYTHON=sys.executable)
 
     crashed = _driver(
-        server, checkpoint, {**env, FAILPOINT_ENV: f"before-marker={failpoint}"}, admin=True
+        server, checkpoint, {**env, SPARK_SINK_ENV: f"before-marker={failpoint}"}, admin=True
     )
     try:
         wait_until(

@@ -23,7 +23,7 @@ messages = st.builds(
     queue_id=st.integers(0, 2**31 - 1),
     properties=st.dictionaries(_text.filter(bool), _text, max_size=6),
     flags=_i32,
-    sys_flag=_i32,
+    sys_flag=_i32.map(lambda f: f & ~record.DESTINATIONS_FLAG),  # the bit is the store's
     born_timestamp=_i64,
     born_host=_text,
     reconsume_times=_i32,

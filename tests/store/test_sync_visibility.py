@@ -48,7 +48,7 @@ def fsync_inside_next_append(store: MessageStore) -> Iterator[None]:
         written = commitlog.write_position
         with synced:
             # The flusher is idle: this starts an fsync of the written bytes.
-            store._flusher.written()
+            store._visibility.flusher.written()
             synced.wait_for(lambda: commitlog.flushed_position >= written, WAIT_S)
         covered.set()
         assert commitlog.flushed_position >= written, "the fsync did not run inside the append"

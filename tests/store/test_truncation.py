@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from halfmoon import failpoints
 from halfmoon.store import MessageStore
-from halfmoon.store.truncation import FAILPOINT_ENV, INTENT_FILE, TruncationRefused
+from halfmoon.store.truncation import INTENT_FILE, TruncationRefused
 from tests.store.storeutil import SEGMENT, message, open_store
 from tests.store.test_shipping import log_bytes, ship_all
 
@@ -117,7 +118,7 @@ def test_a_cut_killed_midway_opens_cut(tmp_path: Path, point: str) -> None:
     reached = tmp_path / "reached"
     child = subprocess.Popen(
         [sys.executable, "-m", "tests.store.truncate_child", str(tmp_path / "old"), str(parted)],
-        env={**os.environ, FAILPOINT_ENV: f"{point}={reached}"},
+        env={**os.environ, failpoints.STORE_ENV: f"{point}={reached}"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )

@@ -23,6 +23,7 @@ from halfmoon.broker.transactions.ids import (
     group_of_transaction_id,
 )
 from halfmoon.broker.transactions.oplog import CHECK_MAX_TOPIC, HALF_TOPIC, OP_TOPIC
+from halfmoon.broker.transactions.resolutions import DecisionSource, Resolution
 from halfmoon.broker.transactions.service import (
     EndRequest,
     EndResult,
@@ -38,10 +39,12 @@ __all__ = [
     "OP_TOPIC",
     "CheckSender",
     "CheckService",
+    "DecisionSource",
     "EndRequest",
     "EndResult",
     "IllegalTransactionGroup",
     "InvalidTransactionId",
+    "Resolution",
     "ScanReport",
     "TransactionAlreadyEnded",
     "TransactionConfig",

@@ -178,7 +178,7 @@ class CheckService:
                 lost_after_ms=self._config.retry_ms,
                 clock=self._service.clock.now_ms,
             )
-        self._service.on_end = getattr(sender, "answered", None)
+        self._service.ledger.on_end = getattr(sender, "answered", None)
 
     @property
     def next_scan_ms(self) -> int:
@@ -214,7 +214,7 @@ class CheckService:
 
         Returns the report of a scan that finished during this tick, else None.
         """
-        self._service.drop_old_records(now_ms)
+        self._service.ledger.drop_old_records(now_ms)
         with self._lock:
             if self._report is None:
                 if now_ms < self._next_scan_ms:
@@ -237,7 +237,7 @@ class CheckService:
         self._scan_now_ms = now_ms
         self._started = time.monotonic()
         self._full, self._refused = self._refused, set()
-        self._lanes.extend(self._service.due_lanes(now_ms))
+        self._lanes.extend(self._service.checks.due_lanes(now_ms))
         self._report = ScanReport()
 
     def _work(self, deadline: float | None) -> ScanReport | None:
@@ -252,7 +252,7 @@ class CheckService:
             if deadline is not None and time.monotonic() >= deadline:
                 break  # the tick thread has other work: carry on at the next tick
         try:
-            self._service.flush_ops()
+            self._service.checks.flush_ops()
         except Exception:
             log.exception("event=check_counts_not_saved")
         if self._lanes:
@@ -270,13 +270,13 @@ class CheckService:
             size = min(room, CHECK_BATCH)
         while True:
             if size <= 0:  # the lane's live streams are full (or none is live): leave it alone
-                if service.has_due(lane, now_ms):
+                if service.checks.has_due(lane, now_ms):
                     self._left_full(lane, report)
                 return True
             batch: list[tuple[PendingTxn, CheckRequest]] = []
             more = True
             while len(batch) < size:
-                entry = service.next_due(lane, now_ms)
+                entry = service.checks.next_due(lane, now_ms)
                 if entry is None:
                     more = False
                     break
@@ -294,7 +294,7 @@ class CheckService:
             if refused and not taken:
                 self._left_full(lane, report)
                 return True  # no live stream of the lane has room: leave the rest in the index
-            if not more or not service.has_due(lane, now_ms):
+            if not more or not service.checks.has_due(lane, now_ms):
                 return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False
@@ -325,9 +325,9 @@ class CheckService:
         one retry time later), the lane on the schedule."""
         aside, self._aside = self._aside, []
         later, self._later = self._later, []
-        self._service.requeue(aside)
-        self._service.requeue(later, self._scan_now_ms + self._config.retry_ms)
-        self._service.done_with(lane)
+        self._service.checks.requeue(aside)
+        self._service.checks.requeue(later, self._scan_now_ms + self._config.retry_ms)
+        self._service.checks.done_with(lane)
 
     def _finish(self, report: ScanReport) -> ScanReport:
         if report.full_lanes and (report.sent or hasattr(self._sender, "room")):
@@ -362,7 +362,7 @@ class CheckService:
         """Park the transaction or build its check; None when there is nothing to send."""
         service = self._service
         if entry.checks >= self._config.check_max:
-            if service.park(entry.half_offset):
+            if service.checks.park(entry.half_offset):
                 report.parked += 1
             else:
                 report.skipped += 1
@@ -375,9 +375,9 @@ class CheckService:
             self._later.append(entry)
             return None
         try:
-            view = service.check_view(entry)
+            view = service.checks.check_view(entry)
         except NotFound:  # retention removed the half record: nothing left to ask about or publish
-            service.forget_lost(entry.half_offset)
+            service.checks.forget_lost(entry.half_offset)
             report.errors += 1
             return None
         return CheckRequest(entry.producer_group, entry.topic, view, entry.transaction_id)
@@ -398,13 +398,14 @@ class CheckService:
         # The last look before asking: a decision may have landed while the batch was read.
         wanted = []
         for entry, request in batch:
-            if service.checkable(entry.half_offset, now_ms) is None:
+            if service.checks.checkable(entry.half_offset, now_ms) is None:
                 report.skipped += 1
             else:
                 wanted.append((entry, request))
         if not wanted:
             return 0, 0
         taken: list[bool | None]
+        sent_ms = service.clock.now_ms()  # when these checks went out, for the trace
         if sender is None:
             taken = [False] * len(wanted)
         elif hasattr(sender, "send_checks"):
@@ -434,7 +435,7 @@ class CheckService:
                 self._unsent(report, entry)
                 continue
             took_count += 1
-            if service.record_check(entry.half_offset, now_ms) is None:
+            if service.checks.record_check(entry, now_ms, sent_ms) is None:
                 report.skipped += 1  # decided while the check was on its way: nothing to count
             else:
                 report.sent += 1
@@ -450,7 +451,7 @@ class CheckService:
         taken: list[bool | None] = []
         for entry, r in wanted:
             try:
-                if self._service.checkable(entry.half_offset, self._scan_now_ms) is None:
+                if self._service.checks.checkable(entry.half_offset, self._scan_now_ms) is None:
                     report.skipped += 1
                     taken.append(None)
                     continue

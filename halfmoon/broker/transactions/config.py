@@ -39,6 +39,15 @@ class TransactionConfig:
     # Cluster mode: a transaction group's coordinator record stays in etcd at least this long
     # after its first decision, and until every broker that may hold members has applied it.
     group_record_retention_ms: int = 600_000
+    # A transaction group undecided this long after its first member (its store time, so a
+    # restart keeps it) or first consume action is rolled back by the broker, as Kafka's
+    # transaction.timeout.ms; a producer may ask for its own per transaction.
+    group_timeout_ms: int = 60_000
+    # The longest transaction timeout a producer may ask for (Kafka's
+    # transaction.max.timeout.ms); a Spark sink's batch asks for 15 minutes.
+    group_timeout_max_ms: int = 900_000
+    # How often the broker looks for transaction groups past their timeout.
+    group_timeout_scan_ms: int = 1_000
 
     @property
     def retry_ms(self) -> int:
@@ -61,6 +70,10 @@ class TransactionConfig:
             problems.append("check_retry_ms must be >= 0 (or none: the same as timeout_ms)")
         if self.max_immunity_ms < 0 or self.group_record_retention_ms < 0:
             problems.append("max_immunity_ms and group_record_retention_ms must be >= 0")
+        if not 0 < self.group_timeout_ms <= self.group_timeout_max_ms:
+            problems.append("group_timeout_ms must be positive and at most group_timeout_max_ms")
+        if self.group_timeout_scan_ms <= 0:
+            problems.append("group_timeout_scan_ms must be positive")
         if self.group_batch_size < 1 or self.decided_cache_entries < 1:
             problems.append("group_batch_size and decided_cache_entries must be positive")
         if problems:

@@ -28,6 +28,7 @@ import json
 import threading
 from dataclasses import dataclass
 
+from halfmoon.broker.transaction_state import TransactionAlreadyEnded
 from halfmoon.errors import Conflict, InvalidArgument
 
 # Actions one transaction group may hold: their record (JSON, ~80 bytes each) stays far
@@ -61,6 +62,15 @@ class TransactionIncomplete(Conflict):
 
     code = "TRANSACTION_INCOMPLETE"
     protocol_code = "PRECONDITION_FAILED"
+
+
+class TransactionRolledBack(TransactionAlreadyEnded):
+    """A commit of a group already rolled back (by its owner, an operator or the broker's
+    transaction timeout): nothing of it was applied. A retried commit learns it this way.
+    (The protocol code stays BAD_REQUEST, as for any decision opposite to the one made.)"""
+
+    code = "TRANSACTION_ROLLED_BACK"
+    protocol_code = "BAD_REQUEST"
 
 
 class ActionKind(enum.Enum):
@@ -205,6 +215,7 @@ __all__ = [
     "ConsumeLedger",
     "TransactionFenced",
     "TransactionIncomplete",
+    "TransactionRolledBack",
     "decode_actions",
     "encode_actions",
 ]

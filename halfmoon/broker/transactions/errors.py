@@ -12,6 +12,15 @@ class InvalidTransactionId(InvalidArgument):
     code = "INVALID_TRANSACTION_ID"
 
 
+def unknown_transaction(transaction_id: str) -> InvalidTransactionId:
+    """The answer for a transaction that does not exist, or not in the topic the caller named:
+    the same words, so a caller cannot tell one from the other."""
+    return InvalidTransactionId(
+        f"no transaction {transaction_id!r} is known; use the transaction id from the send "
+        "result of the half message, with the topic it was sent to"
+    )
+
+
 class IllegalTransactionGroup(InvalidArgument):
     code = "ILLEGAL_TRANSACTION_GROUP"
     protocol_code = "BAD_REQUEST"
@@ -35,4 +44,5 @@ __all__ = [
     "TransactionGroupEnded",
     "TransactionGroupMember",
     "TransactionStateError",
+    "unknown_transaction",
 ]

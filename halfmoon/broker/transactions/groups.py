@@ -53,9 +53,23 @@ class GroupBook:
         # Decided groups whose members are not all completed yet (an append failed midway,
         # or recovery found a torn group commit): the service finishes them.
         self.unfinished: dict[str, TxnState] = {}
+        # group -> when it is rolled back undecided: its earliest member's deadline
+        self.deadlines: dict[str, int] = {}
 
-    def add_member(self, group: str, half_offset: int) -> None:
+    def add_member(self, group: str, half_offset: int, deadline_ms: int | None = None) -> None:
         self.members.setdefault(group, set()).add(half_offset)
+        if deadline_ms is not None:
+            known = self.deadlines.get(group)
+            if known is None or deadline_ms < known:
+                self.deadlines[group] = deadline_ms
+
+    def expired(self, now_ms: int) -> list[str]:
+        """Undecided groups with pending members whose deadline has passed, by name."""
+        return sorted(
+            group
+            for group, deadline in self.deadlines.items()
+            if deadline <= now_ms and group in self.members and group not in self.unfinished
+        )
 
     def remove_member(self, group: str, half_offset: int) -> None:
         members = self.members.get(group)
@@ -63,6 +77,7 @@ class GroupBook:
             members.discard(half_offset)
             if not members:
                 del self.members[group]
+                self.deadlines.pop(group, None)
 
     def remove_members(self, group: str, half_offsets: list[int]) -> None:
         members = self.members.get(group)
@@ -70,6 +85,7 @@ class GroupBook:
             members.difference_update(half_offsets)
             if not members:
                 del self.members[group]
+                self.deadlines.pop(group, None)
 
     def decided(self, group: str) -> tuple[TxnState, int] | None:
         """(decision, end offset of its record) when recently decided; None if unknown here."""

@@ -3,8 +3,8 @@ undecided half message), the recent decisions, the appends that change them,
 their snapshot on disk, and what an operator reads about them (listing, stats).
 
 :class:`TransactionLedger` adopts the state :func:`recovery.recover` returns;
-:class:`halfmoon.broker.transactions.service.TransactionService` drives the
-transitions on top of it.
+:class:`halfmoon.broker.transactions.service.TransactionService` holds one and
+drives the transitions on it, each under :attr:`TransactionLedger.lock`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ RECORD_CACHE_BYTES = 64 * 1024 * 1024
 # A snapshot waits at least this many times as long as the last one took: with 100,000 pending it
 # takes a few hundred ms on a loaded machine, and the tick thread must not spend its time there.
 SNAPSHOT_COST_FACTOR = 50
+# Most transactions one listing returns unless the caller asks for another bound.
+LIST_LIMIT = 1000
 
 # Time from half message to decision, in ms (upper bounds of the histogram buckets).
 LATENCY_BUCKETS_MS = (10, 50, 100, 500, 1_000, 5_000, 10_000, 30_000, 60_000, 300_000, 3_600_000)
@@ -71,6 +73,8 @@ class TransactionStats:
     redone_commits_total: int = 0  # group members committed by recovery after a crash
     lost_total: int = 0  # half messages removed by retention before a decision
     decision_latency_ms: dict[str, int] = field(default_factory=dict)  # bucket "le" -> count
+    checks_answered_total: int = 0  # EndTransaction answers with source "check"
+    oldest_pending_age_ms: int = 0  # gauge: how long the oldest undecided one has waited
 
 
 def _snapshot_json(half_next: int, op_next: int, entries: builtins.list[PendingTxn]) -> bytes:
@@ -105,12 +109,12 @@ class TransactionLedger:
         self.config = config
         self.clock = clock
         self._path = path
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         self._snapshot_lock = threading.Lock()
         self.pending: dict[int, PendingTxn] = recovered.pending
-        self._decided: OrderedDict[int, tuple[TxnState, int]] = recovered.decided
+        self.decided: OrderedDict[int, tuple[TxnState, int]] = recovered.decided
         self.groups: GroupBook = recovered.groups
-        self._op_buffer: list[Op] = []  # check counts, appended with the next batch
+        self.op_buffer: list[Op] = []  # check counts, appended with the next batch
         # half queue offset up to which the pending set is complete
         self.half_next = recovered.half_next
         self.op_next = recovered.op_next  # op queue offset up to which ops are applied
@@ -122,19 +126,19 @@ class TransactionLedger:
         # What may want a check, by when (see :mod:`due_index`); recovery forgot retry times.
         self.due = DueIndex()
         for entry in self.pending.values():
-            self._index_for_checks(entry)
-        self._dirty = False
-        self._last_snapshot_ms = clock.now_ms()
+            self.index_for_checks(entry)
+        self.dirty = False
+        self.last_snapshot_ms = clock.now_ms()
         self.snapshot_cost_ms = 0.0  # how long the last snapshot took (real time)
         self.counters = TransactionStats()
         # Told the id of every EndTransaction (any source, any resolution): the check sender
         # clears the producer's outstanding check with it. Must be cheap and not raise.
         self.on_end: Callable[[str], None] | None = None
-        self._latency = [0] * (len(LATENCY_BUCKETS_MS) + 1)
+        self.latency = [0] * (len(LATENCY_BUCKETS_MS) + 1)
         # The message trace (halfmoon/broker/trace.py): (message id, topic, event, **fields).
         self.trace: Callable[..., None] | None = None
 
-    def _trace(self, entry: PendingTxn, event: str, **fields: object) -> None:
+    def traced(self, entry: PendingTxn, event: str, **fields: object) -> None:
         """Record a step of ``entry``'s history in the message trace (keyed by message id)."""
         if self.trace is not None:
             self.trace(
@@ -147,23 +151,23 @@ class TransactionLedger:
         *,
         topic: str | None = None,
         state: TxnState | None = None,
-        limit: int = 1000,
+        limit: int = LIST_LIMIT,
         next_check: Callable[[PendingTxn], int | None] | None = None,
     ) -> builtins.list[TransactionInfo]:
         """Undecided transactions, oldest first (optionally of one topic / one state);
         ``next_check`` tells each one's next check time (the check service's schedule)."""
         now = self.clock.now_ms()
-        with self._lock:
+        with self.lock:
             chosen = [
                 e
                 for e in self.pending.values()
                 if (topic is None or e.topic == topic) and (state is None or e.state is state)
             ]
         chosen.sort(key=lambda e: (e.stored_ms, e.half_offset))
-        return [self._info(e, now, next_check) for e in chosen[: max(0, limit)]]
+        return [self.info(e, now, next_check) for e in chosen[: max(0, limit)]]
 
     @staticmethod
-    def _info(
+    def info(
         entry: PendingTxn,
         now_ms: int,
         next_check: Callable[[PendingTxn], int | None] | None = None,
@@ -184,9 +188,15 @@ class TransactionLedger:
         )
 
     def stats(self) -> TransactionStats:
-        with self._lock:
+        with self.lock:
             c = self.counters
-            parked = sum(1 for e in self.pending.values() if e.state is TxnState.PARKED)
+            parked = 0
+            oldest: int | None = None
+            for e in self.pending.values():
+                if e.state is TxnState.PARKED:
+                    parked += 1
+                if oldest is None or e.stored_ms < oldest:
+                    oldest = e.stored_ms
             labels = [str(b) for b in LATENCY_BUCKETS_MS] + ["+Inf"]
             return TransactionStats(
                 pending=len(self.pending),
@@ -199,7 +209,9 @@ class TransactionLedger:
                 parked_total=c.parked_total,
                 redone_commits_total=c.redone_commits_total,
                 lost_total=c.lost_total,
-                decision_latency_ms=dict(zip(labels, self._latency, strict=True)),
+                decision_latency_ms=dict(zip(labels, self.latency, strict=True)),
+                checks_answered_total=c.checks_answered_total,
+                oldest_pending_age_ms=0 if oldest is None else max(0, self.clock.now_ms() - oldest),
             )
 
     def snapshot(self) -> None:
@@ -217,21 +229,21 @@ class TransactionLedger:
             return
         started = time.monotonic()
         with self._snapshot_lock:
-            with self._lock:
-                if self._op_buffer:
-                    self._append([])
-                if not self._dirty:
+            with self.lock:
+                if self.op_buffer:
+                    self.write([])
+                if not self.dirty:
                     return
                 half_next, op_next, end = self.half_next, self.op_next, self._max_end
                 entries = builtins.list(self.pending.values())
-                self._dirty = False
+                self.dirty = False
             data = _snapshot_json(half_next, op_next, entries)
             try:
                 self.store.wait_durable(end)
                 self._path.parent.mkdir(parents=True, exist_ok=True)
                 replace_atomically(self._path, data)
             except BaseException:
-                self._dirty = True
+                self.dirty = True
                 raise
             self.snapshot_cost_ms = (time.monotonic() - started) * 1000
 
@@ -239,7 +251,7 @@ class TransactionLedger:
         self.snapshot()
 
     # -- internals -------------------------------------------------------------------
-    def _half_of(self, entry: PendingTxn) -> Message | StoredMessage:
+    def half_of(self, entry: PendingTxn) -> Message | StoredMessage:
         return (
             entry.record
             if entry.record is not None
@@ -254,17 +266,17 @@ class TransactionLedger:
             self.store.wait_durable(half_end, timeout=30.0)
             return self.store.read_at(half_offset)
 
-    def _append(self, batch: builtins.list[Message]) -> builtins.list[AppendResult]:
+    def write(self, batch: builtins.list[Message]) -> builtins.list[AppendResult]:
         """Append buffered ops then ``batch`` in one store call; results for ``batch``. Locked."""
-        buffered = [op_message(op) for op in self._op_buffer]
+        buffered = [op_message(op) for op in self.op_buffer]
         results = self.store.append(buffered + batch)
-        self._op_buffer.clear()
+        self.op_buffer.clear()
         for result in results:
             if result.topic == OP_TOPIC:
                 self.op_next = max(self.op_next, result.queue_offset + 1)
         if results:
             self._max_end = max(self._max_end, results[-1].end_offset)
-        self._dirty = True
+        self.dirty = True
         return results[len(buffered) :]
 
     def keep_record(self, entry: PendingTxn, record: Message | StoredMessage) -> None:
@@ -286,28 +298,28 @@ class TransactionLedger:
         cutoff = now_ms - self.config.timeout_ms
         young = self._young
         looked = 0
-        with self._lock:
+        with self.lock:
             while young and young[0].stored_ms <= cutoff:
                 self.drop_record(young.popleft())
                 looked += 1
         return looked
 
-    def _add_pending(self, entry: PendingTxn) -> None:
+    def add_pending(self, entry: PendingTxn) -> None:
         self.pending[entry.half_offset] = entry
         if entry.group is not None:
-            self.groups.add_member(entry.group, entry.half_offset)
+            self.groups.add_member(entry.group, entry.half_offset, entry.deadline_ms)
         if entry.record is not None:
             self._young.append(entry)
-        self._index_for_checks(entry)
+        self.index_for_checks(entry)
 
-    def _remove_pending(self, entry: PendingTxn) -> None:
+    def remove_pending(self, entry: PendingTxn) -> None:
         self.pending.pop(entry.half_offset, None)
         self.drop_record(entry)
         self.due.discard(entry)
         if entry.group is not None:
             self.groups.remove_member(entry.group, entry.half_offset)
 
-    def _index_for_checks(self, entry: PendingTxn) -> None:
+    def index_for_checks(self, entry: PendingTxn) -> None:
         """Index a PREPARED transaction outside any group at the time it next wants a check
         (group members are decided by their group; parked ones wait for an operator)."""
         if entry.group is None and entry.state is TxnState.PREPARED:

@@ -27,6 +27,7 @@ from halfmoon.broker.message import (
     PROPERTY_TRANSACTION_GROUP,
     PROPERTY_TRANSACTION_ID,
     PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_TRANSACTION_TIMEOUT,
     MessageView,
 )
 from halfmoon.broker.transaction_state import TxnState
@@ -71,6 +72,8 @@ class PendingTxn:
     record: Message | StoredMessage | None = None
     # Its place in the check service's due index (None: not indexed); see :mod:`due_index`.
     check_token: int | None = None
+    # A group member: when its group, undecided, is rolled back (stored + the group's timeout).
+    deadline_ms: int | None = None
     # Encoded once: checks, traces and pacing ask for it several times per check.
     transaction_id: str = dataclasses.field(init=False, repr=False, compare=False)
 
@@ -104,7 +107,19 @@ def immunity_ms_of(properties: dict[str, str]) -> int:
         return 0
 
 
-def pending_from_half(half: StoredMessage, stored_ms: int, timeout_ms: int) -> PendingTxn | None:
+def group_timeout_ms_of(properties: dict[str, str], default_ms: int) -> int:
+    """The transaction timeout a group member's producer asked for (its property), else
+    ``default_ms``: the durable half of a group's deadline (its start is the store time)."""
+    try:
+        asked = int(properties.get(PROPERTY_TRANSACTION_TIMEOUT, ""))
+    except ValueError:
+        return default_ms
+    return asked if asked > 0 else default_ms
+
+
+def pending_from_half(
+    half: StoredMessage, stored_ms: int, timeout_ms: int, group_timeout_ms: int = 60_000
+) -> PendingTxn | None:
     """What to keep of a stored half record; None when it is not one (logged by the caller)."""
     props = half.properties
     topic = props.get(PROPERTY_REAL_TOPIC)
@@ -115,6 +130,7 @@ def pending_from_half(half: StoredMessage, stored_ms: int, timeout_ms: int) -> P
     if not topic:
         return None
     immunity = immunity_ms_of(props)
+    group = props.get(PROPERTY_TRANSACTION_GROUP)
     return PendingTxn(
         half_offset=half.commit_log_offset,
         half_end=half.commit_log_offset + half.size,
@@ -123,9 +139,12 @@ def pending_from_half(half: StoredMessage, stored_ms: int, timeout_ms: int) -> P
         message_id=half.unique_id or "",
         keys=tuple(half.keys),
         producer_group=props.get(PROPERTY_PRODUCER_GROUP),
-        group=props.get(PROPERTY_TRANSACTION_GROUP),
+        group=group,
         stored_ms=stored_ms,
         due_ms=stored_ms + (immunity if immunity > 0 else timeout_ms),
+        deadline_ms=stored_ms + group_timeout_ms_of(props, group_timeout_ms)
+        if group is not None
+        else None,
     )
 
 

@@ -125,7 +125,7 @@ class Recovered:
     def add(self, entry: PendingTxn) -> None:
         self.pending[entry.half_offset] = entry
         if entry.group is not None:
-            self.groups.add_member(entry.group, entry.half_offset)
+            self.groups.add_member(entry.group, entry.half_offset, entry.deadline_ms)
 
     def remove(self, entry: PendingTxn) -> None:
         self.pending.pop(entry.half_offset, None)
@@ -156,7 +156,9 @@ def recover(store: Store, path: Path | None, config: TransactionConfig) -> Recov
                 )
                 state.replayed = True
                 continue
-            entry = pending_from_half(half, half.store_timestamp, config.timeout_ms)
+            entry = pending_from_half(
+                half, half.store_timestamp, config.timeout_ms, config.group_timeout_ms
+            )
             if entry is None:
                 continue
             entry.checks = int(checks)
@@ -170,7 +172,9 @@ def recover(store: Store, path: Path | None, config: TransactionConfig) -> Recov
     for half in read_queue(store, HALF_TOPIC, half_next):
         half_next = half.queue_offset + 1
         state.replayed = True
-        entry = pending_from_half(half, half.store_timestamp, config.timeout_ms)
+        entry = pending_from_half(
+            half, half.store_timestamp, config.timeout_ms, config.group_timeout_ms
+        )
         if entry is None:
             log.error("event=bad_half_record offset=%d", half.commit_log_offset)
             continue

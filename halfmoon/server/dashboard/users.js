@@ -29,13 +29,19 @@ async function usersPage(root) {
     required: true, minlength: 8, autocomplete: "new-password" }),
   userTypeSelect("Normal"),
   el("button", { type: "submit" }, "create user"));
+  // The API refuses to delete the last enabled super user (LAST_SUPER_USER): nobody could
+  // manage users afterwards. Its row offers no delete, so an admin cannot lock itself out.
+  const managers = users.filter((u) => u.enabled && u.user_type === "Super");
+  const isLastManager = (u) => managers.length === 1 && managers[0].access_key === u.access_key;
   root.replaceChildren(el("h2", {}, "Users"), ...managesUsers(createForm),
     table(["access key", "type", "enabled", ""], users.map((u) => [
       el("a", { href: `#/user?name=${q(u.access_key)}` }, u.access_key), u.user_type,
       u.enabled ? "yes" : "no",
-      managesUsers(el("button", { class: "danger", onclick: () => act(
-        () => api("DELETE", `/v1/users/${q(u.access_key)}`),
-        `Delete user ${u.access_key} and its ACL policies?`) }, "delete"))])));
+      managesUsers(isLastManager(u)
+        ? el("span", { class: "muted last-super-user" }, "last super user")
+        : el("button", { class: "danger", onclick: () => act(
+          () => api("DELETE", `/v1/users/${q(u.access_key)}`),
+          `Delete user ${u.access_key} and its ACL policies?`) }, "delete"))])));
 }
 
 async function userPage(root, params) {
@@ -83,3 +89,5 @@ async function userPage(root, params) {
 
 PAGES.users = [usersPage, false];
 PAGES.user = [userPage, false];
+TITLES.users = "Users";
+TITLES.user = "User";

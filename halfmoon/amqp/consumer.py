@@ -1,0 +1,149 @@
+"""A Basic.Consume: pops deliveries from its queue while it has credit, pushes them out.
+
+Credit is ``prefetch_count`` unacked deliveries of this consumer (0: no limit)
+and, when the channel has a global prefetch, the channel's unacked total.
+With credit and nothing to deliver, the consumer parks until the queue's
+topic gets an arrival (the broker's arrival listener, through
+:class:`halfmoon.amqp.server.Arrivals`), a requeue on this server, or the
+next time an in-flight message may be due again (at most a second), so a
+redelivery after a timeout is found without an arrival.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from halfmoon.amqp.topology import Queue
+from halfmoon.broker.message import MessageView
+from halfmoon.errors import HalfmoonError, Unavailable
+
+if TYPE_CHECKING:
+    from halfmoon.amqp.channel import Channel
+
+log = logging.getLogger("halfmoon.amqp")
+
+IDLE_RECHECK_S = 1.0
+BATCH = 64
+STOP_WAIT_S = 5.0  # a stopping consumer's receive and returns in flight get this long
+
+
+class Consumer:
+    def __init__(
+        self,
+        channel: Channel,
+        tag: str,
+        queue: Queue,
+        no_ack: bool,
+        prefetch: int,
+        exclusive: bool,
+    ) -> None:
+        self.channel = channel
+        self.tag = tag
+        self.queue = queue
+        self.no_ack = no_ack
+        self.prefetch = prefetch
+        self.exclusive = exclusive
+        self.unacked = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Stop delivering, and return once nothing of this consumer is in flight.
+
+        A receive in flight is let finish rather than cancelled: the broker has handed out
+        what it took, and cancelling the await would drop those deliveries on the floor,
+        hidden for the delivery timeout. Finished, they go back to the queue (``deliver``
+        returns each view of a consumer no longer on its channel) before the caller answers
+        Basic.CancelOk or Channel.CloseOk, so the next Basic.Get finds them. Only a loop
+        still busy after ``STOP_WAIT_S`` is cancelled."""
+        self._stopped = True
+        self._wake.set()
+        task, self._task = self._task, None
+        if task is None or task is asyncio.current_task():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(task), STOP_WAIT_S)
+        except TimeoutError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        except Exception:  # noqa: BLE001 - the loop logged its own failure
+            pass
+
+    def credit(self) -> int:
+        if not self.channel.server.may_deliver(self):
+            return 0
+        limits = [BATCH]
+        if self.prefetch:
+            limits.append(self.prefetch - self.unacked)
+        channel_limit = self.channel.global_credit()
+        if channel_limit is not None:
+            limits.append(channel_limit)
+        return min(limits)
+
+    async def _run(self) -> None:
+        arrivals = self.channel.server.arrivals
+        stored = self.queue.stored
+        unavailable = False  # the last receive found the queue's broker away
+        try:
+            # The flag, not only the cancellation, ends the loop: a cancellation that meets a
+            # wake-up in the same turn can be lost.
+            while not self._stopped:
+                credit = self.credit()
+                if credit <= 0 or self.channel.flow_paused:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                self._wake.clear()
+                arrivals.watch(stored, self._wake)
+                try:
+                    views, next_due = await self.channel.server.queues.receive(
+                        stored, credit, self.channel.client_id
+                    )
+                    unavailable = False
+                    if not views:
+                        await self._park(next_due)
+                        continue
+                except Unavailable as exc:
+                    # The queue's broker is down or restarting (through a cluster proxy): the
+                    # consumer, its channel and its deliveries wait for it, as quorum queues'
+                    # consumers outlive a leader's change.
+                    if not unavailable:
+                        log.info("event=amqp_consumer_waiting tag=%s reason=%s", self.tag, exc.code)
+                    unavailable = True
+                    await self._park(None)
+                    continue
+                finally:
+                    arrivals.unwatch(stored, self._wake)
+                await self._deliver_all(views)
+        except asyncio.CancelledError:
+            raise
+        except HalfmoonError as exc:
+            # The queue's topic went away (deleted under us): the channel tells the client.
+            log.info("event=amqp_consumer_ended tag=%s reason=%s", self.tag, exc.code)
+            self.channel.consumer_lost(self)
+        except Exception:
+            log.exception("event=amqp_consumer_failed tag=%s", self.tag)
+            self.channel.consumer_lost(self)
+
+    async def _park(self, next_due: int | None) -> None:
+        # next_due is epoch ms; the recheck bound covers it (deliveries are hidden 30 min).
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(IDLE_RECHECK_S):
+                await self._wake.wait()
+
+    async def _deliver_all(self, views: list[MessageView]) -> None:
+        deliver: Callable[[Consumer, MessageView], Awaitable[None]] = self.channel.deliver
+        for view in views:
+            await deliver(self, view)  # after a stop, deliver returns each to the queue
