@@ -30,10 +30,15 @@ def add_port(add: Callable[[str], int], address: str) -> int:
 
 
 def listening_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
-    """A bound, listening, non-blocking TCP socket. An IPv6 host (``::`` included) gets a
-    dual-stack socket, as gRPC's own listeners do, so IPv4 clients reach it as well."""
+    """A bound, listening, non-blocking TCP socket whose connections have Nagle off. An IPv6
+    host (``::`` included) gets a dual-stack socket, as gRPC's own listeners do, so IPv4
+    clients reach it as well."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not 0: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose
+    # ``proto`` says TCP, and accepted sockets inherit it. Without it a reply written as two
+    # small segments (an AMQP confirm, then a delivery) waits for the peer's delayed ACK:
+    # 40 ms per message.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if reuse_port:

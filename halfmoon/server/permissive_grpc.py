@@ -95,7 +95,8 @@ class _Relay:
         if self.timer is not None:
             self.timer.cancel()
         loop = self.front.loop
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP so asyncio turns Nagle off on the relay (see listen.listening_socket).
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setblocking(False)
             # An explicit bind: the port is ours for the connection's life (see client_address).
