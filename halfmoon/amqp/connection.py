@@ -93,6 +93,8 @@ class AmqpConnection(asyncio.Protocol):
         # This connection's publishes stored and not yet durable (under sync flush, not yet
         # readable either): see writes_seen.
         self._unseen_writes: set[asyncio.Future[object]] = set()
+        # Frames written in one loop turn, sent together at its end (see write).
+        self._outgoing: list[bytes] = []
 
     @property
     def frame_max(self) -> int:
@@ -362,9 +364,26 @@ class AmqpConnection(asyncio.Protocol):
     # -- output and closing -------------------------------------------------------------
 
     def write(self, data: bytes) -> None:
+        """Queue ``data`` for the client; what one loop turn writes is sent at its end, in
+        one socket write (and under TLS one record).
+
+        RabbitMQ's writer does the same (it flushes when its mailbox is empty). Beside the
+        syscalls it saves, it keeps a publish's confirm and the delivery that publish caused,
+        which the consumer writes one turn later, in one segment: sent apart, a client that
+        loses the connection between them has its publish confirmed and never sees the
+        delivery (aiormq's test_connection_close_stairway waits for it forever)."""
         transport = self._transport
-        if transport is not None and not transport.is_closing():
-            transport.write(data)
+        if transport is None or transport.is_closing():
+            return
+        if not self._outgoing:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outgoing.append(data)
+
+    def _flush(self) -> None:
+        outgoing, self._outgoing = self._outgoing, []
+        transport = self._transport
+        if outgoing and transport is not None and not transport.is_closing():
+            transport.write(b"".join(outgoing) if len(outgoing) > 1 else outgoing[0])
             self._last_write = time.monotonic()
 
     def channel_closed(self, channel: Channel) -> None:
@@ -408,10 +427,12 @@ class AmqpConnection(asyncio.Protocol):
     def _close_transport(self) -> None:
         if self._closer is not None:
             self._closer.cancel()
+        self._flush()  # a closing transport still sends what it holds; ours first
         if self._transport is not None:
             self._transport.close()
 
     def _abort(self) -> None:
+        self._flush()  # what the socket takes at once still goes (the protocol header)
         if self._transport is not None:
             self._transport.abort()
 

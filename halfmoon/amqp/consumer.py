@@ -51,12 +51,35 @@ class Consumer:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
+        self._pass_waiters: list[asyncio.Future[None]] = []  # see next_pass
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def wake(self) -> None:
         self._wake.set()
+
+    def next_pass(self) -> asyncio.Future[None]:
+        """Done once this consumer has looked at its queue again and written what it found
+        there (or found it has no credit, or stopped).
+
+        A publish of this connection to this consumer's queue is confirmed after it
+        (:class:`~halfmoon.amqp.publisher.Publisher`), so the delivery goes out before the
+        confirm, the order RabbitMQ's queues give (a queue hands a message to its consumers,
+        then confirms it). aiormq's own tests rely on that order: one that loses the
+        connection after a confirm would wait forever for its delivery."""
+        waiter = asyncio.get_running_loop().create_future()
+        if self._stopped or self._task is None:
+            waiter.set_result(None)
+            return waiter
+        self._pass_waiters.append(waiter)
+        self._wake.set()
+        return waiter
+
+    def _passed(self, waiters: list[asyncio.Future[None]]) -> None:
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def stop(self) -> None:
         """Stop delivering, and return once nothing of this consumer is in flight.
@@ -96,12 +119,16 @@ class Consumer:
         arrivals = self.channel.server.arrivals
         stored = self.queue.stored
         unavailable = False  # the last receive found the queue's broker away
+        passing: list[asyncio.Future[None]] = []
         try:
             # The flag, not only the cancellation, ends the loop: a cancellation that meets a
             # wake-up in the same turn can be lost.
             while not self._stopped:
+                # The publishes waiting on this pass (next_pass) were stored before it began.
+                passing, self._pass_waiters = self._pass_waiters, []
                 credit = self.credit()
                 if credit <= 0 or self.channel.flow_paused:
+                    self._passed(passing)
                     self._wake.clear()
                     await self._wake.wait()
                     continue
@@ -113,6 +140,7 @@ class Consumer:
                     )
                     unavailable = False
                     if not views:
+                        self._passed(passing)
                         await self._park(next_due)
                         continue
                 except Unavailable as exc:
@@ -122,11 +150,13 @@ class Consumer:
                     if not unavailable:
                         log.info("event=amqp_consumer_waiting tag=%s reason=%s", self.tag, exc.code)
                     unavailable = True
+                    self._passed(passing)
                     await self._park(None)
                     continue
                 finally:
                     arrivals.unwatch(stored, self._wake)
                 await self._deliver_all(views)
+                self._passed(passing)
         except asyncio.CancelledError:
             raise
         except HalfmoonError as exc:
@@ -136,6 +166,9 @@ class Consumer:
         except Exception:
             log.exception("event=amqp_consumer_failed tag=%s", self.tag)
             self.channel.consumer_lost(self)
+        finally:
+            self._stopped = True  # a next_pass from now on is done at once
+            self._passed(passing + self._pass_waiters)
 
     async def _park(self, next_due: int | None) -> None:
         # next_due is epoch ms; the recheck bound covers it (deliveries are hidden 30 min).

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
@@ -28,6 +29,7 @@ from halfmoon.errors import HalfmoonError
 
 if TYPE_CHECKING:
     from halfmoon.amqp.channel import Channel
+    from halfmoon.amqp.topology import Queue
 
 log = logging.getLogger("halfmoon.amqp")
 
@@ -128,16 +130,41 @@ class Publisher:
                 queue,
                 self._channel.client_id,
             )
-        if durable is None:
-            if seq:
-                self._complete(seq, not refused)
+        if not seq:
             return
-        durable.add_done_callback(lambda f: self._durable(f, seq, bool(refused)))
+        if durable is None:
+            self._confirm_after_deliveries(seq, not refused, targets)
+            return
+        durable.add_done_callback(lambda f: self._durable(f, seq, bool(refused), targets))
 
-    def _durable(self, future: asyncio.Future[Any], seq: int, refused: bool = False) -> None:
+    def _durable(
+        self, future: asyncio.Future[Any], seq: int, refused: bool, targets: Sequence[Queue]
+    ) -> None:
         failed = refused or future.cancelled() or future.exception() is not None
-        if seq and self._channel.state.phase is Phase.OPEN:
-            self._complete(seq, not failed)
+        if self._channel.state.phase is Phase.OPEN:
+            self._confirm_after_deliveries(seq, not failed, targets)
+
+    def _confirm_after_deliveries(self, seq: int, ok: bool, targets: Sequence[Queue]) -> None:
+        """Confirm ``seq`` once this connection's consumers of ``targets`` have had their
+        pass over the stored (and now readable) message, so its delivery to them is written
+        before the confirm, as RabbitMQ orders them (see Consumer.next_pass). Consumers on
+        other connections are not waited for: between connections there is no order."""
+        stored = {q.stored for q in targets}
+        passes = [
+            consumer.next_pass()
+            for channel in list(self._channel.connection.channels.values())
+            for consumer in list(channel.consumers.values())
+            if consumer.queue.stored in stored
+        ]
+        if not ok or not passes:
+            self._complete(seq, ok)
+            return
+
+        def passed(_: asyncio.Future[Any]) -> None:
+            if self._channel.state.phase is Phase.OPEN:
+                self._complete(seq, ok)
+
+        asyncio.gather(*passes).add_done_callback(passed)
 
     def _complete(self, seq: int, ok: bool) -> None:
         """Confirm every publish up to the highest one completed in order, coalesced."""
