@@ -26,6 +26,10 @@ from types import ModuleType
 import pytest
 from hypothesis import HealthCheck, settings
 
+# Before any test module imports grpc: halfmoon's package root chooses grpc's fork handlers
+# (off), which grpc reads once, at its import; Spark's gateway launch forks beside channels.
+import halfmoon  # noqa: F401
+
 settings.register_profile(
     "halfmoon",
     deadline=None,

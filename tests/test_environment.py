@@ -9,9 +9,11 @@ from halfmoon import environment
 from halfmoon.config import load_config
 
 PACKAGE = Path(__file__).parent.parent / "halfmoon"
-# The registry itself; the tests' failpoints; and two modules that set other programs'
-# variables (Spark's Python, gRPC's C core verbosity) without reading any.
-MAY_TOUCH_OS_ENVIRON = {"environment.py", "failpoints.py", "spark/session.py", "logs.py"}
+# The registry itself; the tests' failpoints; and three modules that set other programs'
+# variables (Spark's Python, gRPC's C core verbosity and fork handlers) without reading any.
+MAY_TOUCH_OS_ENVIRON = {
+    "environment.py", "failpoints.py", "spark/session.py", "logs.py", "__init__.py",
+}  # fmt: skip
 
 
 def test_no_module_reads_the_environment_but_the_registry():
