@@ -90,8 +90,11 @@ def test_test_checks_types_after_ruff_and_before_pytest(repo: Path) -> None:
     run(repo, "test", "-q")
     calls = (repo / ".venv" / "calls.log").read_text().splitlines()
     tools = [c.split()[0] for c in calls if not c.startswith("pip ")]
-    assert tools == ["ruff", "ruff", "mypy", "python"]
+    assert tools == ["ruff", "ruff", "mypy", "python", "python"]
     assert "mypy " in calls  # no arguments: pyproject.toml says what and how strictly
+    # The tree's bytecode is written before pytest, whatever PYTHONDONTWRITEBYTECODE says.
+    assert calls[-2] == "python -m compileall -q -j 0 halfmoon tests bench examples"
+    assert calls[-1].startswith("python -m pytest ")
 
 
 def test_peer_installs_the_dev_extra_and_runs_the_peer_suites(repo: Path) -> None:
