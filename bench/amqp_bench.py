@@ -54,6 +54,7 @@ from bench.server_proc import HalfmoonServer
 RABBITMQ, HALFMOON = "RabbitMQ", "halfmoon"
 FLOOR, FLOOR_UVLOOP = "floor (asyncio)", "floor (uvloop)"
 SETTLE_S = 0.002
+SETTLE_WRITES_S = 1.0  # the server's background writes of a run land within this
 FANOUT_QUEUES = 10
 BODY = 1024
 
@@ -134,14 +135,18 @@ def measure_aiopika(system: System, args: argparse.Namespace) -> dict[str, Any]:
                 out[f"tx_{k}"] = await throughput(
                     lambda k=k, src=source: s.tx(src, k, args.seconds, args.tx_fill * k), per=2 * k
                 )
+            # Each reading of the log follows a settle, so each window holds its own run and
+            # its background writes (offsets, timers), not the scenario's before it.
+            await asyncio.sleep(SETTLE_WRITES_S)
             log_start = commit_log_end(system.data_dir) if system.data_dir else None
             if system.data_dir is not None:
                 # The same publishes to one queue: the bytes of the message's own record.
                 await s.fanout(1, args.fanout)
+                await asyncio.sleep(SETTLE_WRITES_S)
                 log_one = commit_log_end(system.data_dir)
             io_before = system.io()
             await s.fanout(FANOUT_QUEUES, args.fanout)
-            await asyncio.sleep(1.0)  # let the server's background writes of the run land
+            await asyncio.sleep(SETTLE_WRITES_S)
             io_after = system.io()
             out["fanout_10"] = {}
             if io_before is not None and io_after is not None:

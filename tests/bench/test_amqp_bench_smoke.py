@@ -21,7 +21,7 @@ def test_amqp_bench_measures_rabbitmq_the_floors_and_halfmoon_when_it_speaks_amq
     require_rabbitmq()
     stdout, report = run_bench(
         "bench.amqp_bench", "--seconds", "0.3", "--count", "10", "--consume", "200",
-        "--tx-fill", "10", "--fanout", "20",
+        "--tx-fill", "10", "--fanout", "100",
         json_path=tmp_path / "amqp.json", timeout=300,
     )  # fmt: skip
     assert "halfmoon ÷ RabbitMQ" in stdout
