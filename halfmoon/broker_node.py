@@ -205,34 +205,335 @@ def run_broker(
     proxies send over the gRPC stream). Its port is announced in the Hello answer and
     the etcd member record.
     """
-    # Checked before the directory is locked (or created): a refused listener touches nothing.
-    tls = PeerTls.from_config(config)
-    _refuse_exposed_listeners(config, tls, listen, send_listen)
-    lifecycle = Lifecycle(config.server.shutdown_grace, stop=stop, on_reload=tls.reload)
-    bound: list[str] = []
-    acknowledged: list[int] = [0]  # what it acknowledged as master before stepping down
-    rejoining = False
-    # Held across every life: between stepping down and rejoining, no other process may
-    # open the directory (DATA_DIR_LOCKED; see halfmoon.store.dirlock). The signals too: a
-    # stop requested while a life starts is served once it serves (it drains at once).
-    with holding_data_dir(config.store.data_dir, "halfmoon broker"), lifecycle.capture_signals():
-        while True:
-            status = _run_broker_once(
-                config, listen, cluster=cluster, coordinator=coordinator, register=register,
-                fake_clock_ms=fake_clock_ms, lifecycle=lifecycle, tls=tls, group=group,
-                group_advertise=group_advertise, bound_to=bound, send_listen=send_listen,
-                acknowledged=acknowledged, campaign=not rejoining,
+    node = BrokerNode(
+        config, cluster=cluster, coordinator=coordinator, register=register,
+        fake_clock_ms=fake_clock_ms, group=group, group_advertise=group_advertise,
+        send_listen=send_listen,
+    )  # fmt: skip
+    return node.run(listen, stop)
+
+
+class BrokerNode:
+    """The broker process: what stays the same across its lives (configuration, how it
+    registers, its group, its TLS) and the lives themselves, one at a time.
+
+    A life opens the store and the broker on it and serves until stopped, or until it
+    steps down as its group's master; then the next life starts on the same data
+    directory and port as a replica (:func:`run_broker`).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        cluster: str | None,
+        coordinator: str | None,
+        register: Registration | None,
+        fake_clock_ms: int | None,
+        group: GroupOptions | None,
+        group_advertise: str | None,
+        send_listen: str | None,
+    ) -> None:
+        if group is not None:
+            assert cluster is not None and coordinator is not None, "a group lives in a cluster"
+        self.config = config
+        self.cluster = cluster
+        self.coordinator = coordinator
+        self.register = register
+        self.fake_clock_ms = fake_clock_ms
+        self.group = group
+        self.group_advertise = group_advertise
+        self.send_listen = send_listen
+        self.tls = PeerTls.from_config(config)
+        self.name = group.group if group is not None else config.broker.name
+        self.address = ""  # host:port the internal protocol is bound to (the first life's)
+        self.acknowledged = 0  # what it acknowledged as master before stepping down
+
+    def run(self, listen: str, stop: threading.Event | None = None) -> int:
+        """Every life in turn; the exit status of the last."""
+        # Checked before the directory is locked (or created): a refused listener touches
+        # nothing.
+        _refuse_exposed_listeners(self.config, self.tls, listen, self.send_listen)
+        lifecycle = Lifecycle(
+            self.config.server.shutdown_grace, stop=stop, on_reload=self.tls.reload
+        )
+        rejoining = False
+        # Held across every life: between stepping down and rejoining, no other process may
+        # open the directory (DATA_DIR_LOCKED; see halfmoon.store.dirlock). The signals too: a
+        # stop requested while a life starts is served once it serves (it drains at once).
+        with (
+            holding_data_dir(self.config.store.data_dir, "halfmoon broker"),
+            lifecycle.capture_signals(),
+        ):
+            while True:
+                status = self._live(listen, lifecycle, campaign=not rejoining)
+                if status is not None:
+                    return status
+                listen = self.address  # the same port again (a listen port 0 would pick another)
+                rejoining = True
+                # Closed, it joins the group again and follows the new master, cutting what it
+                # wrote past the new master's log first (a deposed master's unacknowledged tail).
+                log.info(
+                    "event=rejoining_as_replica group=%s acknowledged=%d",
+                    self.group.group if self.group else None, self.acknowledged,
+                )  # fmt: skip
+
+    def _live(self, listen: str, lifecycle: Lifecycle, *, campaign: bool) -> int | None:
+        """One life: its exit status, or None when it stepped down as its group's master and
+        must rejoin as a replica."""
+        config = self.config
+        configure_logging(config.log)
+        started = time.monotonic()
+        host, port = parse_host_port(listen, what="internal listen address")
+        executor = ThreadPoolExecutor(
+            config.server.worker_threads, thread_name_prefix="halfmoon-internal"
+        )
+        life = _Life(executor, _internal_server(executor), lifecycle.stopping)
+        try:
+            # Bound before anything else: a taken port fails before the store is opened, and
+            # a group member campaigns with the endpoint it serves.
+            bound = self.tls.internal.add_port(life.server, format_address(host, port))
+            self.address = format_address(host, bound)
+            life.store = MessageStore(config.store)
+            if self.group is not None:
+                self._join_group(life, campaign, started)
+            if life.master():
+                self._open_broker(life, host)
+        except BaseException:
+            life.close(lifecycle, grace_s=0)
+            raise
+        if not life.master():  # a replica, stopped before any controller appointed it
+            lifecycle.shutdown_begins(0)
+            life.close(lifecycle, grace_s=0)
+            log.info("event=stopped")
+            return 0
+        rejoin = False
+        try:
+            self._start_serving(life, started)
+            rejoin = self._serve(life, lifecycle.stopping)
+            lifecycle.shutdown_begins(0 if rejoin else None, " rejoin=true" if rejoin else "")
+        finally:
+            life.close(lifecycle, grace_s=0 if rejoin else lifecycle.grace_s, fenced=rejoin)
+            log.info("event=stopped")
+        return None if rejoin and not lifecycle.stopping.is_set() else 0
+
+    def _join_group(self, life: _Life, campaign: bool, started: float) -> None:
+        """Take this member's role in its group; as a replica, serve replication until
+        stopped or appointed master (:meth:`_Life.master` tells which)."""
+        assert self.group is not None and self.cluster is not None
+        assert self.coordinator is not None and life.store is not None
+        metadata_dir = Path(self.config.store.data_dir) / METADATA_DIR_NAME
+        role = life.role = GroupRole.decide(
+            life.store, self.group, cluster=self.cluster, coordinator=self.coordinator,
+            endpoint=advertised_address(self.address, self.group_advertise),
+            acknowledged=self.acknowledged, campaign=campaign,
+            on_truncate=lambda _cut: forget_log_progress(metadata_dir), tls=self.tls,
+        )  # fmt: skip
+        life.server.add_generic_rpc_handlers([role.handler(), role.reads.handler()])
+        # Any member may act as the cluster's controller (one at a time, etcd decides).
+        member = role.member  # its lease changes when a deposed master rejoins
+        life.controller = Controller(
+            self.coordinator, self.cluster, name=f"{self.group.group}/{self.group.member}",
+            lease=lambda: member.lease, unclean=self.group.unclean_election, tls=self.tls,
+        )  # fmt: skip
+        life.controller.start()
+        if not role.is_master:
+            life.promoted = self._serve_replica(life, started)
+            if life.promoted:
+                role.promote()  # appointed by a controller: the broker opens on it next
+
+    def _serve_replica(self, life: _Life, started: float) -> bool:
+        """A replica: the replication service only, until stopped (False: the life closes)
+        or appointed master by a controller (True: everything stays running for the
+        master)."""
+        role, config = life.role, self.config
+        assert role is not None
+        life.server.start()
+        freeze_startup_heap(config.server.gc_freeze)
+        log.info(
+            "halfmoon broker ready name=%s member=%s role=replica internal=%s data=%s "
+            "startup_ms=%d",
+            role.options.group, role.options.member, self.address, config.store.data_dir,
+            (time.monotonic() - started) * 1000,
+        )  # fmt: skip
+        while not life.stopping.is_set():
+            if role.promoted.wait(0.2):
+                break
+        if life.stopping.is_set():
+            return False
+        log.info("event=replica_promoted group=%s", role.options.group)
+        return True
+
+    def _open_broker(self, life: _Life, host: str) -> None:
+        """The broker on the store (or on the role's view of it), what decides transaction
+        groups and releases dead proxies' deliveries in a cluster, the internal service and
+        the send listener."""
+        config, store, role = self.config, life.store, life.role
+        assert store is not None
+        clock: Clock = (
+            FakeClock(self.fake_clock_ms) if self.fake_clock_ms is not None else SystemClock()
+        )
+        broker = life.broker = InProcessBroker(
+            role.broker_store() if role is not None else store,
+            Path(config.store.data_dir) / METADATA_DIR_NAME,
+            config.broker,
+            clock,
+            transaction_config=config.transaction,
+            # Acks and offsets are as durable as sends, and move with the log to replicas.
+            journal_offsets=True,
+            admit_send=role.leader.admit if role is not None and role.leader else None,
+        )
+        if self.cluster is not None and self.coordinator is not None:
+            etcd = parse_coordinator(self.coordinator)
+            # Transaction groups are decided across brokers (txn_groups.py).
+            life.groups = GroupCoordination(
+                broker, self.name, self.cluster, etcd,
+                record_retention_ms=config.transaction.group_record_retention_ms,
+                tls=self.tls.internal, etcd_tls=self.tls.etcd,
             )  # fmt: skip
-            if status is not None:
-                return status
-            listen = bound[0]  # the same port again (a listen port 0 would pick another)
-            rejoining = True
-            # Closed, it joins the group again and follows the new master, cutting what it
-            # wrote past the new master's log first (a deposed master's unacknowledged tail).
-            log.info(
-                "event=rejoining_as_replica group=%s acknowledged=%d",
-                group.group if group else None, acknowledged[0],
+            # A proxy worker's AMQP deliveries go back to their queue when it ends.
+            life.holders = HolderLeases(broker, etcd, tls=self.tls.etcd)
+        service = life.service = InternalService(
+            broker,
+            self.name,
+            clock if isinstance(clock, FakeClock) else None,
+            life.groups.operations() if life.groups is not None else None,
+            fence=role.check_epoch if role is not None else None,
+        )
+        life.server.add_generic_rpc_handlers([service.handler()])
+        send_address = _send_address(self.send_listen, host)
+        if send_address is not None:
+            life.listener = SendListener(service, *send_address, tls=self.tls.internal)
+            service.send_port = life.listener.start()
+        life.tick = TickThread(broker, config.server.tick_interval)
+
+    def _start_serving(self, life: _Life, started: float) -> None:
+        """Listening, announced and registered; the ready line."""
+        assert life.service is not None and life.tick is not None
+        role, group, config = life.role, self.group, self.config
+        if not life.promoted:
+            life.server.start()
+        if role is not None:
+            # Serving now (the service registered, the port listening): tell proxies. A
+            # master that is no longer one by now steps down (the serve loop rejoins).
+            role.announce()
+        if self.fake_clock_ms is None:
+            life.tick.start()
+        if self.register is not None and role is None:
+            life.deregister = self.register(
+                BrokerEndpoint(
+                    self.name, self.address, self.cluster, self.coordinator,
+                    life.service.send_port, self.tls.etcd,
+                )
             )  # fmt: skip
+        freeze_startup_heap(config.server.gc_freeze)
+        log.info(
+            "halfmoon broker ready name=%s%s internal=%s%s data=%s startup_ms=%d",
+            self.name,
+            f" member={group.member} role=master epoch={role.epoch}" if role and group else "",
+            self.address,
+            f" send_port={life.service.send_port}" if life.service.send_port else "",
+            config.store.data_dir,
+            (time.monotonic() - started) * 1000,
+        )
+        if life.groups is not None:  # after the ready line: its recovery may find work at once
+            life.groups.start()
+        if life.holders is not None:
+            life.holders.start()
+
+    def _serve(self, life: _Life, stop: threading.Event) -> bool:
+        """Until stopped (False) or deposed as the group's master (True: rejoin)."""
+        role = life.role
+        while not stop.wait(0.05 if role is not None else 1.0):
+            if role is not None and role.demoted.is_set():
+                if role.leader is not None:
+                    self.acknowledged = role.leader.acknowledged_end
+                return True
+        return False
+
+
+def _internal_server(executor: ThreadPoolExecutor) -> grpc.Server:
+    return grpc.server(
+        executor,
+        maximum_concurrent_rpcs=MAX_CONCURRENT_CALLS,
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+        ],
+    )
+
+
+@dataclass
+class _Life:
+    """What one life of the broker holds (None until made), closed in one order whether the
+    life ended or failed to start."""
+
+    executor: ThreadPoolExecutor
+    server: grpc.Server
+    stopping: threading.Event  # the process's: set when a stop is requested
+    store: MessageStore | None = None
+    role: GroupRole | None = None
+    controller: Controller | None = None
+    promoted: bool = False  # a replica appointed master: its server is already started
+    broker: InProcessBroker | None = None
+    groups: GroupCoordination | None = None
+    holders: HolderLeases | None = None
+    service: InternalService | None = None
+    listener: SendListener | None = None
+    tick: TickThread | None = None
+    deregister: Callable[[], None] | None = None
+
+    def master(self) -> bool:
+        """Whether this life goes on to serve the broker: not a group member, its master, or
+        a replica appointed master (a replica stopped while waiting does not)."""
+        return self.role is None or self.role.is_master or self.promoted
+
+    def close(self, lifecycle: Lifecycle, *, grace_s: float, fenced: bool = False) -> None:
+        """Leave the cluster, stop serving (in-flight calls get ``grace_s`` to finish, then
+        are cancelled and counted), then close the broker and the store.
+
+        ``fenced``: the life stepped down as master. Its store must end where the new
+        master's epoch began, so what closing would append (traces, an offsets record) is
+        refused, and the files beside the log are left as after a crash (recovery's case
+        on reopen).
+        """
+        try:
+            if self.deregister is not None:
+                with contextlib.suppress(Exception):
+                    self.deregister()
+            for part in (self.controller, self.role, self.groups, self.holders):
+                if part is not None:
+                    part.close()
+            if self.service is not None:
+                service = self.service
+                service.close()
+                # gRPC's own grace is a backstop past the drain's deadline: the drain cancels
+                # what is left itself, so that it can say how much.
+                stopped = self.server.stop(2 * grace_s + 1)
+                lifecycle.drain(
+                    stopped.wait, lambda: len(service.calls), lambda: self.server.stop(0).wait(),
+                    grace_s=grace_s,
+                )  # fmt: skip
+            else:
+                self.server.stop(0).wait()
+            if self.listener is not None:  # after the drain: its requests were answered too
+                self.listener.close()
+            if self.tick is not None and self.tick.is_alive():
+                self.tick.stop()
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            if self.broker is not None:
+                try:
+                    self.broker.close()
+                except HalfmoonError as error:
+                    if not fenced:
+                        raise
+                    log.info("event=close_after_handover skipped=%s", error.code)
+        finally:
+            if self.store is not None:
+                self.store.close()
 
 
 def _refuse_exposed_listeners(
@@ -255,280 +556,3 @@ def _refuse_exposed_listeners(
             "anyone who reaches it could read and write every queue. Set [internal] ca, cert "
             "and key (docs/security.md), or pass --insecure to accept that"
         )
-
-
-def _run_broker_once(
-    config: Config,
-    listen: str,
-    *,
-    cluster: str | None,
-    coordinator: str | None,
-    register: Registration | None,
-    fake_clock_ms: int | None,
-    lifecycle: Lifecycle,
-    tls: PeerTls,
-    group: GroupOptions | None,
-    group_advertise: str | None,
-    bound_to: list[str],
-    acknowledged: list[int],
-    campaign: bool,
-    send_listen: str | None,
-) -> int | None:
-    """One life of the broker: its exit status, or None when it stepped down as its group's
-    master and must rejoin as a replica."""
-    configure_logging(config.log)
-    started = time.monotonic()
-    host, port = parse_host_port(listen, what="internal listen address")
-    send_address = _send_address(send_listen, host)
-    stop = lifecycle.stopping
-    clock: Clock = FakeClock(fake_clock_ms) if fake_clock_ms is not None else SystemClock()
-    executor = ThreadPoolExecutor(
-        config.server.worker_threads, thread_name_prefix="halfmoon-internal"
-    )
-    server = grpc.server(
-        executor,
-        maximum_concurrent_rpcs=MAX_CONCURRENT_CALLS,
-        options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.so_reuseport", 0),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-        ],
-    )
-    try:
-        # Bound before anything else: a taken port fails before the store is opened, and a
-        # group member campaigns with the endpoint it serves.
-        bound = tls.internal.add_port(server, format_address(host, port))  # OSError if taken
-        store = MessageStore(config.store)
-    except BaseException:
-        server.stop(0)
-        executor.shutdown(wait=False, cancel_futures=True)
-        raise
-    address = format_address(host, bound)
-    bound_to[:] = [address]
-    role: GroupRole | None = None
-    controller: Controller | None = None
-    promoted = False  # a replica appointed master: the server is already started
-    try:
-        if group is not None:
-            assert cluster is not None and coordinator is not None
-            metadata_dir = Path(config.store.data_dir) / METADATA_DIR_NAME
-            role = GroupRole.decide(
-                store, group, cluster=cluster, coordinator=coordinator,
-                endpoint=advertised_address(address, group_advertise),
-                acknowledged=acknowledged[0], campaign=campaign,
-                on_truncate=lambda _cut: forget_log_progress(metadata_dir), tls=tls,
-            )  # fmt: skip
-            server.add_generic_rpc_handlers([role.handler(), role.reads.handler()])
-            # Any member may act as the cluster's controller (one at a time, etcd decides).
-            member = role.member  # its lease changes when a deposed master rejoins
-            controller = Controller(
-                coordinator, cluster, name=f"{group.group}/{group.member}",
-                lease=lambda: member.lease, unclean=group.unclean_election, tls=tls,
-            )  # fmt: skip
-            controller.start()
-            if not role.is_master:
-                if not _serve_replica(
-                    config, server, executor, store, role, address, started, lifecycle
-                ):
-                    controller.close()
-                    return 0
-                role.promote()  # appointed by a controller: open the broker below
-                promoted = True
-    except BaseException:
-        if controller is not None:
-            controller.close()
-        server.stop(0)
-        executor.shutdown(wait=False, cancel_futures=True)
-        if role is not None:
-            role.close()
-        store.close()
-        raise
-    name = group.group if group is not None else config.broker.name
-    try:
-        broker = InProcessBroker(
-            role.broker_store() if role is not None else store,
-            Path(config.store.data_dir) / METADATA_DIR_NAME,
-            config.broker,
-            clock,
-            transaction_config=config.transaction,
-            # Acks and offsets are as durable as sends, and move with the log to replicas.
-            journal_offsets=True,
-            admit_send=role.leader.admit if role is not None and role.leader else None,
-        )
-    except BaseException:
-        server.stop(0)
-        if controller is not None:
-            controller.close()
-        if role is not None:
-            role.close()
-        store.close()
-        raise
-    # In a cluster, transaction groups are decided across brokers (txn_groups.py).
-    groups = (
-        GroupCoordination(
-            broker,
-            name,
-            cluster,
-            parse_coordinator(coordinator),
-            record_retention_ms=config.transaction.group_record_retention_ms,
-            tls=tls.internal,
-            etcd_tls=tls.etcd,
-        )
-        if cluster is not None and coordinator is not None
-        else None
-    )
-    # In a cluster, a proxy worker's AMQP deliveries go back to their queue when it ends.
-    holders = (
-        HolderLeases(broker, parse_coordinator(coordinator), tls=tls.etcd)
-        if cluster is not None and coordinator is not None
-        else None
-    )
-    service = InternalService(
-        broker,
-        name,
-        clock if isinstance(clock, FakeClock) else None,
-        groups.operations() if groups is not None else None,
-        fence=role.check_epoch if role is not None else None,
-    )
-    server.add_generic_rpc_handlers([service.handler()])
-    listener: SendListener | None = None
-    if send_address is not None:
-        listener = SendListener(service, *send_address, tls=tls.internal)
-        try:
-            service.send_port = listener.start()
-        except BaseException:
-            listener.close()
-            server.stop(0)
-            if controller is not None:
-                controller.close()
-            if role is not None:
-                role.close()
-            broker.close()
-            store.close()
-            raise
-    tick = TickThread(broker, config.server.tick_interval)
-    deregister: Callable[[], None] | None = None
-    rejoin = False
-    try:
-        if not promoted:
-            server.start()
-        if role is not None:
-            # Serving now (the service registered, the port listening): tell proxies. A
-            # master that is no longer one by now steps down (the loop below rejoins).
-            role.announce()
-        if fake_clock_ms is None:
-            tick.start()
-        if register is not None and role is None:
-            deregister = register(
-                BrokerEndpoint(name, address, cluster, coordinator, service.send_port, tls.etcd)
-            )
-        freeze_startup_heap(config.server.gc_freeze)
-        log.info(
-            "halfmoon broker ready name=%s%s internal=%s%s data=%s startup_ms=%d",
-            name,
-            f" member={group.member} role=master epoch={role.epoch}" if role and group else "",
-            address,
-            f" send_port={service.send_port}" if service.send_port else "",
-            config.store.data_dir,
-            (time.monotonic() - started) * 1000,
-        )
-        if groups is not None:  # after the ready line: its recovery may find work at once
-            groups.start()
-        if holders is not None:
-            holders.start()
-        while not stop.wait(0.05 if role is not None else 1.0):
-            if role is not None and role.demoted.is_set():
-                rejoin = True
-                if role.leader is not None:
-                    acknowledged[0] = role.leader.acknowledged_end
-                break
-        lifecycle.shutdown_begins(0 if rejoin else None, " rejoin=true" if rejoin else "")
-    finally:
-        try:
-            if deregister is not None:
-                with contextlib.suppress(Exception):
-                    deregister()
-            if controller is not None:
-                controller.close()
-            if role is not None:
-                role.close()
-            if groups is not None:
-                groups.close()
-            if holders is not None:
-                holders.close()
-            service.close()
-            grace = 0 if rejoin else lifecycle.grace_s
-            # gRPC's own grace is a backstop past the drain's deadline: the drain cancels
-            # what is left itself, so that it can say how much.
-            stopped = server.stop(2 * grace + 1)
-            lifecycle.drain(
-                stopped.wait, lambda: len(service.calls), lambda: server.stop(0).wait(),
-                grace_s=grace,
-            )  # fmt: skip
-            if listener is not None:  # after the drain above: its requests were answered too
-                listener.close()
-            if tick.is_alive():
-                tick.stop()
-            executor.shutdown(wait=False, cancel_futures=True)
-            if rejoin:
-                # Its store is fenced: the log must end where the new master's epoch began,
-                # so what closing would append (traces, an offsets record) is refused, and the
-                # files beside the log are left as after a crash (recovery's case on reopen).
-                try:
-                    broker.close()
-                except HalfmoonError as error:
-                    log.info("event=close_after_handover skipped=%s", error.code)
-            else:
-                broker.close()
-        finally:
-            store.close()
-            log.info("event=stopped")
-    return None if rejoin and not stop.is_set() else 0
-
-
-def _serve_replica(
-    config: Config,
-    server: grpc.Server,
-    executor: ThreadPoolExecutor,
-    store: MessageStore,
-    role: GroupRole,
-    address: str,
-    started: float,
-    lifecycle: Lifecycle,
-) -> bool:
-    """A replica: the replication service only, until stopped (then leave and close: False)
-    or appointed master by a controller (True: everything left running for the master)."""
-    stop = lifecycle.stopping
-    promoted = False
-    try:
-        server.start()
-        freeze_startup_heap(config.server.gc_freeze)
-        log.info(
-            "halfmoon broker ready name=%s member=%s role=replica internal=%s data=%s "
-            "startup_ms=%d",
-            role.options.group,
-            role.options.member,
-            address,
-            config.store.data_dir,
-            (time.monotonic() - started) * 1000,
-        )
-        while not stop.is_set():
-            if role.promoted.wait(0.2):
-                promoted = not stop.is_set()
-                break
-        if promoted:
-            log.info("event=replica_promoted group=%s", role.options.group)
-        else:
-            lifecycle.shutdown_begins(0)
-    finally:
-        if not promoted:  # promoted, nothing closes: the process goes on as master
-            try:
-                role.close()
-                server.stop(0).wait()
-                executor.shutdown(wait=False, cancel_futures=True)
-            finally:
-                store.close()
-                log.info("event=stopped")
-    return promoted
