@@ -52,12 +52,19 @@ class Consumer:
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._pass_waiters: list[asyncio.Future[None]] = []  # see next_pass
+        self._awaiting_credit = False  # parked with no credit: a settle wakes it
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def wake(self) -> None:
         self._wake.set()
+
+    def credit_freed(self) -> None:
+        """A settle on its channel: wake it only if it is waiting for credit (one with
+        credit already is woken by arrivals; a wake-up would cost it an empty receive)."""
+        if self._awaiting_credit:
+            self._wake.set()
 
     def next_pass(self) -> asyncio.Future[None]:
         """Done once this consumer has looked at its queue again and written what it found
@@ -130,33 +137,46 @@ class Consumer:
                 if credit <= 0 or self.channel.flow_paused:
                     self._passed(passing)
                     self._wake.clear()
-                    await self._wake.wait()
+                    self._awaiting_credit = True
+                    try:
+                        await self._wake.wait()
+                    finally:
+                        self._awaiting_credit = False
                     continue
                 self._wake.clear()
+                # Watched from before the receive until the next one: an arrival while the
+                # receive or the deliveries run sets the flag, and the loop reads again.
                 arrivals.watch(stored, self._wake)
                 try:
-                    views, next_due = await self.channel.server.queues.receive(
-                        stored, credit, self.channel.client_id
-                    )
-                    unavailable = False
+                    try:
+                        views, next_due = await self.channel.server.queues.receive(
+                            stored, credit, self.channel.client_id
+                        )
+                        unavailable = False
+                    except Unavailable as exc:
+                        # The queue's broker is down or restarting (through a cluster proxy):
+                        # the consumer, its channel and its deliveries wait for it, as quorum
+                        # queues' consumers outlive a leader's change.
+                        if not unavailable:
+                            log.info(
+                                "event=amqp_consumer_waiting tag=%s reason=%s", self.tag, exc.code
+                            )
+                        unavailable = True
+                        self._passed(passing)
+                        await self._park(None)
+                        continue
                     if not views:
                         self._passed(passing)
                         await self._park(next_due)
                         continue
-                except Unavailable as exc:
-                    # The queue's broker is down or restarting (through a cluster proxy): the
-                    # consumer, its channel and its deliveries wait for it, as quorum queues'
-                    # consumers outlive a leader's change.
-                    if not unavailable:
-                        log.info("event=amqp_consumer_waiting tag=%s reason=%s", self.tag, exc.code)
-                    unavailable = True
+                    await self._deliver_all(views)
                     self._passed(passing)
-                    await self._park(None)
-                    continue
+                    if len(views) < credit and not self._wake.is_set():
+                        # The queue held no more when it was read, and nothing arrived or
+                        # asked for a pass since: reading it again now would find nothing.
+                        await self._park(None)
                 finally:
                     arrivals.unwatch(stored, self._wake)
-                await self._deliver_all(views)
-                self._passed(passing)
         except asyncio.CancelledError:
             raise
         except HalfmoonError as exc:

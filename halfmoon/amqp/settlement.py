@@ -78,7 +78,8 @@ class Settlement:
         for d in deliveries:
             if self.unacked.pop(d.tag, None) is not None and d.consumer is not None:
                 d.consumer.unacked -= 1
-        self._channel.wake_consumers()
+        for consumer in self._channel.consumers.values():
+            consumer.credit_freed()
 
     async def settle(self, deliveries: list[Delivery], requeue: bool | None) -> None:
         """Ack (``requeue`` None), requeue (True) or reject (False: dead-lettered when its
