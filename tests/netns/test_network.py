@@ -140,8 +140,12 @@ def test_leftovers_of_a_killed_run_are_removed(network_available: None) -> None:
     )
     assert run_.stdout is not None
     namespace, bridge, table = run_.stdout.readline().split()
-    sleepers = run("ip", "netns", "pids", namespace).stdout.split()
-    assert sleepers
+    # The sleep is started, not yet in the namespace: `ip netns pids` lists it once
+    # `ip netns exec` has joined it and exec'd (as in the test above).
+    deadline = time.monotonic() + 30
+    while not (sleepers := run("ip", "netns", "pids", namespace).stdout.split()):
+        assert time.monotonic() < deadline, "sleep never entered the namespace"
+        time.sleep(0.01)
     run_.kill()  # no cleanup of any kind
     run_.wait(timeout=10)
     removed = remove_leftovers()
