@@ -32,6 +32,7 @@ unchanged against a broker process.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import shutil
 import socket
@@ -59,7 +60,7 @@ from halfmoon.cluster.internal.internal_service import InternalService
 from halfmoon.cluster.internal.peer_tls import PeerTls
 from halfmoon.cluster.internal.send.listener import SendListener
 from halfmoon.cluster.internal.txn_groups import GroupCoordination
-from halfmoon.config import Config, parse_host_port
+from halfmoon.config import Config, parse_host_port, replication_defaults
 from halfmoon.config.cluster import DEFAULT_TTL_S
 from halfmoon.errors import HalfmoonError
 from halfmoon.gc_tuning import freeze_startup_heap
@@ -67,6 +68,7 @@ from halfmoon.lifecycle import Lifecycle
 from halfmoon.logs import configure_logging
 from halfmoon.replication.controller import Controller
 from halfmoon.replication.group_broker import GroupOptions, GroupRole
+from halfmoon.replication.leader import ReplicationSettings
 from halfmoon.server.app import METADATA_DIR_NAME, TickThread
 from halfmoon.server.edge_security import is_loopback
 from halfmoon.store.dirlock import holding_data_dir
@@ -215,12 +217,8 @@ def run_broker(
 
 class BrokerNode:
     """The broker process: what stays the same across its lives (configuration, how it
-    registers, its group, its TLS) and the lives themselves, one at a time.
-
-    A life opens the store and the broker on it and serves until stopped, or until it
-    steps down as its group's master; then the next life starts on the same data
-    directory and port as a replica (:func:`run_broker`).
-    """
+    registers, its group, its TLS) and the lives themselves, one at a time (a master that
+    steps down starts over as a replica: :func:`run_broker`)."""
 
     def __init__(
         self,
@@ -248,6 +246,49 @@ class BrokerNode:
         self.name = group.group if group is not None else config.broker.name
         self.address = ""  # host:port the internal protocol is bound to (the first life's)
         self.acknowledged = 0  # what it acknowledged as master before stepping down
+
+    @classmethod
+    def from_config(cls, config: Config, *, fake_clock_ms: int | None = None) -> BrokerNode:
+        """The broker ``halfmoon broker`` runs: unregistered, registered in the configured
+        cluster's etcd under a lease, or a member of the configured broker group (which
+        registers and campaigns there itself)."""
+        cluster, replication = config.cluster, config.replication
+        data_dir = Path(config.store.data_dir)
+        facts = {"data_dir": str(data_dir.resolve())}
+        facts_source = functools.partial(disk_facts, data_dir)
+        group = None
+        if replication.group is not None:
+            group = GroupOptions(
+                replication.group,
+                config.broker.name,
+                ReplicationSettings(
+                    replication.mode,
+                    replication.min_insync_replicas,
+                    replication.replica_max_lag_ms,
+                    replication.replica_max_lag_bytes,
+                    replica_reads=replication.replica_reads,
+                ),
+                ttl_s=cluster.lease_ttl_s or replication_defaults.LEASE_TTL_S,
+                facts=dict(facts),
+                facts_source=facts_source,
+                unclean_election=replication.unclean_election,
+            )
+        register = (
+            functools.partial(
+                register_in_etcd,
+                ttl_s=cluster.lease_ttl_s or DEFAULT_TTL_S,
+                facts=dict(facts),
+                facts_source=facts_source,
+                advertise_host=cluster.broker_advertise_host,
+            )
+            if cluster.name is not None
+            else None
+        )
+        return cls(
+            config, cluster=cluster.name, coordinator=cluster.coordinator, register=register,
+            fake_clock_ms=fake_clock_ms, group=group,
+            group_advertise=cluster.broker_advertise_host, send_listen=cluster.broker_send_listen,
+        )  # fmt: skip
 
     def run(self, listen: str, stop: threading.Event | None = None) -> int:
         """Every life in turn; the exit status of the last."""

@@ -7,8 +7,6 @@ variables, flags, ``--set``) and checked in full before anything starts.
 from __future__ import annotations
 
 import argparse
-import functools
-from pathlib import Path
 
 from halfmoon import environment
 from halfmoon.cli.admin_client import CliError
@@ -236,55 +234,17 @@ def run_broker_command(args: argparse.Namespace) -> int:
     if args.print_config:
         return print_config(config)
     quiet_native_logs(config.log)
-    # Here: see build_broker_config.
-    from halfmoon.broker_node import disk_facts, register_in_etcd, run_broker
-    from halfmoon.replication.group_broker import GroupOptions
-    from halfmoon.replication.leader import ReplicationSettings
-
-    replication = config.replication
-    lease_ttl_s = config.cluster.lease_ttl_s
-    group = None
     if group_name is not None:
         try:
             check_name("broker", config.broker.name)
         except HalfmoonError as exc:
             raise UsageError(exc.message, exc.code) from None
-        group = GroupOptions(
-            group_name,
-            config.broker.name,
-            ReplicationSettings(
-                replication.mode,
-                replication.min_insync_replicas,
-                replication.replica_max_lag_ms,
-                replication.replica_max_lag_bytes,
-                replica_reads=replication.replica_reads,
-            ),
-            ttl_s=lease_ttl_s or replication_defaults.LEASE_TTL_S,
-            facts={"data_dir": str(Path(config.store.data_dir).resolve())},
-            facts_source=functools.partial(disk_facts, Path(config.store.data_dir)),
-            unclean_election=replication.unclean_election,
-        )
+    # Here: see build_broker_config.
+    from halfmoon.broker_node import BrokerNode
 
     try:
-        return run_broker(
-            config,
-            config.cluster.broker_listen,
-            cluster=cluster,
-            coordinator=coordinator,
-            register=functools.partial(
-                register_in_etcd,
-                ttl_s=lease_ttl_s or DEFAULT_TTL_S,
-                facts={"data_dir": str(Path(config.store.data_dir).resolve())},
-                facts_source=functools.partial(disk_facts, Path(config.store.data_dir)),
-                advertise_host=config.cluster.broker_advertise_host,
-            )
-            if cluster is not None
-            else None,
-            fake_clock_ms=args.fake_clock_ms,
-            group=group,
-            group_advertise=config.cluster.broker_advertise_host,
-            send_listen=config.cluster.broker_send_listen,
-        )
+        node = BrokerNode.from_config(config, fake_clock_ms=args.fake_clock_ms)
+        return node.run(config.cluster.broker_listen)
     except HalfmoonError as exc:
         raise CliError.of(exc) from None
     except OSError as exc:

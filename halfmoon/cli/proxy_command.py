@@ -8,8 +8,6 @@ Configuration as for ``serve`` (file, ``HALFMOON_*`` variables, flags,
 from __future__ import annotations
 
 import argparse
-import re
-import socket
 
 from halfmoon.cli.admin_client import CliError
 from halfmoon.cli.parser import UsageError, add_command
@@ -21,7 +19,6 @@ from halfmoon.cli.serve_command import (
 )
 from halfmoon.cluster.coordination.etcd_json import parse_coordinator
 from halfmoon.cluster.coordination.keys import check_name
-from halfmoon.config import parse_host_port
 from halfmoon.config.cluster import DEFAULT_TTL_S
 from halfmoon.errors import HalfmoonError
 from halfmoon.logs import quiet_native_logs
@@ -154,15 +151,7 @@ def run_proxy_command(args: argparse.Namespace) -> int:
     try:
         if cluster is None or coordinator is None:
             return run_proxy(config, config.cluster.proxy_broker)
-        host, port = parse_host_port(config.server.listen, what="listen address")
-        advertised = config.server.advertise_host or (
-            host if host not in ("0.0.0.0", "::", "") else socket.getfqdn()
-        )
-        name = config.cluster.proxy_name or re.sub(r"[^A-Za-z0-9_.-]", "-", f"{advertised}-{port}")
-        check_name("proxy", name)
-        identity = ProxyIdentity(
-            coordinator, cluster, name, f"{advertised}:{port}", config.cluster.proxy_lease_ttl_s()
-        )
+        identity = ProxyIdentity.from_config(config)
         return run_cluster_proxy(
             config, identity, workers, worker=args.worker, ready_fd=args.ready_fd
         )

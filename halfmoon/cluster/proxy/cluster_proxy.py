@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -35,6 +36,7 @@ from halfmoon.cluster.coordination.auth_store import EtcdAuthStore, cluster_guar
 from halfmoon.cluster.coordination.etcd import EtcdClient
 from halfmoon.cluster.coordination.etcd_json import parse_coordinator
 from halfmoon.cluster.coordination.etcd_tls import EtcdTls
+from halfmoon.cluster.coordination.keys import check_name
 from halfmoon.cluster.coordination.members import read_members
 from halfmoon.cluster.coordination.membership import Membership
 from halfmoon.cluster.coordination.metadata import ClusterMetadata
@@ -77,6 +79,24 @@ class ProxyIdentity:
     name: str
     endpoint: str  # what clients dial: the advertised host and the listening port
     ttl_s: int
+
+    @classmethod
+    def from_config(cls, config: Config) -> ProxyIdentity:
+        """Who a cluster proxy is: its endpoint (the advertised host, else the listen host,
+        else this machine's name when that is a wildcard, with the listening port) and its
+        name (``cluster.proxy_name``, else made of the endpoint); BAD_NAME for a name etcd
+        keys cannot hold."""
+        assert config.cluster.coordinator is not None and config.cluster.name is not None
+        host, port = parse_host_port(config.server.listen, what="listen address")
+        advertised = config.server.advertise_host or (
+            host if host not in ("0.0.0.0", "::", "") else socket.getfqdn()
+        )
+        name = config.cluster.proxy_name or re.sub(r"[^A-Za-z0-9_.-]", "-", f"{advertised}-{port}")
+        check_name("proxy", name)
+        return cls(
+            config.cluster.coordinator, config.cluster.name, name, f"{advertised}:{port}",
+            config.cluster.proxy_lease_ttl_s(),
+        )  # fmt: skip
 
 
 class ProxyMembers:
