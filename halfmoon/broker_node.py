@@ -17,7 +17,7 @@ Lifecycle (as ``halfmoon serve``'s):
   A second request skips the wait (:mod:`halfmoon.lifecycle`, as ``serve``
   and ``proxy``).
 
-Registration is a hook: :func:`run_broker` takes a ``register`` callable,
+Registration is a hook: :class:`BrokerNode` takes a ``register`` callable,
 given the :class:`BrokerEndpoint` once the port is bound, returning the
 callable that deregisters it. ``halfmoon broker --cluster --coordinator``
 passes :func:`register_in_etcd` (a broker member under an etcd lease, kept
@@ -175,20 +175,9 @@ def forget_log_progress(metadata_dir: Path) -> None:
     fsync_directory(metadata_dir)
 
 
-def run_broker(
-    config: Config,
-    listen: str,
-    *,
-    cluster: str | None = None,
-    coordinator: str | None = None,
-    register: Registration | None = None,
-    fake_clock_ms: int | None = None,
-    stop: threading.Event | None = None,
-    group: GroupOptions | None = None,
-    group_advertise: str | None = None,
-    send_listen: str | None = SEND_LISTEN_AUTO,
-) -> int:
-    """Serve until ``stop`` is set or SIGTERM/SIGINT arrives; the exit status.
+class BrokerNode:
+    """The broker process: what stays the same across its lives (configuration, how it
+    registers, its group, its TLS) and the lives themselves, one at a time.
 
     With ``group`` (and ``cluster`` and ``coordinator``) the broker is a member of
     a broker group: it registers and campaigns there (``halfmoon.replication``)
@@ -207,18 +196,6 @@ def run_broker(
     proxies send over the gRPC stream). Its port is announced in the Hello answer and
     the etcd member record.
     """
-    node = BrokerNode(
-        config, cluster=cluster, coordinator=coordinator, register=register,
-        fake_clock_ms=fake_clock_ms, group=group, group_advertise=group_advertise,
-        send_listen=send_listen,
-    )  # fmt: skip
-    return node.run(listen, stop)
-
-
-class BrokerNode:
-    """The broker process: what stays the same across its lives (configuration, how it
-    registers, its group, its TLS) and the lives themselves, one at a time (a master that
-    steps down starts over as a replica: :func:`run_broker`)."""
 
     def __init__(
         self,
@@ -291,7 +268,8 @@ class BrokerNode:
         )  # fmt: skip
 
     def run(self, listen: str, stop: threading.Event | None = None) -> int:
-        """Every life in turn; the exit status of the last."""
+        """Serve until ``stop`` is set or SIGTERM/SIGINT arrives, every life in turn; the
+        exit status of the last."""
         # Checked before the directory is locked (or created): a refused listener touches
         # nothing.
         _refuse_exposed_listeners(self.config, self.tls, listen, self.send_listen)
