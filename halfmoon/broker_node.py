@@ -329,7 +329,7 @@ class BrokerNode:
         rejoin = False
         try:
             self._start_serving(life, started)
-            rejoin = self._serve(life, lifecycle.stopping)
+            rejoin = self._serve(life)
             lifecycle.shutdown_begins(0 if rejoin else None, " rejoin=true" if rejoin else "")
         finally:
             life.close(lifecycle, grace_s=0 if rejoin else lifecycle.grace_s, fenced=rejoin)
@@ -460,10 +460,10 @@ class BrokerNode:
         if life.holders is not None:
             life.holders.start()
 
-    def _serve(self, life: _Life, stop: threading.Event) -> bool:
+    def _serve(self, life: _Life) -> bool:
         """Until stopped (False) or deposed as the group's master (True: rejoin)."""
         role = life.role
-        while not stop.wait(0.05 if role is not None else 1.0):
+        while not life.stopping.wait(0.05 if role is not None else 1.0):
             if role is not None and role.demoted.is_set():
                 if role.leader is not None:
                     self.acknowledged = role.leader.acknowledged_end
