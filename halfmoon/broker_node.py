@@ -35,7 +35,6 @@ import contextlib
 import functools
 import logging
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -65,6 +64,7 @@ from halfmoon.config.cluster import DEFAULT_TTL_S
 from halfmoon.errors import HalfmoonError
 from halfmoon.gc_tuning import freeze_startup_heap
 from halfmoon.lifecycle import Lifecycle
+from halfmoon.listen.addresses import advertised_host, format_address
 from halfmoon.logs import configure_logging
 from halfmoon.replication.controller import Controller
 from halfmoon.replication.group_broker import GroupOptions, GroupRole
@@ -77,8 +77,6 @@ from halfmoon.store.store import MessageStore
 
 log = logging.getLogger("halfmoon.cluster")
 
-# Listen addresses that name no host a peer could dial.
-WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 # Calls served at once; beyond this, callers get RESOURCE_EXHAUSTED (bounded in-flight work).
 MAX_CONCURRENT_CALLS = 256
 # The send listener's address: the internal listen host on any free port, or none at all.
@@ -137,10 +135,9 @@ def disk_facts(data_dir: Path) -> dict[str, Any]:
 
 
 def advertised_address(address: str, advertise_host: str | None) -> str:
+    """The internal address peers dial (:func:`halfmoon.listen.addresses.advertised_host`)."""
     host, port = parse_host_port(address, what="internal address")
-    if advertise_host is None and host in WILDCARD_HOSTS:
-        advertise_host = socket.getfqdn()
-    return format_address(advertise_host or host, port)
+    return format_address(advertised_host(host, advertise_host), port)
 
 
 def _send_address(send_listen: str | None, listen_host: str) -> tuple[str, int] | None:
@@ -149,10 +146,6 @@ def _send_address(send_listen: str | None, listen_host: str) -> tuple[str, int] 
     if send_listen == SEND_LISTEN_AUTO:
         return listen_host, 0
     return parse_host_port(send_listen, what="send listen address")
-
-
-def format_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 # Broker snapshots that are configuration, not progress through the log: kept across a cut.

@@ -48,6 +48,7 @@ from halfmoon.broker.facade import Broker, WatchesArrivals
 from halfmoon.config import Config, ServerConfig, parse_host_port
 from halfmoon.gc_tuning import freeze_startup_heap
 from halfmoon.lifecycle import CallsInFlight, Lifecycle
+from halfmoon.listen.addresses import WILDCARD_HOSTS, format_address
 from halfmoon.listen.permissive import PermissiveAdminListener
 from halfmoon.logs import configure_logging
 from halfmoon.metrics import MetricFamily, default_registry
@@ -58,7 +59,7 @@ from halfmoon.server.admin_http import ClusterMembers
 from halfmoon.server.bulk_rpc import BulkReadService, bulk_read_handler
 from halfmoon.server.check_sender import TelemetryCheckSender
 from halfmoon.server.edge_security import Certificates, check_exposure
-from halfmoon.server.grpc_endpoint import GrpcEndpoint, format_address
+from halfmoon.server.grpc_endpoint import GrpcEndpoint
 from halfmoon.server.grpc_service import MessagingServicer
 from halfmoon.server.handlers import messaging_handler
 from halfmoon.server.listeners import Listeners, bind_listeners
@@ -287,7 +288,7 @@ async def serve_front_end(
     signals = contextlib.ExitStack()
     try:
         advertised_host = server_config.advertise_host or (
-            host if host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+            host if host not in WILDCARD_HOSTS else "127.0.0.1"
         )
         servicer = MessagingServicer(
             broker,

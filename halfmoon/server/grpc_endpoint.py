@@ -14,14 +14,11 @@ import logging
 import grpc
 
 from halfmoon.listen import add_port
+from halfmoon.listen.addresses import format_address
 from halfmoon.server.edge_security import Certificates
 from halfmoon.server.permissive_grpc import INNER_HOST, PermissiveFront
 
 log = logging.getLogger("halfmoon.server")
-
-
-def format_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class GrpcEndpoint:

@@ -8,9 +8,15 @@ import socket
 import time
 from pathlib import Path
 
-from halfmoon.broker_node import advertised_address, format_address
+import pytest
+
+from halfmoon.broker_node import advertised_address
 from halfmoon.cluster.coordination.etcd import EtcdClient
 from halfmoon.cluster.coordination.metadata import ClusterMetadata
+from halfmoon.cluster.proxy.cluster_proxy import ProxyIdentity
+from halfmoon.config import Config
+from halfmoon.errors import HalfmoonError
+from halfmoon.listen.addresses import format_address
 from tests.cli.test_cli import failed, halfmoon, ok
 from tests.cluster.broker_processes import BrokerProcess
 from tests.cluster.etcd_server import EtcdServer
@@ -88,3 +94,26 @@ def test_the_registered_endpoint_is_one_a_proxy_can_dial() -> None:
     assert advertised_address("[::]:8091", None) == format_address(machine, 8091)
     assert advertised_address("0.0.0.0:8091", "b1.internal") == "b1.internal:8091"
     assert advertised_address("0.0.0.0:8091", "fd00::1") == "[fd00::1]:8091"
+
+
+def test_a_proxy_registers_an_endpoint_and_a_name_a_client_can_dial() -> None:
+    """The proxy's endpoint follows the broker's rule (advertised host, else listen host,
+    else this machine's name), IPv6 in brackets; its name is made of it unless configured."""
+    machine = socket.getfqdn()
+
+    def identity(
+        listen: str, advertise: str | None = None, name: str | None = None
+    ) -> tuple[str, str]:
+        config = Config()
+        config.server.listen, config.server.advertise_host = listen, advertise
+        config.cluster.name, config.cluster.coordinator = "c", "etcd://127.0.0.1:2379"
+        config.cluster.proxy_name = name
+        found = ProxyIdentity.from_config(config)
+        return found.endpoint, found.name
+
+    assert identity("127.0.0.1:8081") == ("127.0.0.1:8081", "127.0.0.1-8081")
+    assert identity("0.0.0.0:8081")[0] == f"{machine}:8081"
+    assert identity("[::]:8081", "fd00::2") == ("[fd00::2]:8081", "fd00--2-8081")
+    assert identity("0.0.0.0:8081", "p1.internal", "edge-1") == ("p1.internal:8081", "edge-1")
+    with pytest.raises(HalfmoonError, match="BAD_NAME|name"):
+        identity("127.0.0.1:8081", name="a/b")

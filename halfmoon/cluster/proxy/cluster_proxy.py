@@ -53,13 +53,13 @@ from halfmoon.cluster.proxy.session_directory import SessionDirectory
 from halfmoon.config import Config, parse_host_port
 from halfmoon.errors import HalfmoonError
 from halfmoon.lifecycle import Lifecycle
+from halfmoon.listen.addresses import advertised_host, format_address
 from halfmoon.logs import configure_logging
 from halfmoon.metrics import default_registry
 from halfmoon.server.app import serve_front_end
 from halfmoon.server.client_commands import ClientAnswer, ClientNotConnected
 from halfmoon.server.direct_consume import consume_here
 from halfmoon.server.edge_security import check_exposure
-from halfmoon.server.grpc_endpoint import format_address
 from halfmoon.server.telemetry import ClientRegistry
 from halfmoon.shutdown_signals import SUPERVISOR_STOP
 
@@ -88,13 +88,12 @@ class ProxyIdentity:
         keys cannot hold."""
         assert config.cluster.coordinator is not None and config.cluster.name is not None
         host, port = parse_host_port(config.server.listen, what="listen address")
-        advertised = config.server.advertise_host or (
-            host if host not in ("0.0.0.0", "::", "") else socket.getfqdn()
-        )
+        advertised = advertised_host(host, config.server.advertise_host)
         name = config.cluster.proxy_name or re.sub(r"[^A-Za-z0-9_.-]", "-", f"{advertised}-{port}")
         check_name("proxy", name)
         return cls(
-            config.cluster.coordinator, config.cluster.name, name, f"{advertised}:{port}",
+            config.cluster.coordinator, config.cluster.name, name,
+            format_address(advertised, port),
             config.cluster.proxy_lease_ttl_s(),
         )  # fmt: skip
 
