@@ -334,7 +334,7 @@ class Queues:
                     broker.transactional_ack(group_id, settle.stored, settle.stored, settle.handle)
             written = broker.end_transaction_group_nowait(
                 group_id, Resolution.COMMIT, DecisionSource.CLIENT, len(settles)
-            )
+            ).write()
         except HalfmoonError:
             if members or settles:  # the broker knows the group: it is rolled back
                 with contextlib.suppress(HalfmoonError):

@@ -424,7 +424,6 @@ class Broker:
     # -- transactions (halfmoon/broker/transaction_operations.py) -------------------
     end_transaction = delegate("_txns", TransactionOperations.end_transaction)
     end_transaction_nowait = delegate("_txns", TransactionOperations.end_transaction_nowait)
-    transaction_ends_cheaply = delegate("_txns", TransactionOperations.transaction_ends_cheaply)
     end_transactions_nowait = delegate("_txns", TransactionOperations.end_transactions_nowait)
     end_transaction_group = delegate("_txns", TransactionOperations.end_transaction_group)
     end_transaction_group_nowait = delegate(

@@ -22,12 +22,13 @@ Calling conventions:
   :class:`Written`: its result, and a future that completes when the
   operation's promise holds (durable under the flush policy), to be awaited
   without holding a thread. The plain form of the same call waits for it.
-  Some (``receive_nowait``, ``ack_nowait``) answer None when they would block;
-  their ``*_cheaply`` checks never block. The sends (``send_nowait``,
-  ``send_fanout_nowait``) never block: what would (a topic to create, a
-  network hop) the implementation defers into a :class:`Pending` answer, so
-  a front end calls them on its event loop and awaits the answer, one path
-  whatever the broker.
+  Two (``receive_nowait``, ``ack_nowait``) answer None when they would block.
+  The writes (the sends, ``send_nowait`` and ``send_fanout_nowait``, and the
+  ends of transactions, ``end_transaction_nowait``, ``end_transactions_nowait``
+  and ``end_transaction_group_nowait``) never block: what would (a topic to
+  create, an index lookup, a network hop) the implementation defers into a
+  :class:`Pending` answer, so a front end calls them on its event loop and
+  awaits the answer, one path whatever the broker.
 - Errors are :class:`halfmoon.errors.HalfmoonError` subclasses with stable
   codes; each front end maps them to its own wire format.
 - A broker a network hop away may also be :class:`WatchesArrivals`: it sends
@@ -44,6 +45,7 @@ from halfmoon.broker.facade_browse import Browsing
 from halfmoon.broker.facade_messages import Messaging
 from halfmoon.broker.facade_transactions import Transactions
 from halfmoon.broker.facade_types import (
+    Answer,
     Pending,
     PullResult,
     QueueProgress,
@@ -59,6 +61,7 @@ from halfmoon.errors import HalfmoonError
 
 __all__ = [
     "Administration",
+    "Answer",
     "Broker",
     "Browsing",
     "Messaging",
@@ -110,12 +113,11 @@ def operations(protocol: type = Broker) -> dict[str, Any]:
 
 def end_each(
     broker: Broker, requests: Sequence[EndRequest]
-) -> list[Written[EndResult] | HalfmoonError]:
-    """:meth:`Broker.end_transactions_nowait` for brokers that cannot batch decisions: one
-    :meth:`Broker.end_transaction_nowait` call per request, each error in its place. Such
-    brokers answer :meth:`Broker.transaction_ends_cheaply` with False, so the server batches
-    nothing for them and this only serves callers that batch anyway."""
-    answers: list[Written[EndResult] | HalfmoonError] = []
+) -> list[Answer[EndResult] | HalfmoonError]:
+    """:meth:`Broker.end_transactions_nowait` for brokers that cannot batch decisions (one a
+    network hop away): one :meth:`Broker.end_transaction_nowait` answer per request, each
+    error in its place."""
+    answers: list[Answer[EndResult] | HalfmoonError] = []
     for r in requests:
         try:
             answers.append(

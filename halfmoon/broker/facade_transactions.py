@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from halfmoon.broker.facade_types import Written
+from halfmoon.broker.facade_types import Answer
 from halfmoon.broker.transaction_state import TxnState
 from halfmoon.broker.transactions import (
     DecisionSource,
@@ -54,21 +54,20 @@ class Transactions(Protocol):
         resolution: Resolution,
         source: DecisionSource,
         producer_group: str | None = None,
-    ) -> Written[EndResult]:
-        """As :meth:`end_transaction`, returning once written (``result.state``, ``.changed``)."""
-        ...
-
-    def transaction_ends_cheaply(self, transaction_id: str) -> bool:
-        """True when :meth:`end_transaction_nowait` for this id needs no index lookup:
-        pending (not a group member) or recently decided."""
+    ) -> Answer[EndResult]:
+        """As :meth:`end_transaction`, its answer (``result.state``, ``.changed``) in the one
+        form every ``*_nowait`` write has: ``Written`` when decided at once without blocking
+        (a pending transaction outside a group, or a recent decision: memory and an append),
+        ``Pending`` when deciding blocks (an index lookup, a network hop). Awaited on an event
+        loop, the answer once durable either way."""
         ...
 
     def end_transactions_nowait(
         self, requests: Sequence[EndRequest]
-    ) -> list[Written[EndResult] | HalfmoonError]:
+    ) -> list[Answer[EndResult] | HalfmoonError]:
         """Many :meth:`end_transaction_nowait` calls at once, in order; each request's error in
-        its place. The local broker writes every decision with one store append (and one
-        durable future); cheap, in the sense above, when each id is."""
+        its place. The local broker writes every decision it can make at once with one store
+        append (one durable future) and leaves the others ``Pending``."""
         ...
 
     def end_transaction_group(
@@ -95,8 +94,9 @@ class Transactions(Protocol):
         resolution: Resolution,
         source: DecisionSource = DecisionSource.CLIENT,
         consume_actions: int | None = None,
-    ) -> Written[int]:
-        """As :meth:`end_transaction_group`, returning once written."""
+    ) -> Answer[int]:
+        """As :meth:`end_transaction_group`, as a ``*_nowait`` answer (``Pending``: a group's
+        decision reads its members back and may cross the network)."""
         ...
 
     def transactional_ack(

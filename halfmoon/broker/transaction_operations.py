@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import replace
+from functools import partial
 
-from halfmoon.broker.facade_types import ALREADY_DURABLE, Written, waits_for
+from halfmoon.broker.facade_types import ALREADY_DURABLE, Answer, Pending, Written, waits_for
 from halfmoon.broker.topics import TopicRegistry
 from halfmoon.broker.transaction_state import TxnState
 from halfmoon.broker.transactional_consume import TransactionalConsume
@@ -60,31 +61,51 @@ class TransactionOperations:
         resolution: Resolution,
         source: DecisionSource,
         producer_group: str | None = None,
-    ) -> Written[EndResult]:
-        result = self.transactions.end(
-            transaction_id, resolution, source, message_id=message_id, topic=topic
-        )
-        return Written(result, self._durable(result.end_offset))
+    ) -> Answer[EndResult]:
+        """Decided now when that is memory and an append (a pending transaction outside a
+        group, a recent decision, an id that does not parse); an index lookup or a group's
+        members are left to the answer."""
+        request = EndRequest(transaction_id, resolution, source, message_id, topic)
+        if self.transactions.ends_cheaply(transaction_id):
+            return self._end_now(request)
+        return Pending(partial(self._end_now, request))
 
     end_transaction = waits_for(end_transaction_nowait, lambda ended: ended.state)
 
-    def transaction_ends_cheaply(self, transaction_id: str) -> bool:
-        return self.transactions.ends_cheaply(transaction_id)
+    def _end_now(self, request: EndRequest) -> Written[EndResult]:
+        result = self.transactions.end(
+            request.transaction_id,
+            request.resolution,
+            request.source,
+            message_id=request.message_id,
+            topic=request.topic,
+        )
+        return Written(result, self._durable(result.end_offset))
 
     def end_transactions_nowait(
         self, requests: Sequence[EndRequest]
-    ) -> list[Written[EndResult] | HalfmoonError]:
-        """One append for every decision; one durable future, for the last record, shared by
-        every result that has something to wait for (one fsync covers them all)."""
-        results = self.transactions.end_many(requests)
+    ) -> list[Answer[EndResult] | HalfmoonError]:
+        """One append for every decision made now; one durable future, for the last record,
+        shared by every result that has something to wait for (one fsync covers them all).
+        A decision that needs a lookup is a ``Pending`` of its own, in its place."""
+        answers: list[Answer[EndResult] | HalfmoonError] = [
+            Pending(partial(self._end_now, r))
+            for r in requests  # replaced below where decided now
+        ]
+        ends_cheaply = self.transactions.ends_cheaply
+        now = [i for i, r in enumerate(requests) if ends_cheaply(r.transaction_id)]
+        if not now:
+            return answers
+        results = self.transactions.end_many([requests[i] for i in now])
         end_offset = max((r.end_offset for r in results if isinstance(r, EndResult)), default=0)
         durable = self._durable(end_offset)
-        return [
-            r
-            if isinstance(r, HalfmoonError)
-            else Written(r, durable if r.end_offset else ALREADY_DURABLE)
-            for r in results
-        ]
+        for index, result in zip(now, results, strict=True):
+            answers[index] = (
+                result
+                if isinstance(result, HalfmoonError)
+                else Written(result, durable if result.end_offset else ALREADY_DURABLE)
+            )
+        return answers
 
     def end_transaction_group_nowait(
         self,
@@ -92,6 +113,16 @@ class TransactionOperations:
         resolution: Resolution,
         source: DecisionSource = DecisionSource.CLIENT,
         consume_actions: int | None = None,
+    ) -> Answer[int]:
+        """Left to the answer: a group's decision reads its members' half messages back."""
+        return Pending(partial(self._end_group_now, group_id, resolution, source, consume_actions))
+
+    def _end_group_now(
+        self,
+        group_id: str,
+        resolution: Resolution,
+        source: DecisionSource,
+        consume_actions: int | None,
     ) -> Written[int]:
         ended = self.consuming.end(group_id, resolution, source, consume_actions)
         for topic in ended.topics:  # acks free FIFO queues, rejects move wake-up times

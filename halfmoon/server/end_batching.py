@@ -20,9 +20,10 @@ acknowledges it only once that future holds, so under ``sync`` flush an
 acknowledged decision is on disk, as before. A failed append fails the whole
 batch and changed nothing (the store's append is all or nothing).
 
-Only for decisions the broker makes cheaply on the event loop (a pending
-transaction outside a group, or a recent decision); the others still go to a
-worker thread one by one.
+The broker decides at once only what is memory and an append (a pending
+transaction outside a group, a recent decision); a decision that needs an index
+lookup, or a broker a network hop away, it answers with a ``Pending``, which
+the batcher writes on a worker thread by itself, outside the batch.
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ import contextlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
-from halfmoon.broker.facade import Written
+from halfmoon.broker.facade import Answer as Answered
+from halfmoon.broker.facade import Pending, Written
 from halfmoon.broker.transactions import EndRequest, EndResult
 from halfmoon.errors import HalfmoonError
 
-EndMany = Callable[[Sequence[EndRequest]], list[Written[EndResult] | HalfmoonError]]
+EndMany = Callable[[Sequence[EndRequest]], list[Answered[EndResult] | HalfmoonError]]
 
 
 # Decisions per broker call at most (the records of one store append).
@@ -57,6 +59,7 @@ class EndBatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scheduled = False  # a flush is queued on the loop
         self._in_flight = 0  # durable futures of handed-over batches still running
+        self._writing: set[asyncio.Task[None]] = set()  # Pending answers being written
         self.batches = 0  # broker calls made
         self.decisions = 0  # requests they carried
 
@@ -91,6 +94,10 @@ class EndBatcher:
             if isinstance(result, HalfmoonError):
                 if not future.done():
                     future.set_exception(result)
+            elif isinstance(result, Pending):
+                task = asyncio.ensure_future(_write(future, result))
+                self._writing.add(task)
+                task.add_done_callback(self._writing.discard)
             elif result.durable.done():
                 _answer(future, result, result.durable)
             else:
@@ -139,3 +146,17 @@ def _answer(
         future.set_exception(error)
     else:
         future.set_result(result)
+
+
+async def _write(future: asyncio.Future[Written[EndResult]], pending: Pending[EndResult]) -> None:
+    """A decision the broker could not make at once: written (on a worker thread), answered
+    once durable."""
+    try:
+        written = await pending.written()
+        if not written.durable.done():
+            await asyncio.wrap_future(written.durable)
+    except Exception as exc:  # noqa: BLE001 - the caller's error, raised where it awaits
+        if not future.done():
+            future.set_exception(exc)
+        return
+    _answer(future, written, written.durable)

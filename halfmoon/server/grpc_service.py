@@ -41,7 +41,6 @@ from halfmoon.server.rpc_common import (
     peer_host,
     resource_name,
     unary,
-    until_durable,
 )
 from halfmoon.server.telemetry import ClientRegistry
 
@@ -233,13 +232,13 @@ class SendRpcs:
     ) -> svc.EndTransactionResponse:
         """Commit, roll back or leave (UNKNOWN) a transaction, or a whole transaction group.
 
-        A decision is answered only once durable: the broker returns once its
-        records are written (for a commit, the real message; for a rollback, its
-        op record) with a future we await until they are durable. Those of one
-        that arrive while an fsync runs share one append (:class:`EndBatcher`). ``transaction_id``
-        ``hm-group:<id>`` ends transaction group ``<id>`` (docs/transactions.md).
+        A decision is answered only once durable (for a commit, the real message; for a
+        rollback, its op record). Those that arrive while an fsync runs share one append
+        (:class:`EndBatcher`); the broker's answer says whether it was written at once or
+        needs a worker thread (an index lookup, a network hop), the server does not choose.
+        ``transaction_id`` ``hm-group:<id>`` ends transaction group ``<id>``
+        (docs/transactions.md).
         """
-        end = self.broker.end_transaction_nowait
         if not request.transaction_id:
             raise RequestError(
                 # RocketMQ's EndTransactionActivity wording follows halfmoon's.
@@ -255,27 +254,14 @@ class SendRpcs:
         )
         if request.transaction_id.startswith(TRANSACTION_GROUP_PREFIX):
             group = request.transaction_id[len(TRANSACTION_GROUP_PREFIX) :]
-            written = await self.workers.call(
-                self.broker.end_transaction_group_nowait,
-                group,
-                resolution,
-                source,
-                txn_headers.consume_actions(context),
+            await self.broker.end_transaction_group_nowait(
+                group, resolution, source, txn_headers.consume_actions(context)
             )
-            await until_durable(written.durable)
-            return svc.EndTransactionResponse(status=ok())
-        topic = resource_name(request.topic, "topic", context)
-        if self.broker.transaction_ends_cheaply(request.transaction_id):
-            # Pending or recently decided: an append (or nothing), like a plain send; no thread
-            # hop, and decided with the other EndTransactions of this loop turn (end_batching.py).
-            ask = EndRequest(request.transaction_id, resolution, source, request.message_id, topic)
-            result = await self.ends.end(ask)
-        else:  # may look the decision up in the key index
-            result = await self.workers.call(
-                end, topic, request.message_id, request.transaction_id, resolution, source
+        else:
+            topic = resource_name(request.topic, "topic", context)
+            await self.ends.end(
+                EndRequest(request.transaction_id, resolution, source, request.message_id, topic)
             )
-        # The decision is acknowledged only once durable (it may publish the message).
-        await until_durable(result.durable)
         return svc.EndTransactionResponse(status=ok())
 
     @unary(svc.RecallMessageResponse)

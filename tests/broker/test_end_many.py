@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from halfmoon.broker import Broker, BrokerConfig, FakeClock
+from halfmoon.broker.facade_types import Answer, Pending
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageType, OutgoingMessage
 from halfmoon.broker.transaction_state import TxnState
@@ -114,8 +115,11 @@ def test_each_request_is_judged_alone(txn: Broker, store: CountingStore) -> None
             req(wrong_topic, "unknown"),
         ]
     )
-    assert store.appends == before + 1  # only the good commit was written
-    kinds = [type(a) if isinstance(a, HalfmoonError) else a.result.state for a in answers]
+    assert store.appends == before + 1  # only the good commit was written at once
+    # A group member is decided with its group's bookkeeping, never on the caller's thread:
+    # its answer is a write left to it, which fails there.
+    assert [isinstance(a, Pending) for a in answers] == [i == 4 for i in range(8)]
+    kinds = [outcome(a) for a in answers]
     assert kinds == [
         TxnState.COMMITTED,
         InvalidTransactionId,
@@ -126,6 +130,7 @@ def test_each_request_is_judged_alone(txn: Broker, store: CountingStore) -> None
         InvalidArgument,
         TxnState.PREPARED,
     ]
+    assert store.appends == before + 1  # the member's write appended nothing either
     assert visible(txn) == [b"m0"]
     assert {i.transaction_id for i in txn.list_transactions()} == {
         member.transaction_id,
@@ -178,3 +183,13 @@ def test_one_durable_future_covers_the_batch_on_a_real_store(tmp_path: Path) -> 
     finally:
         broker.close()
         store.close()
+
+
+def outcome(answer: Answer[EndResult] | HalfmoonError) -> TxnState | type[HalfmoonError]:
+    """A decision's state, or its error's class (a ``Pending`` one written here)."""
+    if isinstance(answer, HalfmoonError):
+        return type(answer)
+    try:
+        return answer.write().result.state
+    except HalfmoonError as exc:
+        return type(exc)

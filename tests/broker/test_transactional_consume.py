@@ -71,7 +71,7 @@ def dead_letters(broker: Broker) -> list[MessageView]:
 
 
 def commit(broker: Broker, txn: str, actions: int | None = None) -> int:
-    written = broker.end_transaction_group_nowait(txn, "commit", consume_actions=actions)
+    written = broker.end_transaction_group_nowait(txn, "commit", consume_actions=actions).write()
     written.durable.result()
     return written.result
 

@@ -9,12 +9,12 @@ import pytest
 
 from halfmoon.broker.config import DEFAULT_QUEUE_COUNT
 from halfmoon.broker.facade import Administration, Broker, Messaging, Transactions, operations
-from halfmoon.broker.facade_types import ALREADY_DURABLE, Written
+from halfmoon.broker.facade_types import ALREADY_DURABLE, Pending
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.groups import DEFAULT_MAX_DELIVERY_ATTEMPTS
 from halfmoon.broker.message import MessageType
 from halfmoon.broker.transactions import DecisionSource
-from halfmoon.cluster.internal.forwards import forward, forward_written
+from halfmoon.cluster.internal.forwards import forward, forward_pending
 from halfmoon.cluster.internal.remote_broker import RemoteBroker
 
 
@@ -35,7 +35,7 @@ class Recorder:
     seek_group = forward(Messaging.seek_group)
     sync_lite_subscription = forward(Messaging.sync_lite_subscription)
     receive = forward(Messaging.receive)
-    end_transaction_group_nowait = forward_written(Transactions.end_transaction_group_nowait)
+    end_transaction_group_nowait = forward_pending(Transactions.end_transaction_group_nowait)
 
 
 def _forwarded() -> list[str]:
@@ -88,10 +88,11 @@ def test_a_call_by_position_gets_the_defaults_of_what_it_leaves_out() -> None:
     assert len(recorder.calls) == 3
 
 
-def test_a_nowait_operation_comes_back_written_and_already_durable() -> None:
+def test_a_nowait_operation_is_a_pending_call_whose_answer_is_already_durable() -> None:
     recorder = Recorder()
-    written = recorder.end_transaction_group_nowait("g1", "commit")
-    assert isinstance(written, Written)
+    answer = recorder.end_transaction_group_nowait("g1", "commit")
+    assert isinstance(answer, Pending) and recorder.calls == []  # nothing crossed yet
+    written = answer.write()
     assert written.result == "answer" and written.durable is ALREADY_DURABLE
     assert recorder.calls == [
         ("end_transaction_group_nowait", ["g1", "commit", DecisionSource.CLIENT, None], {})

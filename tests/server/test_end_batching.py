@@ -5,12 +5,19 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import Future
 
+import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
+from halfmoon.broker.facade_types import ALREADY_DURABLE, Answer, Pending, Written
 from halfmoon.broker.message import MessageType
+from halfmoon.broker.transaction_state import TxnState
+from halfmoon.broker.transactions import EndRequest, EndResult, TransactionAlreadyEnded
+from halfmoon.errors import HalfmoonError
+from halfmoon.server.end_batching import EndBatcher
 from tests.server.inprocess import InProcess, run
 
 TOPIC = "txn-orders"
@@ -156,3 +163,49 @@ def test_a_bad_end_transaction_fails_alone_in_its_batch() -> None:
         assert endpoint.broker.list_transactions() == []
 
     run(scenario)
+
+
+def test_a_decision_left_pending_is_written_off_the_loop_and_holds_up_no_batch() -> None:
+    """The broker answers a decision it cannot make at once (an index lookup, a network hop)
+    with a Pending: the batcher writes it on a worker thread by itself, and the decisions
+    beside it, and the batches after it, are answered meanwhile."""
+
+    async def scenario() -> None:
+        loop_thread = threading.get_ident()
+        written_on: list[int] = []
+        release = threading.Event()
+
+        def lookup() -> Written[EndResult]:
+            written_on.append(threading.get_ident())
+            assert release.wait(10)
+            return Written(EndResult(TxnState.COMMITTED, 0, True), ALREADY_DURABLE)
+
+        def refused() -> Written[EndResult]:
+            raise TransactionAlreadyEnded("TRANSACTION_ALREADY_ENDED: rolled back")
+
+        batches: list[list[str]] = []
+
+        def end_many(requests: Sequence[EndRequest]) -> list[Answer[EndResult] | HalfmoonError]:
+            batches.append([r.transaction_id for r in requests])
+            pending = {"old": Pending(lookup), "gone": Pending(refused)}
+            return [
+                pending.get(r.transaction_id)
+                or Written(EndResult(TxnState.ROLLED_BACK, 0, True), ALREADY_DURABLE)
+                for r in requests
+            ]
+
+        batcher = EndBatcher(end_many)
+        old = batcher.end(EndRequest("old", "commit"))
+        gone = batcher.end(EndRequest("gone", "commit"))
+        beside = await batcher.end(EndRequest("beside", "rollback"))
+        assert beside.result.state is TxnState.ROLLED_BACK and not old.done()
+        after = await batcher.end(EndRequest("after", "rollback"))  # a batch of its own
+        assert after.result.state is TxnState.ROLLED_BACK and not old.done()
+        assert batches == [["old", "gone", "beside"], ["after"]]
+        with pytest.raises(TransactionAlreadyEnded):
+            await gone
+        release.set()
+        assert (await old).result.state is TxnState.COMMITTED
+        assert written_on and written_on[0] != loop_thread
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))

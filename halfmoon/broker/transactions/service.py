@@ -395,13 +395,13 @@ class TransactionService:
 
     def ends_cheaply(self, transaction_id: str) -> bool:
         """True when :meth:`end` for this id needs no index lookup: pending (not a group member)
-        or recently decided. The server then runs it on its event loop (the rest needs a worker
-        thread).
+        or recently decided, or not an id at all (refused at once). The broker then decides it
+        on the caller's thread, an event loop's too (the rest needs a worker thread).
         """
         try:
             half_offset = decode_transaction_id(transaction_id)
         except InvalidTransactionId:
-            return False  # the worker path raises the error
+            return True
         entry = self.ledger.pending.get(half_offset)
         if entry is not None:
             return entry.group is None

@@ -15,21 +15,23 @@ declared ``Sequence[...]`` goes as a list and ``Mapping[...]`` as a dict: a
 caller's tuple or mapping view would otherwise arrive as something else (or
 not encode at all).
 
-A ``*_nowait`` operation is forwarded with :func:`forward_written`: the broker
-process answers it once its promise holds (the internal service waits for the
-durable future before answering), so the answer comes back as a
-:class:`~halfmoon.broker.facade_types.Written` already durable.
+A ``*_nowait`` operation is forwarded with :func:`forward_pending`: its answer
+is a :class:`~halfmoon.broker.facade_types.Pending` whose write is the call
+(it crosses the network, so it is never made on the caller's event loop), and
+the broker process answers that call once its promise holds (the internal
+service waits for the durable future before answering).
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol, TypeVar, cast
 
-from halfmoon.broker.facade_types import ALREADY_DURABLE, Written
+from halfmoon.broker.facade_types import Pending
 
-__all__ = ["forward", "forward_written"]
+__all__ = ["forward", "forward_pending"]
 
 Declared = TypeVar("Declared", bound=Callable[..., Any])
 
@@ -99,14 +101,14 @@ def forward(declared: Declared) -> Declared:
     return cast(Declared, call)
 
 
-def forward_written(declared: Declared) -> Declared:
-    """:func:`forward` of the ``*_nowait`` operation ``declared``: its answer, durable when it
-    arrives, as a ``Written`` whose ``durable`` is already complete."""
+def forward_pending(declared: Declared) -> Declared:
+    """:func:`forward` of the ``*_nowait`` operation ``declared``: a ``Pending`` that makes the
+    call when its answer is asked for, the answer durable when it arrives."""
     call: Callable[..., Any] = forward(declared)
 
-    def written(self: Calls, *args: Any, **kwargs: Any) -> Written[Any]:
-        return Written(call(self, *args, **kwargs), ALREADY_DURABLE)
+    def pending(self: Calls, *args: Any, **kwargs: Any) -> Pending[Any]:
+        return Pending.of_durable(partial(call, self, *args, **kwargs))
 
     for attribute in ("__name__", "__qualname__", "__doc__", "__signature__", "__annotations__"):
-        setattr(written, attribute, getattr(call, attribute))
-    return cast(Declared, written)
+        setattr(pending, attribute, getattr(call, attribute))
+    return cast(Declared, pending)

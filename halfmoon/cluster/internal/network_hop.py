@@ -1,6 +1,6 @@
 """The facade's event-loop fast paths, declined by a broker a network hop away.
 
-The gRPC front end may serve an end of transaction, a receive or an ack on
+The gRPC front end may serve a receive or an ack on
 its event loop when the broker can answer without blocking (a local
 broker's memory). A remote broker, or a cluster of them, never can: these
 answers make the front end take its worker-thread path instead. Each is a
@@ -16,11 +16,7 @@ from halfmoon.broker.facade import Written
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import Received
 
-__all__ = ["ack_nowait", "receive_nowait", "transaction_ends_cheaply"]
-
-
-def transaction_ends_cheaply(self: object, transaction_id: str) -> bool:
-    return False
+__all__ = ["ack_nowait", "receive_nowait"]
 
 
 def ack_nowait(

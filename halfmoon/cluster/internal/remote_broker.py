@@ -13,10 +13,10 @@ class still checked against the protocol), except what is written out here:
 - ``send_nowait`` answers a ``Pending`` that is one or the other: awaited on
   an event loop, ``send_async``; written off one, ``send``.
   ``send_fanout_nowait`` is a ``Pending`` of ``send_fanout``.
-- ``transaction_ends_cheaply`` answers False: every operation is a network hop
-  away, so front ends run them on worker threads.
-- the ``*_nowait`` transaction calls wait in the broker for durability and
-  return a completed ``Written`` (:func:`~halfmoon.cluster.internal.forwards.forward_written`).
+- the ``*_nowait`` transaction calls answer a ``Pending`` whose write is the
+  call, answered by the broker once durable
+  (:func:`~halfmoon.cluster.internal.forwards.forward_pending`): a front end
+  awaits it on a worker thread.
 - ``add_arrival_listener``, ``set_check_sender`` and
   ``set_lite_unsubscribe_notifier`` subscribe the Events stream
   (:class:`BrokerEvents`); listeners are called from its thread. A proxy's
@@ -47,10 +47,10 @@ from halfmoon.broker.config import BrokerConfig
 from halfmoon.broker.encoded import encode_for_broker
 from halfmoon.broker.facade import (
     Administration,
+    Answer,
     Browsing,
     Messaging,
     Transactions,
-    Written,
     end_each,
 )
 from halfmoon.broker.facade_types import Pending, deferred
@@ -66,7 +66,7 @@ from halfmoon.broker.transactions.resolutions import DecisionSource, Resolution
 from halfmoon.cluster.internal import network_hop
 from halfmoon.cluster.internal.connection import DEFAULT_TIMEOUT_S, SEND_TIMEOUT_S, BrokerConnection
 from halfmoon.cluster.internal.events import BrokerEvents
-from halfmoon.cluster.internal.forwards import forward, forward_written
+from halfmoon.cluster.internal.forwards import forward, forward_pending
 from halfmoon.cluster.internal.internal_tls import PLAINTEXT, InternalTls
 from halfmoon.cluster.internal.send.coalescer import DEFAULT_MAX_IN_FLIGHT, SendCoalescer
 from halfmoon.cluster.internal.send.metrics import observer
@@ -275,12 +275,11 @@ class RemoteBroker:
 
     def end_transactions_nowait(
         self, requests: Sequence[EndRequest]
-    ) -> list[Written[EndResult] | HalfmoonError]:
+    ) -> list[Answer[EndResult] | HalfmoonError]:
         return end_each(self, requests)  # no batching across the internal protocol (yet)
 
     # -- the event loop's fast paths: declined, every call crosses the network -------------
 
-    transaction_ends_cheaply = network_hop.transaction_ends_cheaply
     ack_nowait = network_hop.ack_nowait
     receive_nowait = network_hop.receive_nowait
 
@@ -330,8 +329,8 @@ class RemoteBroker:
     seek_group = forward(Messaging.seek_group)
 
     end_transaction = forward(Transactions.end_transaction)
-    end_transaction_nowait = forward_written(Transactions.end_transaction_nowait)
-    end_transaction_group_nowait = forward_written(Transactions.end_transaction_group_nowait)
+    end_transaction_nowait = forward_pending(Transactions.end_transaction_nowait)
+    end_transaction_group_nowait = forward_pending(Transactions.end_transaction_group_nowait)
     end_transaction_group = forward(Transactions.end_transaction_group)
     transactional_ack = forward(Transactions.transactional_ack)
     transactional_reject = forward(Transactions.transactional_reject)

@@ -40,7 +40,7 @@ from typing import Any
 
 from halfmoon.broker.config import BrokerConfig
 from halfmoon.broker.facade import (
-    Written,
+    Answer,
     end_each,
 )
 from halfmoon.broker.facade_types import deferred, waits_for
@@ -85,7 +85,6 @@ class ClusterBroker:
 
     # -- the event loop's fast paths: declined, every call crosses the network -------------
 
-    transaction_ends_cheaply = network_hop.transaction_ends_cheaply
     ack_nowait = network_hop.ack_nowait
     receive_nowait = network_hop.receive_nowait
 
@@ -199,7 +198,7 @@ class ClusterBroker:
 
     def end_transactions_nowait(
         self, requests: Sequence[EndRequest]
-    ) -> list[Written[EndResult] | HalfmoonError]:
+    ) -> list[Answer[EndResult] | HalfmoonError]:
         return end_each(self, requests)  # no batching across the internal protocol (yet)
 
     end_transaction = delegate("transactions", ClusterTransactions.end_transaction)

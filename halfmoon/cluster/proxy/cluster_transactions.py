@@ -10,8 +10,9 @@ goes to the broker holding the message or queue (which must be the group's coord
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
-from halfmoon.broker.facade_types import ALREADY_DURABLE, Written, waits_for
+from halfmoon.broker.facade_types import Answer, Pending, waits_for
 from halfmoon.broker.transactions import EndResult, TransactionInfo, TransactionStats
 from halfmoon.broker.transactions.ledger import LIST_LIMIT
 from halfmoon.broker.transactions.resolutions import DecisionSource, Resolution
@@ -35,7 +36,7 @@ class ClusterTransactions:
         resolution: Resolution,
         source: DecisionSource,
         producer_group: str | None = None,
-    ) -> Written[EndResult]:
+    ) -> Answer[EndResult]:
         broker, own = unqualify(transaction_id, "transaction id")
         return self.pool.broker(broker).end_transaction_nowait(
             topic, message_id, own, resolution, source, producer_group
@@ -49,14 +50,24 @@ class ClusterTransactions:
         resolution: Resolution,
         source: DecisionSource = DecisionSource.CLIENT,
         consume_actions: int | None = None,
-    ) -> Written[int]:
+    ) -> Answer[int]:
         # The seam with transaction groups spanning brokers: any broker takes the call and
         # forwards it to the group's coordinator broker (halfmoon/cluster/internal/txn_groups.py),
         # which decides first and then has the participants apply the decision.
-        decided = self.pool.any_broker().end_transaction_group(
+        return Pending.of_durable(
+            partial(self._end_group, group_id, resolution, source, consume_actions)
+        )
+
+    def _end_group(
+        self,
+        group_id: str,
+        resolution: Resolution,
+        source: DecisionSource,
+        consume_actions: int | None,
+    ) -> int:
+        return self.pool.any_broker().end_transaction_group(
             group_id, resolution, source, consume_actions
         )
-        return Written(decided, ALREADY_DURABLE)
 
     end_transaction_group = waits_for(end_transaction_group_nowait)
 
