@@ -26,6 +26,12 @@ Two helper structures keep every operation amortized O(log n):
 Both are rebuilt from ``inflight`` when stale entries outnumber live ones,
 which bounds them to about twice the in-flight count.
 
+The counts a queue's status asks for at every AMQP Basic.Get and every
+publish to a length-limited queue never walk the in-flight table: the
+deliveries visible again (:meth:`QueueConsumption.visible_count`) are found
+in the heap's due part alone, and those past their first delivery
+(``retrying``) are counted as attempts change.
+
 This module holds no locks of its own: a :class:`TopicConsumption` carries
 the lock its owner takes around every call.
 """
@@ -97,7 +103,9 @@ def entry_fields(entry: list[Any]) -> tuple[int, int, int, int, bool, str, int]:
 class QueueConsumption:
     """One group's position in one queue. Not thread-safe; see module doc."""
 
-    __slots__ = ("committed", "cursor", "inflight", "ordered", "done_ahead", "_order", "_heap")
+    __slots__ = (
+        "committed", "cursor", "inflight", "ordered", "done_ahead", "retrying", "_order", "_heap",
+    )  # fmt: skip
 
     def __init__(self, start: int) -> None:
         self.committed = start
@@ -107,6 +115,7 @@ class QueueConsumption:
         # Offsets at or past the cursor already consumed: a transaction's acks replayed after a
         # crash whose state file predates the delivery. Skipped when the cursor reaches them.
         self.done_ahead: set[int] = set()
+        self.retrying = 0  # in-flight entries past their first delivery (attempt > 1)
         self._order: deque[int] = deque()
         self._heap: list[tuple[int, int, int]] = []
 
@@ -122,6 +131,9 @@ class QueueConsumption:
         holder: str = "",
     ) -> None:
         """Record the first delivery of ``offset`` (which must be >= every earlier one)."""
+        replaced = self.inflight.get(offset)
+        if replaced is not None and replaced.attempt > 1:
+            self.retrying -= 1
         self.inflight[offset] = InFlight(visible_at, 1, epoch, commit_log_offset, ordered, holder)
         self._order.append(offset)
         heapq.heappush(self._heap, (visible_at, offset, epoch))
@@ -157,11 +169,11 @@ class QueueConsumption:
         message committed with a delivery time still ahead. Its first delivery, when due, is
         a redelivery's walk with attempt 1."""
         self.deliver(offset, commit_log_offset, due, epoch, ordered)
-        self.inflight[offset].attempt = 0
+        self.set_attempt(self.inflight[offset], 0)
 
     def redeliver(self, offset: int, visible_at: int, epoch: int, holder: str = "") -> InFlight:
         entry = self.inflight[offset]
-        entry.attempt += 1
+        self.set_attempt(entry, entry.attempt + 1)
         entry.holder = holder
         self.hide(offset, visible_at, epoch)
         return entry
@@ -175,11 +187,11 @@ class QueueConsumption:
         if offset >= self.cursor:
             if not self.skip_done(offset):
                 self.deliver(offset, commit_log_offset, visible_at, epoch, ordered, holder)
-                self.inflight[offset].attempt = attempt
+                self.set_attempt(self.inflight[offset], attempt)
             self.move_cursor(offset + 1)
         elif offset in self.inflight:
             current = self.inflight[offset]
-            current.attempt = attempt
+            self.set_attempt(current, attempt)
             current.holder = holder
             self.hide(offset, visible_at, epoch)
 
@@ -202,7 +214,8 @@ class QueueConsumption:
 
     def complete(self, offset: int) -> None:
         """``offset`` is done (acked, dead-lettered or gone from the store)."""
-        del self.inflight[offset]
+        if self.inflight.pop(offset).attempt > 1:
+            self.retrying -= 1
         self.ordered.discard(offset)
         if offset == self.committed:
             self._advance_committed()
@@ -214,10 +227,42 @@ class QueueConsumption:
         self.inflight.clear()
         self.ordered.clear()
         self.done_ahead.clear()
+        self.retrying = 0
         self._order.clear()
         self._heap.clear()
 
+    def set_attempt(self, entry: InFlight, attempt: int) -> None:
+        """Set an in-flight entry's delivery attempt, ``retrying`` kept with it."""
+        self.retrying += (attempt > 1) - (entry.attempt > 1)
+        entry.attempt = attempt
+
     # -- queries -------------------------------------------------------------
+
+    def visible_count(self, now: int) -> int:
+        """In-flight entries visible again at ``now`` (requeued, timed out, due).
+
+        A walk of the heap's entries due by ``now`` only: a heap's children are never
+        earlier than their parent, so the walk stops at the first later entry on each
+        branch. Deliveries hidden for their invisible time (most of what is in flight) are
+        never visited: O(entries due), not O(in flight)."""
+        heap, inflight = self._heap, self.inflight
+        size = len(heap)
+        counted: set[int] = set()
+        stack = [0] if size else []
+        while stack:
+            index = stack.pop()
+            visible_at, offset, epoch = heap[index]
+            if visible_at > now:
+                continue
+            entry = inflight.get(offset)
+            if entry is not None and entry.epoch == epoch and entry.visible_at == visible_at:
+                counted.add(offset)  # a set: an entry pushed twice is counted once
+            child = 2 * index + 1
+            if child < size:
+                stack.append(child)
+                if child + 1 < size:
+                    stack.append(child + 1)
+        return len(counted)
 
     def take_expired(self, now: int, limit: int, by_offset: bool) -> list[tuple[int, InFlight]]:
         """Up to ``limit`` in-flight entries visible again at ``now``, removed from the timer.
@@ -301,7 +346,7 @@ class QueueConsumption:
                 entry
             )
             queue.deliver(offset, commit_log_offset, visible_at, epoch, ordered, holder)
-            queue.inflight[offset].attempt = attempt
+            queue.set_attempt(queue.inflight[offset], attempt)
         queue.done_ahead = {int(o) for o in data.get("done_ahead", ())}
         queue._advance_committed()
         return queue

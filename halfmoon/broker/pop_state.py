@@ -246,10 +246,7 @@ class PopStates:
         if state is None:
             return {}
         with state.lock:
-            return {
-                queue_id: sum(1 for entry in queue.inflight.values() if entry.attempt > 1)
-                for queue_id, queue in state.queues.items()
-            }
+            return {queue_id: queue.retrying for queue_id, queue in state.queues.items()}
 
     def ready(self, group: str, topic: str) -> dict[int, int]:
         """Per queue the group has touched: the messages a receive would hand out now, those
@@ -266,8 +263,7 @@ class PopStates:
             for queue_id, queue in state.queues.items():
                 end = self.store.max_offset(topic, queue_id)
                 ahead = sum(1 for offset in queue.done_ahead if offset < end)
-                visible = sum(1 for entry in queue.inflight.values() if entry.visible_at <= now)
-                ready[queue_id] = max(0, end - queue.cursor - ahead) + visible
+                ready[queue_id] = max(0, end - queue.cursor - ahead) + queue.visible_count(now)
             return ready
 
     def drop_group(self, group: str) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from halfmoon.broker.consumption import (
+    REQUEUED_VISIBLE_AT,
     QueueConsumption,
     TopicConsumption,
     read_snapshot,
@@ -158,3 +159,47 @@ def test_unreadable_snapshot_is_reported(tmp_path: Path, content: str) -> None:
     with pytest.raises(CorruptionError) as caught:
         read_snapshot(path)
     assert "move it aside" in caught.value.message
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_visible_and_retrying_counts_match_a_walk_of_every_entry(seed: int) -> None:
+    """The counts a queue's status asks for (visible again; past the first delivery) are kept
+    without walking the in-flight table: after any mix of deliveries, redeliveries, requeues,
+    renewals, acks, releases and restarts they equal that walk."""
+    rng = random.Random(seed)
+    queue = QueueConsumption(0)
+    epochs = iter(range(10_000, 10**9))
+    next_offset = 0
+    for step in range(600):
+        now = step * 10
+        live = sorted(queue.inflight)
+        action = rng.random()
+        if action < 0.3 or not live:
+            queue.deliver(next_offset, next_offset * 100, now + rng.choice((5, 50, 5000)),
+                          next(epochs), False, rng.choice(("", "proxy-1")))  # fmt: skip
+            next_offset += 1
+            queue.move_cursor(next_offset)
+        elif action < 0.45:
+            for offset, _ in queue.take_expired(now, rng.randint(1, 5), rng.random() < 0.5):
+                if rng.random() < 0.7:
+                    queue.redeliver(offset, now + rng.choice((5, 5000)), next(epochs))
+                else:
+                    queue.requeue(offset)
+        elif action < 0.6:  # a nack or a change of invisible time
+            queue.hide(rng.choice(live), rng.choice((REQUEUED_VISIBLE_AT, now + 40)), next(epochs))
+        elif action < 0.8:
+            queue.complete(rng.choice(live))
+        elif action < 0.85:
+            queue.release("proxy-1", epochs)
+        elif action < 0.9:
+            queue.defer(next_offset, next_offset * 100, now + 30, next(epochs), False)
+            next_offset += 1
+            queue.move_cursor(next_offset)
+        elif action < 0.95:  # a restart: the snapshot read back
+            queue = QueueConsumption.from_json(json.loads(json.dumps(queue.to_json())))
+        else:
+            queue.restore([rng.choice(live), rng.randint(0, 4), next(epochs), 0, 0])
+        for at in (now, now + 45, now + 6000):
+            walked = sum(1 for e in queue.inflight.values() if e.visible_at <= at)
+            assert queue.visible_count(at) == walked, (seed, step, at)
+        assert queue.retrying == sum(1 for e in queue.inflight.values() if e.attempt > 1)
