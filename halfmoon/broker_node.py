@@ -69,8 +69,9 @@ from halfmoon.logs import configure_logging
 from halfmoon.replication.controller import Controller
 from halfmoon.replication.group_broker import GroupOptions, GroupRole
 from halfmoon.replication.leader import ReplicationSettings
-from halfmoon.server.app import METADATA_DIR_NAME, TickThread
+from halfmoon.server.app import METADATA_DIR_NAME
 from halfmoon.server.edge_security import is_loopback
+from halfmoon.server.tick import TickThread
 from halfmoon.store.dirlock import holding_data_dir
 from halfmoon.store.fsutil import fsync_directory
 from halfmoon.store.store import MessageStore

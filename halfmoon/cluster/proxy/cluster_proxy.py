@@ -56,10 +56,10 @@ from halfmoon.lifecycle import Lifecycle
 from halfmoon.listen.addresses import advertised_host, format_address
 from halfmoon.logs import configure_logging
 from halfmoon.metrics import default_registry
-from halfmoon.server.app import serve_front_end
 from halfmoon.server.client_commands import ClientAnswer, ClientNotConnected
 from halfmoon.server.direct_consume import consume_here
 from halfmoon.server.edge_security import check_exposure
+from halfmoon.server.front_end import AmqpBacking, ClusterRole, serve_front_end
 from halfmoon.server.telemetry import ClientRegistry
 from halfmoon.shutdown_signals import SUPERVISOR_STOP
 
@@ -286,16 +286,20 @@ async def serve_cluster_proxy(
             tick=False,
             started=started,
             source=f"cluster={identity.cluster} proxy={identity.name}",
-            reuse_port=reuse_port,
-            cluster=ProxyMembers(broker, identity, directory, relay, tls),
-            registry=registry,
             guard=guard,
             on_reload=tls.reload,
-            on_ready=serving,
-            amqp_topology=EtcdTopologyStore(client, identity.cluster, identity.ttl_s),
-            amqp_free_bytes=lambda: least_free_bytes(view),
-            amqp_holder=lambda: lease_holder(directory.lease),
-            amqp_active=active,
+            cluster=ClusterRole(
+                ProxyMembers(broker, identity, directory, relay, tls),
+                registry,
+                on_ready=serving,
+                reuse_port=reuse_port,
+            ),
+            amqp=AmqpBacking(
+                topology=EtcdTopologyStore(client, identity.cluster, identity.ttl_s),
+                free_bytes=lambda: least_free_bytes(view),
+                holder=lambda: lease_holder(directory.lease),
+                active_claims=active,
+            ),
         )
     finally:
         default_registry().remove_collector(replication)

@@ -22,9 +22,9 @@ from halfmoon.cluster.internal.peer_tls import PeerTls
 from halfmoon.cluster.internal.remote_broker import RemoteBroker
 from halfmoon.config import Config
 from halfmoon.logs import configure_logging
-from halfmoon.server.app import serve_front_end
 from halfmoon.server.edge_security import check_exposure
 from halfmoon.server.errors import Unsupported
+from halfmoon.server.front_end import serve_front_end
 
 log = logging.getLogger("halfmoon.cluster")
 
