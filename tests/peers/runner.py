@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from tests.peers.sources import PLUGIN_DIR
 
 RETRIES = 2
@@ -139,6 +141,13 @@ def compare(reference: RunResult, candidate: RunResult, gaps: Sequence[str]) -> 
         reference_failed=reference.with_id("failed"),
         reasons=candidate.reasons,
     )
+
+
+def outer_timeout(runs: int, run_timeout: float) -> pytest.MarkDecorator:
+    """The pytest-timeout mark for a test that makes ``runs`` suite runs (a judge is
+    ``1 + RETRIES``), each bounded by its own ``run_timeout``: never shorter than they may
+    take together (the project's default of 600 s cut aio-pika's suite off mid-run)."""
+    return pytest.mark.timeout(runs * run_timeout + 120)
 
 
 def merge_retry(first: RunResult, retry: RunResult) -> RunResult:

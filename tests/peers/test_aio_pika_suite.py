@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.peers import known_gaps, scopes
-from tests.peers.runner import judge, run_suite
+from tests.peers.runner import RETRIES, judge, outer_timeout, run_suite
 from tests.peers.servers import (
     halfmoon_amqp,
     rabbitmq_address,
@@ -26,12 +26,14 @@ from tests.peers.servers import (
 from tests.peers.sources import AIO_PIKA, fetch, venv_python
 from tests.peers.tls_terminator import tls_terminator
 
+RUN_TIMEOUT = 3000.0
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not scopes.FULL, reason="aio-pika's suite runs in ./run peer"),
+    # RabbitMQ plain and TLS, then a judge (its run and retries) of each against halfmoon.
+    outer_timeout(2 + 2 * (1 + RETRIES), RUN_TIMEOUT),
 ]
-
-RUN_TIMEOUT = 3000.0
 
 
 def test_aio_pika_suite_passes_what_rabbitmq_passes(tmp_path: Path) -> None:

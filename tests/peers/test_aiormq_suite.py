@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.peers import known_gaps, scopes
-from tests.peers.runner import judge, run_suite
+from tests.peers.runner import RETRIES, judge, outer_timeout, run_suite
 from tests.peers.servers import (
     halfmoon_amqp,
     rabbitmq_address,
@@ -26,9 +26,9 @@ from tests.peers.servers import (
 from tests.peers.sources import AIORMQ, fetch, venv_python
 from tests.peers.tls_terminator import tls_terminator
 
-pytestmark = pytest.mark.slow
-
 RUN_TIMEOUT = 600.0
+
+pytestmark = [pytest.mark.slow, outer_timeout(1 + (1 + RETRIES), RUN_TIMEOUT)]
 
 
 @pytest.fixture(scope="module")

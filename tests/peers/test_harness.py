@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import socket
 import ssl
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.peers import known_gaps, sources
-from tests.peers.runner import RunResult, compare, merge_retry, run_suite
+from tests.peers.runner import RETRIES, RunResult, compare, merge_retry, run_suite
 from tests.peers.tls_terminator import tls_terminator
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,3 +180,14 @@ def test_a_run_stopped_at_its_deadline_keeps_what_it_ran(tmp_path: Path) -> None
     )  # fmt: skip
     assert result.outcomes == {"tests/test_hangs.py::test_first": "passed"}
     assert "deadline" in result.output
+
+
+@pytest.mark.parametrize("module", ["test_aio_pika_suite", "test_aiormq_suite", "test_pika_suite"])
+def test_a_suite_test_is_given_the_time_its_runs_may_take(module: str) -> None:
+    """The project's default pytest timeout (600 s) is shorter than a suite's runs together
+    (aio-pika's: about 15 minutes a server): each suite test carries its own, at least a
+    reference run and a judged run with its retries."""
+    loaded = importlib.import_module(f"tests.peers.{module}")
+    marks = [m for m in loaded.pytestmark if m.name == "timeout"]
+    assert len(marks) == 1, marks
+    assert marks[0].args[0] >= (2 + RETRIES) * loaded.RUN_TIMEOUT

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.peers import known_gaps, scopes
-from tests.peers.runner import RETRIES, compare, merge_retry, run_suite
+from tests.peers.runner import RETRIES, compare, merge_retry, outer_timeout, run_suite
 from tests.peers.servers import (
     IN_CI,
     rabbitmq_address,
@@ -27,9 +27,9 @@ from tests.peers.servers import (
 )
 from tests.peers.sources import PIKA, fetch, venv_python
 
-pytestmark = pytest.mark.slow
-
 RUN_TIMEOUT = 600.0
+
+pytestmark = [pytest.mark.slow, outer_timeout(1 + (1 + RETRIES), RUN_TIMEOUT)]
 NETNS_RUN = Path(__file__).resolve().parent / "netns_run.py"
 
 
