@@ -191,33 +191,57 @@ class AioPikaScenarios:
         await self._publish_confirmed(name, messages)
         return name
 
-    async def tx(self, source: str, per_tx: int, seconds: float, available: int) -> Throughput:
-        """Transactions of ``per_tx`` (take from ``source``, publish to B, ack, commit)."""
+    async def tx(
+        self, source: str, per_tx: int, seconds: float, available: int, channels: int = 1
+    ) -> Throughput:
+        """Transactions of ``per_tx`` (take from ``source``, publish to B, ack, commit), one
+        after another on each of ``channels`` channels at once; ``available``: what
+        ``source`` holds."""
         target = await self._queue("tx-out")
-        channel = await self._connection.channel(publisher_confirms=False)
-        inbox: asyncio.Queue[Any] = asyncio.Queue()
-        try:
-            await channel.set_qos(prefetch_count=max(PREFETCH, per_tx))
+        opened = [await self._connection.channel(publisher_confirms=False) for _ in range(channels)]
+        loop = asyncio.get_running_loop()
+        stop_at = loop.time() + seconds
+        budget = available // per_tx  # transactions the source can feed, all channels together
+
+        last = loop.time()  # the latest commit's answer: the run's end
+
+        async def commits(channel: Any) -> int:
+            nonlocal budget, last
+            inbox: asyncio.Queue[Any] = asyncio.Queue()
+            await channel.set_qos(prefetch_count=max(PREFETCH // channels, per_tx))
             queue = await channel.get_queue(source, ensure=False)
             await queue.consume(inbox.put)
             tx = channel.transaction()
             await tx.select()
-            loop = asyncio.get_running_loop()
-            stop_at = loop.time() + seconds
-            started = loop.time()
             done = 0
-            while loop.time() < stop_at and (done + 1) * per_tx <= available:
-                taken = [await asyncio.wait_for(inbox.get(), 30) for _ in range(per_tx)]
+            while loop.time() < stop_at and budget > 0:
+                budget -= 1
+                try:
+                    # Bounded: with many channels, the last messages may sit in another
+                    # channel's prefetch until it closes.
+                    taken = [
+                        await asyncio.wait_for(inbox.get(), stop_at - loop.time() + 1)
+                        for _ in range(per_tx)
+                    ]
+                except TimeoutError:
+                    break
                 for message in taken:
                     await channel.default_exchange.publish(
                         self._message(message.body), routing_key=target
                     )
                 await taken[-1].ack(multiple=True)
                 await tx.commit()
+                last = max(last, loop.time())
                 done += 1
-            return Throughput(done, loop.time() - started)
+            return done
+
+        try:
+            started = loop.time()
+            done = sum(await asyncio.gather(*(commits(c) for c in opened)))
+            return Throughput(done, last - started)
         finally:
-            await channel.close()
+            for channel in opened:
+                await channel.close()
             await self._purge(target)
 
     async def fanout(self, queues: int, messages: int) -> None:

@@ -56,6 +56,7 @@ FLOOR, FLOOR_UVLOOP = "floor (asyncio)", "floor (uvloop)"
 SETTLE_S = 0.002
 SETTLE_WRITES_S = 1.0  # the server's background writes of a run land within this
 FANOUT_QUEUES = 10
+TX_CHANNELS = 16  # channels committing transactions of 1 at once
 BODY = 1024
 
 
@@ -135,6 +136,13 @@ def measure_aiopika(system: System, args: argparse.Namespace) -> dict[str, Any]:
                 out[f"tx_{k}"] = await throughput(
                     lambda k=k, src=source: s.tx(src, k, args.seconds, args.tx_fill * k), per=2 * k
                 )
+            # Many channels committing at once: where a group commit can share one fsync
+            # between transactions (one channel's commits are one after another on any broker).
+            fill = args.tx_fill * TX_CHANNELS
+            source = await s.tx_fill(fill)
+            out[f"tx_1x{TX_CHANNELS}"] = await throughput(
+                lambda: s.tx(source, 1, args.seconds, fill, channels=TX_CHANNELS), per=2
+            )
             # Each reading of the log follows a settle, so each window holds its own run and
             # its background writes (offsets, timers), not the scenario's before it.
             await asyncio.sleep(SETTLE_WRITES_S)
@@ -241,13 +249,16 @@ METRICS = (
     ("consume, 4 × prefetch 100 (msg/s)", "consume_4x100", "per_second", True),
     ("tx.commit of 1 (tx/s)", "tx_1", "per_second", True),
     ("tx.commit of 10 (tx/s)", "tx_10", "per_second", True),
+    (f"tx.commit of 1, {TX_CHANNELS} channels (tx/s)", f"tx_1x{TX_CHANNELS}", "per_second", True),
     ("fanout to 10: wchar per message (B)", "fanout_10", "wchar", False),
     ("fanout to 10: write_bytes per message (B)", "fanout_10", "write_bytes", False),
     ("one queue: commit-log bytes per message (B)", "fanout_10", "record_bytes", False),
     ("fanout to 10: commit-log bytes per message (B)", "fanout_10", "commit_log_bytes", False),
     ("fanout to 10: commit-log bytes ÷ one queue's", "fanout_10", "commit_log_ratio", False),
 )
-CPU_METRICS = ("confirmed_1", "confirmed_16", "consume_4x100", "tx_1", "tx_10")
+CPU_METRICS = (
+    "confirmed_1", "confirmed_16", "consume_4x100", "tx_1", "tx_10", f"tx_1x{TX_CHANNELS}",
+)  # fmt: skip
 
 
 def _value(results: dict[str, Any], system: str, client: str, scenario: str, key: str) -> Any:
