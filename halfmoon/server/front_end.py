@@ -302,7 +302,7 @@ class FrontEnd:
         """Every part closed in one order, each step even if an earlier one failed (the
         broker, the caller's, must get closed after); the first failure raised at the end."""
         failure: BaseException | None = None
-        for step in (self._close_edges, self._drain, self._close_rest):
+        for step in (self._close_edges, self._unhook_broker, self._drain, self._close_rest):
             try:
                 await step()
             except BaseException as exc:  # noqa: BLE001 - the remaining steps still run
@@ -320,6 +320,8 @@ class FrontEnd:
         self.collectors.clear()
         if self.amqp is not None:
             await self.amqp.close()
+
+    async def _unhook_broker(self) -> None:
         if self.check_sender_set:
             self.broker.set_check_sender(None)
             lite_subscriptions.remove_notifier(self.broker)
