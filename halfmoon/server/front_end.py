@@ -9,7 +9,7 @@ handlers) and closes them in one order, each step run even if an earlier one fai
 whether the life ended or failed to start.
 
 What only some callers have is passed as one object each: :class:`AmqpBacking` (where the
-AMQP endpoint keeps its topology and whose its deliveries are) and :class:`ClusterRole` (a
+AMQP endpoint keeps its topology and who holds its deliveries) and :class:`ClusterRole` (a
 cluster proxy's members, sessions and registration).
 """
 
@@ -63,7 +63,7 @@ log = logging.getLogger("halfmoon.server")
 
 @dataclass(frozen=True)
 class AmqpBacking:
-    """Where the AMQP endpoint keeps what is not messages, and whose its deliveries are.
+    """Where the AMQP endpoint keeps what is not messages, and who holds its deliveries.
 
     ``metadata``: the data directory's metadata, where ``halfmoon serve`` keeps exchanges,
     queues and bindings; ``topology``: where a cluster proxy keeps them instead (etcd).
