@@ -19,9 +19,14 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def advertised_host(listen_host: str, advertise_host: str | None) -> str:
-    """The host peers are told to dial: the advertised one when configured, else the listen
-    host, else (a wildcard) this machine's fully qualified name."""
+def advertised_host(
+    listen_host: str, advertise_host: str | None, *, wildcard: str | None = None
+) -> str:
+    """The host others are told to dial: the advertised one when configured, else the listen
+    host, else (a wildcard) ``wildcard``, by default this machine's fully qualified name (what
+    a peer on another machine needs; ``serve``'s routes answer loopback instead)."""
     if advertise_host:
         return advertise_host
-    return socket.getfqdn() if listen_host in WILDCARD_HOSTS else listen_host
+    if listen_host not in WILDCARD_HOSTS:
+        return listen_host
+    return socket.getfqdn() if wildcard is None else wildcard

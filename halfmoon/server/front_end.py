@@ -39,7 +39,7 @@ from halfmoon.broker.facade import Broker, WatchesArrivals
 from halfmoon.config import Config, parse_host_port
 from halfmoon.gc_tuning import freeze_startup_heap
 from halfmoon.lifecycle import CallsInFlight, Lifecycle
-from halfmoon.listen.addresses import WILDCARD_HOSTS, format_address
+from halfmoon.listen.addresses import advertised_host, format_address
 from halfmoon.listen.permissive import PermissiveAdminListener
 from halfmoon.metrics import MetricFamily, default_registry
 from halfmoon.server import lite_subscriptions
@@ -190,15 +190,13 @@ class FrontEnd:
         config, broker, listeners = self.config, self.broker, self.listeners
         server_config = config.server
         host, bound = listeners.host, listeners.grpc_port
-        advertised_host = server_config.advertise_host or (
-            host if host not in WILDCARD_HOSTS else "127.0.0.1"
-        )
+        advertised = advertised_host(host, server_config.advertise_host, wildcard="127.0.0.1")
         self.servicer = servicer = MessagingServicer(
             broker,
             server_config,
             self.registry,
             self.notifier,
-            advertised=(advertised_host, bound),
+            advertised=(advertised, bound),
             executor=self.executor,
         )
         rpc_guard = RpcGuard(self.guard) if self.guard is not None else None
