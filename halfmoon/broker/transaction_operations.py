@@ -88,19 +88,19 @@ class TransactionOperations:
         """One append for every decision made now; one durable future, for the last record,
         shared by every result that has something to wait for (one fsync covers them all).
         A decision that needs a lookup is a ``Pending`` of its own, in its place."""
-        answers: list[Answer[EndResult] | HalfmoonError] = [
-            Pending(partial(self._end_now, r))
-            for r in requests  # replaced below where decided now
-        ]
-        ends_cheaply = self.transactions.ends_cheaply
-        now = [i for i, r in enumerate(requests) if ends_cheaply(r.transaction_id)]
-        if not now:
-            return answers
-        results = self.transactions.end_many([requests[i] for i in now])
-        end_offset = max((r.end_offset for r in results if isinstance(r, EndResult)), default=0)
+        cheap = [self.transactions.ends_cheaply(r.transaction_id) for r in requests]
+        now_ones = [r for r, now in zip(requests, cheap, strict=True) if now]
+        decided = self.transactions.end_many(now_ones)
+        end_offset = max((r.end_offset for r in decided if isinstance(r, EndResult)), default=0)
         durable = self._durable(end_offset)
-        for index, result in zip(now, results, strict=True):
-            answers[index] = (
+        results = iter(decided)
+        answers: list[Answer[EndResult] | HalfmoonError] = []
+        for request, now in zip(requests, cheap, strict=True):
+            if not now:
+                answers.append(Pending(partial(self._end_now, request)))
+                continue
+            result = next(results)
+            answers.append(
                 result
                 if isinstance(result, HalfmoonError)
                 else Written(result, durable if result.end_offset else ALREADY_DURABLE)

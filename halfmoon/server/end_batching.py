@@ -33,12 +33,11 @@ import contextlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
-from halfmoon.broker.facade import Answer as Answered
-from halfmoon.broker.facade import Pending, Written
+from halfmoon.broker.facade import Answer, Pending, Written
 from halfmoon.broker.transactions import EndRequest, EndResult
 from halfmoon.errors import HalfmoonError
 
-EndMany = Callable[[Sequence[EndRequest]], list[Answered[EndResult] | HalfmoonError]]
+EndMany = Callable[[Sequence[EndRequest]], list[Answer[EndResult] | HalfmoonError]]
 
 
 # Decisions per broker call at most (the records of one store append).
@@ -89,7 +88,7 @@ class EndBatcher:
                     future.set_exception(exc)
             results = []
         # Callers per durable future still running (one per batch from the local broker).
-        running: dict[int, tuple[Future[None], list[Answer]]] = {}
+        running: dict[int, tuple[Future[None], list[Waiter]]] = {}
         for (_, future), result in zip(waiting, results, strict=bool(results)):
             if isinstance(result, HalfmoonError):
                 if not future.done():
@@ -114,7 +113,7 @@ class EndBatcher:
             assert self._loop is not None
             self._loop.call_soon(self._flush)
 
-    def _wait_for(self, durable: Future[None], answers: list[Answer]) -> None:
+    def _wait_for(self, durable: Future[None], answers: list[Waiter]) -> None:
         self._in_flight += 1
         loop = self._loop
         assert loop is not None
@@ -125,7 +124,7 @@ class EndBatcher:
 
         durable.add_done_callback(landed)
 
-    def _landed(self, durable: Future[None], answers: list[Answer]) -> None:
+    def _landed(self, durable: Future[None], answers: list[Waiter]) -> None:
         """A batch is durable (loop thread): answer its callers, decide what queued meanwhile."""
         self._in_flight -= 1
         for future, result in answers:
@@ -133,7 +132,8 @@ class EndBatcher:
         self._next()
 
 
-Answer = tuple[asyncio.Future[Written[EndResult]], Written[EndResult]]
+# A caller's future and the decision it is answered with once durable.
+Waiter = tuple[asyncio.Future[Written[EndResult]], Written[EndResult]]
 
 
 def _answer(
