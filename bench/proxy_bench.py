@@ -14,9 +14,8 @@ concurrent producers, through two clients:
 Targets (the ``flush async`` setting everywhere):
 
 - ``local``: ``halfmoon serve``, proxy and broker in one process;
-- ``cluster 1p``: one ``halfmoon broker`` and one ``halfmoon proxy --broker``;
-  ``cluster 1p grpc`` (``--targets 1p-grpc``, not by default): the same with the
-  broker's send listener off, the proxy's sends on the gRPC ``SendStream``;
+- ``cluster 1p``: one ``halfmoon broker`` and one ``halfmoon proxy --broker``
+  (the proxy's sends on the broker's send listener);
 - ``cluster 2p``: the same broker and two proxy processes on separate ports,
   the producers split between them (``halfmoon proxy`` has no ``--workers``
   yet; two processes are what N workers would be);
@@ -243,17 +242,16 @@ async def run_local(settings: argparse.Namespace, log: Callable[[Row], None]) ->
 
 
 async def run_cluster(
-    proxies: int, settings: argparse.Namespace, log: Callable[[Row], None], *, grpc: bool = False
+    proxies: int, settings: argparse.Namespace, log: Callable[[Row], None]
 ) -> list[Row]:
-    """``grpc``: the broker's send listener off, so the proxies send over the gRPC stream."""
-    broker = BrokerServer(flush="async", extra=("--send-listen", "off") if grpc else ()).start()
+    broker = BrokerServer(flush="async").start()
     started: list[ProxyServer] = []
     try:
         for _ in range(proxies):
             started.append(ProxyServer(broker).start())
         processes = {"broker": broker.pid}
         processes.update({f"proxy{i + 1}": p.pid for i, p in enumerate(started)})
-        target = f"cluster {proxies}p" + (" grpc" if grpc else "")
+        target = f"cluster {proxies}p"
         return await run_rocketmq_target(
             target, list(started), processes, settings, log, broker.address
         )
@@ -359,8 +357,6 @@ async def run_all(settings: argparse.Namespace, log: Callable[[Row], None]) -> l
     chosen = set(settings.targets.split(","))
     rows = await run_local(settings, log) if "local" in chosen else []
     for proxies in (1, 2):
-        if f"{proxies}p-grpc" in chosen:
-            rows += await run_cluster(proxies, settings, log, grpc=True)
         if f"{proxies}p" in chosen:
             rows += await run_cluster(proxies, settings, log)
     if shutil.which("etcd") is None:
@@ -392,8 +388,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--targets",
         default="local,1p,2p,1w,2w,rabbitmq",
-        help="comma-separated subset of local,1p,2p,1w,2w,rabbitmq; also 1p-grpc, 2p-grpc: "
-        "the broker's send listener off (the proxies' sends over the gRPC stream)",
+        help="comma-separated subset of local,1p,2p,1w,2w,rabbitmq",
     )
     parser.add_argument("--amqp", default=None, help="RabbitMQ URL (default $HALFMOON_AMQP_URL)")
     parser.add_argument("--no-rabbitmq", action="store_true", help="skip the RabbitMQ peer")

@@ -82,7 +82,6 @@ log = logging.getLogger("halfmoon.cluster")
 MAX_CONCURRENT_CALLS = 256
 # The send listener's address: the internal listen host on any free port, or none at all.
 SEND_LISTEN_AUTO = "auto"
-SEND_LISTEN_OFF = "off"
 
 
 @dataclass(frozen=True)
@@ -93,7 +92,7 @@ class BrokerEndpoint:
     address: str  # host:port of the internal protocol
     cluster: str | None
     coordinator: str | None  # e.g. etcd://127.0.0.1:2379
-    send_port: int | None = None  # the send listener's port on the same host, if it listens
+    send_port: int | None = None  # the send listener's port on the same host
     etcd_tls: EtcdTls = PLAIN  # how this process reaches the coordinator
 
 
@@ -141,12 +140,11 @@ def advertised_address(address: str, advertise_host: str | None) -> str:
     return format_address(advertised_host(host, advertise_host), port)
 
 
-def _send_address(send_listen: str | None, listen_host: str) -> tuple[str, int] | None:
-    if send_listen is None or send_listen == SEND_LISTEN_OFF:
-        return None
-    if send_listen == SEND_LISTEN_AUTO:
+def _send_address(send_listen: str | None, listen_host: str) -> tuple[str, int]:
+    """Where the send listener binds: proxies' sends have no other route to the broker."""
+    if send_listen is None or send_listen == SEND_LISTEN_AUTO:
         return listen_host, 0
-    return parse_host_port(send_listen, what="send listen address")
+    return parse_host_port(send_listen, what="send listen address (HOST:PORT or auto)")
 
 
 # Broker snapshots that are configuration, not progress through the log: kept across a cut.
@@ -414,10 +412,10 @@ class BrokerNode:
             fence=role.check_epoch if role is not None else None,
         )
         life.server.add_generic_rpc_handlers([service.handler()])
-        send_address = _send_address(self.send_listen, host)
-        if send_address is not None:
-            life.listener = SendListener(service, *send_address, tls=self.tls.internal)
-            service.send_port = life.listener.start()
+        life.listener = SendListener(
+            service, *_send_address(self.send_listen, host), tls=self.tls.internal
+        )
+        service.send_port = life.listener.start()
         life.tick = TickThread(broker, config.server.tick_interval)
 
     def _start_serving(self, life: _Life, started: float) -> None:
@@ -555,10 +553,10 @@ def _refuse_exposed_listeners(
     """:class:`InsecureListen` for a listener beyond loopback without mutual TLS (unless
     ``auth.insecure``)."""
     host, _ = parse_host_port(listen, what="internal listen address")
-    send_address = _send_address(send_listen, host)
-    listening = [("internal listen", listen, host)]
-    if send_address is not None:
-        listening.append(("send listen", str(send_listen), send_address[0]))
+    listening = [
+        ("internal listen", listen, host),
+        ("send listen", send_listen or SEND_LISTEN_AUTO, _send_address(send_listen, host)[0]),
+    ]
     for what, given, bound_host in listening:
         if tls.internal.enabled or is_loopback(bound_host) or config.auth.insecure:
             continue

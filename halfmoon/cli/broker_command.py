@@ -70,11 +70,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     broker.add_argument(
         "--send-listen",
-        metavar="HOST:PORT|auto|off",
+        metavar="HOST:PORT|auto",
         help="where proxies' sends arrive (cluster.broker_send_listen), over plain framed TCP "
-        "(TLS with [internal]): "
-        "cheaper for the broker than the gRPC stream; auto (default): the --listen host, any "
-        "free port, announced to proxies; off: proxies send over the gRPC stream",
+        "(TLS with [internal]); auto (default): the --listen host, any free port, announced "
+        "to proxies",
     )
     broker.add_argument(
         "--flush",

@@ -39,8 +39,8 @@ class ClusterConfig:
     # halfmoon broker: the internal protocol endpoint (--listen); port 0: any free port.
     broker_listen: str = "127.0.0.1:8091"
     # halfmoon broker: where proxies' sends arrive over framed TCP, TLS with [internal]
-    # (--send-listen). auto: the broker_listen host, any free port, announced to proxies;
-    # off: proxies send over the gRPC stream; or HOST:PORT.
+    # (--send-listen), the one route of their sends. auto: the broker_listen host, any free
+    # port, announced to proxies; or HOST:PORT.
     broker_send_listen: str = "auto"
     # halfmoon broker: the host proxies dial, registered in etcd with the bound port
     # (--advertise; none: the broker_listen host, or this machine's name for 0.0.0.0 or ::).

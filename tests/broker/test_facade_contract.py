@@ -313,7 +313,7 @@ def test_send_nowait_answers_are_awaited_on_an_event_loop(
     open_facade: Callable[..., Broker],
 ) -> None:
     # Written and Pending alike: the results once durable, the writes left to the answer
-    # made off the loop (a worker thread, or a proxy's send stream).
+    # made off the loop (a worker thread, or a proxy's sender).
     facade = open_facade(BrokerConfig(auto_create_topics=True))
     facade.create_topic("orders")
     facade.create_group("billing", consume_from="earliest")

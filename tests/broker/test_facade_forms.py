@@ -127,7 +127,7 @@ def test_a_pending_answer_awaited_writes_on_a_worker_thread() -> None:
 
 
 def test_a_pending_answer_with_a_coroutine_awaits_it_on_the_loop_and_writes_off_it() -> None:
-    # A proxy's send: on the loop its send stream (no thread), off it the blocking sender.
+    # A proxy's send: on the loop its own sender (no thread), off it the blocking one.
     on_loop: list[str] = []
 
     async def streamed() -> str:

@@ -24,7 +24,7 @@ class ProxiedServer(ServerProcess):
             data_dir / "broker",
             extra=(
                 *(arg for setting in broker_settings for arg in ("--set", setting)),
-                *broker_args,  # e.g. ("--send-listen", "off"): sends over the gRPC stream
+                *broker_args,
             ),
         )
 

@@ -20,14 +20,9 @@ pytestmark = pytest.mark.slow
 WAIT_S = 30.0
 
 
-# The proxy's sends reach the broker over its send listener (the default) or, with the
-# listener off, over the gRPC SendStream: the same failure semantics either way.
-TRANSPORTS = {"tcp": (), "grpc": ("--send-listen", "off")}
-
-
-@pytest.fixture(params=sorted(TRANSPORTS))
-def proxied(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ProxiedServer]:
-    server = ProxiedServer(tmp_path / "data", broker_args=TRANSPORTS[request.param]).start()
+@pytest.fixture
+def proxied(tmp_path: Path) -> Iterator[ProxiedServer]:
+    server = ProxiedServer(tmp_path / "data").start()
     try:
         yield server
     finally:

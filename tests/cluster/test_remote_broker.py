@@ -25,6 +25,7 @@ from halfmoon.cluster.coordination.members import read_members
 from halfmoon.cluster.internal import wire
 from halfmoon.cluster.internal.connection import SEND_TIMEOUT_S, BrokerConnection
 from halfmoon.cluster.internal.remote_broker import RemoteBroker
+from halfmoon.cluster.internal.send.stream import StreamSender
 from halfmoon.errors import HalfmoonError
 from tests.cluster.broker_processes import BrokerProcess
 from tests.cluster.etcd_server import EtcdServer
@@ -133,15 +134,11 @@ def test_a_call_past_its_deadline_fails_with_a_deadline_error_and_the_next_one_w
     assert remote.status().name == "broker-a"
 
 
-# A proxy's sends (send_async) reach the broker over its send listener (the default) or, with
-# the listener off, over the gRPC SendStream: the same failure semantics either way.
-TRANSPORTS = {"tcp": (), "grpc": ("--send-listen", "off")}
-
-
-@pytest.fixture(params=sorted(TRANSPORTS))
-def send_process(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[BrokerProcess]:
-    broker = BrokerProcess(tmp_path / "data", extra=TRANSPORTS[request.param]).start()
-    assert (broker.send_port is not None) == (request.param == "tcp")
+# A proxy's sends reach the broker over its send listener, their one route.
+@pytest.fixture
+def send_process(tmp_path: Path) -> Iterator[BrokerProcess]:
+    broker = BrokerProcess(tmp_path / "data").start()
+    assert broker.send_port is not None
     yield broker
     broker.kill()
 
@@ -165,7 +162,7 @@ def _silent_broker_scenario(process: BrokerProcess, remote: RemoteBroker) -> Non
 
     async def scenario() -> tuple[float, float]:
         assert (await remote.send_async(one("before")))[0].message_id == "before"
-        assert remote._stream().send_port == process.send_port  # the transport under test
+        assert remote._sender().send_port == process.send_port  # the transport under test
         process.pause()  # SIGSTOP: the stream stays open, nothing is answered
         try:
             started = time.monotonic()
@@ -228,7 +225,7 @@ def test_a_sigkilled_broker_restarts_and_stream_sends_resume_losing_nothing_ackn
             if time.monotonic() > deadline:
                 raise AssertionError("stream sends did not resume after the restart")
             await asyncio.sleep(0.1)  # a poll with a deadline
-        assert remote._stream().send_port == process.send_port
+        assert remote._sender().send_port == process.send_port
 
     try:
         asyncio.run(scenario())
@@ -247,8 +244,6 @@ def test_a_sigkilled_broker_restarts_and_stream_sends_resume_losing_nothing_ackn
         ("Call", wire.encode(["__init__", [], {}])),
         ("Call", wire.encode(["status", [1, 2, 3], {}])),  # wrong arguments
         ("Call", wire.encode({"not": "a call"})),
-        ("Send", wire.encode([[1, 2]])),
-        ("Send", wire.encode("nonsense")),
     ],
 )
 def test_a_malformed_request_gets_an_error_and_the_broker_stays_up(
@@ -260,21 +255,42 @@ def test_a_malformed_request_gets_an_error_and_the_broker_stays_up(
     assert remote.status().name == "broker-a"
 
 
-def test_an_ill_typed_batch_fails_alone_and_nothing_of_it_is_stored(remote: RemoteBroker) -> None:
+def test_an_ill_typed_batch_fails_alone_and_nothing_of_it_is_stored(
+    process: BrokerProcess, remote: RemoteBroker
+) -> None:
     remote.create_topic("orders", queue_count=1)
+    assert process.send_port is not None
     ill_typed = [
         [OutgoingMessage("orders", "text, not bytes")],  # type: ignore[arg-type]
         [OutgoingMessage("orders", b"x", properties={"k": 1})],  # type: ignore[dict-item]
         [OutgoingMessage("orders", b"x", queue_id=True)],
     ]
-    answers = remote.connection.send([[OutgoingMessage("orders", b"good")], *ill_typed])
+
+    async def one_request() -> tuple[list[object], int]:
+        sender = StreamSender(
+            remote.connection.target,
+            remote.connection.metadata,
+            send_port=process.send_port,  # type: ignore[arg-type]
+            timeout_s=5,
+        )
+        try:  # sent in one loop turn: one request of four batches
+            batches = [[OutgoingMessage("orders", b"good")], *ill_typed]
+            answers = await asyncio.gather(
+                *(sender.send(b) for b in batches), return_exceptions=True
+            )
+            return list(answers), sender.requests
+        finally:
+            await sender.close()
+
+    answers, requests = asyncio.run(one_request())
+    assert requests == 1
     assert [m.topic for m in answers[0]] == ["orders"]  # type: ignore[union-attr]
     assert all(isinstance(a, wire.MalformedRequest) for a in answers[1:])
     assert stored_bodies(remote, "orders") == [b"good"]
 
 
 def test_concurrent_single_sends_are_coalesced_and_each_caller_gets_its_own_answer(
-    remote: RemoteBroker,
+    process: BrokerProcess, remote: RemoteBroker
 ) -> None:
     remote.create_topic("orders", queue_count=4)
 
@@ -292,8 +308,12 @@ def test_concurrent_single_sends_are_coalesced_and_each_caller_gets_its_own_answ
             assert isinstance(answer, list) and answer[0].message_id == f"id-{i}"
         else:
             assert isinstance(answer, TopicNotFound)
-    assert remote.sender.sends == 1_000
-    assert remote.sender.requests < remote.sender.sends / 4  # coalesced, not one call per send
+    # Off any event loop, the sends went the one route, from the remote's own send loop.
+    assert remote._send_loop is not None
+    sender = remote._senders[remote._send_loop.loop]
+    assert sender.send_port == process.send_port
+    assert sender.sends == 1_000
+    assert sender.requests < sender.sends / 4  # coalesced, not one request per send
     assert len(stored_bodies(remote, "orders")) == 900
 
 
@@ -458,3 +478,15 @@ def test_a_standalone_cluster_brokers_answered_acks_survive_its_sigkill(
     finally:
         remote.close()
         process.kill()
+
+
+def test_a_closed_remote_stops_its_send_loop_and_refuses_sends(process: BrokerProcess) -> None:
+    remote = RemoteBroker(process.address)
+    remote.create_topic("orders", queue_count=1)
+    assert remote.send([OutgoingMessage("orders", b"before")])[0].message_id
+    assert remote._send_loop is not None
+    loop = remote._send_loop.loop
+    remote.close()
+    assert remote._send_loop is None and loop.is_closed()
+    with pytest.raises(wire.BrokerUnavailable):
+        remote.send([OutgoingMessage("orders", b"after close")])

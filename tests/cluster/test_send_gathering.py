@@ -41,7 +41,7 @@ class FakeLink:
 def _sender(linger_s: float = send_stream.LINGER_S) -> tuple[StreamSender, FakeLink]:
     sender = StreamSender("127.0.0.1:1", (), timeout_s=30, send_port=1, linger_s=linger_s)
     link = FakeLink(sender)
-    sender._stream = lambda: link  # type: ignore[method-assign]
+    sender._current_link = lambda: link  # type: ignore[method-assign]
     return sender, link
 
 
@@ -140,7 +140,7 @@ def _deadline_sender() -> tuple[StreamSender, FakeLink, list[object]]:
         on_failure=failures.append,
     )  # fmt: skip
     link = FakeLink(sender)
-    sender._stream = lambda: link  # type: ignore[method-assign]
+    sender._current_link = lambda: link  # type: ignore[method-assign]
     return sender, link, failures
 
 

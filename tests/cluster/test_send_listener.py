@@ -71,7 +71,7 @@ def _sends_still_work(process: BrokerProcess) -> None:
 
         async def one() -> str:
             sent = await remote.send_async([OutgoingMessage("alive", b"x", message_id="ok")])
-            assert remote._stream().transport == "tcp"
+            assert remote._sender().send_port == process.send_port
             return sent[0].message_id
 
         assert asyncio.run(one()) == "ok"
@@ -175,13 +175,13 @@ def test_concurrent_stream_sends_share_requests_and_each_caller_gets_its_own_ans
         except TopicNotFound as error:
             return error
 
-    async def scenario() -> list[object]:
-        return list(await asyncio.gather(*(send_one(i) for i in range(500))))
+    async def scenario() -> tuple[list[object], StreamSender]:
+        answers = list(await asyncio.gather(*(send_one(i) for i in range(500))))
+        return answers, remote._sender()  # the one of this loop, which carried them
 
     try:
-        answers = asyncio.run(scenario())
-        sender = remote._stream()
-        assert sender.transport == "tcp"
+        answers, sender = asyncio.run(scenario())
+        assert sender.send_port == process.send_port
         assert sender.sends == 500 and sender.requests < 500 / 4  # coalesced
     finally:
         remote.close()

@@ -1,9 +1,8 @@
 """Epoch fencing of a proxy's writes to a broker group, with real processes (fencing.py).
 
 A proxy reaches a group's master for the epoch the group's routing entry names,
-and every request it sends carries that epoch: a ``Call`` and a unary ``Send``
-in their metadata, a send over the gRPC ``SendStream`` in the stream's, one over
-the send listener in its connection's hello. A member refuses, before storing
+and every request it sends carries that epoch: a ``Call`` in its metadata, a
+send (over the send listener) in its connection's hello. A member refuses, before storing
 anything, a request meant for an older epoch than its own (``EPOCH_STALE``: the
 proxy has not seen the failover yet) and one meant for a newer epoch
 (``MASTER_DEPOSED``: another master was appointed and this one has not noticed).
@@ -69,9 +68,10 @@ def outgoing(body: str) -> list[OutgoingMessage]:
 
 
 def refusals(member: BrokerProcess, epoch: int) -> list[HalfmoonError]:
-    """A write of each kind meant for ``epoch``, sent straight to ``member``: a unary
-    ``Send``, a send over the send listener, one over the gRPC ``SendStream``, and a ``Call``
-    that changes state. The error each was refused with (a write accepted fails the test)."""
+    """A write of each kind meant for ``epoch``, sent straight to ``member``: a blocking send
+    and one from an event loop (both over the send listener, from the remote's send loop and
+    from the caller's), and a ``Call`` that changes state. The error each was refused with (a
+    write accepted fails the test)."""
     found: list[HalfmoonError] = []
 
     def refused(write: object) -> None:
@@ -88,17 +88,11 @@ def refusals(member: BrokerProcess, epoch: int) -> list[HalfmoonError]:
 
     remote = RemoteBroker(member.address, epoch=epoch)
     try:
-        refused(lambda: remote.send(outgoing(f"unary-{epoch}")))
+        refused(lambda: remote.send(outgoing(f"blocking-{epoch}")))
         refused(remote.send_async(outgoing(f"listener-{epoch}")))
         refused(lambda: remote.create_topic(f"made-in-epoch-{epoch}", queue_count=1))
     finally:
         remote.close()
-    over_grpc = RemoteBroker(member.address, epoch=epoch)
-    over_grpc._send_port = None  # the gRPC SendStream rather than the send listener
-    try:
-        refused(over_grpc.send_async(outgoing(f"stream-{epoch}")))
-    finally:
-        over_grpc.close()
     return found
 
 
@@ -121,7 +115,7 @@ def test_a_write_meant_for_the_epoch_before_a_failover_is_refused_by_the_new_mas
     before = held(new_master, "orders", 1)
 
     errors = refusals(new_master, epoch=1)
-    assert [type(e) for e in errors] == [EpochStale] * 4, errors
+    assert [type(e) for e in errors] == [EpochStale] * 3, errors
     assert all(e.code == "EPOCH_STALE" and e.protocol_code == "HA_NOT_AVAILABLE" for e in errors)
     assert held(new_master, "orders", 1) == before  # nothing of them was stored
 
@@ -159,7 +153,7 @@ def test_a_master_another_was_appointed_over_refuses_writes_meant_for_the_new_ep
     before = held(old_master, "orders", 1)
 
     errors = refusals(old_master, epoch=2)
-    assert [type(e) for e in errors] == [MasterDeposed] * 4, errors
+    assert [type(e) for e in errors] == [MasterDeposed] * 3, errors
     assert all(e.code == "MASTER_DEPOSED" and e.protocol_code == "HA_NOT_AVAILABLE" for e in errors)
     assert held(old_master, "orders", 1) == before  # it acknowledged and stored none of them
 

@@ -9,8 +9,9 @@ fail at once. A proxy then answers its client quickly with a code the client
 retries, and steers other sends away from the broker
 (:attr:`BrokerConnection.failed_at` marks it suspect). A call that misses its deadline
 (a partition that drops packets, no reset) marks it suspect too. A send's
-deadline is at most :data:`SEND_TIMEOUT_S`, and keepalive pings find a silent
-transport within 7 s. What gRPC reports becomes a
+deadline (on the send listener's connection,
+:mod:`halfmoon.cluster.internal.send.stream`) is at most :data:`SEND_TIMEOUT_S`, and
+keepalive pings find a silent transport within 7 s. What gRPC reports becomes a
 ``HalfmoonError``:
 
 - DEADLINE_EXCEEDED → :class:`~halfmoon.cluster.internal.wire.BrokerDeadlineExceeded`
@@ -37,8 +38,6 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from halfmoon.broker.encoded import SentMessage
-from halfmoon.broker.produce import SendResult
 from halfmoon.cluster.internal import fencing, wire
 from halfmoon.cluster.internal.internal_tls import PLAINTEXT, InternalTls
 from halfmoon.errors import HalfmoonError
@@ -112,7 +111,6 @@ class BrokerConnection:
             self.metadata += ((fencing.EPOCH_HEADER, fencing.header_value(epoch)),)
         self._hello = self._channel.unary_unary(_method("Hello"))
         self._call = self._channel.unary_unary(_method("Call"))
-        self._send = self._channel.unary_unary(_method("Send"))
         self._advance_clock = self._channel.unary_unary(_method("AdvanceClock"))
         self._events = self._channel.stream_stream(_method("Events"))
 
@@ -137,16 +135,6 @@ class BrokerConnection:
         """Run one facade operation in the broker; its result, or its error raised here."""
         request = wire.encode([operation, list(args), kwargs or {}])
         return self._unary(self._call, request, timeout_s)
-
-    def send(
-        self, batches: Sequence[Sequence[SentMessage]], timeout_s: float | None = None
-    ) -> list[list[SendResult] | HalfmoonError]:
-        """Store many callers' batches in one request; per batch its results or its error."""
-        request = wire.encode([list(b) for b in batches])
-        answers = self._unary(self._send, request, timeout_s or min(self.timeout_s, SEND_TIMEOUT_S))
-        if not isinstance(answers, list) or len(answers) != len(batches):
-            raise wire.MalformedRequest(f"the broker at {self.target} answered Send oddly")
-        return answers
 
     def advance_clock(self, ms: int) -> int:
         """Move a broker's test clock (only a broker started with ``--fake-clock-ms`` has one)."""

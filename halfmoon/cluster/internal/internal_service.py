@@ -8,20 +8,13 @@ out, encoded by :mod:`halfmoon.cluster.internal.wire`):
   in :data:`OPERATIONS`; the answer is the result or the error. Also
   ``send_stats``: the send requests served and the calls and messages they
   carried, from every peer (``bench/proxy_bench.py`` reads it).
-- ``Send`` (unary): many callers' sends in one request, ``[[message, ...],
-  ...]``; each batch is stored all-or-nothing as one ``send`` would, the
-  request is answered once every batch is durable (one shared fsync under
-  ``sync`` flush), with one result list or error per batch.
-- ``SendStream`` (bidirectional stream): the same as ``Send``, many requests
-  over one long-lived call, each ``[request_id, timeout_ms, batches]``
-  answered ``[request_id, answers]`` in order; a proxy's sends cost a stream
-  message each instead of a unary call (a unary call's per-call machinery is
-  most of a small request's cost).
-- the same requests also arrive over the broker's send listener
-  (:mod:`halfmoon.cluster.internal.send.listener`, plain framed TCP), which a proxy
-  uses when the ``Hello`` answer names its ``send_port``: the stream's
-  per-request machinery is most of a proxied send's cost to the broker;
-  :meth:`InternalService.store_batches` is what both call.
+- proxies' sends do not arrive here but at the broker's send listener
+  (:mod:`halfmoon.cluster.internal.send.listener`, plain framed TCP, its port
+  in the ``Hello`` answer's ``send_port``): many callers' sends per request,
+  each batch stored all or nothing as one ``send`` would, the request answered
+  once every batch is durable (one shared fsync under ``sync`` flush).
+  :meth:`InternalService.store_batches` is what the listener calls; gRPC's
+  per-request machinery would be most of a proxied send's cost to the broker.
 - ``Events`` (bidirectional stream): the broker pushes arrival wake-ups
   (coalesced per queue), transaction check requests and lite unsubscribe
   notices; the peer answers each check batch with which checks a live
@@ -38,7 +31,7 @@ A request that cannot be decoded, or names an unknown operation, is answered
 with ``MALFORMED_REQUEST``; nothing a peer sends is executed beyond the
 listed operations, and no failure of one call takes the broker down.
 
-On a member of a broker group, a proxy's ``Call``, ``Send`` and ``SendStream``
+On a member of a broker group, a proxy's ``Call`` and its send connection's hello
 carry the group epoch the proxy routes for (:mod:`halfmoon.cluster.internal.fencing`):
 each request is checked by the ``fence`` given (the group role's) before
 anything is done, and refused as a whole (``EPOCH_STALE``,
@@ -67,7 +60,7 @@ from halfmoon.broker.facade import Pending, Written, operations
 from halfmoon.broker.message import MessageType
 from halfmoon.broker.transactions.check import CheckRequest
 from halfmoon.cluster.internal import fencing, wire
-from halfmoon.cluster.internal.send.requests import send_batches, stream_request, well_typed
+from halfmoon.cluster.internal.send.requests import well_typed
 from halfmoon.errors import HalfmoonError
 from halfmoon.lifecycle import CallsInFlight
 
@@ -184,7 +177,7 @@ class InternalService:
         self._rotation = itertools.count()
         # message id of a half message -> the peer (proxy) it was sent through, newest last
         self._half_senders: OrderedDict[str, str] = OrderedDict()
-        # Send and SendStream requests served and what they carried, for all peers together
+        # Send requests served and what they carried, for all peers together
         # (``Call send_stats``: how well the proxies coalesce, whatever their worker count).
         self._send_stats = {"requests": 0, "calls": 0, "messages": 0}
         self.send_port: int | None = None  # the send listener's, once it listens
@@ -207,8 +200,6 @@ class InternalService:
         methods: dict[str, grpc.RpcMethodHandler] = {
             "Hello": grpc.unary_unary_rpc_method_handler(unary(self._hello)),
             "Call": grpc.unary_unary_rpc_method_handler(unary(self._call)),
-            "Send": grpc.unary_unary_rpc_method_handler(unary(self._send)),
-            "SendStream": grpc.stream_stream_rpc_method_handler(stream(self._send_stream)),
             "Events": grpc.stream_stream_rpc_method_handler(stream(self._events)),
         }
         if self._clock is not None:
@@ -294,57 +285,6 @@ class InternalService:
             _wait_durable([result.durable], context.time_remaining())
             return result.result
         return result
-
-    def _send(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        headers = self._check_version(context)
-        try:
-            epoch = fencing.parse_epoch(headers.get(fencing.EPOCH_HEADER))
-            batches = send_batches(wire.decode(request))
-            _check_deadline(context)
-        except HalfmoonError as error:
-            return wire.encode(error)
-        peer = headers.get("hm-peer")
-        return wire.encode(self._store_and_wait(batches, context.time_remaining(), peer, epoch))
-
-    def _send_stream(
-        self, requests: Iterator[bytes], context: grpc.ServicerContext
-    ) -> Iterator[bytes]:
-        """Requests ``[request_id, timeout_ms, batches]``, answered in order with
-        ``[request_id, answers]`` (or ``[request_id, error]`` for a request that does not
-        decode; the stream goes on). Each request waits for its durability within its own
-        timeout, as a ``Send`` within its deadline. The stream's epoch (its metadata) is
-        checked at every request: the broker may be deposed while the stream lasts."""
-        headers = self._check_version(context)
-        peer = headers.get("hm-peer")
-        try:
-            epoch = fencing.parse_epoch(headers.get(fencing.EPOCH_HEADER))
-        except HalfmoonError as error:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{error.code}: {error.message}")
-        for raw in requests:
-            request_id: object = None
-            try:
-                request_id, timeout_ms, batches = stream_request(wire.decode(raw))
-            except HalfmoonError as error:
-                yield wire.encode([request_id, error])
-                continue
-            answers = self._store_and_wait(batches, timeout_ms / 1000, peer, epoch)
-            yield wire.encode([request_id, answers])
-
-    def _store_and_wait(
-        self,
-        batches: list[list[SentMessage]],
-        timeout_s: float | None,
-        peer: str | None,
-        epoch: int | None = None,
-    ) -> list[object]:
-        """Store the batches, wait until durable within ``timeout_s``; an answer per batch."""
-        answers, durable = self.store_batches(batches, epoch)
-        try:
-            _wait_durable(durable, timeout_s)
-        except HalfmoonError as error:
-            return [a if isinstance(a, HalfmoonError) else error for a in answers]
-        self.remember_half_senders(batches, answers, peer)
-        return answers
 
     def store_batches(
         self, batches: list[list[SentMessage]], epoch: int | None = None

@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import grpc
-import grpc.aio
 
 from halfmoon import listen
 from halfmoon.auth.config import InternalTlsConfig, TlsConfig
@@ -94,14 +93,6 @@ class InternalTls:
             return grpc.insecure_channel(target, options=list(options))
         credentials, extra = secure
         return grpc.secure_channel(target, credentials, options=[*options, *extra])
-
-    def aio_channel(self, target: str, options: Sequence[tuple[str, Any]]) -> grpc.aio.Channel:
-        """:meth:`channel` for an event loop (a proxy's send streams)."""
-        secure = self._credentials()
-        if secure is None:
-            return grpc.aio.insecure_channel(target, options=list(options))
-        credentials, extra = secure
-        return grpc.aio.secure_channel(target, credentials, options=[*options, *extra])
 
     def _certificates(self) -> Certificates | None:
         """The broker's side: one set of files for its port and its send listener,

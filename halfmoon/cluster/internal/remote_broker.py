@@ -5,11 +5,13 @@ as the same ``HalfmoonError`` subclass), made from the facade's declaration
 (:func:`halfmoon.cluster.internal.forwards.forward`: its signature and docstring, the
 class still checked against the protocol), except what is written out here:
 
-- ``send`` goes through a :class:`SendCoalescer`: concurrent sends from many
-  threads share one ``Send`` request, answered once durable.
-- ``send_async`` (on a proxy's event loop) goes through a :class:`StreamSender`:
-  sends coalesced on the loop, each request one message of a long-lived
-  ``SendStream``, no thread involved.
+- sends take one route, the broker's send listener (its port from the
+  ``Hello`` answer): ``send_async`` (on a proxy's event loop) through a
+  :class:`StreamSender` on that loop, concurrent sends coalesced into one
+  request on one long-lived connection, no thread involved; ``send`` (a
+  blocking caller, off any loop) the same through a :class:`StreamSender` on
+  this object's own send loop (:class:`SendLoop`, a thread started at the
+  first such send), so the sends of many threads coalesce there too.
 - ``send_nowait`` answers a ``Pending`` that is one or the other: awaited on
   an event loop, ``send_async``; written off one, ``send``.
   ``send_fanout_nowait`` is a ``Pending`` of ``send_fanout``.
@@ -35,13 +37,14 @@ for it within their deadline; the Events stream is reopened.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from halfmoon.broker.config import BrokerConfig
 from halfmoon.broker.encoded import encode_for_broker
@@ -68,21 +71,23 @@ from halfmoon.cluster.internal.connection import DEFAULT_TIMEOUT_S, SEND_TIMEOUT
 from halfmoon.cluster.internal.events import BrokerEvents
 from halfmoon.cluster.internal.forwards import forward, forward_pending
 from halfmoon.cluster.internal.internal_tls import PLAINTEXT, InternalTls
-from halfmoon.cluster.internal.send.coalescer import DEFAULT_MAX_IN_FLIGHT, SendCoalescer
 from halfmoon.cluster.internal.send.metrics import observer
-from halfmoon.cluster.internal.send.stream import StreamSender
+from halfmoon.cluster.internal.send.stream import DEFAULT_STREAM_IN_FLIGHT, StreamSender
 from halfmoon.cluster.internal.wire import BrokerDeadlineExceeded, BrokerUnavailable
 from halfmoon.errors import HalfmoonError
 
 # A broker found unreachable is avoided this long; then the next call tries it again.
 SUSPECT_S = 1.0
 
+T = TypeVar("T")
 
-def _close_on_its_loop(stream: StreamSender) -> None:
-    """Close a send stream from any thread: on its loop, waited for when another thread."""
+
+def _close_on_its_loop(stream: StreamSender, *, wait: bool) -> None:
+    """Close a sender from any thread, on its own loop: waited for when ``wait`` and the
+    caller is on another thread (never from a loop: that loop would stall meanwhile)."""
     loop = stream.loop
     if loop.is_closed() or not loop.is_running():
-        return  # nothing runs on it any more: its channel goes with it
+        return  # nothing runs on it any more: its connection goes with it
     try:
         running = asyncio.get_running_loop()
     except RuntimeError:
@@ -90,8 +95,50 @@ def _close_on_its_loop(stream: StreamSender) -> None:
     if running is loop:
         loop.create_task(stream.close())
         return
-    with contextlib.suppress(Exception):  # a loop that stops meanwhile closes it anyway
-        asyncio.run_coroutine_threadsafe(stream.close(), loop).result(timeout=5)
+    closing = asyncio.run_coroutine_threadsafe(stream.close(), loop)
+    if wait and running is None:
+        with contextlib.suppress(Exception):  # a loop that stops meanwhile closes it anyway
+            closing.result(timeout=5)
+
+
+class SendLoop:
+    """An event loop on a thread of its own, for sends made off any loop: a blocking
+    ``send`` runs there, so the one send route (a :class:`StreamSender`) serves threads too."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, work: Coroutine[Any, Any, T]) -> T:
+        """``work`` run on the send loop; its result (or error) for the calling thread."""
+        try:
+            return asyncio.run_coroutine_threadsafe(work, self.loop).result()
+        except concurrent.futures.CancelledError:  # close() cancelled it
+            raise BrokerUnavailable("the connection to the broker was closed") from None
+
+    def close(self) -> None:
+        """Cancel what still runs on the loop (its callers hear ``BROKER_UNAVAILABLE``), stop
+        it and wait for the thread."""
+        if self.loop.is_closed():
+            return
+        with contextlib.suppress(Exception):  # a loop already stopping ends its tasks anyway
+            asyncio.run_coroutine_threadsafe(_cancel_others(), self.loop).result(timeout=5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+async def _cancel_others() -> None:
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _port(value: object) -> int | None:
@@ -106,7 +153,7 @@ class RemoteBroker:
         target: str,
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        max_in_flight_sends: int = DEFAULT_MAX_IN_FLIGHT,
+        max_in_flight_sends: int = DEFAULT_STREAM_IN_FLIGHT,
         handshake: bool = True,
         epoch: int | None = None,
         tls: InternalTls = PLAINTEXT,
@@ -128,16 +175,18 @@ class RemoteBroker:
             raise
         self._timeout_s = timeout_s
         self._observe = observer(self.broker_name or target)
-        self.sender = SendCoalescer(
-            self.connection, max_in_flight=max_in_flight_sends, observer=self._observe
-        )
-        self._stream_sender: StreamSender | None = None  # made on the first send_async's loop
-        self._stream_lock = threading.Lock()
-        # The broker's send listener, from its Hello answer (None: the gRPC stream). Looked up
-        # again after its connection fails: a restarted broker may listen on another port.
+        self._max_in_flight_sends = max_in_flight_sends
+        # One sender per event loop sends are made on: the front end's, and this object's own
+        # send loop for blocking callers (made at the first such send).
+        self._senders: dict[asyncio.AbstractEventLoop, StreamSender] = {}
+        self._send_loop: SendLoop | None = None
+        self._senders_lock = threading.Lock()
+        # The broker's send listener, from its Hello answer. Looked up again after its
+        # connection fails (a restarted broker may listen on another port), and before the
+        # first send when the handshake was skipped.
         self._send_port = _port(hello.get("send_port"))
-        self._send_port_stale = False
-        self._relocating: asyncio.Lock | None = None
+        self._send_port_stale = self._send_port is None
+        self._relocating = threading.Lock()
         self._closed = False
         self.events = BrokerEvents(self.connection, self.peer)
 
@@ -156,14 +205,17 @@ class RemoteBroker:
         return bool(self.connection.call("config", [], timeout_s=timeout_s).writable)
 
     def close(self) -> None:
-        """Close the connection (any thread; the send stream is closed on its own loop)."""
-        with self._stream_lock:
+        """Close the connection (any thread; each sender is closed on its own loop)."""
+        with self._senders_lock:
             self._closed = True
-            stream, self._stream_sender = self._stream_sender, None
-        if stream is not None:
-            _close_on_its_loop(stream)
+            senders = list(self._senders.values())
+            self._senders.clear()
+            send_loop, self._send_loop = self._send_loop, None
+        for sender in senders:
+            _close_on_its_loop(sender, wait=True)
+        if send_loop is not None:
+            send_loop.close()
         self.events.close()
-        self.sender.close()
         self.connection.close()
 
     def add_arrival_listener(self, callback: Callable[[str, int], None]) -> None:
@@ -187,22 +239,29 @@ class RemoteBroker:
     # -- produce (coalesced) -----------------------------------------------------------------
 
     def send(self, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
+        """``send_async`` for a blocking caller, run on this object's send loop."""
         if not messages:
             return []
-        return self.sender.submit(encode_for_broker(messages)).result()
+        with self._senders_lock:
+            if self._closed:
+                raise BrokerUnavailable(f"the connection to {self.connection.target} is closed")
+            if self._send_loop is None:
+                self._send_loop = SendLoop(f"halfmoon-send-{self.broker_name or 'broker'}")
+            send_loop = self._send_loop
+        return send_loop.run(self.send_async(messages))
 
     def send_fanout(self, message: OutgoingMessage, others: Sequence[str]) -> list[SendResult]:
         copies = fanout_copies(message, others)  # a topic named twice is refused here
         if not others or message.message_type is MessageType.TRANSACTION:
-            # Half messages go by the send stream, which remembers the peer they came
+            # Half messages go by the send listener, which remembers the peer they came
             # through (their checks are asked there first); they are one per topic anyway.
             return self.send(copies)
         # One call: the broker stores the message once for all its topics (one record).
         return self._call("send_fanout", [copies[0], list(others)])  # type: ignore[no-any-return]
 
     def send_nowait(self, messages: Sequence[OutgoingMessage]) -> Pending[list[SendResult]]:
-        """A send made when its answer is asked for: on an event loop through the send
-        stream (:meth:`send_async`), off one through the coalescing sender (:meth:`send`)."""
+        """A send made when its answer is asked for: on an event loop :meth:`send_async`,
+        off one :meth:`send` (the same route, from this object's send loop)."""
         return Pending.of_durable(partial(self.send, messages), partial(self.send_async, messages))
 
     send_fanout_nowait = deferred(send_fanout)
@@ -213,59 +272,71 @@ class RemoteBroker:
             return []
         if self.suspect():
             # Found unreachable (or silent) a moment ago: fail now with a code clients retry,
-            # as a blocking call does, rather than queue behind a dead stream.
+            # as a blocking call does, rather than queue behind a dead connection.
             raise BrokerUnavailable(f"the broker at {self.connection.target} is unreachable")
         if self._send_port_stale:
             await self._relocate()
         # Plain messages are checked and encoded here, on the proxy, not on the one broker
         # (halfmoon.broker.encoded): the broker then stores their records as they are.
-        return await self._stream().send(encode_for_broker(messages))
+        return await self._sender().send(encode_for_broker(messages))
 
     async def _relocate(self) -> None:
-        """Ask the broker again where its send listener is (its connection failed: the broker
-        may have restarted on another port), in a thread (a blocking call); a new port gets a
-        new sender, the old one is closed."""
-        if self._relocating is None:
-            self._relocating = asyncio.Lock()
-        async with self._relocating:
-            if not self._send_port_stale:
-                return  # another send did it meanwhile
-            timeout_s = min(self._timeout_s, SEND_TIMEOUT_S)  # as long as a send may wait
-            hello = await asyncio.to_thread(self.connection.hello, timeout_s)
-            self._send_port_stale = False
-            port = _port(hello.get("send_port"))
-            if port == self._send_port:
-                return
-            self._send_port = port
-            with self._stream_lock:
-                stream, self._stream_sender = self._stream_sender, None
-            if stream is not None:
-                await stream.close()
+        """Ask the broker (again) where its send listener is, in a thread (a blocking call):
+        its connection failed, and the broker may have restarted on another port. A new port
+        closes every loop's sender; the next sends open new ones."""
+        replaced = await asyncio.to_thread(self._look_up_send_port)
+        for sender in replaced:
+            _close_on_its_loop(sender, wait=False)
 
-    def _stream(self) -> StreamSender:
-        with self._stream_lock:
-            if self._stream_sender is None:
+    def _look_up_send_port(self) -> list[StreamSender]:
+        with self._relocating:
+            if not self._send_port_stale:
+                return []  # another send did it meanwhile
+            timeout_s = min(self._timeout_s, SEND_TIMEOUT_S)  # as long as a send may wait
+            port = _port(self.connection.hello(timeout_s).get("send_port"))
+            if port is None:
+                raise BrokerUnavailable(
+                    f"the broker at {self.connection.target} announces no send listener"
+                )
+            self._send_port_stale = False
+            if port == self._send_port:
+                return []
+            self._send_port = port
+            with self._senders_lock:
+                replaced = list(self._senders.values())
+                self._senders.clear()
+            return replaced
+
+    def _sender(self) -> StreamSender:
+        """The sender of the running loop (made at its first send)."""
+        loop = asyncio.get_running_loop()
+        with self._senders_lock:
+            sender = self._senders.get(loop)
+            if sender is None:
                 if self._closed:
                     raise BrokerUnavailable(f"the connection to {self.connection.target} is closed")
-                self._stream_sender = StreamSender(
+                assert self._send_port is not None  # looked up before the first send
+                for gone in [other for other in self._senders if other.is_closed()]:
+                    del self._senders[gone]  # an event loop that ended (a test's, a worker's)
+                sender = self._senders[loop] = StreamSender(
                     self.connection.target,
                     self.connection.metadata,
-                    timeout_s=min(self._timeout_s, SEND_TIMEOUT_S),
-                    observer=self._observe,
-                    on_failure=self._stream_failed,
-                    on_answer=self._stream_answered,
                     send_port=self._send_port,
+                    timeout_s=min(self._timeout_s, SEND_TIMEOUT_S),
+                    max_in_flight=self._max_in_flight_sends,
+                    observer=self._observe,
+                    on_failure=self._send_failed,
+                    on_answer=self._send_answered,
                     tls=self.connection.tls,
                 )
-            return self._stream_sender
+            return sender
 
-    def _stream_failed(self, error: HalfmoonError) -> None:
+    def _send_failed(self, error: HalfmoonError) -> None:
         if isinstance(error, BrokerUnavailable | BrokerDeadlineExceeded):
             self.connection.failed_at = time.monotonic()
-            if self._send_port is not None:
-                self._send_port_stale = True
+            self._send_port_stale = True
 
-    def _stream_answered(self) -> None:
+    def _send_answered(self) -> None:
         self.connection.failed_at = None
 
     def suspect(self, window_s: float = SUSPECT_S) -> bool:

@@ -1,14 +1,7 @@
-"""The connections a :class:`~halfmoon.cluster.internal.send.stream.StreamSender` carries
-its requests on.
-
-Two links, one contract, so the sender's coalescing, deadlines and failure
-rules are the same whichever carries them:
-
-- :class:`GrpcLink`: one call of the broker's ``SendStream`` (every broker
-  serves it);
-- :class:`TcpLink`: one connection to the broker's send listener
-  (:mod:`halfmoon.cluster.internal.send.listener`), when the broker announces one:
-  cheaper for the broker per request.
+"""The connection a :class:`~halfmoon.cluster.internal.send.stream.StreamSender` carries its
+requests on: :class:`TcpLink`, one connection to the broker's send listener
+(:mod:`halfmoon.cluster.internal.send.listener`), behind the small :class:`Link` contract
+the sender's coalescing, deadlines and failure rules are written (and tested) against.
 
 A link takes request payloads with :meth:`write` (queued until it is
 connected), hands each answer payload to ``on_frame``, and when it ends by
@@ -22,20 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
-
-import grpc
-import grpc.aio
+from typing import Protocol
 
 from halfmoon.cluster.internal import wire
-from halfmoon.cluster.internal.connection import rpc_error
 from halfmoon.cluster.internal.internal_tls import PLAINTEXT, InternalTls
 from halfmoon.cluster.internal.send.frames import frame, read_frame
 from halfmoon.errors import HalfmoonError
 
 log = logging.getLogger("halfmoon.cluster")
-
-STREAM_DEADLINE_S = 3600.0  # a send stream is replaced this often (and after any failure)
 
 
 class Link(Protocol):
@@ -46,67 +33,6 @@ class Link(Protocol):
 
 OnFrame = Callable[[bytes], None]
 OnEnd = Callable[[Link, HalfmoonError | None], None]
-
-
-class GrpcLink:
-    """One ``SendStream`` call; grpc.aio takes one write at a time, so one writer task."""
-
-    def __init__(
-        self,
-        open_call: Any,
-        metadata: tuple[tuple[str, str], ...],
-        target: str,
-        on_frame: OnFrame,
-        on_end: OnEnd,
-    ) -> None:
-        self._target = target
-        self._on_frame = on_frame
-        self._on_end = on_end
-        self._cancelled = False
-        self._call = open_call(timeout=STREAM_DEADLINE_S, metadata=metadata, wait_for_ready=False)
-        self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        self._reader = loop.create_task(self._read())
-        self._writer = loop.create_task(self._write_requests())
-
-    def write(self, request: bytes) -> None:
-        self._outbox.put_nowait(request)
-
-    def cancel(self) -> None:
-        self._cancelled = True
-        self._writer.cancel()
-        self._reader.cancel()
-        self._call.cancel()
-
-    async def _write_requests(self) -> None:
-        try:
-            while True:
-                await self._call.write(await self._outbox.get())
-        except (grpc.RpcError, asyncio.InvalidStateError):
-            pass  # the reader sees the stream end and reports it
-        except asyncio.CancelledError:
-            pass
-
-    async def _read(self) -> None:
-        error: HalfmoonError | None = None
-        try:
-            while True:
-                raw = await self._call.read()
-                if raw is grpc.aio.EOF:
-                    break
-                self._on_frame(raw)
-        except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.CANCELLED or not self._cancelled:
-                error = rpc_error(exc, self._target)
-        except asyncio.CancelledError:
-            return  # cancelled: no report
-        except Exception as exc:  # noqa: BLE001 - an answer that does not decode
-            log.exception("event=send_stream_failed broker=%s", self._target)
-            error = HalfmoonError(f"the send stream to {self._target} broke: {exc}")
-        self._writer.cancel()
-        self._call.cancel()
-        if not self._cancelled:
-            self._on_end(self, error)
 
 
 class TcpLink:

@@ -1,22 +1,16 @@
-"""A proxy's sends to one broker: coalesced on the event loop, carried by one long-lived stream.
+"""A proxy's sends to one broker: coalesced on an event loop, carried by one long-lived
+connection to the broker's send listener.
 
 The front end's ``SendMessage`` handlers run on the proxy's event loop; each
 awaits :meth:`StreamSender.send`. Sends waiting while a request is in flight
-go out together in the next request (group commit, as
-:class:`~halfmoon.cluster.internal.send.coalescer.SendCoalescer` does for threads), and a
-request is one message on the ``SendStream`` call (``[request_id,
-timeout_ms, batches]``, answered in order with ``[request_id, answers]``),
-not a unary call of its own: measured, a unary call costs the broker about
-550 µs of gRPC machinery and the proxy a worker-thread hop and a blocking
-call per request, which is what kept a proxy's per-message cost above local
-mode's.
-
-When the broker announces a send listener (``send_port`` in its Hello
-answer), the requests go there instead, over a
-:class:`~halfmoon.cluster.internal.send.links.TcpLink`:
-the same requests and answers, length-prefixed on a plain TCP connection (TLS
-with ``[internal]``), which costs the broker several times less per request
-than the stream (docs/cluster.md). Everything below holds for both.
+go out together in the next request (group commit), and a request is one
+frame on a :class:`~halfmoon.cluster.internal.send.links.TcpLink` to the
+broker's send listener (``[request_id, timeout_ms, batches]``, answered in
+order with ``[request_id, answers]``; TLS with ``[internal]``). This is the
+one route a proxy's sends take: measured (docs/benchmarks.md, "The broker's
+send listener"), a unary gRPC call per request cost the broker about 550 µs
+of gRPC machinery and the proxy a worker-thread hop, a request on a gRPC
+stream about 180 µs, a frame on the listener about 55.
 
 A send alone goes out in the next turn of the loop (so the sends decoded in
 one turn share a request). Under load the next request gathers (Kafka's
@@ -30,24 +24,25 @@ whichever comes first. The linger is :data:`LINGER_S` from
 (two producers taking turns wait at most half a millisecond for each other),
 and nothing at all for a lone sender. At most ``max_in_flight`` requests are
 unanswered at a time, and a request carries at most ``max_messages``
-messages or ``max_bytes`` of bodies.
+messages or ``max_bytes`` of bodies; each caller's batch stays one unit on
+the broker (stored all or nothing, as ``send`` promises).
 
 Failures:
 
 - a request unanswered after ``timeout_s`` fails its callers with
   ``BROKER_DEADLINE_EXCEEDED`` (the outcome is unknown). If nothing at all was
   answered since it left, the broker is silent (a partition that drops
-  packets leaves the stream open but dead): the stream is reset, the other
+  packets leaves the connection open but dead): the connection is reset, the other
   requests in flight fail with ``BROKER_UNAVAILABLE``, the broker is reported
   (suspect: sends steer elsewhere for a moment) and the next send opens a new
-  stream. If the broker answered other requests meanwhile it is alive, only
-  slow (overloaded): that request alone fails, and the stream, the requests
+  connection. If the broker answered other requests meanwhile it is alive, only
+  slow (overloaded): that request alone fails, and the connection, the requests
   behind it and the broker's standing are left alone, so an overload does not
   turn into a second of refused sends;
-- a stream (or connection) that breaks (broker gone, connection refused) fails every request
+- a connection that breaks (broker gone, connection refused) fails every request
   in flight with ``BROKER_UNAVAILABLE`` at once, without waiting for the
-  broker to come back (``wait_for_ready`` is off: a dead broker is reported,
-  not waited for); the next send opens a new stream;
+  broker to come back (a dead broker is reported, not waited for); the next
+  send opens a new connection;
 - a version mismatch fails them with ``WIRE_VERSION_MISMATCH``.
 """
 
@@ -58,21 +53,19 @@ import itertools
 import logging
 from collections.abc import Callable, Sequence
 
-import grpc.aio
-
 from halfmoon.broker.encoded import SentMessage
 from halfmoon.broker.produce import SendResult
 from halfmoon.cluster.internal import fencing, wire
-from halfmoon.cluster.internal.connection import channel_options
 from halfmoon.cluster.internal.internal_tls import PLAINTEXT, InternalTls
-from halfmoon.cluster.internal.send.coalescer import DEFAULT_MAX_BYTES, DEFAULT_MAX_MESSAGES
 from halfmoon.cluster.internal.send.frames import too_large
-from halfmoon.cluster.internal.send.links import GrpcLink, Link, TcpLink
+from halfmoon.cluster.internal.send.links import Link, TcpLink
 from halfmoon.errors import HalfmoonError
 
 log = logging.getLogger("halfmoon.cluster")
 
-DEFAULT_STREAM_IN_FLIGHT = 1
+DEFAULT_STREAM_IN_FLIGHT = 1  # measured: one request in flight coalesces the most
+DEFAULT_MAX_MESSAGES = 1024
+DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 # Gathering after an answer (module docstring): the next request waits for the callers just
 # answered plus those already waiting, at most LINGER_S * min(1, expected / LINGER_FULL_AT).
 # Measured through one proxy (bench/proxy_bench.py, two alternated runs each, load 5-12 on the
@@ -88,13 +81,15 @@ _Waiting = tuple[list[SentMessage], "asyncio.Future[list[SendResult]]"]
 
 
 class StreamSender:
-    """Sends to the broker at ``target``; create and use it on one event loop."""
+    """Sends to the broker at ``target`` (its internal address) through its send listener on
+    ``send_port`` (the same host); create and use it on one event loop."""
 
     def __init__(
         self,
         target: str,
         metadata: tuple[tuple[str, str], ...],
         *,
+        send_port: int,
         timeout_s: float,
         max_in_flight: int = DEFAULT_STREAM_IN_FLIGHT,
         max_messages: int = DEFAULT_MAX_MESSAGES,
@@ -103,7 +98,6 @@ class StreamSender:
         on_failure: Callable[[HalfmoonError], None] | None = None,
         on_answer: Callable[[], None] | None = None,
         linger_s: float = LINGER_S,
-        send_port: int | None = None,
         tls: InternalTls = PLAINTEXT,
     ) -> None:
         self.target = target
@@ -117,12 +111,7 @@ class StreamSender:
         self._on_failure = on_failure  # the link broke with requests in flight
         self._on_answer = on_answer  # a request was answered
         self._loop = asyncio.get_running_loop()
-        # The broker's send listener when it announced one (same host), else the gRPC stream.
         self.send_port = send_port
-        self._channel: grpc.aio.Channel | None = None
-        if send_port is None:
-            self._channel = tls.aio_channel(target, channel_options())
-            self._open = self._channel.stream_stream(f"/{wire.SERVICE}/SendStream")
         self._link: Link | None = None
         self._waiting: list[_Waiting] = []
         self._in_flight: dict[int, tuple[list[_Waiting], asyncio.TimerHandle]] = {}
@@ -164,19 +153,12 @@ class StreamSender:
                     self._loop.call_soon(self._flush)
         return await future
 
-    @property
-    def transport(self) -> str:
-        """``tcp`` (the broker's send listener) or ``grpc`` (its ``SendStream``)."""
-        return "grpc" if self.send_port is None else "tcp"
-
     async def close(self) -> None:
         self._closed = True
         self._fail_all(wire.BrokerUnavailable(f"the connection to {self.target} was closed"))
         link, self._link = self._link, None
         if link is not None:
             link.cancel()
-        if self._channel is not None:
-            await self._channel.close()
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -212,7 +194,7 @@ class StreamSender:
             error = too_large(len(request))
             if error is not None:
                 raise error
-            link = self._stream()
+            link = self._current_link()
         except Exception as exc:  # noqa: BLE001 - these callers hear of it, the next ones retry
             _fail(taken, exc if isinstance(exc, HalfmoonError) else HalfmoonError(str(exc)))
             return
@@ -226,25 +208,20 @@ class StreamSender:
             self._observer(count, len(taken))
         link.write(request)
 
-    def _stream(self) -> Link:
+    def _current_link(self) -> Link:
         if self._link is None:
-            if self.send_port is None:
-                self._link = GrpcLink(
-                    self._open, self._metadata, self.target, self._answered, self._ended
-                )
-            else:
-                headers = dict(self._metadata)
-                hello: dict[str, object] = {
-                    "version": headers.get(wire.VERSION_HEADER, ""),
-                    "peer": headers.get("hm-peer", ""),
-                }
-                epoch = headers.get(fencing.EPOCH_HEADER)
-                if epoch is not None:  # the group epoch (connection metadata): fencing.py
-                    hello["epoch"] = int(epoch)
-                host = self.target.rpartition(":")[0].strip("[]")
-                self._link = TcpLink(
-                    host, self.send_port, hello, self._answered, self._ended, self._tls
-                )
+            headers = dict(self._metadata)
+            hello: dict[str, object] = {
+                "version": headers.get(wire.VERSION_HEADER, ""),
+                "peer": headers.get("hm-peer", ""),
+            }
+            epoch = headers.get(fencing.EPOCH_HEADER)
+            if epoch is not None:  # the group epoch (connection metadata): fencing.py
+                hello["epoch"] = int(epoch)
+            host = self.target.rpartition(":")[0].strip("[]")
+            self._link = TcpLink(
+                host, self.send_port, hello, self._answered, self._ended, self._tls
+            )
         return self._link
 
     def _ended(self, link: Link, error: HalfmoonError | None) -> None:
@@ -253,7 +230,7 @@ class StreamSender:
             return  # reset meanwhile: its requests were failed, the next link's are not ours
         self._link = None
         failure = error or wire.BrokerUnavailable(
-            f"the broker at {self.target} ended the send stream; the outcome is unknown"
+            f"the broker at {self.target} closed the send connection; the outcome is unknown"
         )
         if self._in_flight and self._on_failure is not None:
             self._on_failure(failure)
@@ -319,7 +296,7 @@ class StreamSender:
         sent_at = entry[1].when() - self._timeout_s
         if self._last_answer_at >= sent_at:
             return  # answered others since this one left: alive, only slow (see the docstring)
-        # A silent broker (a partition drops packets, no reset) may leave the stream open but
+        # A silent broker (a partition drops packets, no reset) may leave the connection open but
         # dead: drop it, so the requests behind this one fail now and the next send opens a
         # fresh one, and report the broker (suspect: sends steer elsewhere meanwhile).
         self._reset(
