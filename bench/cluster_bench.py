@@ -8,7 +8,8 @@ at a time, waiting for its answer) runs against:
 - ``in-process``: ``halfmoon.broker.broker.Broker`` in this process (the
   peer: what ``halfmoon serve`` pays below gRPC);
 - ``remote``: a real ``halfmoon broker`` process on loopback, through one
-  ``RemoteBroker`` (coalesced sends over the internal protocol).
+  ``RemoteBroker`` (blocking sends, coalesced on its send loop and carried
+  to the broker's send listener).
 
 Printed per row: messages per second, internal requests per send (how much
 coalescing happened), CPU per message of the broker process and of this
@@ -117,7 +118,7 @@ def bench_remote(flush: str, threads: int, seconds: float, in_flight: int) -> Ro
             if remote.find_topic(TOPIC) is None:
                 remote.create_topic(TOPIC, queue_count=8)
             run_load(remote.send, threads, 0.3)  # warm-up
-            requests_before = remote.sender.requests
+            requests_before = remote.connection.call("send_stats")["requests"]
             broker_cpu, cpu, start = cpu_seconds(broker.pid), cpu_seconds(), time.monotonic()
             messages = run_load(remote.send, threads, seconds)
             elapsed = time.monotonic() - start
@@ -126,7 +127,7 @@ def bench_remote(flush: str, threads: int, seconds: float, in_flight: int) -> Ro
                 threads,
                 messages,
                 elapsed,
-                remote.sender.requests - requests_before,
+                remote.connection.call("send_stats")["requests"] - requests_before,
                 cpu_seconds(broker.pid) - broker_cpu,
                 cpu_seconds() - cpu,
             )
@@ -141,7 +142,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--threads", default="1,16,64")
     parser.add_argument("--flush", choices=("sync", "async"), default="sync")
-    parser.add_argument("--in-flight", type=int, default=1, help="Send requests in flight")
+    parser.add_argument("--in-flight", type=int, default=1, help="send requests in flight")
     args = parser.parse_args()
     print(
         f"# {machine_info()} flush={args.flush} seconds={args.seconds} in_flight={args.in_flight}"
