@@ -34,7 +34,6 @@ from halfmoon.amqp.message import decode_envelope, expired, max_priority
 from halfmoon.amqp.names import check_name
 from halfmoon.amqp.publisher import Publisher
 from halfmoon.amqp.reply_codes import (
-    ACCESS_REFUSED,
     NOT_ALLOWED,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
@@ -69,6 +68,7 @@ class Channel:
         self.settlement = Settlement(self)
         self.publisher = Publisher(self)
         self.transaction: Transaction | None = None
+        self.released = False  # closing: no consumer starts from now on
         self._inbox: asyncio.Queue[base.Frame | Content | None] = asyncio.Queue()
         self._task = asyncio.get_running_loop().create_task(self._run())
 
@@ -144,6 +144,7 @@ class Channel:
 
     async def release(self) -> None:
         """Stop consuming and return every unacked delivery to its queue (channel closed)."""
+        self.released = True
         for consumer in list(self.consumers.values()):
             await self._drop_consumer(consumer)
         if self.transaction is not None:
@@ -252,17 +253,18 @@ class Channel:
             auto_delete=m.auto_delete,
             arguments=arguments,
         )
-        if not m.passive:  # a redeclare renews an x-expires lease; a passive look does not
-            queue.touch()
         if created:
             try:
                 await self.server.queues.create(queue.stored, max_priority(queue))
+                await self.server.created(queue)
             except BaseException:
                 self.vhost.remove_queue(queue.name)
                 raise
             if queue.exclusive_owner is not None:
                 self.connection.exclusive_queues.append(queue)
             await self.server.topology.save()
+        if not m.passive:  # a redeclare renews an x-expires lease; a passive look does not
+            self.server.used(queue)
         if not m.nowait:
             await self.connection.writes_seen()
             count = await self.server.queues.counts(queue.stored)
@@ -271,7 +273,7 @@ class Channel:
                     commands.Queue.DeclareOk,
                     queue=queue.name,
                     message_count=count,
-                    consumer_count=self.server.consumer_count(queue),
+                    consumer_count=await self.server.consumer_count(queue),
                 )
             )
 
@@ -303,7 +305,7 @@ class Channel:
                 self.send(framing.method(commands.Queue.DeleteOk, message_count=0))
             return
         queue = self.vhost.queue(m.queue, self.connection.id, (50, 40))
-        if m.if_unused and self.server.consumer_count(queue):
+        if m.if_unused and await self.server.in_use(queue, (50, 40)):
             raise AmqpChannelError(
                 PRECONDITION_FAILED,
                 f"queue {queue.name!r} in vhost {self.vhost.name!r} in use",
@@ -349,17 +351,16 @@ class Channel:
             raise AmqpConnectionError(
                 NOT_ALLOWED, f"attempt to reuse consumer tag {tag!r} on this channel", 60, 20
             )
-        others = self.server.consumers_of(queue)
-        if any(c.exclusive for c in others) or (m.exclusive and others):
-            raise AmqpChannelError(
-                ACCESS_REFUSED,
-                f"queue {queue.name!r} in vhost {self.vhost.name!r} in exclusive use",
-                60,
-                20,
-            )
         consumer = Consumer(self, tag, queue, m.no_ack, self.prefetch, m.exclusive)
-        self.consumers[tag] = consumer
-        self.server.add_consumer(queue, consumer)
+        self.consumers[tag] = consumer  # a second consume of this tag meanwhile is refused
+        try:
+            await self.server.add_consumer(queue, consumer)  # 403 if exclusively held
+        except BaseException:
+            self.consumers.pop(tag, None)
+            raise
+        if self.released:  # closed while the cluster recorded it (an etcd round trip)
+            await self.server.remove_consumer(consumer)
+            return
         if not m.nowait:
             self.send(framing.method(commands.Basic.ConsumeOk, consumer_tag=tag))
         consumer.start()
@@ -428,7 +429,7 @@ class Channel:
     async def _basic_get(self, m: commands.Basic.Get) -> None:
         queue = self.vhost.queue(m.queue, self.connection.id, (60, 70))
         self.connection.authorize_read(queue)
-        queue.touch()
+        self.server.used(queue)
         await self.connection.writes_seen()
         views, _ = await self.server.queues.receive(queue.stored, 1, self.client_id)
         while views and await self._expire(queue, views[0]):

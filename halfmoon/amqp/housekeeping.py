@@ -6,6 +6,11 @@ Once every ``SWEEP_INTERVAL_S`` (1 s) the sweep walks every queue of every vhost
   (its consumers, if any came meanwhile, are cancelled). Used means: a
   consumer attached, or a Basic.Get or a (not passive) declare of it; the
   clock restarts with the server, as RabbitMQ's does.
+- In cluster mode a queue's use and consumers are the whole cluster's
+  (:mod:`halfmoon.amqp.cluster_consumers`): a queue without a consumer on
+  this worker that the cluster's record shows unused past its x-expires, or
+  auto-delete and left by its last consumer (a dead worker's consumers end
+  with its lease), is deleted by the one worker etcd lets claim it.
 - Expiry at the head: on a queue with ``x-message-ttl`` or a dead-letter
   exchange, the expired messages at the head of each of its queues (up to
   ``SWEEP_BATCH`` a sweep) are taken and dead-lettered (reason
@@ -72,21 +77,30 @@ class Housekeeping:
             for queue in list(vhost.queues.values()):
                 if vhost.queues.get(queue.name) is not queue:
                     continue  # deleted during this sweep
-                # Shared by several proxies (cluster mode), a queue's use is known only to
-                # the proxy that saw it: none may expire it on its own say-so.
-                limit = None if self._server.topology.shared else expires_ms(queue)
-                if limit is not None and self._unused_ms(queue) >= limit:
-                    log.info("event=amqp_queue_expired queue=%s", queue.stored)
+                if await self._unused(queue):
                     await self._server.delete_queue(vhost, queue)
                     continue
                 if "x-message-ttl" in queue.arguments or has_dead_letter_exchange(queue):
                     await self._expire_head(vhost, queue)
 
-    def _unused_ms(self, queue: Queue) -> float:
-        """Milliseconds since the queue was last used (0 while it has consumers)."""
-        if self._server.consumer_count(queue):
-            return 0.0
-        return (time.monotonic() - queue.last_used) * 1000
+    async def _unused(self, queue: Queue) -> bool:
+        """Whether the queue goes now, unused (and whether this server is the one to go)."""
+        if self._server.consumers_of(queue):
+            return False
+        cluster = self._server.cluster_consumers
+        if cluster is not None:
+            why = cluster.due(queue)
+            if why is None or not await self._server.may_delete(queue, why):
+                return False
+            log.info("event=amqp_queue_unused queue=%s reason=%s", queue.stored, why.value)
+            return True
+        # Shared by several servers without a cluster's record of its use, a queue's use is
+        # known only to the server that saw it: none may expire it on its own say-so.
+        limit = None if self._server.topology.shared else expires_ms(queue)
+        if limit is None or (time.monotonic() - queue.last_used) * 1000 < limit:
+            return False
+        log.info("event=amqp_queue_expired queue=%s", queue.stored)
+        return True
 
     async def _expire_head(self, vhost: VHost, queue: Queue) -> None:
         queues = self._server.queues

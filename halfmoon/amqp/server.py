@@ -5,7 +5,8 @@ one broker facade. It owns what connections share: the topology (exchanges,
 queues, bindings; kept by a :class:`~halfmoon.amqp.topology.TopologyStore`:
 the data directory, or etcd for every proxy of a cluster), the consumers of
 each queue (for consumer counts, exclusive consumers and the server-sent
-Cancel when a queue is deleted), and :class:`Arrivals`, which turns the
+Cancel when a queue is deleted; in cluster mode with every other proxy
+worker's, through :mod:`halfmoon.amqp.cluster_consumers`), and :class:`Arrivals`, which turns the
 broker's arrival listener (called from the appending thread) into wake-ups of
 the consumers parked on the event loop.
 """
@@ -26,12 +27,18 @@ from typing import Any, Protocol
 
 from pamqp import base, commands
 
+from halfmoon.amqp.cluster_consumers import ClusterConsumers, ConsumersUnknown, Deletion, Refusal
 from halfmoon.amqp.consumer import Consumer
 from halfmoon.amqp.dead_letter import DeadLetters
 from halfmoon.amqp.disk_alarm import DiskAlarm
 from halfmoon.amqp.housekeeping import Housekeeping
 from halfmoon.amqp.queues import DELIVERY_TIMEOUT_MS, Queues
-from halfmoon.amqp.reply_codes import ACCESS_REFUSED, NOT_FOUND, AmqpChannelError
+from halfmoon.amqp.reply_codes import (
+    ACCESS_REFUSED,
+    NOT_FOUND,
+    RESOURCE_LOCKED,
+    AmqpChannelError,
+)
 from halfmoon.amqp.topology import LocalTopologyStore, Queue, Topology, TopologyStore, VHost
 from halfmoon.auth import Guard
 from halfmoon.auth.guard import Need, group, topic
@@ -112,13 +119,16 @@ class AmqpServer:
         disk_free_limit_bytes: int = 0,
         delivery_holder: Callable[[], str] | None = None,
         active_claims: ActiveClaims | None = None,
+        cluster_consumers: ClusterConsumers | None = None,
     ) -> None:
         """``topology_store``: where exchanges, queues and bindings are kept (default: the
         ``amqp.json`` file in ``metadata_dir``; None there too: memory only).
         ``free_bytes``: the free space where messages are stored; below
         ``disk_free_limit_bytes`` publishers are blocked (:mod:`halfmoon.amqp.disk_alarm`).
         ``delivery_holder``: who holds the deliveries (:class:`~halfmoon.amqp.queues.Queues`).
-        ``active_claims``: where single active consumers are agreed on with other servers."""
+        ``active_claims``: where single active consumers are agreed on with other servers.
+        ``cluster_consumers``: where the consumers of every server of a cluster are counted
+        (None: this server's are all there are)."""
         self.broker = broker
         self.topology = Topology(
             topology_store
@@ -146,6 +156,10 @@ class AmqpServer:
         self._claims = active_claims
         if active_claims is not None:
             active_claims.on_change = self._wake_all
+        self.cluster_consumers = cluster_consumers
+        if cluster_consumers is not None:
+            cluster_consumers.on_lost = self._consumer_lost
+        self._detaching: set[asyncio.Task[None]] = set()
         self._servers: list[asyncio.Server] = []
         self._sniffing: list[PermissiveAdminListener] = []  # tls.mode=permissive's listeners
         self._opened = False
@@ -250,6 +264,26 @@ class AmqpServer:
         self._claim(queue, False)
         for consumer in consumers:
             consumer.channel.consumer_lost(consumer)
+            self._detach_later(consumer)
+
+    def _consumer_lost(self, consumer_id: str) -> None:
+        """The cluster let one of this server's consumers go (its record was lost with a
+        lapsed lease and another server took the queue since): cancel it."""
+        for consumers in self._consumers.values():
+            for consumer in consumers:
+                if _consumer_id(consumer) == consumer_id:
+                    del consumers[consumer]
+                    consumer.queue.consumers -= 1
+                    consumer.channel.consumer_lost(consumer)
+                    return
+
+    def _detach_later(self, consumer: Consumer) -> None:
+        if self.cluster_consumers is not None:
+            task = asyncio.get_running_loop().create_task(
+                self.cluster_consumers.detach(_consumer_id(consumer))
+            )
+            self._detaching.add(task)
+            task.add_done_callback(self._detaching.discard)
 
     # -- consumers by queue -----------------------------------------------------------
 
@@ -275,13 +309,69 @@ class AmqpServer:
         if self._claims is not None and queue.arguments.get("x-single-active-consumer"):
             self._claims.want(queue.stored, wanted)
 
-    def consumer_count(self, queue: Queue) -> int:
-        return len(self.consumers_of(queue))
+    async def consumer_count(self, queue: Queue) -> int:
+        """Its consumers on every server of the cluster (this server's alone, logged, while
+        the cluster cannot say: a count is a hint, nothing is decided on it)."""
+        here = len(self._consumers.get(id(queue), ()))
+        if self.cluster_consumers is None:
+            return here
+        try:
+            return await self.cluster_consumers.count(queue.stored)
+        except ConsumersUnknown as error:
+            log.warning("event=amqp_consumer_count_unknown queue=%s error=%s", queue.stored, error)
+            return here
 
-    def add_consumer(self, queue: Queue, consumer: Consumer) -> None:
+    async def in_use(self, queue: Queue, class_method: tuple[int, int]) -> bool:
+        """Whether the queue has a consumer on any server of the cluster (``if-unused``);
+        405 RESOURCE_LOCKED while the cluster cannot say."""
+        if self._consumers.get(id(queue)) or self.cluster_consumers is None:
+            return bool(self._consumers.get(id(queue)))
+        try:
+            return await self.cluster_consumers.count(queue.stored) > 0
+        except ConsumersUnknown as error:
+            raise _unknown(queue, error, class_method) from None
+
+    async def add_consumer(self, queue: Queue, consumer: Consumer) -> None:
+        """Start counting ``consumer``: 403 ACCESS_REFUSED while an exclusive consumer holds
+        the queue, or for an exclusive one while the queue has any consumer, on any server
+        of the cluster (decided in etcd there, so of two servers racing one wins)."""
+        vhost = consumer.channel.vhost
+        others = self._consumers.get(id(queue), {})
+        if any(c.exclusive for c in others) or (consumer.exclusive and others):
+            raise _in_exclusive_use(queue, vhost.name)
+        if self.cluster_consumers is not None:
+            try:
+                refused = await self.cluster_consumers.attach(
+                    _consumer_id(consumer), queue, consumer.exclusive
+                )
+            except ConsumersUnknown as error:
+                raise _unknown(queue, error, (60, 20)) from None
+            if refused is Refusal.EXCLUSIVE:
+                raise _in_exclusive_use(queue, vhost.name)
+            if refused is Refusal.DELETING or vhost.queues.get(queue.name) is not queue:
+                if refused is None:  # deleted while the consumer was being recorded
+                    await self.cluster_consumers.detach(_consumer_id(consumer))
+                raise AmqpChannelError(
+                    NOT_FOUND, f"no queue {queue.name!r} in vhost {vhost.name!r}", 60, 20
+                )
         self._consumers.setdefault(id(queue), {})[consumer] = None
         queue.consumers += 1
         self._claim(queue, True)
+
+    def used(self, queue: Queue) -> None:
+        """Declared (not passively), read by Basic.Get, or left by its last consumer here:
+        its x-expires clock restarts (the whole cluster's, in cluster mode)."""
+        queue.touch()
+        if self.cluster_consumers is not None:
+            self.cluster_consumers.used(queue)
+
+    async def created(self, queue: Queue) -> None:
+        """A queue declared here for the first time, before other servers can see it."""
+        if self.cluster_consumers is not None:
+            try:
+                await self.cluster_consumers.created(queue.stored)
+            except ConsumersUnknown as error:
+                raise _unknown(queue, error, (50, 10)) from None
 
     async def remove_consumer(self, consumer: Consumer) -> None:
         queue = consumer.queue
@@ -290,27 +380,46 @@ class AmqpServer:
             return
         del consumers[consumer]
         queue.consumers -= 1
-        queue.touch()  # x-expires counts from the last consumer's going
+        self.used(queue)  # x-expires counts from the last consumer's going
         for waiting in consumers:  # a single active consumer's successor starts now
             waiting.wake()
         if not consumers:
             del self._consumers[id(queue)]
             self._claim(queue, False)
-            if queue.auto_delete:
-                vhost = consumer.channel.vhost
-                if vhost.queues.get(queue.name) is queue:
-                    await self.delete_queue(vhost, queue)
+        if self.cluster_consumers is not None:
+            await self.cluster_consumers.detach(_consumer_id(consumer))
+        if queue.auto_delete and not self._consumers.get(id(queue)):
+            vhost = consumer.channel.vhost
+            if vhost.queues.get(queue.name) is queue and await self.may_delete(
+                queue, Deletion.AUTO_DELETE
+            ):
+                await self.delete_queue(vhost, queue)
+
+    async def may_delete(self, queue: Queue, why: Deletion) -> bool:
+        """Whether this server deletes a queue nobody asked to delete: always, alone; in a
+        cluster, only the one server etcd lets, and only while ``why`` holds there."""
+        if self.cluster_consumers is None:
+            return True
+        return await self.cluster_consumers.claim_deletion(queue, why)
 
     async def delete_queue(self, vhost: VHost, queue: Queue) -> None:
         """Cancel its consumers (Basic.Cancel to clients that asked), forget it, drop its
         topic and group."""
-        for consumer in list(self._consumers.pop(id(queue), ())):
+        consumers = list(self._consumers.pop(id(queue), ()))
+        for consumer in consumers:
             await consumer.channel.cancel_from_server(consumer)
         self._claim(queue, False)
-        if vhost.queues.get(queue.name) is queue:
-            vhost.remove_queue(queue.name)
-            await self.topology.save()
-        await self.queues.delete(queue.stored)
+        try:
+            if vhost.queues.get(queue.name) is queue:
+                vhost.remove_queue(queue.name)
+                await self.topology.save()
+            await self.queues.delete(queue.stored)
+        except BaseException:
+            for consumer in consumers:
+                self._detach_later(consumer)
+            raise
+        if self.cluster_consumers is not None:
+            await self.cluster_consumers.deleted(queue.stored)  # its consumers' keys too
 
     # -- authorization ------------------------------------------------------------------
 
@@ -339,3 +448,25 @@ class AmqpServer:
             guard.authorize(user, needs, connection.peer, f"amqp.{kind}")  # type: ignore[arg-type,attr-defined]
         except HalfmoonError as exc:
             raise AmqpChannelError(ACCESS_REFUSED, exc.message) from None
+
+
+def _consumer_id(consumer: Consumer) -> str:
+    """Unique in the cluster: the channel's client id names the process and connection."""
+    return f"{consumer.channel.client_id}-{consumer.tag}"
+
+
+def _in_exclusive_use(queue: Queue, vhost: str) -> AmqpChannelError:
+    return AmqpChannelError(
+        ACCESS_REFUSED, f"queue {queue.name!r} in vhost {vhost!r} in exclusive use", 60, 20
+    )
+
+
+def _unknown(
+    queue: Queue, error: ConsumersUnknown, class_method: tuple[int, int]
+) -> AmqpChannelError:
+    return AmqpChannelError(
+        RESOURCE_LOCKED,
+        f"cannot tell what consumes queue {queue.name!r} on the other proxies: the cluster's "
+        f"coordinator (etcd) is unreachable ({error}); try again",
+        *class_method,
+    )

@@ -31,6 +31,7 @@ import grpc
 from aiohttp import web
 
 from halfmoon.amqp import AmqpServer
+from halfmoon.amqp.cluster_consumers import ClusterConsumers
 from halfmoon.amqp.server import ActiveClaims
 from halfmoon.amqp.topology import TopologyStore
 from halfmoon.auth import Guard
@@ -70,13 +71,15 @@ class AmqpBacking:
     ``free_bytes``: the free space where messages are stored, for the disk alarm (default:
     the data directory's, with ``metadata``). ``holder``: who holds the endpoint's deliveries
     (a cluster proxy's lease: ``Messaging.receive``'s ``holder``). ``active_claims``: where
-    single active consumers are agreed on with the other proxies' workers."""
+    single active consumers are agreed on with the other proxies' workers;
+    ``cluster_consumers``: where every worker's consumers are counted."""
 
     metadata: Path | None = None
     topology: TopologyStore | None = None
     free_bytes: Callable[[], int | None] | None = None
     holder: Callable[[], str] | None = None
     active_claims: ActiveClaims | None = None
+    cluster_consumers: ClusterConsumers | None = None
 
 
 @dataclass(frozen=True)
@@ -259,6 +262,7 @@ class FrontEnd:
             disk_free_limit_bytes=config.server.amqp_disk_free_limit_bytes,
             delivery_holder=backing.holder,
             active_claims=backing.active_claims,
+            cluster_consumers=backing.cluster_consumers,
         )
         amqp_sock, listeners.amqp_sock = listeners.amqp_sock, None
         assert amqp_sock is not None

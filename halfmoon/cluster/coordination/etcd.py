@@ -67,13 +67,16 @@ class Compare:
 
     ``target`` is ``CREATE`` (create revision; 0 means the key is absent),
     ``MOD`` (last modification revision), ``VERSION``, ``VALUE`` or ``LEASE`` (the lease
-    the key is attached to).
+    the key is attached to). With ``prefix``, every key starting with ``key`` must
+    compare so; none there compares as one absent key (``CREATE`` 0 holds: "no key under
+    the prefix"), but for ``VALUE``, which then never holds.
     """
 
     key: str
     target: str
     value: int | bytes
     result: str = "EQUAL"
+    prefix: bool = False
 
     def json(self) -> dict[str, Any]:
         field_name = {
@@ -84,12 +87,15 @@ class Compare:
             "LEASE": "lease",
         }[self.target]
         encoded = b64(self.value) if isinstance(self.value, bytes) else str(self.value)
-        return {
+        compared = {
             "key": b64(self.key),
             "target": self.target,
             "result": self.result,
             field_name: encoded,
         }
+        if self.prefix:
+            compared["range_end"] = b64(prefix_end(self.key))
+        return compared
 
 
 def put_op(key: str, value: bytes, lease: int = 0) -> dict[str, Any]:
@@ -105,6 +111,10 @@ def get_op(key: str) -> dict[str, Any]:
 
 def delete_op(key: str) -> dict[str, Any]:
     return {"request_delete_range": {"key": b64(key)}}
+
+
+def delete_prefix_op(prefix: str) -> dict[str, Any]:
+    return {"request_delete_range": {"key": b64(prefix), "range_end": b64(prefix_end(prefix))}}
 
 
 @dataclass(frozen=True)
@@ -192,6 +202,14 @@ class EtcdClient:
             "/kv/range", {"key": b64(prefix), "range_end": b64(prefix_end(prefix))}
         )
         return [key_value(kv) for kv in answer.get("kvs", [])], header_revision(answer)
+
+    async def count_prefix(self, prefix: str) -> int:
+        """How many keys start with ``prefix`` (counted by etcd: no values travel)."""
+        answer = await self.call(
+            "/kv/range",
+            {"key": b64(prefix), "range_end": b64(prefix_end(prefix)), "count_only": True},
+        )
+        return int(answer.get("count", 0))
 
     async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
         """Write ``key``; returns the revision of the write."""

@@ -31,6 +31,7 @@ from typing import Any
 
 from halfmoon.broker.facade import Broker
 from halfmoon.cluster.coordination.amqp_active import EtcdActiveClaims
+from halfmoon.cluster.coordination.amqp_consumers import EtcdClusterConsumers
 from halfmoon.cluster.coordination.amqp_topology import EtcdTopologyStore
 from halfmoon.cluster.coordination.auth_store import EtcdAuthStore, cluster_guard
 from halfmoon.cluster.coordination.etcd import EtcdClient
@@ -213,6 +214,7 @@ async def serve_cluster_proxy(
     view = ClusterView(client, identity.cluster)
     member = None
     active: EtcdActiveClaims | None = None
+    consumers: EtcdClusterConsumers | None = None
     follower = None
     freshener = None
     # Users and ACLs from etcd, read before serving and followed while serving (every
@@ -279,6 +281,10 @@ async def serve_cluster_proxy(
             client, identity.cluster, directory.worker, lambda: directory.lease
         )
         await active.start()
+        consumers = EtcdClusterConsumers(
+            client, identity.cluster, directory.worker, lambda: directory.lease
+        )
+        await consumers.start()
         await serve_front_end(
             config,
             broker,
@@ -299,6 +305,7 @@ async def serve_cluster_proxy(
                 free_bytes=lambda: least_free_bytes(view),
                 holder=lambda: lease_holder(directory.lease),
                 active_claims=active,
+                cluster_consumers=consumers,
             ),
         )
     finally:
@@ -307,6 +314,8 @@ async def serve_cluster_proxy(
             auth_follower.cancel()
         if active is not None:
             await active.stop()  # before the directory's lease goes, which would end them too
+        if consumers is not None:
+            await consumers.stop()
         await directory.stop()
         await relay.stop()
         if member is not None:

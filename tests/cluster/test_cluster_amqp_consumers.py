@@ -1,0 +1,231 @@
+"""A queue's consumers counted across the proxies of a real cluster (etcd, two brokers, two
+proxies), with pika: Declare-Ok's consumer count, ``queue.delete`` with ``if-unused`` and
+exclusive consumers see every proxy's consumers (two proxies racing for one exclusive
+consumer: one wins), an ``auto-delete`` queue goes with its last consumer on any proxy,
+SIGKILLed ones included, and an ``x-expires`` queue goes once unused on every proxy, deleted
+by one of them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pika
+import pika.exceptions
+import pytest
+
+from tests.cluster.cluster_server import ClusterProxy, ClusterServer
+from tests.cluster.test_cluster_amqp import connect
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+DEADLINE_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterServer]:
+    """One cluster for the module's tests, each on queues of its own (proxies' leases: 2 s)."""
+    server = ClusterServer(tmp_path_factory.mktemp("consumers") / "cluster").start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def doomed(tmp_path: Path) -> Iterator[ClusterServer]:
+    """A cluster of this test's own: the test SIGKILLs a proxy."""
+    server = ClusterServer(tmp_path / "cluster").start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+def refused(call: object, *args: object, **kwargs: object) -> int:
+    """The reply code of the channel error ``call`` ends in."""
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as error:
+        call(*args, **kwargs)  # type: ignore[operator]
+    return error.value.reply_code
+
+
+def consumers(proxy: ClusterProxy, queue: str) -> int | None:
+    """The consumer count a passive declare through ``proxy`` reports (None: no queue)."""
+    connection = connect(proxy)
+    try:
+        return connection.channel().queue_declare(queue, passive=True).method.consumer_count
+    except pika.exceptions.ChannelClosedByBroker as error:
+        assert error.reply_code == 404, error
+        return None
+    finally:
+        connection.close()
+
+
+def exists(proxy: ClusterProxy, queue: str) -> bool:
+    return consumers(proxy, queue) is not None
+
+
+def ignore(*_: object) -> None:
+    pass
+
+
+def test_consumer_count_and_if_unused_see_every_proxys_consumers(cluster: ClusterServer) -> None:
+    a, b = connect(cluster.proxies[0]), connect(cluster.proxies[1])
+    try:
+        on_a, on_b = a.channel(), b.channel()
+        on_a.queue_declare("counted")
+        tag = on_b.basic_consume("counted", ignore)
+        assert on_a.queue_declare("counted", passive=True).method.consumer_count == 1
+        on_a.basic_consume("counted", ignore)
+        assert on_a.queue_declare("counted").method.consumer_count == 2
+        assert on_b.queue_declare("counted", passive=True).method.consumer_count == 2
+
+        # In use through the other proxy: refused; once it cancels, deleted.
+        on_a.basic_cancel(on_a.consumer_tags[0])
+        assert refused(a.channel().queue_delete, "counted", if_unused=True) == 406
+        on_b.basic_cancel(tag)
+        assert on_a.queue_declare("counted", passive=True).method.consumer_count == 0
+        a.channel().queue_delete("counted", if_unused=True)
+        assert not exists(cluster.proxies[1], "counted")
+    finally:
+        a.close()
+        b.close()
+
+
+def test_an_exclusive_consumer_holds_the_queue_on_every_proxy(cluster: ClusterServer) -> None:
+    a, b = connect(cluster.proxies[0]), connect(cluster.proxies[1])
+    try:
+        on_a = a.channel()
+        on_a.queue_declare("held")
+        tag = on_a.basic_consume("held", ignore, exclusive=True)
+        assert refused(b.channel().basic_consume, "held", ignore) == 403
+        assert refused(b.channel().basic_consume, "held", ignore, exclusive=True) == 403
+        on_a.basic_cancel(tag)
+
+        shared = b.channel()
+        shared.basic_consume("held", ignore)  # a shared consumer on B now
+        assert refused(a.channel().basic_consume, "held", ignore, exclusive=True) == 403
+        a.channel().basic_consume("held", ignore)  # another shared one is welcome
+    finally:
+        a.close()
+        b.close()
+
+
+def test_two_proxies_racing_for_an_exclusive_consumer_one_wins(cluster: ClusterServer) -> None:
+    rounds = 5
+    setup = connect(cluster.proxies[0])
+    channel = setup.channel()
+    for n in range(rounds):
+        channel.queue_declare(f"raced-{n}")
+    setup.close()
+    connections = [connect(proxy) for proxy in cluster.proxies]
+    try:
+        for n in range(rounds):
+            start = threading.Barrier(len(connections))
+            outcomes: list[object] = []
+
+            def race(connection: pika.BlockingConnection, queue: str) -> None:
+                racing = connection.channel()
+                start.wait()
+                try:
+                    racing.basic_consume(queue, ignore, exclusive=True)
+                    outcomes.append("won")
+                except pika.exceptions.ChannelClosedByBroker as error:
+                    outcomes.append(error.reply_code)
+
+            threads = [
+                threading.Thread(target=race, args=(c, f"raced-{n}")) for c in connections
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(DEADLINE_S)
+            assert sorted(outcomes, key=str) == [403, "won"], outcomes
+            assert consumers(cluster.proxies[n % 2], f"raced-{n}") == 1
+    finally:
+        for connection in connections:
+            connection.close()
+
+
+def test_an_auto_delete_queue_goes_with_its_last_consumer_on_any_proxy(
+    cluster: ClusterServer,
+) -> None:
+    a, b = connect(cluster.proxies[0]), connect(cluster.proxies[1])
+    try:
+        on_a, on_b = a.channel(), b.channel()
+        on_a.queue_declare("passing", auto_delete=True)
+        on_a.basic_consume("passing", ignore)
+        tag = on_b.basic_consume("passing", ignore)
+        on_b.basic_cancel(tag)  # B's last, not the cluster's: the queue stays
+        assert consumers(cluster.proxies[1], "passing") == 1
+        on_a.basic_cancel(on_a.consumer_tags[0])  # the cluster's last: gone everywhere
+        wait_until(
+            lambda: not exists(cluster.proxies[1], "passing"), DEADLINE_S, "the queue to go"
+        )
+
+        # The last consumer on the other proxy goes: the queue goes too.
+        on_a.queue_declare("passing-b", auto_delete=True)
+        tag = on_b.basic_consume("passing-b", ignore)
+        assert consumers(cluster.proxies[0], "passing-b") == 1
+        on_b.basic_cancel(tag)
+        wait_until(
+            lambda: not exists(cluster.proxies[0], "passing-b"), DEADLINE_S, "the queue to go"
+        )
+
+        # Never consumed from: it stays, as in RabbitMQ.
+        on_a.queue_declare("never-consumed", auto_delete=True)
+        assert exists(cluster.proxies[1], "never-consumed")
+    finally:
+        a.close()
+        b.close()
+
+
+def test_an_auto_delete_queue_goes_when_the_proxy_of_its_last_consumer_is_killed(
+    doomed: ClusterServer,
+) -> None:
+    cluster = doomed
+    b = connect(cluster.proxies[1])
+    b.channel().queue_declare("orphaned", auto_delete=True)
+    b.channel().basic_consume("orphaned", ignore)
+    assert consumers(cluster.proxies[0], "orphaned") == 1
+    cluster.kill_proxy(1)
+    # Its worker's lease (2 s) ends its consumer; a housekeeping sweep of the other proxy
+    # (1 s) then deletes the queue.
+    wait_until(
+        lambda: not exists(cluster.proxies[0], "orphaned"),
+        cluster.proxies[1].lease_ttl + 10,
+        "the killed proxy's consumer to end with its lease, and its queue with it",
+    )
+
+
+def test_an_x_expires_queue_goes_once_unused_on_every_proxy(cluster: ClusterServer) -> None:
+    a, b = connect(cluster.proxies[0]), connect(cluster.proxies[1])
+    expires_ms = 2000
+    try:
+        a.channel().queue_declare("lapsing", arguments={"x-expires": expires_ms})
+        # Used through B past x-expires (a consumer, then gets): A keeps it meanwhile.
+        on_b = b.channel()
+        tag = on_b.basic_consume("lapsing", ignore)
+        b.sleep(expires_ms / 1000 * 1.5)  # the scenario: in use past x-expires
+        assert exists(cluster.proxies[0], "lapsing")
+        on_b.basic_cancel(tag)
+        for _ in range(4):
+            b.sleep(expires_ms / 1000 / 2)
+            on_b.basic_get("lapsing")
+        assert exists(cluster.proxies[0], "lapsing")
+        # Unused now: gone within x-expires and a refresh period (a quarter), and a sweep.
+        wait_until(
+            lambda: not exists(cluster.proxies[0], "lapsing"), DEADLINE_S, "the queue to expire"
+        )
+        deleted_by = [
+            proxy
+            for proxy in cluster.proxies
+            for line in proxy.lines
+            if "event=amqp_queue_unused" in line and "lapsing" in line
+        ]
+        assert len(deleted_by) == 1, [p.log_tail() for p in cluster.proxies]
+    finally:
+        a.close()
+        b.close()
