@@ -267,13 +267,16 @@ class Channel:
             self.server.used(queue)
         if not m.nowait:
             await self.connection.writes_seen()
-            count = await self.server.queues.counts(queue.stored)
+            # The broker's message count and (in cluster mode) etcd's consumer count at once.
+            count, consumer_count = await asyncio.gather(
+                self.server.queues.counts(queue.stored), self.server.consumer_count(queue)
+            )
             self.send(
                 framing.method(
                     commands.Queue.DeclareOk,
                     queue=queue.name,
                     message_count=count,
-                    consumer_count=await self.server.consumer_count(queue),
+                    consumer_count=consumer_count,
                 )
             )
 

@@ -75,8 +75,8 @@ class ClusterConsumers(Protocol):
         ...
 
     async def created(self, stored: str) -> None:
-        """The queue is new (no other server sees it yet): what an earlier queue of its
-        name left behind goes."""
+        """The queue is new here (declared, not yet saved): nothing an earlier queue of its
+        name left behind may make it go."""
         ...
 
     async def deleted(self, stored: str) -> None:

@@ -274,6 +274,8 @@ class AmqpServer:
                 if _consumer_id(consumer) == consumer_id:
                     del consumers[consumer]
                     consumer.queue.consumers -= 1
+                    if not consumers:
+                        self._claim(consumer.queue, False)
                     consumer.channel.consumer_lost(consumer)
                     return
 
@@ -467,6 +469,6 @@ def _unknown(
     return AmqpChannelError(
         RESOURCE_LOCKED,
         f"cannot tell what consumes queue {queue.name!r} on the other proxies: the cluster's "
-        f"coordinator (etcd) is unreachable ({error}); try again",
+        f"coordinator (etcd) is unreachable; try again ({error})",
         *class_method,
     )

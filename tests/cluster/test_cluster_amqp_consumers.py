@@ -113,6 +113,22 @@ def test_an_exclusive_consumer_holds_the_queue_on_every_proxy(cluster: ClusterSe
         b.close()
 
 
+def race_for(
+    connection: pika.BlockingConnection,
+    queue: str,
+    start: threading.Barrier,
+    outcomes: list[object],
+) -> None:
+    """Ask for an exclusive consumer of ``queue`` once every racer is ready."""
+    racing = connection.channel()
+    start.wait()
+    try:
+        racing.basic_consume(queue, ignore, exclusive=True)
+        outcomes.append("won")
+    except pika.exceptions.ChannelClosedByBroker as error:
+        outcomes.append(error.reply_code)
+
+
 def test_two_proxies_racing_for_an_exclusive_consumer_one_wins(cluster: ClusterServer) -> None:
     rounds = 5
     setup = connect(cluster.proxies[0])
@@ -125,18 +141,9 @@ def test_two_proxies_racing_for_an_exclusive_consumer_one_wins(cluster: ClusterS
         for n in range(rounds):
             start = threading.Barrier(len(connections))
             outcomes: list[object] = []
-
-            def race(connection: pika.BlockingConnection, queue: str) -> None:
-                racing = connection.channel()
-                start.wait()
-                try:
-                    racing.basic_consume(queue, ignore, exclusive=True)
-                    outcomes.append("won")
-                except pika.exceptions.ChannelClosedByBroker as error:
-                    outcomes.append(error.reply_code)
-
             threads = [
-                threading.Thread(target=race, args=(c, f"raced-{n}")) for c in connections
+                threading.Thread(target=race_for, args=(c, f"raced-{n}", start, outcomes))
+                for c in connections
             ]
             for thread in threads:
                 thread.start()
@@ -161,9 +168,7 @@ def test_an_auto_delete_queue_goes_with_its_last_consumer_on_any_proxy(
         on_b.basic_cancel(tag)  # B's last, not the cluster's: the queue stays
         assert consumers(cluster.proxies[1], "passing") == 1
         on_a.basic_cancel(on_a.consumer_tags[0])  # the cluster's last: gone everywhere
-        wait_until(
-            lambda: not exists(cluster.proxies[1], "passing"), DEADLINE_S, "the queue to go"
-        )
+        wait_until(lambda: not exists(cluster.proxies[1], "passing"), DEADLINE_S, "the queue to go")
 
         # The last consumer on the other proxy goes: the queue goes too.
         on_a.queue_declare("passing-b", auto_delete=True)
@@ -229,3 +234,35 @@ def test_an_x_expires_queue_goes_once_unused_on_every_proxy(cluster: ClusterServ
     finally:
         a.close()
         b.close()
+
+
+def test_with_etcd_unreachable_consumes_and_if_unused_deletes_are_refused(
+    doomed: ClusterServer,
+) -> None:
+    cluster = doomed
+    a = connect(cluster.proxies[0])
+    try:
+        a.channel().queue_declare("unknowable")
+        cluster.own_etcd.stop()
+        for exclusive in (True, False):
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as error:
+                a.channel().basic_consume("unknowable", ignore, exclusive=exclusive)
+            assert error.value.reply_code == 405
+            assert "etcd" in error.value.reply_text and "try again" in error.value.reply_text
+        assert refused(a.channel().queue_delete, "unknowable", if_unused=True) == 405
+        # A count is a hint: this proxy's own, no consumer here.
+        assert a.channel().queue_declare("unknowable", passive=True).method.consumer_count == 0
+        cluster.own_etcd.restart()
+
+        def consumed() -> bool:
+            try:
+                a.channel().basic_consume("unknowable", ignore, exclusive=True)
+            except pika.exceptions.ChannelClosedByBroker as error:
+                assert error.reply_code == 405, error
+                return False
+            return True
+
+        wait_until(consumed, DEADLINE_S, "a consume once etcd is back", interval=0.2)
+        assert consumers(cluster.proxies[1], "unknowable") == 1
+    finally:
+        a.close()

@@ -33,7 +33,15 @@ with it.
   ``used`` unchanged since it last heard of it), then deletes the queue as
   ``queue.delete`` would and the whole directory with it. One worker can take
   the key; while it is there consumes are refused; a worker that dies
-  holding it loses it with its lease, and another takes it again.
+  holding it loses it with its lease, and another takes it again; one whose
+  delete failed lets it go after :data:`CLAIM_HELD_S`.
+- **A lapsed lease** (the worker cut off from etcd past its TTL, taken for
+  dead meanwhile): the worker records its consumers again under its new
+  lease (an exclusive one moving its own ``x``), and lets go of any the
+  cluster no longer lets in (another worker took the queue meanwhile).
+- **A new queue** clears ``armed`` left by an earlier queue of its name (a
+  deletion cut short), only while no consumer key is there: another proxy
+  declaring the same queue at this moment may have consumers on it already.
 - **Who notices**: the worker whose cancel removed the last consumer tries at
   once; every worker also follows the directories (a watch) and its
   housekeeping tries each second for a queue that looks due, which covers a
@@ -88,6 +96,7 @@ log = logging.getLogger("halfmoon.cluster.amqp")
 
 CONSUMERS_ROOT = ROOT.rstrip("/") + "-amqp-consumers/"
 RETRY_EVERY_S = 0.5  # a cancel's delete, a record lost with a lapsed lease: tried again
+CLAIM_HELD_S = 10.0  # a deletion claimed and not done by then (it failed): let go
 USED_EVERY_S = 5.0
 _ETCD_FAILURES = (HalfmoonError, EtcdRequestError, OSError, TimeoutError)
 
@@ -149,6 +158,7 @@ class EtcdClusterConsumers:
         self._mine: dict[str, _Mine] = {}
         self._undeleted: dict[str, bool] = {}  # keys of consumers gone, not yet deleted
         self._uses: dict[str, _Uses] = {}
+        self._claimed: dict[str, float] = {}  # deletions claimed here (monotonic), not done
         self._tasks: list[asyncio.Task[None]] = []
         self._loop = asyncio.get_running_loop()
         self.on_lost: Callable[[str], None] = lambda consumer_id: None
@@ -182,6 +192,11 @@ class EtcdClusterConsumers:
             if uses.timer is not None:
                 uses.timer.cancel()
         # What is left goes with the worker's lease, revoked next.
+
+    @property
+    def following(self) -> bool:
+        """Whether this worker hears every change now (listed, its watch unbroken since)."""
+        return self._listed
 
     # -- keys --------------------------------------------------------------------------
 
@@ -218,9 +233,20 @@ class EtcdClusterConsumers:
     async def _record(self, mine: _Mine) -> Refusal | None:
         """Write ``mine``'s key if the cluster lets it (one transaction)."""
         directory = self._directory(mine.stored)
-        value = json.dumps({"worker": self._worker, "exclusive": mine.exclusive}).encode()
+        if mine.exclusive:
+            # Written again under a new lease while the old one still holds the queue: the
+            # queue's keys are this consumer's own, moved to the new lease.
+            moved = await self._client.txn(
+                [Compare(directory + "x", "VALUE", mine.key.encode())],
+                [
+                    put_op(mine.key, self._value(mine), mine.lease),
+                    put_op(directory + "x", mine.key.encode(), mine.lease),
+                ],
+            )
+            if moved.succeeded:
+                return None
         compare = [Compare(directory + "deleting", "CREATE", 0)]
-        writes = [put_op(mine.key, value, mine.lease)]
+        writes = [put_op(mine.key, self._value(mine), mine.lease)]
         if mine.exclusive:  # no consumer at all; it holds the queue
             compare.append(Compare(directory + "c/", "CREATE", 0, prefix=True))
             writes.append(put_op(directory + "x", mine.key.encode(), mine.lease))
@@ -232,6 +258,9 @@ class EtcdClusterConsumers:
         if result.succeeded:
             return None
         return Refusal.DELETING if result.kvs else Refusal.EXCLUSIVE
+
+    def _value(self, mine: _Mine) -> bytes:
+        return json.dumps({"worker": self._worker, "exclusive": mine.exclusive}).encode()
 
     async def detach(self, consumer_id: str) -> None:
         mine = self._mine.pop(consumer_id, None)
@@ -260,6 +289,7 @@ class EtcdClusterConsumers:
             try:
                 for key in list(self._undeleted):
                     await self._delete(key)
+                await self._let_go_of_failed_deletions()
                 lease = self._lease()
                 for consumer_id, mine in list(self._mine.items()):
                     if mine.lease == lease or self._mine.get(consumer_id) is not mine:
@@ -275,6 +305,21 @@ class EtcdClusterConsumers:
                         self.on_lost(consumer_id)
             except _ETCD_FAILURES as error:
                 log.warning("event=amqp_consumer_records_failed error=%s", error)
+
+    async def _let_go_of_failed_deletions(self) -> None:
+        """A deletion claimed here that never finished (the delete failed, the queue is still
+        there): its ``deleting`` key goes, so consumes are let in again and a worker tries
+        again when it is still due."""
+        now = time.monotonic()
+        for stored, claimed_at in list(self._claimed.items()):
+            if now - claimed_at < CLAIM_HELD_S:
+                continue
+            deleting = self._directory(stored) + "deleting"
+            await self._client.txn(
+                [Compare(deleting, "VALUE", self._worker.encode())], [delete_op(deleting)]
+            )
+            self._claimed.pop(stored, None)
+            log.warning("event=amqp_queue_deletion_let_go queue=%s", stored)
 
     # -- x-expires -------------------------------------------------------------------------
 
@@ -344,8 +389,8 @@ class EtcdClusterConsumers:
             compare.append(Compare(directory + "armed", "CREATE", 0, "GREATER"))
         else:
             heard = self._heard.get(queue.stored)
-            if heard is None:
-                return False
+            if heard is None or self.due(queue) is not Deletion.EXPIRED:
+                return False  # a use heard of since: not unused after all
             compare.append(Compare(directory + "used", "MOD", heard.used_revision))
         try:
             result = await self._client.txn(
@@ -357,15 +402,25 @@ class EtcdClusterConsumers:
                 "event=amqp_queue_deletion_unclaimed queue=%s error=%s", queue.stored, error
             )
             return False
+        if result.succeeded:
+            self._claimed[queue.stored] = time.monotonic()
         return result.succeeded
 
     async def created(self, stored: str) -> None:
+        # Only ``armed`` could harm the new queue (an auto-delete queue would go at once,
+        # never consumed from); cleared only while no consumer is there, as another proxy
+        # declaring the same queue at this moment may have consumers on it already.
+        directory = self._directory(stored)
         try:
-            await self._client.txn([], [delete_prefix_op(self._directory(stored))])
+            await self._client.txn(
+                [Compare(directory + "c/", "CREATE", 0, prefix=True)],
+                [delete_op(directory + "armed")],
+            )
         except _ETCD_FAILURES as error:
             raise ConsumersUnknown(str(error)) from error
 
     async def deleted(self, stored: str) -> None:
+        self._claimed.pop(stored, None)
         for consumer_id in [c for c, m in self._mine.items() if m.stored == stored]:
             del self._mine[consumer_id]
         uses = self._uses.pop(stored, None)
