@@ -10,7 +10,9 @@ Once every ``SWEEP_INTERVAL_S`` (1 s) the sweep walks every queue of every vhost
   (:mod:`halfmoon.amqp.cluster_consumers`): a queue without a consumer on
   this worker that the cluster's record shows unused past its x-expires, or
   auto-delete and left by its last consumer (a dead worker's consumers end
-  with its lease), is deleted by the one worker etcd lets claim it.
+  with its lease), is deleted by the one worker etcd lets claim it. An
+  exclusive queue is its connection's alone: the worker holding that
+  connection decides on its own clock, the others leave it be.
 - Expiry at the head: on a queue with ``x-message-ttl`` or a dead-letter
   exchange, the expired messages at the head of each of its queues (up to
   ``SWEEP_BATCH`` a sweep) are taken and dead-lettered (reason
@@ -87,7 +89,7 @@ class Housekeeping:
         """Whether the queue goes now, unused (and whether this server is the one to go)."""
         if self._server.consumers_of(queue):
             return False
-        cluster = self._server.cluster_consumers
+        cluster = self._server.cluster_of(queue)
         if cluster is not None:
             why = cluster.due(queue)
             if why is None or not await self._server.may_delete(queue, why):
@@ -95,8 +97,11 @@ class Housekeeping:
             log.info("event=amqp_queue_unused queue=%s reason=%s", queue.stored, why.value)
             return True
         # Shared by several servers without a cluster's record of its use, a queue's use is
-        # known only to the server that saw it: none may expire it on its own say-so.
-        limit = None if self._server.topology.shared else expires_ms(queue)
+        # known only to the server that saw it: none may expire it on its own say-so, but
+        # the server of the one connection an exclusive queue serves.
+        if self._server.topology.shared and not self._server.owns(queue):
+            return False
+        limit = expires_ms(queue)
         if limit is None or (time.monotonic() - queue.last_used) * 1000 < limit:
             return False
         log.info("event=amqp_queue_expired queue=%s", queue.stored)

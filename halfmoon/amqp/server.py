@@ -6,9 +6,9 @@ queues, bindings; kept by a :class:`~halfmoon.amqp.topology.TopologyStore`:
 the data directory, or etcd for every proxy of a cluster), the consumers of
 each queue (for consumer counts, exclusive consumers and the server-sent
 Cancel when a queue is deleted; in cluster mode with every other proxy
-worker's, through :mod:`halfmoon.amqp.cluster_consumers`), and :class:`Arrivals`, which turns the
-broker's arrival listener (called from the appending thread) into wake-ups of
-the consumers parked on the event loop.
+worker's, through :mod:`halfmoon.amqp.cluster_consumers`), and
+:class:`Arrivals`, which turns the broker's arrival listener (called from the
+appending thread) into wake-ups of the consumers parked on the event loop.
 """
 
 from __future__ import annotations
@@ -226,6 +226,17 @@ class AmqpServer:
     def connection_id(self) -> str:
         return f"amqp-{self._instance}-{next(self._connection_ids)}"
 
+    def owns(self, queue: Queue) -> bool:
+        """Whether ``queue`` is exclusive to a connection of this server."""
+        owner = queue.exclusive_owner
+        return owner is not None and owner.startswith(f"amqp-{self._instance}-")
+
+    def cluster_of(self, queue: Queue) -> ClusterConsumers | None:
+        """Where ``queue``'s consumers are counted beyond this server: the cluster's record,
+        but for an exclusive queue, which only its own connection may consume from (an RPC
+        reply queue then costs no etcd round trip), and in local mode."""
+        return None if queue.exclusive_owner is not None else self.cluster_consumers
+
     # -- the topology, with other proxies' changes -------------------------------------------
 
     async def catch_up_before(self, vhost: VHost, method: base.Frame) -> None:
@@ -280,10 +291,9 @@ class AmqpServer:
                     return
 
     def _detach_later(self, consumer: Consumer) -> None:
-        if self.cluster_consumers is not None:
-            task = asyncio.get_running_loop().create_task(
-                self.cluster_consumers.detach(_consumer_id(consumer))
-            )
+        cluster = self.cluster_of(consumer.queue)
+        if cluster is not None:
+            task = asyncio.get_running_loop().create_task(cluster.detach(_consumer_id(consumer)))
             self._detaching.add(task)
             task.add_done_callback(self._detaching.discard)
 
@@ -315,10 +325,11 @@ class AmqpServer:
         """Its consumers on every server of the cluster (this server's alone, logged, while
         the cluster cannot say: a count is a hint, nothing is decided on it)."""
         here = len(self._consumers.get(id(queue), ()))
-        if self.cluster_consumers is None:
+        cluster = self.cluster_of(queue)
+        if cluster is None:
             return here
         try:
-            return await self.cluster_consumers.count(queue.stored)
+            return await cluster.count(queue.stored)
         except ConsumersUnknown as error:
             log.warning("event=amqp_consumer_count_unknown queue=%s error=%s", queue.stored, error)
             return here
@@ -326,10 +337,11 @@ class AmqpServer:
     async def in_use(self, queue: Queue, class_method: tuple[int, int]) -> bool:
         """Whether the queue has a consumer on any server of the cluster (``if-unused``);
         405 RESOURCE_LOCKED while the cluster cannot say."""
-        if self._consumers.get(id(queue)) or self.cluster_consumers is None:
+        cluster = self.cluster_of(queue)
+        if self._consumers.get(id(queue)) or cluster is None:
             return bool(self._consumers.get(id(queue)))
         try:
-            return await self.cluster_consumers.count(queue.stored) > 0
+            return await cluster.count(queue.stored) > 0
         except ConsumersUnknown as error:
             raise _unknown(queue, error, class_method) from None
 
@@ -341,18 +353,17 @@ class AmqpServer:
         others = self._consumers.get(id(queue), {})
         if any(c.exclusive for c in others) or (consumer.exclusive and others):
             raise _in_exclusive_use(queue, vhost.name)
-        if self.cluster_consumers is not None:
+        cluster = self.cluster_of(queue)
+        if cluster is not None:
             try:
-                refused = await self.cluster_consumers.attach(
-                    _consumer_id(consumer), queue, consumer.exclusive
-                )
+                refused = await cluster.attach(_consumer_id(consumer), queue, consumer.exclusive)
             except ConsumersUnknown as error:
                 raise _unknown(queue, error, (60, 20)) from None
             if refused is Refusal.EXCLUSIVE:
                 raise _in_exclusive_use(queue, vhost.name)
             if refused is Refusal.DELETING or vhost.queues.get(queue.name) is not queue:
                 if refused is None:  # deleted while the consumer was being recorded
-                    await self.cluster_consumers.detach(_consumer_id(consumer))
+                    await cluster.detach(_consumer_id(consumer))
                 raise AmqpChannelError(
                     NOT_FOUND, f"no queue {queue.name!r} in vhost {vhost.name!r}", 60, 20
                 )
@@ -364,14 +375,16 @@ class AmqpServer:
         """Declared (not passively), read by Basic.Get, or left by its last consumer here:
         its x-expires clock restarts (the whole cluster's, in cluster mode)."""
         queue.touch()
-        if self.cluster_consumers is not None:
-            self.cluster_consumers.used(queue)
+        cluster = self.cluster_of(queue)
+        if cluster is not None:
+            cluster.used(queue)
 
     async def created(self, queue: Queue) -> None:
         """A queue declared here for the first time, before other servers can see it."""
-        if self.cluster_consumers is not None:
+        cluster = self.cluster_of(queue)
+        if cluster is not None:
             try:
-                await self.cluster_consumers.created(queue.stored)
+                await cluster.created(queue.stored)
             except ConsumersUnknown as error:
                 raise _unknown(queue, error, (50, 10)) from None
 
@@ -388,8 +401,9 @@ class AmqpServer:
         if not consumers:
             del self._consumers[id(queue)]
             self._claim(queue, False)
-        if self.cluster_consumers is not None:
-            await self.cluster_consumers.detach(_consumer_id(consumer))
+        cluster = self.cluster_of(queue)
+        if cluster is not None:
+            await cluster.detach(_consumer_id(consumer))
         if queue.auto_delete and not self._consumers.get(id(queue)):
             vhost = consumer.channel.vhost
             if vhost.queues.get(queue.name) is queue and await self.may_delete(
@@ -400,9 +414,8 @@ class AmqpServer:
     async def may_delete(self, queue: Queue, why: Deletion) -> bool:
         """Whether this server deletes a queue nobody asked to delete: always, alone; in a
         cluster, only the one server etcd lets, and only while ``why`` holds there."""
-        if self.cluster_consumers is None:
-            return True
-        return await self.cluster_consumers.claim_deletion(queue, why)
+        cluster = self.cluster_of(queue)
+        return cluster is None or await cluster.claim_deletion(queue, why)
 
     async def delete_queue(self, vhost: VHost, queue: Queue) -> None:
         """Cancel its consumers (Basic.Cancel to clients that asked), forget it, drop its
@@ -420,8 +433,9 @@ class AmqpServer:
             for consumer in consumers:
                 self._detach_later(consumer)
             raise
-        if self.cluster_consumers is not None:
-            await self.cluster_consumers.deleted(queue.stored)  # its consumers' keys too
+        cluster = self.cluster_of(queue)
+        if cluster is not None:
+            await cluster.deleted(queue.stored)  # its consumers' keys too
 
     # -- authorization ------------------------------------------------------------------
 

@@ -231,6 +231,21 @@ def test_an_x_expires_queue_goes_once_unused_on_every_proxy(cluster: ClusterServ
             if "event=amqp_queue_unused" in line and "lapsing" in line
         ]
         assert len(deleted_by) == 1, [p.log_tail() for p in cluster.proxies]
+
+        # An exclusive queue is its connection's: that proxy expires it on its own clock.
+        mine = a.channel()
+        mine.queue_declare("mine", exclusive=True, arguments={"x-expires": expires_ms})
+        assert refused(b.channel().queue_declare, "mine", passive=True) == 405
+
+        def expired() -> bool:
+            try:
+                a.channel().queue_declare("mine", passive=True)
+            except pika.exceptions.ChannelClosedByBroker as error:
+                assert error.reply_code == 404, error
+                return True
+            return False
+
+        wait_until(expired, DEADLINE_S, "the exclusive queue to expire")
     finally:
         a.close()
         b.close()
