@@ -463,6 +463,11 @@ class EtcdClusterConsumers:
             heard.deleting = present
         elif kind == "used":
             heard.used_revision = kv.mod_revision if kv is not None else 0
+        if not (heard.consumers or heard.armed or heard.deleting or heard.used_revision):
+            # Nothing left of it (its last consumer gone, or the queue deleted): forgotten, so
+            # queues that come and go leave nothing behind; its clock starts again from the
+            # next time it is asked about, which is now or later, never earlier.
+            del self._heard[stored]
 
     async def _on_listing(self, kvs: list[KeyValue], revision: int) -> None:
         now = time.monotonic()
