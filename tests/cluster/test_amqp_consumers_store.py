@@ -231,6 +231,24 @@ def test_an_exclusive_consumer_moves_to_a_new_lease_while_the_old_one_holds(
     asyncio.run(scenario())
 
 
+def test_a_cancel_while_etcd_is_away_is_recorded_when_it_is_back(
+    own_etcd: EtcdServer, cluster_name: str
+) -> None:
+    async def scenario() -> None:
+        gone = queue("gone", auto_delete=True)
+        async with worker(own_etcd.url, cluster_name, "p/1") as (me, client, _):
+            assert await me.attach("c", gone, exclusive=True) is None
+            own_etcd.stop()
+            await me.detach("c")  # not recorded yet: the queue still counts as in use
+            assert not await me.claim_deletion(gone, Deletion.AUTO_DELETE)
+            own_etcd.restart()
+            await until(lambda: _changed(me.count(gone.stored), 1), DEADLINE_S, "the key deleted")
+            assert await client.get(f"{consumers_prefix(cluster_name)}%25gone/x") is None
+            assert await me.claim_deletion(gone, Deletion.AUTO_DELETE)
+
+    asyncio.run(scenario())
+
+
 def test_with_etcd_unreachable_nothing_is_decided(cluster_name: str) -> None:
     async def scenario() -> None:
         with socket.socket() as closed:

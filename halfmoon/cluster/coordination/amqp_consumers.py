@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -97,7 +98,7 @@ log = logging.getLogger("halfmoon.cluster.amqp")
 CONSUMERS_ROOT = ROOT.rstrip("/") + "-amqp-consumers/"
 RETRY_EVERY_S = 0.5  # a cancel's delete, a record lost with a lapsed lease: tried again
 CLAIM_HELD_S = 10.0  # a deletion claimed and not done by then (it failed): let go
-USED_EVERY_S = 5.0
+USED_EVERY_S = 5.0  # an x-expires queue's ``used`` rewritten at most this often (or faster)
 _ETCD_FAILURES = (HalfmoonError, EtcdRequestError, OSError, TimeoutError)
 
 
@@ -156,10 +157,12 @@ class EtcdClusterConsumers:
         self._heard: dict[str, _Heard] = {}
         self._listed = False  # False before the first listing and after a lost watch
         self._mine: dict[str, _Mine] = {}
-        self._undeleted: dict[str, bool] = {}  # keys of consumers gone, not yet deleted
+        # Keys of consumers gone but not yet deleted in etcd -> whether it held ``x`` too.
+        self._undeleted: dict[str, bool] = {}
         self._uses: dict[str, _Uses] = {}
         self._claimed: dict[str, float] = {}  # deletions claimed here (monotonic), not done
         self._tasks: list[asyncio.Task[None]] = []
+        self._writes: set[asyncio.Task[None]] = set()  # ``used`` writes in flight
         self._loop = asyncio.get_running_loop()
         self.on_lost: Callable[[str], None] = lambda consumer_id: None
 
@@ -230,10 +233,11 @@ class EtcdClusterConsumers:
             self._mine[consumer_id] = mine
         return refusal
 
-    async def _record(self, mine: _Mine) -> Refusal | None:
-        """Write ``mine``'s key if the cluster lets it (one transaction)."""
+    async def _record(self, mine: _Mine, *, again: bool = False) -> Refusal | None:
+        """Write ``mine``'s key if the cluster lets it (one transaction; ``again``: under a
+        new lease, the old one perhaps still there)."""
         directory = self._directory(mine.stored)
-        if mine.exclusive:
+        if mine.exclusive and again:
             # Written again under a new lease while the old one still holds the queue: the
             # queue's keys are this consumer's own, moved to the new lease.
             moved = await self._client.txn(
@@ -274,10 +278,15 @@ class EtcdClusterConsumers:
         exclusive = self._undeleted.get(key)
         if exclusive is None:
             return
-        deletes = [delete_op(key)]
-        if exclusive:  # the queue's x key is this consumer's: nobody else could take it
-            deletes.append(delete_op(key.rsplit("/c/", 1)[0] + "/x"))
-        await self._client.txn([], deletes)
+        if exclusive:  # and the queue's x key, while it is this consumer's
+            x = key.rsplit("/c/", 1)[0] + "/x"
+            await self._client.txn(
+                [Compare(x, "VALUE", key.encode())],
+                [delete_op(key), delete_op(x)],
+                [delete_op(key)],
+            )
+        else:
+            await self._client.txn([], [delete_op(key)])
         self._undeleted.pop(key, None)
 
     async def _keep_records(self) -> None:
@@ -292,19 +301,25 @@ class EtcdClusterConsumers:
                 await self._let_go_of_failed_deletions()
                 lease = self._lease()
                 for consumer_id, mine in list(self._mine.items()):
-                    if mine.lease == lease or self._mine.get(consumer_id) is not mine:
-                        continue
-                    mine.lease = lease
-                    if await self._record(mine) is not None:
-                        log.warning(
-                            "event=amqp_consumer_lost queue=%s consumer=%s",
-                            mine.stored,
-                            consumer_id,
-                        )
-                        self._mine.pop(consumer_id, None)
-                        self.on_lost(consumer_id)
+                    if mine.lease != lease and self._mine.get(consumer_id) is mine:
+                        await self._record_again(consumer_id, mine, lease)
             except _ETCD_FAILURES as error:
                 log.warning("event=amqp_consumer_records_failed error=%s", error)
+
+    async def _record_again(self, consumer_id: str, mine: _Mine, lease: int) -> None:
+        """Write ``mine`` under ``lease`` (an etcd failure leaves it for the next round)."""
+        moved = dataclasses.replace(mine, lease=lease)
+        refusal = await self._record(moved, again=True)
+        if self._mine.get(consumer_id) is not mine:
+            # Cancelled meanwhile, perhaps deleted before this wrote it again: deleted again.
+            self._undeleted[moved.key] = moved.exclusive
+            return
+        if refusal is None:
+            self._mine[consumer_id] = moved
+            return
+        log.warning("event=amqp_consumer_lost queue=%s consumer=%s", mine.stored, consumer_id)
+        del self._mine[consumer_id]
+        self.on_lost(consumer_id)
 
     async def _let_go_of_failed_deletions(self) -> None:
         """A deletion claimed here that never finished (the delete failed, the queue is still
@@ -345,7 +360,9 @@ class EtcdClusterConsumers:
         uses.timer = None
         uses.writing = True
         uses.written_at = time.monotonic()
-        self._loop.create_task(self._put_used(stored, expires, uses))
+        task = self._loop.create_task(self._put_used(stored, expires, uses))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
 
     async def _put_used(self, stored: str, expires: int, uses: _Uses) -> None:
         try:
