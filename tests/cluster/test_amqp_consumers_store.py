@@ -125,7 +125,8 @@ def test_x_expires_is_claimed_only_when_nobody_used_the_queue(
     etcd: EtcdServer, cluster_name: str
 ) -> None:
     async def scenario() -> None:
-        lapsing = queue("lapsing", **{"x-expires": 400})  # refreshed every 0.1 s
+        # Refreshed every 0.5 s, so taken for unused after 2.5 s without a use.
+        lapsing = queue("lapsing", **{"x-expires": 2000})
         async with (
             worker(etcd.url, cluster_name, "p/1") as (a, _, _),
             worker(etcd.url, cluster_name, "p/2") as (b, client, _),
@@ -138,16 +139,16 @@ def test_x_expires_is_claimed_only_when_nobody_used_the_queue(
 
             await until(lambda: a.following and b.following, DEADLINE_S, "the listings")
             assert a.due(lapsing) is None  # first heard of now: its clock starts
-            # B uses it every 0.2 s for a second: A never finds it due meanwhile.
-            for _ in range(5):
+            # B uses it every 0.5 s for two seconds: A never finds it due meanwhile.
+            for _ in range(4):
                 b.used(lapsing)
-                await asyncio.sleep(0.2)  # the scenario: uses spaced under x-expires
+                await asyncio.sleep(0.5)  # the scenario: uses spaced under x-expires
                 assert a.due(lapsing) is None
             await until(lambda: a.due(lapsing), DEADLINE_S, "A to take the queue for unused")
             # A use through B since: A's claim fails, whether A heard of it by now (then
             # it is not due) or not (etcd's `used` changed since A last heard of it).
             before = await used_revision()
-            await asyncio.sleep(0.1)  # the scenario: past B's refresh period, written at once
+            await asyncio.sleep(0.5)  # the scenario: past B's refresh period, written at once
             b.used(lapsing)
             await until(lambda: _changed(used_revision(), before), DEADLINE_S, "B's write")
             assert not await a.claim_deletion(lapsing, Deletion.EXPIRED)

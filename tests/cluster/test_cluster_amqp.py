@@ -171,10 +171,17 @@ def test_an_exclusive_queue_is_its_connections_but_reachable_from_every_proxy(
     finally:
         owner.close()
     try:
-        # Gone with its connection, for every proxy.
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as gone:
-            other.channel().queue_declare(reply_to, passive=True)
-        assert gone.value.reply_code == 404
+        # Gone with its connection, for every proxy (deleted once the server has seen the
+        # connection end, which is after its Close-Ok: a moment after close() returns).
+        def gone() -> bool:
+            try:
+                other.channel().queue_declare(reply_to, passive=True)
+            except pika.exceptions.ChannelClosedByBroker as error:
+                assert error.reply_code == 404, error
+                return True
+            return False
+
+        wait_until(gone, timeout=30, what="the exclusive queue to go with its connection")
     finally:
         other.close()
 
