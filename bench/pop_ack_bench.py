@@ -28,7 +28,8 @@ from rocketmq import ClientConfiguration, Credentials, FilterExpression, Produce
 
 from bench.cluster_bench import cpu_seconds
 from bench.server_proc import HalfmoonServer
-from tests.replication.group_cluster import GroupCluster, status, wait_for
+from tests.replication.group_cluster import GroupCluster, status
+from tests.waiting import wait_until
 from tests.replication.test_group_replication import message, producer
 
 _lock = threading.Lock()
@@ -103,7 +104,7 @@ def run_group(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         group = GroupCluster(Path(scratch) / "group", mode="sync", min_insync=1).start()
         try:
-            wait_for(lambda: status(group.master)["isr"] == ["b1", "b2"], 15, "replicas in sync")
+            wait_until(lambda: status(group.master)["isr"] == ["b1", "b2"], 15, "replicas in sync")
             assert group.proxy is not None
             group.proxy.create_topic("jobs", "normal", queues=4)
             group.proxy.create_group("workers", consume_from="earliest")

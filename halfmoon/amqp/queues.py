@@ -30,7 +30,8 @@ from typing import Any, TypeVar
 
 from halfmoon.amqp.message import expired
 from halfmoon.broker.errors import GroupExists, GroupNotFound, TopicExists, TopicNotFound
-from halfmoon.broker.facade import Broker
+from halfmoon.broker.facade import Broker, Pending
+from halfmoon.broker.facade_types import written_on
 from halfmoon.broker.filter_spec import MATCH_ALL
 from halfmoon.broker.message import MessageType, MessageView, OutgoingMessage
 from halfmoon.broker.transactions import DecisionSource, Resolution
@@ -238,19 +239,17 @@ class Queues:
         broker = self._broker
         timeout = self._delivery_timeout_ms
         holder = self._holder()
-        got = broker.receive_nowait(
-            stored, stored, MATCH_ALL, count, timeout, client_id, queue_id, holder
+        got = await written_on(
+            broker.receive_nowait(
+                stored, stored, MATCH_ALL, count, timeout, client_id, queue_id, holder
+            ),
+            self._run,
         )
-        if got is not None:
-            return got.views, got.next_wakeup_ms
-        views = await self._run(
-            broker.receive, stored, stored, MATCH_ALL, count, timeout, client_id, queue_id, holder
-        )
-        return views, None
+        return got.result.views, got.result.next_wakeup_ms
 
     async def ack(self, stored: str, handles: Sequence[str]) -> None:
         done = self._broker.ack_nowait(stored, stored, handles)
-        if done is None:
+        if isinstance(done, Pending):  # each on a worker, tried again while the broker is away
             await self._settle_each(self._ack_one, stored, list(handles))
 
     def _ack_one(self, stored: str, handle: str) -> None:

@@ -22,13 +22,14 @@ Calling conventions:
   :class:`Written`: its result, and a future that completes when the
   operation's promise holds (durable under the flush policy), to be awaited
   without holding a thread. The plain form of the same call waits for it.
-  Two (``receive_nowait``, ``ack_nowait``) answer None when they would block.
-  The writes (the sends, ``send_nowait`` and ``send_fanout_nowait``, and the
-  ends of transactions, ``end_transaction_nowait``, ``end_transactions_nowait``
-  and ``end_transaction_group_nowait``) never block: what would (a topic to
-  create, an index lookup, a network hop) the implementation defers into a
-  :class:`Pending` answer, so a front end calls them on its event loop and
-  awaits the answer, one path whatever the broker.
+  None of them blocks: the sends (``send_nowait``, ``send_fanout_nowait``), the
+  ends of transactions (``end_transaction_nowait``, ``end_transactions_nowait``,
+  ``end_transaction_group_nowait``), the receive and the ack of the pop path
+  (``receive_nowait``, ``ack_nowait``). What would block (a topic to create,
+  an index lookup, a group's state busy with another call, a network hop) the
+  implementation defers into a :class:`Pending` answer, so a front end calls
+  them on its event loop and uses a :class:`Written` answer there, or writes
+  a :class:`Pending` one on a worker thread: one path whatever the broker.
 - Errors are :class:`halfmoon.errors.HalfmoonError` subclasses with stable
   codes; each front end maps them to its own wire format.
 - A broker a network hop away may also be :class:`WatchesArrivals`: it sends
@@ -45,6 +46,7 @@ from halfmoon.broker.facade_browse import Browsing
 from halfmoon.broker.facade_messages import Messaging
 from halfmoon.broker.facade_transactions import Transactions
 from halfmoon.broker.facade_types import (
+    ALREADY_DURABLE,
     Answer,
     Pending,
     PullResult,
@@ -53,6 +55,8 @@ from halfmoon.broker.facade_types import (
     QueueStatus,
     Written,
 )
+from halfmoon.broker.filter_spec import FilterSpec
+from halfmoon.broker.message import Received
 from halfmoon.broker.transactions import (
     EndRequest,
     EndResult,
@@ -73,8 +77,10 @@ __all__ = [
     "Transactions",
     "WatchesArrivals",
     "Written",
+    "acked_each",
     "end_each",
     "operations",
+    "received_by_calls",
 ]
 
 
@@ -128,3 +134,42 @@ def end_each(
         except HalfmoonError as exc:
             answers.append(exc)
     return answers
+
+
+def received_by_calls(
+    broker: Broker,
+    group: str,
+    topic: str,
+    filter: FilterSpec,
+    batch_size: int,
+    invisible_ms: int,
+    client_id: str = "",
+    queue_id: int | None = None,
+    holder: str = "",
+) -> Written[Received]:
+    """The write of a :meth:`Broker.receive_nowait` answer left :class:`Pending`: the plain
+    :meth:`Broker.receive` and, when it found nothing, :meth:`Broker.next_wakeup_ms` (so a
+    long poll knows how long it may park). Blocks: a worker thread calls it."""
+    views = broker.receive(
+        group, topic, filter, batch_size, invisible_ms, client_id, queue_id=queue_id,
+        holder=holder,
+    )  # fmt: skip
+    wakeup = None if views else broker.next_wakeup_ms(group, topic, client_id)
+    return Written(Received(views, wakeup), ALREADY_DURABLE)
+
+
+def acked_each(
+    broker: Broker, group: str, topic: str, receipt_handles: Sequence[str]
+) -> Written[list[Exception | None]]:
+    """The write of an :meth:`Broker.ack_nowait` answer left :class:`Pending`: the plain
+    :meth:`Broker.ack` per handle, each handle's error in its place (durable when each
+    returned). Blocks: a worker thread calls it."""
+    results: list[Exception | None] = []
+    for handle in receipt_handles:
+        try:
+            broker.ack(group, topic, handle)
+        except Exception as error:  # noqa: BLE001 - one bad handle does not fail the others
+            results.append(error)
+        else:
+            results.append(None)
+    return Written(results, ALREADY_DURABLE)

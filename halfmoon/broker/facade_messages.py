@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from halfmoon.broker.facade_types import Answer, PullResult, Written
+from halfmoon.broker.facade_types import Answer, PullResult
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.lite import OffsetOption, UnsubscribeNotifier
 from halfmoon.broker.message import MessageView, OutgoingMessage, Received
@@ -102,19 +102,19 @@ class Messaging(Protocol):
         client_id: str = "",
         queue_id: int | None = None,
         holder: str = "",
-    ) -> Received | None:
-        """As :meth:`receive` when that can block neither on a lock nor on the disk; None
-        when it might.
+    ) -> Answer[Received]:
+        """:meth:`receive` without blocking: :class:`Written` when it can block neither on a
+        lock nor on the disk, else :class:`Pending` (write it on a worker thread).
 
         Cheap enough for an event loop: reads of the page cache, bookkeeping in
         memory and, when it delivers, one append to the commit log's mapping (the
         deliveries' journal record, as :meth:`ack_nowait` appends). When it finds
         nothing, ``next_wakeup_ms`` is :meth:`next_wakeup_ms`'s answer, so a long poll
-        parks without another call. None (do call
-        :meth:`receive`, from a worker thread) when the group's state is busy with
-        another call, a delivery is due again (redelivery may dead-letter), the group
-        trails a queue far enough that the read may come from disk, the topic or group
-        would be created, or the broker is remote.
+        parks without another call. Pending (its write the plain :meth:`receive`,
+        :func:`~halfmoon.broker.facade.received_by_calls`) when the group's state is
+        busy with another call, a delivery is due again (redelivery may dead-letter),
+        the group trails a queue far enough that the read may come from disk, the topic
+        or group would be created, or the broker is remote.
         """
         ...
 
@@ -137,16 +137,18 @@ class Messaging(Protocol):
 
     def ack_nowait(
         self, group: str, topic: str, receipt_handles: Sequence[str]
-    ) -> Written[list[Exception | None]] | None:
-        """Ack a batch of handles of an ordinary topic at once when that cannot block.
+    ) -> Answer[list[Exception | None]]:
+        """Ack a batch of handles of an ordinary topic without blocking.
 
         ``result``: per handle None (acked) or the error :meth:`ack` would have
-        raised; ``durable`` completes once the batch's ack record is durable as the
-        flush policy says (the acks answer only then; its error is each acked
-        handle's answer). None (nothing acked: call :meth:`ack` per handle from a
-        worker thread) when the group's state is busy with another call, the topic
-        is a lite parent, or the broker is remote. Bookkeeping in memory and one
-        append to the commit log's mapping: an event loop may call it.
+        raised; a :class:`Written` answer's ``durable`` completes once the batch's
+        ack record is durable as the flush policy says (the acks answer only then;
+        its error is each acked handle's answer). :class:`Pending` (nothing acked
+        yet; its write acks each handle with :meth:`ack`,
+        :func:`~halfmoon.broker.facade.acked_each`) when the group's state is busy
+        with another call, the topic is a lite parent, or the broker is remote. A
+        Written answer is bookkeeping in memory and one append to the commit log's
+        mapping: an event loop may call it.
         """
         ...
 

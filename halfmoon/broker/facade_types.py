@@ -94,8 +94,21 @@ class Pending(Generic[T]):
         return asyncio.get_running_loop().run_in_executor(None, self.blocking)
 
 
-# What a ``*_nowait`` send answers: written now, or a write still to make (see Pending).
+# What a ``*_nowait`` call answers: written now, or a write still to make (see Pending).
 Answer: TypeAlias = Written[T] | Pending[T]
+
+
+async def written_on(
+    answer: Answer[T], run: Callable[[Callable[[], Written[T]]], Awaitable[Written[T]]]
+) -> Written[T]:
+    """``answer`` written, from an event loop: a :class:`Written` one as it is; a
+    :class:`Pending` one awaited on the loop when it has a coroutine, else its write handed
+    to ``run`` (which runs it on a front end's worker threads)."""
+    if isinstance(answer, Written):
+        return answer
+    if answer.on_loop is not None:
+        return await answer.written()
+    return await run(answer.blocking)
 
 
 def _completed() -> Future[None]:

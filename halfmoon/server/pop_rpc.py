@@ -57,23 +57,6 @@ class PopRpcs:
         self.workers = workers
         self.default_invisible_ms = broker.config.default_invisible_ms
 
-    def _receive_once(
-        self,
-        group: str,
-        topic: str,
-        spec: FilterSpec,
-        batch: int,
-        invisible_ms: int,
-        client_id: str,
-        queue_id: int | None = None,
-    ) -> tuple[list[MessageView], int | None]:
-        views = self.broker.receive(
-            group, topic, spec, batch, invisible_ms, client_id, queue_id=queue_id
-        )
-        if views:
-            return views, None
-        return views, self.broker.next_wakeup_ms(group, topic, client_id)
-
     async def ReceiveMessage(
         self, request: svc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[svc.ReceiveMessageResponse]:
@@ -159,17 +142,13 @@ class PopRpcs:
             with self.notifier.waiter(topic) as waiter:
                 # On the loop when the broker can answer without blocking (the usual case,
                 # an arrival waking this poll included): no thread hand-off between the
-                # append and the answer. Else (None) on a worker thread.
-                found = self.broker.receive_nowait(
-                    group, topic, spec, batch, invisible_ms, client_id, queue_id
+                # append and the answer. Else (Pending) on a worker thread.
+                found = await self.workers.written(
+                    self.broker.receive_nowait(
+                        group, topic, spec, batch, invisible_ms, client_id, queue_id
+                    )
                 )
-                if found is None:
-                    views, wakeup_ms = await self.workers.call(
-                        self._receive_once,
-                        group, topic, spec, batch, invisible_ms, client_id, queue_id,
-                    )  # fmt: skip
-                else:
-                    views, wakeup_ms = found.views, found.next_wakeup_ms
+                views, wakeup_ms = found.result.views, found.result.next_wakeup_ms
                 remaining = deadline - loop.time()
                 if views or remaining <= 0 or self.notifier.shutting_down:
                     return views
@@ -244,18 +223,16 @@ class PopRpcs:
         lite_topics: list[str | None],
         txn: str | None,
     ) -> tuple[list[pb.Status], bool] | None:
-        """The batch acked on the loop, when the broker can do it without blocking: plain
-        acks of an ordinary topic, bookkeeping in memory under one lock hold and one ack
-        record appended; answered once that record is durable. None: the caller acks on a
-        worker thread."""
+        """A batch of plain acks (no transaction, no lite topic) through ``ack_nowait``: on the
+        loop when the broker can do it without blocking (bookkeeping in memory under one lock
+        hold and one ack record appended), answered once that record is durable; on a worker
+        thread when its answer is Pending. None: the caller acks each on a worker thread."""
         if txn is not None or not all(handles) or any(t is not None for t in lite_topics):
             return None
         config = self.broker.find_group(group)
         if config is None:
             return None
-        written = self.broker.ack_nowait(group, topic, handles)
-        if written is None:
-            return None
+        written = await self.workers.written(self.broker.ack_nowait(group, topic, handles))
         results = written.result
         try:
             await until_durable(written.durable)

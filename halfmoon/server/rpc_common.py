@@ -21,6 +21,7 @@ import grpc
 from google.protobuf import duration_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
+from halfmoon.broker.facade_types import Answer, Written, written_on
 from halfmoon.config import ServerConfig
 from halfmoon.server import convert
 from halfmoon.server import namespace as ns
@@ -113,6 +114,10 @@ class Workers:
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    async def written(self, answer: Answer[T]) -> Written[T]:
+        """A ``*_nowait`` answer written: as it is when Written, on a worker when Pending."""
+        return await written_on(answer, self.call)
 
 
 def poll_budget(

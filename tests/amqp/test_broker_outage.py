@@ -15,6 +15,7 @@ from halfmoon.amqp.consumer import Consumer
 from halfmoon.amqp.queues import Queues
 from halfmoon.amqp.topology import Queue
 from halfmoon.broker.errors import TopicNotFound
+from halfmoon.broker.facade_types import ALREADY_DURABLE, Pending, Written
 from halfmoon.broker.message import MessageView
 from halfmoon.broker.receipt import InvalidReceiptHandle
 from halfmoon.errors import Unavailable
@@ -97,8 +98,8 @@ class SettlingBroker:
         self.outage = outage
         self.applied: list[tuple[str, str]] = []
 
-    def ack_nowait(self, group: str, topic: str, handles: list[str]) -> None:
-        return None  # a network hop away
+    def ack_nowait(self, group: str, topic: str, handles: list[str]) -> Pending[list[None]]:
+        return Pending(lambda: Written([None] * len(handles), ALREADY_DURABLE))  # a hop away
 
     def _apply(self, what: str, handle: str) -> None:
         if self.outage:

@@ -36,6 +36,8 @@ from halfmoon.broker import (
 )
 from halfmoon.broker.broker import Broker as InProcessBroker
 from halfmoon.broker.facade import Broker, Pending, Written, operations
+from halfmoon.broker.facade_types import written_on
+from halfmoon.broker.message import Received
 from halfmoon.broker.transaction_state import TxnState
 from halfmoon.cluster.internal.remote_broker import RemoteBroker
 from halfmoon.errors import HalfmoonError, InvalidArgument, NotFound
@@ -495,6 +497,37 @@ def test_receive_ack_change_invisible_and_dead_letter(facade: Broker, clock: Fak
     assert bodies(facade, "dlq-reader", dead_letter_topic("billing")) == [b"b"]
     progress = facade.group_progress("billing", "orders")
     assert sum(p.inflight for p in progress) == 0 and sum(p.lag for p in progress) == 0
+
+
+def test_receive_and_ack_nowait_answer_written_at_once_or_pending_alike(
+    facade: Broker, clock: FakeClock
+) -> None:
+    """The pop path's event-loop calls: Written when the broker can answer without blocking
+    (in process), Pending from a network hop away; the same deliveries and acks either way,
+    on an event loop through the front ends' ``written_on``."""
+    facade.send([OutgoingMessage("orders", b"a"), OutgoingMessage("orders", b"b")])
+    facade.subscribe("billing", "orders")
+    cheap = has_cheap_path(facade)
+
+    async def received() -> tuple[bool, Received]:
+        answer = facade.receive_nowait("billing", "orders", EVERYTHING, 10, 10_000)
+        return isinstance(answer, Written), (await written_on(answer, asyncio.to_thread)).result
+
+    at_once, got = asyncio.run(received())
+    assert at_once is cheap
+    assert sorted(v.body for v in got.views) == [b"a", b"b"]
+    at_once, empty = asyncio.run(received())
+    assert empty.views == [] and empty.next_wakeup_ms == clock.now_ms() + 10_000
+
+    async def acked(handles: list[str]) -> tuple[bool, list[Exception | None]]:
+        answer = facade.ack_nowait("billing", "orders", handles)
+        return isinstance(answer, Written), await answer
+
+    at_once, results = asyncio.run(acked([v.receipt_handle for v in got.views] + ["garbled"]))
+    assert at_once is cheap
+    assert results[:2] == [None, None] and isinstance(results[2], HalfmoonError)
+    progress = facade.group_progress("billing", "orders")
+    assert sum(p.inflight for p in progress) == 0
 
 
 # -- pull and offsets ------------------------------------------------------------------------------

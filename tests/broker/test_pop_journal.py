@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from halfmoon.broker import Broker, BrokerConfig, FakeClock
+from halfmoon.broker.facade import Written
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageType, OutgoingMessage
 from halfmoon.broker.topics import POP_TOPIC
@@ -167,7 +168,7 @@ def test_acks_after_the_last_snapshot_are_not_delivered_again(tmp_path: Path) ->
     broker.tick()  # the snapshot journals the queue: m3..m6 in flight
     broker.ack("workers", "jobs", got[1].receipt_handle)
     written = broker.ack_nowait("workers", "jobs", [got[3].receipt_handle])  # on a loop
-    assert written is not None and written.result == [None]
+    assert isinstance(written, Written) and written.result == [None]
     written.durable.result(5)
     later = broker.receive("workers", "jobs", FilterSpec(), 1, 60_000)
     assert [v.body for v in later] == [b"m7"]  # past the journaled cursor
@@ -209,7 +210,7 @@ def test_an_ack_answers_with_the_error_of_its_records_durability(tmp_path: Path)
     assert results[1] is not None and not isinstance(results[1], NotEnoughReplicas)
     # On an event loop: the acks are applied, their answer is the record's durability.
     written = broker.ack_nowait("workers", "jobs", [got[2].receipt_handle])
-    assert written is not None and written.result == [None]
+    assert isinstance(written, Written) and written.result == [None]
     assert isinstance(written.durable.exception(1), NotEnoughReplicas)
     assert len(asked) == 3 and asked[2] > asked[1] > asked[0]
     crash(broker)
@@ -220,7 +221,7 @@ def test_a_broker_without_a_journal_records_no_acks(tmp_path: Path) -> None:
     broker = prepared(tmp_path, clock, journal=False)
     got = broker.receive("workers", "jobs", FilterSpec(), 2, 60_000)
     written = broker.ack_nowait("workers", "jobs", [v.receipt_handle for v in got])
-    assert written is not None and written.result == [None, None]
+    assert isinstance(written, Written) and written.result == [None, None]
     assert written.durable.done()
     assert broker.store.max_offset(POP_TOPIC, 0) == 0
     crash(broker)

@@ -9,6 +9,7 @@ import pytest
 
 from halfmoon.broker.broker import Broker as FullBroker
 from halfmoon.broker.clock import FakeClock
+from halfmoon.broker.facade import Pending, Written
 from halfmoon.broker.filter_spec import FilterSpec
 from halfmoon.broker.message import MessageType, MessageView, OutgoingMessage
 from halfmoon.broker.pop import PopGroupSettings
@@ -125,13 +126,21 @@ def test_the_facade_declines_what_would_create_metadata_or_is_lite(tmp_path: Pat
         broker.create_group("billing", consume_from="earliest")
         everything = FilterSpec()
         args = (everything, 32, INVISIBLE)
-        assert broker.receive_nowait("billing", "no-such-topic", *args) is None
-        assert broker.receive_nowait("no-such-group", "orders", *args) is None
-        assert broker.receive_nowait("billing", "lite-parent", *args) is None
+        # Declined: a Pending answer, whose write (the plain receive, on a worker) creates
+        # the group's state; nothing is received until it is written.
+        declined = broker.receive_nowait("no-such-group", "orders", *args)
+        assert isinstance(declined, Pending)
+        assert isinstance(broker.receive_nowait("billing", "lite-parent", *args), Pending)
+        assert isinstance(broker.receive_nowait("billing", "no-such-topic", *args), Pending)
         assert broker.receive("billing", "orders", *args) == []
         broker.send([OutgoingMessage("orders", b"x")])
         got = broker.receive_nowait("billing", "orders", *args)
-        assert got is not None and [v.body for v in got.views] == [b"x"]
+        assert isinstance(got, Written) and [v.body for v in got.result.views] == [b"x"]
+        broker.send([OutgoingMessage("orders", b"y")])
+        written = declined.write()  # the group made as receive makes it, from the start
+        assert [v.body for v in written.result.views] == [b"x", b"y"]
+        broker.send([OutgoingMessage("orders", b"z")])
+        assert [v.body for v in declined.write().result.views] == [b"z"]
     finally:
         broker.close()
         store.close()
