@@ -29,8 +29,8 @@ from rocketmq import ClientConfiguration, Credentials, FilterExpression, Produce
 from bench.cluster_bench import cpu_seconds
 from bench.server_proc import HalfmoonServer
 from tests.replication.group_cluster import GroupCluster, status
-from tests.waiting import wait_until
 from tests.replication.test_group_replication import message, producer
+from tests.waiting import wait_until
 
 _lock = threading.Lock()
 

@@ -37,16 +37,8 @@ from halfmoon.broker.errors import (
     TopicExists,
     TopicNotFound,
 )
-from halfmoon.broker.facade import (
-    PullResult,
-    QueueProgress,
-    QueueRoute,
-    QueueStatus,
-    Written,
-    acked_each,
-    received_by_calls,
-)
-from halfmoon.broker.facade_types import ALREADY_DURABLE, Answer, Pending, waits_for
+from halfmoon.broker.facade import PullResult, QueueProgress, QueueRoute, QueueStatus
+from halfmoon.broker.facade_types import Answer, Pending, waits_for
 from halfmoon.broker.filter_spec import FilterCache, FilterSpec
 from halfmoon.broker.groups import (
     DEFAULT_MAX_DELIVERY_ATTEMPTS,
@@ -61,7 +53,6 @@ from halfmoon.broker.message import (
     PROPERTY_REAL_TOPIC,
     MessageType,
     OutgoingMessage,
-    Received,
 )
 from halfmoon.broker.offset_journal import OffsetJournal
 from halfmoon.broker.offsets import OffsetTable
@@ -459,32 +450,8 @@ class Broker:
     subscribe = delegate("_consume", PopRouter.subscribe)
     ack = delegate("_consume", PopRouter.ack)
 
-    def receive_nowait(
-        self,
-        group: str,
-        topic: str,
-        filter: FilterSpec,
-        batch_size: int,
-        invisible_ms: int,
-        client_id: str = "",
-        queue_id: int | None = None,
-        holder: str = "",
-    ) -> Answer[Received]:
-        args = (group, topic, filter, batch_size, invisible_ms, client_id, queue_id, holder)
-        received = self._consume.receive_nowait(*args)
-        if received is not None:
-            return Written(received, ALREADY_DURABLE)
-        return Pending(partial(received_by_calls, self, *args))
-
-    def ack_nowait(
-        self, group: str, topic: str, receipt_handles: Sequence[str]
-    ) -> Answer[list[Exception | None]]:
-        handles = list(receipt_handles)
-        written = self._consume.ack_nowait(group, topic, handles)
-        if written is not None:
-            return written
-        return Pending(partial(acked_each, self, group, topic, handles))
-
+    receive_nowait = delegate("_consume", PopRouter.receive_nowait)
+    ack_nowait = delegate("_consume", PopRouter.ack_nowait)
     change_invisible_duration = delegate("_consume", PopRouter.change_invisible_duration)
     forward_to_dead_letter = delegate("_consume", PopRouter.forward_to_dead_letter)
     next_wakeup_ms = delegate("_consume", PopRouter.next_wakeup_ms)

@@ -56,7 +56,7 @@ from halfmoon.broker.facade_types import (
     Written,
 )
 from halfmoon.broker.filter_spec import FilterSpec
-from halfmoon.broker.message import Received
+from halfmoon.broker.message import MessageView, Received
 from halfmoon.broker.transactions import (
     EndRequest,
     EndResult,
@@ -136,8 +136,30 @@ def end_each(
     return answers
 
 
+class Pops(Protocol):
+    """What the plain forms of the pop path's event-loop calls need (a facade has it)."""
+
+    def receive(
+        self,
+        group: str,
+        topic: str,
+        filter: FilterSpec,
+        batch_size: int,
+        invisible_ms: int,
+        client_id: str = "",
+        queue_id: int | None = None,
+        holder: str = "",
+    ) -> list[MessageView]: ...
+
+    def next_wakeup_ms(self, group: str, topic: str, client_id: str = "") -> int | None: ...
+
+    def ack(
+        self, group: str, topic: str, receipt_handle: str, lite_topic: str | None = None
+    ) -> None: ...
+
+
 def received_by_calls(
-    broker: Broker,
+    broker: Pops,
     group: str,
     topic: str,
     filter: FilterSpec,
@@ -159,7 +181,7 @@ def received_by_calls(
 
 
 def acked_each(
-    broker: Broker, group: str, topic: str, receipt_handles: Sequence[str]
+    broker: Pops, group: str, topic: str, receipt_handles: Sequence[str]
 ) -> Written[list[Exception | None]]:
     """The write of an :meth:`Broker.ack_nowait` answer left :class:`Pending`: the plain
     :meth:`Broker.ack` per handle, each handle's error in its place (durable when each

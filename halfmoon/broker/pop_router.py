@@ -5,12 +5,14 @@ This module sends each call to the one that owns the topic."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 
 from halfmoon.broker import broker_metrics
 from halfmoon.broker.access import check_queue
 from halfmoon.broker.config import BrokerConfig
-from halfmoon.broker.facade import Written
+from halfmoon.broker.facade import Answer, Pending, Written, acked_each, received_by_calls
+from halfmoon.broker.facade_types import ALREADY_DURABLE
 from halfmoon.broker.filter_spec import FilterCache, FilterSpec
 from halfmoon.broker.lite import LiteTopics
 from halfmoon.broker.message import MessageType, MessageView, Received
@@ -107,11 +109,28 @@ class PopRouter:
         client_id: str = "",
         queue_id: int | None = None,
         holder: str = "",
+    ) -> Answer[Received]:
+        """:meth:`receive`, Written if it can neither block nor write; else Pending, its
+        write the plain :meth:`receive` (on a worker thread). Only an existing group's
+        receive from an existing ordinary topic qualifies: the rest may create metadata on
+        disk, and a lite topic's receive walks its own service."""
+        args = (group, topic, filter, batch_size, invisible_ms, client_id, queue_id, holder)
+        received = self._received_now(*args)
+        if received is not None:
+            return Written(received, ALREADY_DURABLE)
+        return Pending(partial(received_by_calls, self, *args))
+
+    def _received_now(
+        self,
+        group: str,
+        topic: str,
+        filter: FilterSpec,
+        batch_size: int,
+        invisible_ms: int,
+        client_id: str,
+        queue_id: int | None,
+        holder: str,
     ) -> Received | None:
-        """:meth:`receive` if it can neither block nor write; None when it might (then call
-        :meth:`receive` from a worker thread). Only an existing group's receive from an
-        existing ordinary topic qualifies: the rest may create metadata on disk, and a lite
-        topic's receive walks its own service."""
         config = self._topics.find(topic)
         if config is None or config.message_type is MessageType.LITE:
             return None
@@ -144,13 +163,12 @@ class PopRouter:
         self._counted("acked", group, topic, 1)
 
     def ack_nowait(
-        self, group: str, topic: str, receipt_handles: list[str]
-    ) -> Written[list[Exception | None]] | None:
-        if self._is_lite(topic):
-            return None  # per lite topic, on a worker
-        batch = self._pop.ack_many_nowait(group, topic, receipt_handles)
-        if batch is None:
-            return None
+        self, group: str, topic: str, receipt_handles: Sequence[str]
+    ) -> Answer[list[Exception | None]]:
+        handles = list(receipt_handles)
+        batch = None if self._is_lite(topic) else self._pop.ack_many_nowait(group, topic, handles)
+        if batch is None:  # a lite topic (per lite topic), or the group's state busy
+            return Pending(partial(acked_each, self, group, topic, handles))
         acked = sum(1 for error in batch[0] if error is None)
         broker_metrics.acked(group, topic, acked)
         self._counted("acked", group, topic, acked)
