@@ -30,8 +30,7 @@ from typing import Any, TypeVar
 
 from halfmoon.amqp.message import expired
 from halfmoon.broker.errors import GroupExists, GroupNotFound, TopicExists, TopicNotFound
-from halfmoon.broker.facade import Broker, Pending
-from halfmoon.broker.facade_types import written_on
+from halfmoon.broker.facade import Broker, Pending, Written
 from halfmoon.broker.filter_spec import MATCH_ALL
 from halfmoon.broker.message import MessageType, MessageView, OutgoingMessage
 from halfmoon.broker.transactions import DecisionSource, Resolution
@@ -235,17 +234,23 @@ class Queues:
         self, stored: str, count: int, client_id: str, queue_id: int | None = None
     ) -> tuple[list[MessageView], int | None]:
         """Up to ``count`` deliveries (of queue ``queue_id`` only, when given) and, when none,
-        when one may next be due (epoch ms)."""
+        when one may next be due (epoch ms; None when the broker could not answer on the
+        loop)."""
         broker = self._broker
         timeout = self._delivery_timeout_ms
         holder = self._holder()
-        got = await written_on(
-            broker.receive_nowait(
-                stored, stored, MATCH_ALL, count, timeout, client_id, queue_id, holder
-            ),
-            self._run,
+        got = broker.receive_nowait(
+            stored, stored, MATCH_ALL, count, timeout, client_id, queue_id, holder
         )
-        return got.result.views, got.result.next_wakeup_ms
+        if isinstance(got, Written):
+            return got.result.views, got.result.next_wakeup_ms
+        # Pending: the plain receive on a worker, not the answer's write, which would also ask
+        # when a delivery is next due (in a cluster, a call to every broker of the queue) for
+        # a time no caller here needs: a parked consumer rechecks on its own clock.
+        views = await self._run(
+            broker.receive, stored, stored, MATCH_ALL, count, timeout, client_id, queue_id, holder
+        )
+        return views, None
 
     async def ack(self, stored: str, handles: Sequence[str]) -> None:
         done = self._broker.ack_nowait(stored, stored, handles)
