@@ -84,6 +84,17 @@ AIO_PIKA: tuple[Gap, ...] = (
         "held back 4 ms, halfmoon passed 19 of 20 cases. Measured: RabbitMQ passed 16 of "
         "20 cases here, halfmoon 4 of 20",
     ),
+    Gap(
+        "tests/test_reconnect_channel_snapshot.py::test_create_channels_during_reconnect",
+        "a race in the client: when Connection.Close-Ok comes back before the client's own "
+        "close has finished, aiormq closes the connection's channels as closed normally, not "
+        "with the error the test closed it with, and aio-pika's robust channel then restores "
+        "itself on the dead connection, so the test's next channel fails with 'closed'. "
+        "RabbitMQ answers Close-Ok after closing its channel processes, halfmoon at once; "
+        "held back 5 ms, halfmoon passed 6 of 6 runs. Measured here, the test alone: "
+        "RabbitMQ passed 3 of 3 runs on a quiet machine and 6 of 10 with the test suite "
+        "running beside it; halfmoon 3 of 26",
+    ),
 )
 
 GAPS = {"pika": PIKA, "aiormq": AIORMQ, "aiormq-tls": AIORMQ_TLS, "aio-pika": AIO_PIKA}
