@@ -80,10 +80,15 @@ class Pending(Generic[T]):
         written = yield from self._in_thread().__await__()
         return (yield from written.__await__())
 
-    async def written(self) -> Written[T]:
-        """The answer once written, the write awaited on the loop (or a worker thread)."""
+    async def written(
+        self, run: Callable[[Callable[[], Written[T]]], Awaitable[Written[T]]] | None = None
+    ) -> Written[T]:
+        """The answer once written, the write awaited on the loop (or a worker thread:
+        ``run``'s, a front end's own workers, else the loop's default executor)."""
         if self.on_loop is not None:
             return Written(await self.on_loop(), ALREADY_DURABLE)
+        if run is not None:
+            return await run(self.blocking)
         return await self._in_thread()
 
     def write(self) -> Written[T]:
@@ -96,19 +101,6 @@ class Pending(Generic[T]):
 
 # What a ``*_nowait`` call answers: written now, or a write still to make (see Pending).
 Answer: TypeAlias = Written[T] | Pending[T]
-
-
-async def written_on(
-    answer: Answer[T], run: Callable[[Callable[[], Written[T]]], Awaitable[Written[T]]]
-) -> Written[T]:
-    """``answer`` written, from an event loop: a :class:`Written` one as it is; a
-    :class:`Pending` one awaited on the loop when it has a coroutine, else its write handed
-    to ``run`` (which runs it on a front end's worker threads)."""
-    if isinstance(answer, Written):
-        return answer
-    if answer.on_loop is not None:
-        return await answer.written()
-    return await run(answer.blocking)
 
 
 def _completed() -> Future[None]:

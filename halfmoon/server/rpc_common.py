@@ -21,7 +21,7 @@ import grpc
 from google.protobuf import duration_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from halfmoon.broker.facade_types import Answer, Written, written_on
+from halfmoon.broker.facade_types import Answer, Written
 from halfmoon.config import ServerConfig
 from halfmoon.server import convert
 from halfmoon.server import namespace as ns
@@ -117,7 +117,7 @@ class Workers:
 
     async def written(self, answer: Answer[T]) -> Written[T]:
         """A ``*_nowait`` answer written: as it is when Written, on a worker when Pending."""
-        return await written_on(answer, self.call)
+        return answer if isinstance(answer, Written) else await answer.written(self.call)
 
 
 def poll_budget(

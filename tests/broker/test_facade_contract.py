@@ -36,7 +36,6 @@ from halfmoon.broker import (
 )
 from halfmoon.broker.broker import Broker as InProcessBroker
 from halfmoon.broker.facade import Broker, Pending, Written, operations
-from halfmoon.broker.facade_types import written_on
 from halfmoon.broker.message import Received
 from halfmoon.broker.transaction_state import TxnState
 from halfmoon.cluster.internal.remote_broker import RemoteBroker
@@ -504,14 +503,14 @@ def test_receive_and_ack_nowait_answer_written_at_once_or_pending_alike(
 ) -> None:
     """The pop path's event-loop calls: Written when the broker can answer without blocking
     (in process), Pending from a network hop away; the same deliveries and acks either way,
-    on an event loop through the front ends' ``written_on``."""
+    awaited on an event loop."""
     facade.send([OutgoingMessage("orders", b"a"), OutgoingMessage("orders", b"b")])
     facade.subscribe("billing", "orders")
     cheap = has_cheap_path(facade)
 
     async def received() -> tuple[bool, Received]:
         answer = facade.receive_nowait("billing", "orders", EVERYTHING, 10, 10_000)
-        return isinstance(answer, Written), (await written_on(answer, asyncio.to_thread)).result
+        return isinstance(answer, Written), await answer
 
     at_once, got = asyncio.run(received())
     assert at_once is cheap

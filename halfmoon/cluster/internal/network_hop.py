@@ -38,17 +38,5 @@ def receive_nowait(
     queue_id: int | None = None,
     holder: str = "",
 ) -> Answer[Received]:
-    return Pending(
-        partial(
-            received_by_calls,
-            self,
-            group,
-            topic,
-            filter,
-            batch_size,
-            invisible_ms,
-            client_id,
-            queue_id,
-            holder,
-        )  # fmt: skip
-    )
+    args = (group, topic, filter, batch_size, invisible_ms, client_id, queue_id, holder)
+    return Pending(partial(received_by_calls, self, *args))
