@@ -40,7 +40,7 @@ class Delivery:
 class Settlement:
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
-        self.unacked: OrderedDict[int, Delivery] = OrderedDict()
+        self.unacked: OrderedDict[int, Delivery] = OrderedDict()  # by tag, increasing
         self._next_tag = 1
 
     def next_tag(self) -> int:
@@ -64,9 +64,17 @@ class Settlement:
         transaction = self._channel.transaction
         pending = transaction.settled_tags if transaction is not None else set()
         if multiple:
-            return [
-                d for t, d in self.unacked.items() if (tag == 0 or t <= tag) and t not in pending
-            ]
+            if tag == 0:
+                return [d for t, d in self.unacked.items() if t not in pending]
+            # Tags are tracked in increasing order: the scan stops at the first one past
+            # ``tag`` rather than walking every delivery of a large prefetch on each ack.
+            taken: list[Delivery] = []
+            for t, d in self.unacked.items():
+                if t > tag:
+                    break
+                if t not in pending:
+                    taken.append(d)
+            return taken
         found = self.unacked.get(tag)
         if found is None or tag in pending:
             raise AmqpChannelError(
