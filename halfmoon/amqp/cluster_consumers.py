@@ -82,3 +82,9 @@ class ClusterConsumers(Protocol):
     async def deleted(self, stored: str) -> None:
         """The queue was deleted here: its record goes."""
         ...
+
+    async def clear_leftovers(self, known: Callable[[str], bool]) -> None:
+        """Clear what deleted queues left in the record (a deletion cut short); ``known``:
+        whether a queue of that stored name exists here. Called by each housekeeping
+        sweep."""
+        ...

@@ -12,7 +12,8 @@ Once every ``SWEEP_INTERVAL_S`` (1 s) the sweep walks every queue of every vhost
   auto-delete and left by its last consumer (a dead worker's consumers end
   with its lease), is deleted by the one worker etcd lets claim it. An
   exclusive queue is its connection's alone: the worker holding that
-  connection decides on its own clock, the others leave it be.
+  connection decides on its own clock, the others leave it be. What a
+  deletion cut short left in that record is cleared too.
 - Expiry at the head: on a queue with ``x-message-ttl`` or a dead-letter
   exchange, the expired messages at the head of each of its queues (up to
   ``SWEEP_BATCH`` a sweep) are taken and dead-lettered (reason
@@ -84,6 +85,12 @@ class Housekeeping:
                     continue
                 if "x-message-ttl" in queue.arguments or has_dead_letter_exchange(queue):
                     await self._expire_head(vhost, queue)
+        cluster = self._server.cluster_consumers
+        if cluster is not None:
+            known = {
+                q.stored for v in self._server.topology.vhosts.values() for q in v.queues.values()
+            }
+            await cluster.clear_leftovers(known.__contains__)
 
     async def _unused(self, queue: Queue) -> bool:
         """Whether the queue goes now, unused (and whether this server is the one to go)."""

@@ -269,3 +269,49 @@ def test_with_etcd_unreachable_nothing_is_decided(cluster_name: str) -> None:
             assert not await away.claim_deletion(unused, Deletion.EXPIRED)
 
     asyncio.run(scenario())
+
+
+def test_what_a_deletion_cut_short_left_is_cleared_once_no_queue_of_its_name_is_known(
+    etcd: EtcdServer, cluster_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from halfmoon.cluster.coordination import amqp_consumers
+
+    def directory(q: Queue) -> str:
+        return f"{consumers_prefix(cluster_name)}{quote(q.stored, safe='')}/"
+
+    async def scenario() -> None:
+        gone, held, kept = queue("gone"), queue("held"), queue("kept")
+        async with (
+            worker(etcd.url, cluster_name, "p/1") as (a, client, _),
+            worker(etcd.url, cluster_name, "p/2") as (b, _, _),
+        ):
+            await until(lambda: a.following and b.following, DEADLINE_S, "the listings")
+            # A worker died after deleting these queues, before their keys: what is left
+            # is the unleased part (a consumer's key of `held` is another worker's, live).
+            for q in (gone, held, kept):
+                await client.put(directory(q) + "armed", b"1")
+                await client.put(directory(q) + "used", b"1")
+            assert await b.attach("c", held, exclusive=False) is None
+
+            async def keys(q: Queue) -> int:
+                return await client.count_prefix(directory(q))
+
+            async def heard_all() -> bool:
+                await a.clear_leftovers(lambda stored: True)  # all known: nothing goes
+                return all(s in a._heard for s in (gone.stored, held.stored, kept.stored))
+
+            await until(heard_all, DEADLINE_S, "A to hear of the three directories")
+            # Unknown for less than the grace period: left alone.
+            await a.clear_leftovers(lambda stored: False)
+            assert await keys(gone) == 2
+            monkeypatch.setattr(amqp_consumers, "LEFTOVER_AFTER_S", 0.0)
+
+            async def cleared() -> bool:
+                await a.clear_leftovers(lambda stored: stored == kept.stored)
+                return await keys(gone) == 0
+
+            await until(cleared, DEADLINE_S, "the left keys of `gone` to be cleared")
+            assert await keys(kept) == 2  # a queue this worker knows keeps its keys
+            assert await keys(held) == 3  # one with a consumer anywhere keeps them too
+
+    asyncio.run(scenario())

@@ -42,6 +42,10 @@ with it.
 - **A new queue** clears ``armed`` left by an earlier queue of its name (a
   deletion cut short), only while no consumer key is there: another proxy
   declaring the same queue at this moment may have consumers on it already.
+- **What a deletion cut short left** (``armed``, ``used``: the unleased keys) is
+  cleared by the housekeeping of any worker that has known no queue of that
+  name for :data:`LEFTOVER_AFTER_S`, in a transaction that checks there is no
+  consumer and no deletion (:meth:`EtcdClusterConsumers.clear_leftovers`).
 - **Who notices**: the worker whose cancel removed the last consumer tries at
   once; every worker also follows the directories (a watch) and its
   housekeeping tries each second for a queue that looks due, which covers a
@@ -98,6 +102,7 @@ log = logging.getLogger("halfmoon.cluster.amqp")
 CONSUMERS_ROOT = ROOT.rstrip("/") + "-amqp-consumers/"
 RETRY_EVERY_S = 0.5  # a cancel's delete, a record lost with a lapsed lease: tried again
 CLAIM_HELD_S = 10.0  # a deletion claimed and not done by then (it failed): let go
+LEFTOVER_AFTER_S = 10.0  # a directory of no queue known here for this long: left behind
 USED_EVERY_S = 5.0  # an x-expires queue's ``used`` rewritten at most this often (or faster)
 _ETCD_FAILURES = (HalfmoonError, EtcdRequestError, OSError, TimeoutError)
 
@@ -161,6 +166,7 @@ class EtcdClusterConsumers:
         self._undeleted: dict[str, bool] = {}
         self._uses: dict[str, _Uses] = {}
         self._claimed: dict[str, float] = {}  # deletions claimed here (monotonic), not done
+        self._unknown_since: dict[str, float] = {}  # directories of no queue here (monotonic)
         self._tasks: list[asyncio.Task[None]] = []
         self._writes: set[asyncio.Task[None]] = set()  # ``used`` writes in flight
         self._loop = asyncio.get_running_loop()
@@ -449,6 +455,42 @@ class EtcdClusterConsumers:
             # Left behind: the next queue of this name clears it (``created``); its
             # consumer keys end with their workers' leases.
             log.warning("event=amqp_queue_record_left queue=%s error=%s", stored, error)
+
+    async def clear_leftovers(self, known: Callable[[str], bool]) -> None:
+        """A directory heard of whose queue this worker has not known for
+        :data:`LEFTOVER_AFTER_S` was left behind (its deleting worker died between the queue's
+        delete and the directory's, or etcd refused the directory's delete): its keys go, in a
+        transaction that checks no consumer and no deletion is there. The keys it can find
+        are the unleased ``armed`` and ``used`` (the leased ones ended with their worker).
+        Should a queue of that name have been declared meanwhile on a worker this one has
+        not heard from yet, it loses at most those two, as :meth:`created` clears ``armed``
+        anyway and a ``used`` gone only puts its expiry later."""
+        if not self._listed:
+            return
+        now = time.monotonic()
+        for stored in [s for s in self._unknown_since if s not in self._heard]:
+            del self._unknown_since[stored]
+        for stored, heard in list(self._heard.items()):
+            if heard.consumers or heard.deleting or known(stored):
+                self._unknown_since.pop(stored, None)
+                continue
+            if now - self._unknown_since.setdefault(stored, now) < LEFTOVER_AFTER_S:
+                continue
+            directory = self._directory(stored)
+            try:
+                result = await self._client.txn(
+                    [
+                        Compare(directory + "c/", "CREATE", 0, prefix=True),
+                        Compare(directory + "deleting", "CREATE", 0),
+                    ],
+                    [delete_prefix_op(directory)],
+                )
+            except _ETCD_FAILURES as error:
+                log.warning("event=amqp_queue_record_not_cleared queue=%s error=%s", stored, error)
+                return
+            self._unknown_since.pop(stored, None)
+            if result.succeeded:
+                log.info("event=amqp_queue_record_cleared queue=%s", stored)
 
     # -- following the directories -------------------------------------------------------
 
