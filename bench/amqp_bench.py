@@ -183,8 +183,11 @@ def measure_pika(system: System, args: argparse.Namespace) -> dict[str, Any]:
         out["confirmed_1"] = _throughput_row(system, lambda: s.confirmed(1, args.seconds))
         out["confirmed_16"] = _throughput_row(system, lambda: s.confirmed(16, args.seconds))
         for k in (1, 10):
+            source = s.tx_fill(args.tx_fill * k)
             out[f"tx_{k}"] = _throughput_row(
-                system, lambda k=k: s.tx(k, args.seconds, args.tx_fill * k), per=2 * k
+                system,
+                lambda k=k, src=source: s.tx(src, k, args.seconds, args.tx_fill * k),
+                per=2 * k,
             )
         return out
     finally:

@@ -144,15 +144,22 @@ class PikaScenarios:
         self._admin.queue_purge(name)
         return Throughput(sum(counts), elapsed)
 
-    def tx(self, per_tx: int, seconds: float, fill: int) -> Throughput:
-        source, target = self._queue("tx-in"), self._queue("tx-out")
+    def tx_fill(self, messages: int) -> str:
+        """A source queue for :meth:`tx` holding ``messages`` confirmed messages (filled
+        before the run, so its publishes count in neither its time nor its server CPU)."""
+        source = self._queue("tx-in")
         filler = _connect(self.url)
         fill_channel = filler.channel()
         fill_channel.confirm_delivery()
         payload, properties = body(0, BODY_SIZE), _persistent()
-        for _ in range(fill):
+        for _ in range(messages):
             fill_channel.basic_publish("", source, payload, properties)
         filler.close()
+        return source
+
+    def tx(self, source: str, per_tx: int, seconds: float, fill: int) -> Throughput:
+        target = self._queue("tx-out")
+        properties = _persistent()
         connection = _connect(self.url)
         channel = connection.channel()
         channel.tx_select()
