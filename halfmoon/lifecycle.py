@@ -23,8 +23,10 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
+
+import uvloop
 
 from halfmoon.shutdown_signals import StopRequests, install_in_main_thread, install_on_loop
 
@@ -34,6 +36,18 @@ T = TypeVar("T")
 
 POLL_S = 0.1
 """How often a blocking drain looks for a second stop request while it waits."""
+
+
+def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run a server process's main coroutine to its end, on uvloop.
+
+    A server's loop is woken from other threads all the time (a flush's completion, a
+    worker thread's answer, the tick) and reads and writes small frames on many sockets;
+    uvloop does both for less CPU than asyncio's own loop: measured on the AMQP endpoint,
+    15-25 % less server CPU per confirmed publish and a lower end-to-end latency
+    (docs/benchmarks.md, "The event loop: uvloop").
+    """
+    return uvloop.run(main)
 
 
 class CallsInFlight:

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pamqp import base, commands
 
@@ -118,8 +118,8 @@ class AmqpConnection(asyncio.Protocol):
     # -- transport callbacks ---------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A stream transport (uvloop's implements asyncio.Transport without subclassing it).
+        self._transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
         self.server.connections.add(self)

@@ -31,6 +31,7 @@ from pathlib import Path
 from halfmoon.auth import local_guard
 from halfmoon.broker.broker import Broker as InProcessBroker
 from halfmoon.config import Config
+from halfmoon.lifecycle import run_event_loop
 from halfmoon.logs import configure_logging
 from halfmoon.server.edge_security import check_exposure
 from halfmoon.server.front_end import AmqpBacking, serve_front_end
@@ -102,5 +103,5 @@ async def serve(config: Config, *, stop: asyncio.Event | None = None) -> None:
 def run(config: Config) -> int:
     """Serve until signalled; the process exit status."""
     configure_logging(config.log)
-    asyncio.run(serve(config))
+    run_event_loop(serve(config))
     return 0

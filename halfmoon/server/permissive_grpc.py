@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+from typing import cast
 
 from halfmoon.listen import listening_socket
 from halfmoon.listen.tls_sniff import count, is_tls
@@ -177,9 +178,8 @@ class _ClientSide(asyncio.Protocol):
         self.relay = _Relay(front)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
         self.relay.front.relays.add(self.relay)
-        self.relay.client_made(transport)
+        self.relay.client_made(cast(asyncio.Transport, transport))  # a stream's (uvloop's too)
 
     def data_received(self, data: bytes) -> None:
         self.relay.client_data(data)
@@ -203,8 +203,7 @@ class _InnerSide(asyncio.Protocol):
         self.relay = relay
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.relay.inner_made(transport)
+        self.relay.inner_made(cast(asyncio.Transport, transport))
 
     def data_received(self, data: bytes) -> None:
         self.relay.inner_data(data)

@@ -53,7 +53,7 @@ from halfmoon.cluster.proxy.replication_view import add_progress, replication_co
 from halfmoon.cluster.proxy.session_directory import SessionDirectory
 from halfmoon.config import Config, parse_host_port
 from halfmoon.errors import HalfmoonError
-from halfmoon.lifecycle import Lifecycle
+from halfmoon.lifecycle import Lifecycle, run_event_loop
 from halfmoon.listen.addresses import advertised_host, format_address
 from halfmoon.logs import configure_logging
 from halfmoon.metrics import default_registry
@@ -345,7 +345,7 @@ def run_cluster_proxy(
     ``ready_fd``)."""
     configure_logging(config.log)
     if workers <= 1:
-        asyncio.run(
+        run_event_loop(
             serve_cluster_proxy(
                 config, identity, register=not worker, reuse_port=worker, ready_fd=ready_fd
             )

@@ -21,6 +21,7 @@ import time
 from halfmoon.cluster.internal.peer_tls import PeerTls
 from halfmoon.cluster.internal.remote_broker import RemoteBroker
 from halfmoon.config import Config
+from halfmoon.lifecycle import run_event_loop
 from halfmoon.logs import configure_logging
 from halfmoon.server.edge_security import check_exposure
 from halfmoon.server.errors import Unsupported
@@ -66,5 +67,5 @@ async def serve_proxy(
 def run_proxy(config: Config, broker_address: str) -> int:
     """Serve until signalled; the process exit status."""
     configure_logging(config.log)
-    asyncio.run(serve_proxy(config, broker_address))
+    run_event_loop(serve_proxy(config, broker_address))
     return 0
