@@ -43,9 +43,9 @@ def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
 
     A server's loop is woken from other threads all the time (a flush's completion, a
     worker thread's answer, the tick) and reads and writes small frames on many sockets;
-    uvloop does both for less CPU than asyncio's own loop: measured on the AMQP endpoint,
-    15-25 % less server CPU per confirmed publish and a lower end-to-end latency
-    (docs/benchmarks.md, "The event loop: uvloop").
+    uvloop does both in C: measured on the AMQP endpoint, 10-20 % less server CPU per
+    message where the loop's own work is a large part of it, latency and throughput within
+    the measurements' spread (docs/benchmarks.md, "The event loop: uvloop").
     """
     return uvloop.run(main)
 
