@@ -6,6 +6,16 @@ copies into the mapping (the page cache); durability comes from
 ``fdatasync`` on the segment's descriptor, which writes back the pages the
 mapping dirtied. A record never straddles two segments (see ``record``).
 
+The segment being appended to is mapped with ``MADV_RANDOM``. Appends fault
+its pages in one after another, and a file system with large folios (XFS;
+ext4 since Linux 6.16) reads that as a sequential reader and grows the folios
+it allocates, up to 2 MiB; dirtying one byte then dirties the whole folio, and
+every fdatasync writes it back: 2 MiB per sync-flushed message deep into a
+segment instead of a page, five times the fsync's time on this project's test
+machine (docs/storage-format.md). Random advice keeps the faults to one page.
+Once the log rolls past a segment its advice is the default again, so reading
+it cold reads ahead as usual.
+
 Concurrency: one writer at a time (the store's append lock); readers never
 lock. The segment list is replaced, never mutated, so a reader always sees a
 consistent list; a reader racing with retention may find its segment closed
@@ -71,6 +81,10 @@ class Segment:
     def close(self) -> None:
         self.mm.close()
         os.close(self.fd)
+
+    def advise(self, appending: bool) -> None:
+        """Page-sized faults while appended to, read-ahead otherwise (module docstring)."""
+        self.mm.madvise(mmap.MADV_RANDOM if appending else mmap.MADV_NORMAL)
 
     def find_record(self, relative: int) -> int | None:
         """First relative position >= ``relative`` holding a valid message record, or None.
@@ -146,12 +160,26 @@ class CommitLog:
             for segment in segments:
                 segment.close()
             raise
-        self._set_segments(segments)
+        # Recovery reads the last segment before anything is appended: it keeps its
+        # read-ahead until resume() or a truncation makes it the append target.
+        self._set_segments(segments, appending=False)
 
-    def _set_segments(self, segments: list[Segment]) -> None:
+    def _set_segments(self, segments: list[Segment], appending: bool = True) -> None:
         # Replace both lists at once; readers take one snapshot of each.
+        if appending and segments:
+            last = self._segments[-1] if self._segments else None
+            if last is not None and last is not segments[-1] and last in segments:
+                last.advise(appending=False)
+            segments[-1].advise(appending=True)
         self._segments = segments
         self._starts = [s.start for s in segments]
+
+    def resume(self, end: int) -> None:
+        """Continue appending at ``end``, everything below it durable (recovery found the log
+        whole)."""
+        self.write_position = self.flushed_position = end
+        if self._segments:
+            self._segments[-1].advise(appending=True)
 
     # -- positions -------------------------------------------------------------
 

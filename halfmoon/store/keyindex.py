@@ -244,6 +244,9 @@ class KeyIndex:
                 f.mm = mmap.mmap(fd, f.size)
             finally:
                 os.close(fd)
+            # Slots are hashed and entries appended: page-sized faults, so a flush writes
+            # back the pages written, not large folios (see halfmoon.store.commitlog).
+            f.mm.madvise(mmap.MADV_RANDOM)
         return f.mm
 
     def _map_old(self, f: _IndexFile) -> mmap.mmap:

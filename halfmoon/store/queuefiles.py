@@ -86,6 +86,9 @@ class MapCache:
             mm = mmap.mmap(fd, f.capacity * ENTRY_SIZE)
         finally:
             os.close(fd)  # the mapping keeps its own descriptor
+        # Page-sized faults: appended entries would otherwise grow large folios and each
+        # flush write back 2 MiB for a few 20-byte entries (see halfmoon.store.commitlog).
+        mm.madvise(mmap.MADV_RANDOM)
         f.mm = mm
         f.referenced = False
         self._ring[f] = None

@@ -231,7 +231,7 @@ def recover(
         report.end = scan(commitlog, scan_start, policy, reporter, report)
         commitlog.truncate(report.end)
     else:
-        commitlog.write_position = commitlog.flushed_position = report.end
+        commitlog.resume(report.end)
     end = report.end
 
     queues.truncate_from(end)
