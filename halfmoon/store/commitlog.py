@@ -11,7 +11,7 @@ its pages in one after another, and a file system with large folios (XFS;
 ext4 since Linux 6.16) reads that as a sequential reader and grows the folios
 it allocates, up to 2 MiB; dirtying one byte then dirties the whole folio, and
 every fdatasync writes it back: 2 MiB per sync-flushed message deep into a
-segment instead of a page, five times the fsync's time on this project's test
+segment instead of a page, four times the fsync's time on this project's test
 machine (docs/storage-format.md). Random advice keeps the faults to one page.
 Once the log rolls past a segment its advice is the default again, so reading
 it cold reads ahead as usual.
