@@ -13,6 +13,10 @@ variable and returns.
   writes its pid to PATH at step NAME of its commit protocol and waits to be killed
   (``tests/spark/test_sink.py``). Steps: ``before-marker``, ``after-marker-commit``,
   ``after-broker-commit``.
+- ``HALFMOON_AMQP_FAILPOINT=NAME=PATH`` (:func:`amqp`): an AMQP server writes its pid to PATH
+  at step NAME and waits to be killed (``tests/cluster/test_cluster_amqp_consumers.py``).
+  Steps: ``queue-deleted-before-its-keys`` (a queue nobody asked to delete is gone from the
+  topology and the store; its consumers' etcd directory is not).
 - ``HALFMOON_TEST_TXN_CRASH_AT=NAME`` (:func:`txn_group`): a broker SIGKILLs itself at step NAME
   of a cross-broker transaction group (``tests/cluster/test_txn_group_crashes.py``); the steps
   are :data:`TXN_GROUP_POINTS`.
@@ -31,6 +35,7 @@ from pathlib import Path
 
 STORE_ENV = "HALFMOON_STORE_FAILPOINT"
 SPARK_SINK_ENV = "HALFMOON_SPARK_SINK_FAILPOINT"
+AMQP_ENV = "HALFMOON_AMQP_FAILPOINT"
 TXN_GROUP_ENV = "HALFMOON_TEST_TXN_CRASH_AT"
 
 # The steps a transaction-group test may crash at (each is named by the matrix in tests/cluster/).
@@ -57,6 +62,12 @@ def store(point: str) -> None:
 def spark_sink(point: str) -> None:
     """Stop the Spark sink's commit at ``point`` when :data:`SPARK_SINK_ENV` names it."""
     _wait_to_be_killed(SPARK_SINK_ENV, point)
+
+
+def amqp(point: str) -> None:
+    """Stop an AMQP server at ``point`` when :data:`AMQP_ENV` names it (it blocks the event
+    loop: the process is about to be killed)."""
+    _wait_to_be_killed(AMQP_ENV, point)
 
 
 def txn_group(point: str) -> None:

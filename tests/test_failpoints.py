@@ -27,9 +27,10 @@ def _hit(function: str, point: str, env: dict[str, str]) -> subprocess.Popen[byt
     )
 
 
-@pytest.mark.parametrize("function", ["store", "spark_sink", "txn_group"])
+@pytest.mark.parametrize("function", ["store", "spark_sink", "amqp", "txn_group"])
 def test_an_unarmed_point_returns(function: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    for env in (failpoints.STORE_ENV, failpoints.SPARK_SINK_ENV, failpoints.TXN_GROUP_ENV):
+    envs = (failpoints.STORE_ENV, failpoints.SPARK_SINK_ENV, failpoints.AMQP_ENV)
+    for env in (*envs, failpoints.TXN_GROUP_ENV):
         monkeypatch.delenv(env, raising=False)
     assert getattr(failpoints, function)("truncate-after-log") is None
 
@@ -44,7 +45,11 @@ def test_a_point_armed_for_another_step_returns(
 
 @pytest.mark.parametrize(
     ("function", "env"),
-    [("store", failpoints.STORE_ENV), ("spark_sink", failpoints.SPARK_SINK_ENV)],
+    [
+        ("store", failpoints.STORE_ENV),
+        ("spark_sink", failpoints.SPARK_SINK_ENV),
+        ("amqp", failpoints.AMQP_ENV),
+    ],
 )
 def test_an_armed_point_reports_its_pid_and_waits_to_be_killed(
     function: str, env: str, tmp_path: Path

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from pamqp import base, commands
 
+from halfmoon import failpoints
 from halfmoon.amqp.cluster_consumers import ClusterConsumers, ConsumersUnknown, Deletion, Refusal
 from halfmoon.amqp.consumer import Consumer
 from halfmoon.amqp.dead_letter import DeadLetters
@@ -435,6 +436,7 @@ class AmqpServer:
             raise
         cluster = self.cluster_of(queue)
         if cluster is not None:
+            failpoints.amqp("queue-deleted-before-its-keys")
             await cluster.deleted(queue.stored)  # its consumers' keys too
 
     # -- authorization ------------------------------------------------------------------

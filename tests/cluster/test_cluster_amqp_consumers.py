@@ -2,11 +2,16 @@
 proxies), with pika: Declare-Ok's consumer count, ``queue.delete`` with ``if-unused`` and
 exclusive consumers see every proxy's consumers (two proxies racing for one exclusive
 consumer: one wins), an ``auto-delete`` queue goes with its last consumer on any proxy,
-SIGKILLed ones included, and an ``x-expires`` queue goes once unused on every proxy, deleted
-by one of them."""
+SIGKILLed ones included, an ``x-expires`` queue goes once unused on every proxy, deleted
+by one of them, and what a deleting proxy killed partway leaves in etcd is cleared by
+another."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +20,9 @@ import pika
 import pika.exceptions
 import pytest
 
+from halfmoon import failpoints
+from halfmoon.cluster.coordination.amqp_consumers import LEFTOVER_AFTER_S, consumers_prefix
+from halfmoon.cluster.coordination.etcd import EtcdClient
 from tests.cluster.cluster_server import ClusterProxy, ClusterServer
 from tests.cluster.test_cluster_amqp import connect
 from tests.waiting import wait_until
@@ -69,6 +77,17 @@ def exists(proxy: ClusterProxy, queue: str) -> bool:
 
 def ignore(*_: object) -> None:
     pass
+
+
+def consumer_keys(cluster: ClusterServer, queue: str) -> list[str]:
+    """The keys of ``queue``'s consumer directory in etcd (its name unescaped: plain letters)."""
+
+    async def read() -> list[str]:
+        async with EtcdClient.from_url(cluster.own_etcd.url) as client:
+            listed, _ = await client.get_prefix(consumers_prefix(cluster.cluster))
+        return [kv.key for kv in listed if f"/{queue}/" in kv.key]
+
+    return asyncio.run(read())
 
 
 def test_consumer_count_and_if_unused_see_every_proxys_consumers(cluster: ClusterServer) -> None:
@@ -281,3 +300,54 @@ def test_with_etcd_unreachable_consumes_and_if_unused_deletes_are_refused(
         assert consumers(cluster.proxies[1], "unknowable") == 1
     finally:
         a.close()
+
+
+def test_a_deletion_cut_short_by_a_killed_proxy_leaves_keys_the_others_clear(
+    tmp_path: Path,
+) -> None:
+    """The proxy deleting an auto-delete queue is SIGKILLed between the queue's delete and its
+    consumer directory's: the other proxy clears what is left, and a new queue of the name
+    behaves as any other."""
+    reached = tmp_path / "reached"
+    cluster = ClusterServer(tmp_path / "cluster")
+    cluster.proxies[1].env = {failpoints.AMQP_ENV: f"queue-deleted-before-its-keys={reached}"}
+    cluster.start()
+    try:
+        b = connect(cluster.proxies[1])
+        on_b = b.channel()
+        on_b.queue_declare("cutshort", auto_delete=True)
+        tag = on_b.basic_consume("cutshort", ignore)
+        assert any(key.endswith("/armed") for key in consumer_keys(cluster, "cutshort"))
+
+        def cancel() -> None:  # its Cancel-Ok never comes: B stops while deleting the queue
+            with contextlib.suppress(pika.exceptions.AMQPError):
+                on_b.basic_cancel(tag)
+
+        threading.Thread(target=cancel, daemon=True).start()
+        wait_until(lambda: reached.exists() and reached.read_text(), DEADLINE_S, "the failpoint")
+        os.kill(int(reached.read_text()), signal.SIGKILL)  # the worker that reached it
+        cluster.kill_proxy(1)
+        assert not exists(cluster.proxies[0], "cutshort")
+        left = consumer_keys(cluster, "cutshort")
+        assert any(key.endswith("/armed") for key in left), left  # the cut was real
+
+        wait_until(
+            lambda: not consumer_keys(cluster, "cutshort"),
+            LEFTOVER_AFTER_S + cluster.proxies[1].lease_ttl + DEADLINE_S,
+            "the other proxy to clear the directory left behind",
+        )
+        # A queue of the name again: counted, and gone with its last consumer as usual.
+        a = connect(cluster.proxies[0])
+        try:
+            on_a = a.channel()
+            on_a.queue_declare("cutshort", auto_delete=True)
+            tag = on_a.basic_consume("cutshort", ignore)
+            assert consumers(cluster.proxies[0], "cutshort") == 1
+            on_a.basic_cancel(tag)
+            wait_until(
+                lambda: not exists(cluster.proxies[0], "cutshort"), DEADLINE_S, "the queue to go"
+            )
+        finally:
+            a.close()
+    finally:
+        cluster.kill()
