@@ -27,6 +27,7 @@ ETCD_PEER_PORT = 2380
 BROKER_PORT = 8091
 PROXY_PORT = 8081
 PROXY_ADMIN_PORT = 8082
+PROXY_AMQP_PORT = 5673
 READY_TIMEOUT = 30.0
 
 
@@ -167,6 +168,7 @@ class NetProxy(ClusterProxy):
             "--lease-ttl", "2",
             "--listen", self.address,
             "--admin-listen", f"{self.host.ip}:{self.admin_port}",
+            "--amqp-listen", f"{self.host.ip}:{PROXY_AMQP_PORT}",
             "--insecure",
         ]  # fmt: skip
         for setting in self.settings:  # the store keys are the brokers'
