@@ -93,6 +93,8 @@ class Channel:
             if not self.connection.state.accepting:
                 # After the server's Connection.Close every frame but Close-Ok is dropped:
                 # a Tx.Commit queued behind a publish that failed must not commit the rest.
+                if isinstance(item, commands.Channel.CloseOk):
+                    return  # the channel is gone from its connection: nothing else ends it
                 continue
             try:
                 if isinstance(item, Content):
@@ -388,7 +390,7 @@ class Channel:
             self.send(framing.method(commands.Basic.Cancel, consumer_tag=consumer.tag, nowait=True))
 
     def consumer_lost(self, consumer: Consumer) -> None:
-        asyncio.get_running_loop().create_task(self.cancel_from_server(consumer))
+        self.server.in_background(self.cancel_from_server(consumer))
 
     def wake_consumers(self) -> None:
         for consumer in self.consumers.values():

@@ -129,7 +129,7 @@ class AmqpConnection(asyncio.Protocol):
         self.server.connections.discard(self)
         if self._heartbeat is not None:
             self._heartbeat.cancel()
-        asyncio.get_running_loop().create_task(self._cleanup())
+        self.server.in_background(self._cleanup())
 
     async def _cleanup(self) -> None:
         for channel in list(self.channels.values()):

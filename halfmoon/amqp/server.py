@@ -20,7 +20,7 @@ import logging
 import secrets
 import socket
 import ssl
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Protocol
@@ -160,7 +160,9 @@ class AmqpServer:
         self.cluster_consumers = cluster_consumers
         if cluster_consumers is not None:
             cluster_consumers.on_lost = self._consumer_lost
-        self._detaching: set[asyncio.Task[None]] = set()
+        # Tasks nobody awaits (a connection's cleanup, a cancel told to a client, a detach
+        # retried): held here until they end, as the loop keeps only weak references.
+        self._background: set[asyncio.Task[None]] = set()
         self._servers: list[asyncio.Server] = []
         self._sniffing: list[PermissiveAdminListener] = []  # tls.mode=permissive's listeners
         self._opened = False
@@ -291,12 +293,16 @@ class AmqpServer:
                     consumer.channel.consumer_lost(consumer)
                     return
 
+    def in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` as a task this server holds until it ends."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def _detach_later(self, consumer: Consumer) -> None:
         cluster = self.cluster_of(consumer.queue)
         if cluster is not None:
-            task = asyncio.get_running_loop().create_task(cluster.detach(_consumer_id(consumer)))
-            self._detaching.add(task)
-            task.add_done_callback(self._detaching.discard)
+            self.in_background(cluster.detach(_consumer_id(consumer)))
 
     # -- consumers by queue -----------------------------------------------------------
 

@@ -506,3 +506,22 @@ def test_a_delivery_in_flight_when_its_consumer_stops_is_back_before_the_channel
         assert get_body(ch, q) == b"second", f"attempt {attempt}"
         assert get_body(ch, q) is None
         ch.close()
+
+
+def test_connections_closed_after_a_channel_error_leave_no_task_behind(
+    amqp_server: ServerProcess, amqp_url: str
+) -> None:
+    """A channel closed by the server (a 404), then its connection closed by the client: the
+    channel's task ends with its Close-Ok, and the connection's cleanup is held until it ends,
+    so the event loop never collects a pending task ("Task was destroyed but it is pending!",
+    logged as an error)."""
+    for _ in range(200):
+        opened = pika.BlockingConnection(pika.URLParameters(amqp_url))
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker):
+            opened.channel().queue_declare(name("absent"), passive=True)
+        opened.close()
+    held = pika.BlockingConnection(pika.URLParameters(amqp_url))  # the server still answers
+    held.channel().queue_declare(name("present"))
+    held.close()
+    destroyed = [line for line in amqp_server.lines if "Task was destroyed" in line]
+    assert not destroyed, amqp_server.log_tail()
