@@ -231,6 +231,7 @@ class Renewer:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._closed = False
+        self._clearing: set[asyncio.Task[None]] = set()  # held: the loop's references are weak
 
     @property
     def enabled(self) -> bool:
@@ -379,7 +380,9 @@ class Renewer:
 
     def _clear(self, items: list[Tracked]) -> None:
         if items and not self._closed:
-            asyncio.get_running_loop().create_task(self._make_visible(items))
+            task = asyncio.get_running_loop().create_task(self._make_visible(items))
+            self._clearing.add(task)
+            task.add_done_callback(self._clearing.discard)
 
     async def _make_visible(self, items: list[Tracked]) -> None:
         clear_ms = int(self.config.renew_clear_invisible_time * 1000)

@@ -81,6 +81,8 @@ SUSPECT_S = 1.0
 
 T = TypeVar("T")
 
+_closing: set[asyncio.Task[None]] = set()  # senders closing on the caller's own loop
+
 
 def _close_on_its_loop(stream: StreamSender, *, wait: bool) -> None:
     """Close a sender from any thread, on its own loop: waited for when ``wait`` and the
@@ -93,7 +95,9 @@ def _close_on_its_loop(stream: StreamSender, *, wait: bool) -> None:
     except RuntimeError:
         running = None
     if running is loop:
-        loop.create_task(stream.close())
+        closing_here = loop.create_task(stream.close())
+        _closing.add(closing_here)  # held until it ends: the loop's references are weak
+        closing_here.add_done_callback(_closing.discard)
         return
     closing = asyncio.run_coroutine_threadsafe(stream.close(), loop)
     if wait and running is None:
