@@ -3,8 +3,9 @@ proxies), with pika: Declare-Ok's consumer count, ``queue.delete`` with ``if-unu
 exclusive consumers see every proxy's consumers (two proxies racing for one exclusive
 consumer: one wins), an ``auto-delete`` queue goes with its last consumer on any proxy,
 SIGKILLed ones included, an ``x-expires`` queue goes once unused on every proxy, deleted
-by one of them, and what a deleting proxy killed partway leaves in etcd is cleared by
-another."""
+by one of them, what a deleting proxy killed partway leaves in etcd is cleared by
+another, and two worker processes of one proxy count and hold queues for each other (each
+connection's worker found from the sockets it holds)."""
 
 from __future__ import annotations
 
@@ -351,3 +352,79 @@ def test_a_deletion_cut_short_by_a_killed_proxy_leaves_keys_the_others_clear(
             a.close()
     finally:
         cluster.kill()
+
+
+def _worker_holding(connection: pika.BlockingConnection, workers: list[int]) -> int | None:
+    """Which of a proxy's worker processes holds ``connection``'s socket (its server end)."""
+    client_port = connection._impl._transport._sock.getsockname()[1]  # noqa: SLF001
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[2].split(":")[1], 16) == client_port:  # remote end: the client
+            inodes.add(f"socket:[{fields[9]}]")
+    for pid in workers:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd) in inodes:
+                    return pid
+    return None
+
+
+@pytest.fixture
+def two_workers(tmp_path: Path) -> Iterator[ClusterServer]:
+    """A cluster whose first proxy runs two worker processes sharing its ports."""
+    server = ClusterServer(tmp_path / "cluster", workers=2).start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+def test_the_workers_of_one_proxy_count_and_hold_queues_for_each_other(
+    two_workers: ClusterServer,
+) -> None:
+    """Two workers of one proxy (the kernel hands each connection to one of them): a
+    consumer on either counts on the other, an exclusive consumer on one holds the queue on
+    the other, and an auto-delete queue goes with its last consumer, on whichever worker."""
+    proxy = two_workers.proxies[0]
+    assert proxy.proc is not None
+    children = Path(f"/proc/{proxy.proc.pid}/task/{proxy.proc.pid}/children").read_text()
+    workers = [int(pid) for pid in children.split()]
+    assert len(workers) == 2, children
+    by_worker: dict[int, pika.BlockingConnection] = {}
+    spare = []
+    for _ in range(64):  # until each worker holds one (each connection: one or the other)
+        opened = connect(proxy)
+        holder = _worker_holding(opened, workers)
+        assert holder is not None
+        if holder in by_worker:
+            spare.append(opened)
+        else:
+            by_worker[holder] = opened
+        if len(by_worker) == 2:
+            break
+    assert len(by_worker) == 2, "the kernel gave every connection to one worker"
+    one, other = by_worker.values()
+    try:
+        on_one, on_other = one.channel(), other.channel()
+        on_one.queue_declare("shared-by-workers", auto_delete=True)
+        tag = on_one.basic_consume("shared-by-workers", ignore)
+        assert on_other.queue_declare("shared-by-workers", passive=True).method.consumer_count == 1
+        assert refused(other.channel().queue_delete, "shared-by-workers", if_unused=True) == 406
+
+        on_other.queue_declare("held-by-a-worker")
+        held = on_other.basic_consume("held-by-a-worker", ignore, exclusive=True)
+        assert refused(one.channel().basic_consume, "held-by-a-worker", ignore) == 403
+        on_other.basic_cancel(held)
+        one.channel().basic_consume("held-by-a-worker", ignore)  # free once cancelled
+
+        on_one.basic_cancel(tag)  # the last consumer, on the first worker: the queue goes
+        wait_until(
+            lambda: consumers(two_workers.proxies[1], "shared-by-workers") is None,
+            DEADLINE_S,
+            "the auto-delete queue to go with its last consumer",
+        )
+    finally:
+        for connection in (one, other, *spare):
+            if connection.is_open:
+                connection.close()
