@@ -6,15 +6,19 @@ copies into the mapping (the page cache); durability comes from
 ``fdatasync`` on the segment's descriptor, which writes back the pages the
 mapping dirtied. A record never straddles two segments (see ``record``).
 
-The segment being appended to is mapped with ``MADV_RANDOM``. Appends fault
-its pages in one after another, and a file system with large folios (XFS;
-ext4 since Linux 6.16) reads that as a sequential reader and grows the folios
-it allocates, up to 2 MiB; dirtying one byte then dirties the whole folio, and
-every fdatasync writes it back: 2 MiB per sync-flushed message deep into a
-segment instead of a page, four times the fsync's time on this project's test
-machine (docs/storage-format.md). Random advice keeps the faults to one page.
-Once the log rolls past a segment its advice is the default again, so reading
-it cold reads ahead as usual.
+The part of the segment being appended to that lies ahead of (and just behind)
+the write position is mapped with ``MADV_RANDOM``. Appends fault its pages in
+one after another, and a file system with large folios (XFS; ext4 since Linux
+6.16) reads that as a sequential reader and grows the folios it allocates, up
+to 2 MiB; dirtying one byte then dirties the whole folio, and every fdatasync
+writes it back: 2 MiB per sync-flushed message deep into a segment instead of
+a page, four times the fsync's time on this project's test machine
+(docs/storage-format.md). Random advice keeps the faults to one page. It also
+stops read-ahead, which a reader of what is written wants (a cold read of the
+log page by page is ten times slower), so the written part further behind
+than :data:`READ_AHEAD_MARGIN` gets the default advice back every
+:data:`READVISE_EVERY` bytes appended, and a segment the log rolled past gets
+it whole.
 
 Concurrency: one writer at a time (the store's append lock); readers never
 lock. The segment list is replaced, never mutated, so a reader always sees a
@@ -41,6 +45,10 @@ from halfmoon.store.message import StoredMessage
 
 _MAGIC_BYTES = record.MESSAGE_MAGIC.to_bytes(4, "big")
 _ZERO_CHUNK = bytes(1 << 20)
+# Behind the write position, random advice covers this much: read-ahead from a fault just
+# behind it could otherwise reach past it and fill the unwritten pages with large folios.
+READ_AHEAD_MARGIN = 32 << 20
+READVISE_EVERY = 64 << 20  # appended bytes between two moves of that boundary
 # record.seal's steps, bound once: write_record inlines them (see there).
 _pack_store_fields = record.STORE_FIELDS.pack_into
 _pack_i64 = record.I64.pack_into
@@ -82,9 +90,17 @@ class Segment:
         self.mm.close()
         os.close(self.fd)
 
-    def advise(self, appending: bool) -> None:
-        """Page-sized faults while appended to, read-ahead otherwise (module docstring)."""
-        self.mm.madvise(mmap.MADV_RANDOM if appending else mmap.MADV_NORMAL)
+    def advise(self, written: int | None) -> None:
+        """Read-ahead where nothing will be appended any more, page-sized faults from
+        :data:`READ_AHEAD_MARGIN` behind ``written`` (relative) on; ``None``: the segment
+        is sealed (module docstring)."""
+        if written is None:
+            self.mm.madvise(mmap.MADV_NORMAL)
+            return
+        boundary = max(0, written - READ_AHEAD_MARGIN) // mmap.PAGESIZE * mmap.PAGESIZE
+        if boundary:
+            self.mm.madvise(mmap.MADV_NORMAL, 0, boundary)
+        self.mm.madvise(mmap.MADV_RANDOM, boundary, self.size - boundary)
 
     def find_record(self, relative: int) -> int | None:
         """First relative position >= ``relative`` holding a valid message record, or None.
@@ -139,6 +155,7 @@ class CommitLog:
         self._load()
         self.write_position = self._segments[0].start if self._segments else 0
         self.flushed_position = self.write_position
+        self._readvise_at = self.write_position  # where write_record next moves the advice
 
     def _load(self) -> None:
         names = sorted(
@@ -162,24 +179,29 @@ class CommitLog:
             raise
         # Recovery reads the last segment before anything is appended: it keeps its
         # read-ahead until resume() or a truncation makes it the append target.
-        self._set_segments(segments, appending=False)
+        self._set_segments(segments)
 
-    def _set_segments(self, segments: list[Segment], appending: bool = True) -> None:
+    def _set_segments(self, segments: list[Segment]) -> None:
         # Replace both lists at once; readers take one snapshot of each.
-        if appending and segments:
-            last = self._segments[-1] if self._segments else None
-            if last is not None and last is not segments[-1] and last in segments:
-                last.advise(appending=False)
-            segments[-1].advise(appending=True)
+        last = self._segments[-1] if self._segments else None
+        if last is not None and segments and last is not segments[-1] and last in segments:
+            last.advise(None)  # rolled past: sealed
         self._segments = segments
         self._starts = [s.start for s in segments]
+
+    def _advise_tail(self) -> None:
+        """Random advice from just behind the write position on (module docstring)."""
+        if self._segments:
+            segment = self._segments[-1]
+            position = min(max(self.write_position, segment.start), segment.end)
+            segment.advise(position - segment.start)
+        self._readvise_at = self.write_position + READVISE_EVERY
 
     def resume(self, end: int) -> None:
         """Continue appending at ``end``, everything below it durable (recovery found the log
         whole)."""
         self.write_position = self.flushed_position = end
-        if self._segments:
-            self._segments[-1].advise(appending=True)
+        self._advise_tail()
 
     # -- positions -------------------------------------------------------------
 
@@ -225,6 +247,8 @@ class CommitLog:
             self._roll(size)
             position = self.write_position
         segment = self._segments[-1]
+        if position >= self._readvise_at:
+            self._advise_tail()
         # record.seal, inlined: this runs once per appended message.
         _pack_store_fields(buffer, record.QUEUE_OFFSET_AT, queue_offset, position)
         _pack_i64(buffer, record.STORE_TIMESTAMP_AT, store_timestamp)
@@ -252,6 +276,7 @@ class CommitLog:
         fsync_directory(self.directory)
         self._set_segments([*self._segments, segment])
         self.write_position = start
+        self._advise_tail()
         return segment
 
     def write_raw(self, position: int, data: bytes) -> None:
@@ -270,6 +295,10 @@ class CommitLog:
             segment = Segment(self.directory / segment_name(position), position, self.segment_size)
             fsync_directory(self.directory)
             self._set_segments([*segments, segment])
+            self.write_position = position
+            self._advise_tail()
+        elif position >= self._readvise_at:
+            self._advise_tail()
         segment = self._segments[-1]
         if position + len(data) > segment.end:
             raise ValueError(f"{len(data)} bytes at {position} cross the segment's end")
@@ -385,6 +414,7 @@ class CommitLog:
             fsync_directory(self.directory)
         self.write_position = end
         self.flushed_position = end
+        self._advise_tail()
 
     def blank_out(self, start: int, end: int) -> None:
         """Cover [start, end) with blank records so no reader mistakes it for data (lenient

@@ -5,7 +5,8 @@ ext4 since Linux 6.16, this machine's) takes that for a sequential reader and gr
 it allocates, up to 2 MiB, so that each fdatasync deep into a segment wrote back 2 MiB for one
 message. The store maps every file it appends to with random advice (``MADV_RANDOM``, shown
 as ``rr`` in ``/proc/self/smaps``), and gives a segment the default advice back once the log
-has rolled past it.
+has rolled past it, and the written part far enough behind the write position as appends go
+on: read-ahead serves a reader of what is written.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+from halfmoon.store import commitlog
 from tests.store.storeutil import message, open_store
 
 SEGMENT = 64 << 20  # room for the read-ahead window to grow to 2 MiB folios
@@ -27,17 +31,25 @@ def _written_bytes() -> int:
     raise AssertionError("/proc/self/io has no write_bytes")
 
 
-def _advice(directory: Path) -> dict[str, set[str]]:
-    """The VmFlags of each of this process's mappings of a file under ``directory``."""
-    flags: dict[str, set[str]] = {}
+def _areas(directory: Path) -> dict[str, list[tuple[int, int, set[str]]]]:
+    """Each of this process's mappings of a file under ``directory``: its areas in file
+    order, as (file offset, length, VmFlags)."""
+    areas: dict[str, list[tuple[int, int, set[str]]]] = {}
     current = None
     for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = re.match(r"[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \d+\s+(.*)$", line)
+        head = re.match(r"([0-9a-f]+)-([0-9a-f]+) \S+ ([0-9a-f]+) \S+ \d+\s+(.*)$", line)
         if head:
-            current = head.group(1) if head.group(1).startswith(str(directory)) else None
+            low, high, offset, path = head.groups()
+            current = path if path.startswith(str(directory)) else None
+            span = (int(offset, 16), int(high, 16) - int(low, 16))
         elif current and line.startswith("VmFlags:"):
-            flags[current] = set(line.split()[1:])
-    return flags
+            areas.setdefault(current, []).append((*span, set(line.split()[1:])))
+    return {path: sorted(found, key=lambda area: area[0]) for path, found in areas.items()}
+
+
+def _advice(directory: Path) -> dict[str, set[str]]:
+    """The VmFlags of the last area (the highest file offsets) of each mapped file."""
+    return {path: found[-1][2] for path, found in _areas(directory).items()}
 
 
 def _fill(store, size: int, topic: str = "deep") -> None:
@@ -84,3 +96,18 @@ def test_every_file_appended_to_is_mapped_with_random_advice_and_a_sealed_segmen
         index_files = [p for p in advice if "/index/" in p]
         assert queue_files and index_files, advice
         assert all("rr" in advice[p] for p in queue_files + index_files), advice
+
+
+def test_the_written_part_behind_the_write_position_gets_read_ahead_back(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(commitlog, "READ_AHEAD_MARGIN", 1 << 20)
+    monkeypatch.setattr(commitlog, "READVISE_EVERY", 2 << 20)
+    settings = {"segment_size": 16 << 20, "max_body_size": 64 << 10}
+    with open_store(tmp_path, **settings) as store:
+        _fill(store, 10 << 20)
+        (active,) = [p for p in _areas(tmp_path) if "/commitlog/" in p]
+        first, *_, last = _areas(tmp_path)[active]
+        assert first[0] == 0 and "rr" not in first[2], first  # behind: read-ahead
+        assert first[1] >= (10 - 1 - 2) << 20, first  # up to a margin and a step behind
+        assert "rr" in last[2] and last[0] + last[1] == 16 << 20, last  # the tail: page faults
