@@ -21,7 +21,9 @@ supervisor passes its own signal on to workers the group signal reached already.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
+import os
 import signal
 import threading
 import time
@@ -35,6 +37,25 @@ REPEAT_WINDOW_S = 0.5
 """A signal this soon after the first one was reported is a copy of it, not a second one."""
 
 SUPERVISOR_STOP = signal.SIGUSR1
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent ends
+
+
+def stop_with_supervisor(supervisor: int) -> None:
+    """Have the kernel send this worker :data:`SUPERVISOR_STOP` when its supervising parent
+    ``supervisor`` ends, however it ended (Linux's ``PR_SET_PDEATHSIG``): a supervisor
+    SIGKILLed must not leave its workers serving on as orphans that no stop request reaches.
+    A parent gone before the request took effect is stopped for at once."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return  # not Linux: a supervisor's end is not told
+    if prctl(_PR_SET_PDEATHSIG, int(SUPERVISOR_STOP), 0, 0, 0) != 0:
+        log.warning("event=parent_death_signal_unset errno=%d", ctypes.get_errno())
+        return
+    if os.getppid() != supervisor:
+        os.kill(os.getpid(), SUPERVISOR_STOP)
+
+
 """What a supervisor sends its workers for each stop request it decided (drain, then force)."""
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, SUPERVISOR_STOP)

@@ -76,6 +76,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     proxy.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     # The pipe on which such a worker tells its parent it serves (the parent registers then).
     proxy.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
+    # The supervisor's pid: such a worker stops when that process ends.
+    proxy.add_argument("--supervisor-pid", type=int, default=None, help=argparse.SUPPRESS)
     proxy.add_argument(
         "--listen", metavar="HOST:PORT", help="gRPC endpoint (default 127.0.0.1:8081)"
     )
@@ -153,7 +155,12 @@ def run_proxy_command(args: argparse.Namespace) -> int:
             return run_proxy(config, config.cluster.proxy_broker)
         identity = ProxyIdentity.from_config(config)
         return run_cluster_proxy(
-            config, identity, workers, worker=args.worker, ready_fd=args.ready_fd
+            config,
+            identity,
+            workers,
+            worker=args.worker,
+            ready_fd=args.ready_fd,
+            supervisor=args.supervisor_pid,
         )
     except HalfmoonError as exc:
         raise CliError.of(exc) from None

@@ -62,7 +62,7 @@ from halfmoon.server.direct_consume import consume_here
 from halfmoon.server.edge_security import check_exposure
 from halfmoon.server.front_end import AmqpBacking, ClusterRole, serve_front_end
 from halfmoon.server.telemetry import ClientRegistry
-from halfmoon.shutdown_signals import SUPERVISOR_STOP
+from halfmoon.shutdown_signals import SUPERVISOR_STOP, stop_with_supervisor
 
 log = logging.getLogger("halfmoon.cluster")
 
@@ -337,13 +337,16 @@ def run_cluster_proxy(
     *,
     worker: bool = False,
     ready_fd: int | None = None,
+    supervisor: int | None = None,
 ) -> int:
     """Serve until signalled (one process, or ``workers`` worker processes); the exit status.
 
     ``worker``: this process is one of a supervised proxy's workers (it shares the ports
     and does not register: its parent does, once every worker said ``ready`` on its
-    ``ready_fd``)."""
+    ``ready_fd``); it stops when its ``supervisor`` (the parent's pid) ends."""
     configure_logging(config.log)
+    if worker and supervisor is not None:
+        stop_with_supervisor(supervisor)
     if workers <= 1:
         run_event_loop(
             serve_cluster_proxy(
@@ -419,7 +422,16 @@ def _run_workers(
         read_end, write_end = os.pipe()
         children.append(
             subprocess.Popen(
-                [sys.executable, "-m", "halfmoon", *argv, "--ready-fd", str(write_end)],
+                [
+                    sys.executable,
+                    "-m",
+                    "halfmoon",
+                    *argv,
+                    "--ready-fd",
+                    str(write_end),
+                    "--supervisor-pid",
+                    str(os.getpid()),
+                ],  # fmt: skip
                 pass_fds=(write_end,),
             )
         )
