@@ -163,6 +163,7 @@ def test_every_broker_and_proxy_flag_names_a_key():
         "fake_clock_ms",
         "worker",
         "ready_fd",
+        "supervisor_pid",
     }
     for command, own in (("broker", broker_command), ("proxy", proxy_command)):
         parser = build_parser()._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
