@@ -133,16 +133,20 @@ class Channel:
             error.code,
             ascii(error.text),
         )
-        self.send(
-            framing.method(
-                commands.Channel.Close,
-                reply_code=error.code,
-                reply_text=error.reply_text,
-                class_id=error.class_id,
-                method_id=error.method_id,
+        # Its unacked deliveries go back first: a client told of the close may at once get
+        # from the queue on another channel, and must find them there (aiormq's suite does).
+        try:
+            await self.release()
+        finally:
+            self.send(
+                framing.method(
+                    commands.Channel.Close,
+                    reply_code=error.code,
+                    reply_text=error.reply_text,
+                    class_id=error.class_id,
+                    method_id=error.method_id,
+                )
             )
-        )
-        await self.release()
 
     async def release(self) -> None:
         """Stop consuming and return every unacked delivery to its queue (channel closed)."""
