@@ -138,15 +138,7 @@ class Channel:
         try:
             await self.release()
         finally:
-            self.send(
-                framing.method(
-                    commands.Channel.Close,
-                    reply_code=error.code,
-                    reply_text=error.reply_text,
-                    class_id=error.class_id,
-                    method_id=error.method_id,
-                )
-            )
+            self.send(framing.close_for(commands.Channel.Close, error))
 
     async def release(self) -> None:
         """Stop consuming and return every unacked delivery to its queue (channel closed)."""

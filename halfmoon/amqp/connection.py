@@ -406,18 +406,7 @@ class AmqpConnection(asyncio.Protocol):
             self._abort()
             return
         self.state.closing()
-        self.write(
-            framing.encode_method(
-                framing.method(
-                    commands.Connection.Close,
-                    reply_code=error.code,
-                    reply_text=error.reply_text,
-                    class_id=error.class_id,
-                    method_id=error.method_id,
-                ),
-                0,
-            )
-        )
+        self.write(framing.encode_method(framing.close_for(commands.Connection.Close, error), 0))
         self._closer = asyncio.get_running_loop().call_later(CLOSE_WAIT_S, self._abort)
 
     def shutdown(self) -> None:

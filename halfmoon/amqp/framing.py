@@ -23,7 +23,7 @@ from typing import Any
 from pamqp import base, commands, encode, header
 from pamqp import exceptions as pamqp_exceptions
 
-from halfmoon.amqp.reply_codes import FRAME_ERROR, SYNTAX_ERROR, AmqpConnectionError
+from halfmoon.amqp.reply_codes import FRAME_ERROR, SYNTAX_ERROR, AmqpConnectionError, AmqpError
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_METHOD = 1
@@ -185,6 +185,19 @@ def method(cls: type[base.Frame], **fields: Any) -> base.Frame:
     for name in cls.__slots__:
         setattr(instance, name, fields.get(name))
     return instance
+
+
+def close_for(
+    cls: type[commands.Channel.Close | commands.Connection.Close], error: AmqpError
+) -> base.Frame:
+    """The Channel.Close or Connection.Close that tells a client of ``error``."""
+    return method(
+        cls,
+        reply_code=error.code,
+        reply_text=error.reply_text,
+        class_id=error.class_id,
+        method_id=error.method_id,
+    )
 
 
 def encode_content(channel: int, raw_properties: bytes, body: bytes, frame_max: int) -> bytes:

@@ -420,18 +420,10 @@ def _run_workers(
     readiness: list[int] = []
     for _ in range(workers):
         read_end, write_end = os.pipe()
+        handoff = ["--ready-fd", str(write_end), "--supervisor-pid", str(os.getpid())]
         children.append(
             subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "halfmoon",
-                    *argv,
-                    "--ready-fd",
-                    str(write_end),
-                    "--supervisor-pid",
-                    str(os.getpid()),
-                ],  # fmt: skip
+                [sys.executable, "-m", "halfmoon", *argv, *handoff],
                 pass_fds=(write_end,),
             )
         )
